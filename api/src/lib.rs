@@ -1,0 +1,9 @@
+//! Types shared by the operator and the node agent. No I/O lives here.
+//!
+//! - [`duration`]: the `"500ms"` / `"5s"` / `"2m"` strings neuron-monitor uses.
+//! - [`monitor_config`]: the neuron-monitor configuration file (`neuron-monitor -c FILE`).
+//! - [`report`]: one NDJSON document that neuron-monitor writes per refresh.
+
+pub mod duration;
+pub mod monitor_config;
+pub mod report;

@@ -1,0 +1,719 @@
+//! One neuron-monitor report document (one NDJSON line).
+//!
+//! Parsing borrows from the line and skips what no exporter reads (`loaded_models` is
+//! kept as raw JSON and parsed on demand), so a 1 MB report costs well under a
+//! millisecond. Unknown fields are ignored. A metric group is represented as
+//! [`Group`]: its data, the error neuron-monitor reported for it, or the reason it could
+//! not be read. A null or missing group is `None`; a null number is `None`. Nothing
+//! absent is turned into a zero.
+//!
+//! [`Report::parse`] first tries one strict pass over the line. Only if that fails does
+//! it parse again group by group, so that one odd group (a new release changing a
+//! field's type) costs that group alone, not the whole document.
+
+use std::{borrow::Cow, cell::Cell, fmt, marker::PhantomData, str::FromStr};
+
+use serde::{
+    de::{self, MapAccess, Visitor},
+    Deserialize, Deserializer,
+};
+use serde_json::value::RawValue;
+
+#[derive(Debug, thiserror::Error)]
+#[error("report is not a JSON object of the neuron-monitor format: {0}")]
+pub struct ReportError(#[from] serde_json::Error);
+
+/// A parsed report, borrowing from its line.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Report<'a> {
+    #[serde(borrow, deserialize_with = "null_as_empty")]
+    pub neuron_runtime_data: Vec<Item<RuntimeEntry<'a>>>,
+    #[serde(borrow)]
+    pub system_data: Option<SystemData<'a>>,
+    #[serde(borrow)]
+    pub instance_info: Option<Group<InstanceInfo<'a>>>,
+    #[serde(borrow)]
+    pub neuron_hardware_info: Option<Group<HardwareInfo<'a>>>,
+}
+
+impl<'a> Report<'a> {
+    pub fn parse(line: &'a str) -> Result<Self, ReportError> {
+        match serde_json::from_str(line) {
+            Ok(report) => Ok(report),
+            Err(_) => {
+                let _lenient = LenientScope::enter();
+                Ok(serde_json::from_str(line)?)
+            }
+        }
+    }
+}
+
+// --- Groups ------------------------------------------------------------------------
+
+/// A metric group as reported: its data, neuron-monitor's own error for it, or the
+/// reason the agent could not read it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Group<T> {
+    Ok(T),
+    /// neuron-monitor set the group's `error`: its data must not be read.
+    Error(String),
+    /// The group's JSON did not have the documented shape.
+    Malformed(String),
+}
+
+impl<T> Group<T> {
+    pub fn ok(&self) -> Option<&T> {
+        match self {
+            Group::Ok(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The problem with this group, if any.
+    pub fn problem(&self) -> Option<&str> {
+        match self {
+            Group::Ok(_) => None,
+            Group::Error(e) | Group::Malformed(e) => Some(e),
+        }
+    }
+}
+
+/// Every group body carries neuron-monitor's `error` string.
+pub trait GroupBody {
+    fn error(&self) -> &str;
+}
+
+/// An entry of an array (a runtime) that is read on its own in lenient mode.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item<T> {
+    Ok(T),
+    Malformed(String),
+}
+
+thread_local! {
+    // Set while `Report::parse` re-reads a document that failed the strict pass.
+    static LENIENT: Cell<bool> = const { Cell::new(false) };
+}
+
+struct LenientScope;
+
+impl LenientScope {
+    fn enter() -> Self {
+        LENIENT.with(|l| l.set(true));
+        LenientScope
+    }
+}
+
+impl Drop for LenientScope {
+    fn drop(&mut self) {
+        LENIENT.with(|l| l.set(false));
+    }
+}
+
+fn lenient() -> bool {
+    LENIENT.with(|l| l.get())
+}
+
+/// In lenient mode, captures the value's raw text and parses it on its own, so that a
+/// failure stays inside this value.
+fn read_isolated<'de, D, T>(deserializer: D) -> Result<Result<T, String>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    if lenient() {
+        let raw: &'de RawValue = Deserialize::deserialize(deserializer)?;
+        Ok(serde_json::from_str(raw.get()).map_err(|e| e.to_string()))
+    } else {
+        T::deserialize(deserializer).map(Ok)
+    }
+}
+
+impl<'de, T: Deserialize<'de> + GroupBody> Deserialize<'de> for Group<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(match read_isolated::<D, T>(deserializer)? {
+            Ok(body) if body.error().is_empty() => Group::Ok(body),
+            Ok(body) => Group::Error(body.error().to_owned()),
+            Err(reason) => Group::Malformed(reason),
+        })
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Item<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(match read_isolated::<D, T>(deserializer)? {
+            Ok(item) => Item::Ok(item),
+            Err(reason) => Item::Malformed(reason),
+        })
+    }
+}
+
+fn null_as_empty<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+macro_rules! group_body {
+    ($($ty:ident$(<$lt:lifetime>)?),* $(,)?) => {$(
+        impl$(<$lt>)? GroupBody for $ty$(<$lt>)? {
+            fn error(&self) -> &str {
+                &self.error
+            }
+        }
+    )*};
+}
+
+group_body!(
+    NeuroncoreCounters<'a>,
+    MemoryUsed<'a>,
+    RuntimeVcpuUsage<'a>,
+    ExecutionStats<'a>,
+    SystemVcpuUsage<'a>,
+    MemoryInfo<'a>,
+    HwCounters<'a>,
+    InstanceInfo<'a>,
+    HardwareInfo<'a>,
+);
+
+// --- Objects keyed by indices ("0", "1", …) or names ---------------------------------
+
+/// A JSON object read as its entries in document order, with keys parsed as `K`:
+/// cheaper than a hash map for the few dozen entries a report has.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Keyed<K, T>(pub Vec<(K, T)>);
+
+/// An object keyed by decimal indices (NeuronCores, vCPUs).
+pub type IndexMap<T> = Keyed<u32, T>;
+
+impl<K, T> Default for Keyed<K, T> {
+    fn default() -> Self {
+        Keyed(Vec::new())
+    }
+}
+
+impl<K: Copy + PartialEq, T> Keyed<K, T> {
+    pub fn iter(&self) -> impl Iterator<Item = (K, &T)> {
+        self.0.iter().map(|(k, t)| (*k, t))
+    }
+
+    pub fn get(&self, key: K) -> Option<&T> {
+        self.0.iter().find(|(k, _)| *k == key).map(|(_, t)| t)
+    }
+}
+
+impl<K, T> Keyed<K, T> {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<'de, K: FromStr, T: Deserialize<'de>> Deserialize<'de> for Keyed<K, T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyedVisitor<K, T>(PhantomData<(K, T)>);
+
+        impl<'de, K: FromStr, T: Deserialize<'de>> Visitor<'de> for KeyedVisitor<K, T> {
+            type Value = Keyed<K, T>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    let key = key
+                        .parse()
+                        .map_err(|_| de::Error::custom(format!("unexpected key {key:?}")))?;
+                    entries.push((key, map.next_value()?));
+                }
+                Ok(Keyed(entries))
+            }
+        }
+
+        deserializer.deserialize_map(KeyedVisitor(PhantomData))
+    }
+}
+
+// --- Runtime entries -----------------------------------------------------------------
+
+/// One monitored Neuron application.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct RuntimeEntry<'a> {
+    pub pid: Option<u32>,
+    /// `NEURON_PROCESS_TAG` of the application, or its PID when unset.
+    #[serde(borrow)]
+    pub neuron_runtime_tag: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub address: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub error: Cow<'a, str>,
+    #[serde(borrow)]
+    pub report: Option<RuntimeGroups<'a>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct RuntimeGroups<'a> {
+    #[serde(borrow)]
+    pub neuroncore_counters: Option<Group<NeuroncoreCounters<'a>>>,
+    #[serde(borrow)]
+    pub memory_used: Option<Group<MemoryUsed<'a>>>,
+    #[serde(borrow)]
+    pub neuron_runtime_vcpu_usage: Option<Group<RuntimeVcpuUsage<'a>>>,
+    #[serde(borrow, alias = "inference_stats")]
+    pub execution_stats: Option<Group<ExecutionStats<'a>>>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct NeuroncoreCounters<'a> {
+    pub period: Option<f64>,
+    #[serde(borrow)]
+    pub error: Cow<'a, str>,
+    /// Every core of the host, including cores this runtime does not own (zeros).
+    pub neuroncores_in_use: Option<IndexMap<CoreCounters>>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct CoreCounters {
+    /// Percent over the period.
+    pub neuroncore_utilization: Option<f64>,
+    pub flops: Option<f64>,
+    /// Newer releases; sometimes without `flops`.
+    pub effective_flops: Option<f64>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(default)]
+pub struct MemoryUsed<'a> {
+    pub period: Option<f64>,
+    #[serde(borrow)]
+    pub error: Cow<'a, str>,
+    pub neuron_runtime_used_bytes: Option<RuntimeUsedBytes>,
+    /// Kept raw: large, and read only on demand ([`MemoryUsed::loaded_models`]).
+    #[serde(borrow)]
+    pub loaded_models: Option<&'a RawValue>,
+}
+
+impl<'a> MemoryUsed<'a> {
+    pub fn loaded_models(&self) -> Result<Vec<LoadedModel<'a>>, serde_json::Error> {
+        match self.loaded_models {
+            Some(raw) => Ok(Option::<Vec<LoadedModel<'a>>>::deserialize(raw)?.unwrap_or_default()),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct RuntimeUsedBytes {
+    pub host: Option<f64>,
+    pub neuron_device: Option<f64>,
+    pub usage_breakdown: Option<UsageBreakdown>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct UsageBreakdown {
+    pub host: Option<HostMemory>,
+    /// Host core index → memory held on that core. Non-zero means the core is held.
+    pub neuroncore_memory_usage: Option<IndexMap<CoreMemory>>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct HostMemory {
+    pub application_memory: Option<f64>,
+    pub constants: Option<f64>,
+    pub dma_buffers: Option<f64>,
+    pub tensors: Option<f64>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct CoreMemory {
+    pub constants: Option<f64>,
+    pub model_code: Option<f64>,
+    pub model_shared_scratchpad: Option<f64>,
+    pub runtime_memory: Option<f64>,
+    pub tensors: Option<f64>,
+}
+
+impl CoreMemory {
+    /// The five categories in the order of the exported metric names.
+    pub fn values(&self) -> [Option<f64>; 5] {
+        [
+            self.constants,
+            self.model_code,
+            self.model_shared_scratchpad,
+            self.runtime_memory,
+            self.tensors,
+        ]
+    }
+
+    pub fn is_held(&self) -> bool {
+        self.values().iter().any(|v| v.is_some_and(|v| v != 0.0))
+    }
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct LoadedModel<'a> {
+    #[serde(borrow)]
+    pub name: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub uuid: Option<Cow<'a, str>>,
+    pub model_id: Option<u64>,
+    pub is_running: Option<bool>,
+    /// Subgraph name → placement and memory.
+    pub subgraphs: Option<Keyed<String, Subgraph>>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct Subgraph {
+    pub memory_used_bytes: Option<SubgraphMemory>,
+    /// Counts within the cores visible to the runtime: NOT a host core index.
+    pub neuroncore_index: Option<u32>,
+    pub neuron_device_index: Option<u32>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct SubgraphMemory {
+    pub host: Option<f64>,
+    pub neuron_device: Option<f64>,
+    pub usage_breakdown: Option<SubgraphBreakdown>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct SubgraphBreakdown {
+    pub host: Option<HostMemory>,
+    pub neuron_device: Option<DeviceMemory>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct DeviceMemory {
+    pub constants: Option<f64>,
+    pub model_code: Option<f64>,
+    pub runtime_memory: Option<f64>,
+    pub tensors: Option<f64>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct RuntimeVcpuUsage<'a> {
+    pub period: Option<f64>,
+    #[serde(borrow)]
+    pub error: Cow<'a, str>,
+    pub vcpu_usage: Option<UserSystem>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct UserSystem {
+    pub user: Option<f64>,
+    pub system: Option<f64>,
+}
+
+/// Counts for the captured period, not cumulative.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ExecutionStats<'a> {
+    pub period: Option<f64>,
+    #[serde(borrow)]
+    pub error: Cow<'a, str>,
+    pub error_summary: Option<ErrorSummary>,
+    pub execution_summary: Option<ExecutionSummary>,
+    pub latency_stats: Option<LatencyStats>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ErrorSummary {
+    pub generic: Option<f64>,
+    pub numerical: Option<f64>,
+    pub transient: Option<f64>,
+    pub model: Option<f64>,
+    pub runtime: Option<f64>,
+    pub hardware: Option<f64>,
+}
+
+impl ErrorSummary {
+    pub const KINDS: [&'static str; 6] = [
+        "generic",
+        "numerical",
+        "transient",
+        "model",
+        "runtime",
+        "hardware",
+    ];
+
+    pub fn values(&self) -> [Option<f64>; 6] {
+        [
+            self.generic,
+            self.numerical,
+            self.transient,
+            self.model,
+            self.runtime,
+            self.hardware,
+        ]
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ExecutionSummary {
+    pub completed: Option<f64>,
+    pub completed_with_err: Option<f64>,
+    pub completed_with_num_err: Option<f64>,
+    pub timed_out: Option<f64>,
+    pub incorrect_input: Option<f64>,
+    pub failed_to_queue: Option<f64>,
+}
+
+impl ExecutionSummary {
+    pub const KINDS: [&'static str; 6] = [
+        "completed",
+        "completed_with_err",
+        "completed_with_num_err",
+        "timed_out",
+        "incorrect_input",
+        "failed_to_queue",
+    ];
+
+    pub fn values(&self) -> [Option<f64>; 6] {
+        [
+            self.completed,
+            self.completed_with_err,
+            self.completed_with_num_err,
+            self.timed_out,
+            self.incorrect_input,
+            self.failed_to_queue,
+        ]
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct LatencyStats {
+    /// `None` when nothing completed in the period.
+    pub total_latency: Option<Percentiles>,
+    pub device_latency: Option<Percentiles>,
+}
+
+/// Latency percentiles in seconds.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct Percentiles {
+    pub p0: Option<f64>,
+    pub p1: Option<f64>,
+    pub p25: Option<f64>,
+    pub p50: Option<f64>,
+    pub p75: Option<f64>,
+    pub p99: Option<f64>,
+    pub p100: Option<f64>,
+}
+
+impl Percentiles {
+    pub const NAMES: [&'static str; 7] = ["p0", "p1", "p25", "p50", "p75", "p99", "p100"];
+
+    pub fn values(&self) -> [Option<f64>; 7] {
+        [
+            self.p0, self.p1, self.p25, self.p50, self.p75, self.p99, self.p100,
+        ]
+    }
+}
+
+// --- System groups -------------------------------------------------------------------
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct SystemData<'a> {
+    #[serde(borrow)]
+    pub vcpu_usage: Option<Group<SystemVcpuUsage<'a>>>,
+    #[serde(borrow)]
+    pub memory_info: Option<Group<MemoryInfo<'a>>>,
+    #[serde(borrow)]
+    pub neuron_hw_counters: Option<Group<HwCounters<'a>>>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct SystemVcpuUsage<'a> {
+    pub period: Option<f64>,
+    #[serde(borrow)]
+    pub error: Cow<'a, str>,
+    pub average_usage: Option<CpuUsage>,
+    /// vCPU index → usage; its length is the host's vCPU count.
+    pub usage_data: Option<IndexMap<CpuUsage>>,
+    pub context_switch_count: Option<f64>,
+}
+
+/// Percentages of one vCPU (or their average).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct CpuUsage {
+    pub user: Option<f64>,
+    pub nice: Option<f64>,
+    pub system: Option<f64>,
+    pub idle: Option<f64>,
+    pub io_wait: Option<f64>,
+    pub irq: Option<f64>,
+    pub soft_irq: Option<f64>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct MemoryInfo<'a> {
+    pub period: Option<f64>,
+    #[serde(borrow)]
+    pub error: Cow<'a, str>,
+    pub memory_total_bytes: Option<f64>,
+    pub memory_used_bytes: Option<f64>,
+    pub swap_total_bytes: Option<f64>,
+    pub swap_used_bytes: Option<f64>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct HwCounters<'a> {
+    pub period: Option<f64>,
+    #[serde(borrow)]
+    pub error: Cow<'a, str>,
+    /// `None` when the driver is not reachable.
+    pub neuron_devices: Option<Vec<DeviceEccCounters>>,
+}
+
+/// ECC events of one device during the period.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct DeviceEccCounters {
+    pub neuron_device_index: Option<u32>,
+    pub mem_ecc_corrected: Option<f64>,
+    pub mem_ecc_uncorrected: Option<f64>,
+    pub sram_ecc_corrected: Option<f64>,
+    pub sram_ecc_uncorrected: Option<f64>,
+}
+
+impl DeviceEccCounters {
+    pub const KINDS: [&'static str; 4] = [
+        "mem_ecc_corrected",
+        "mem_ecc_uncorrected",
+        "sram_ecc_corrected",
+        "sram_ecc_uncorrected",
+    ];
+
+    pub fn values(&self) -> [Option<f64>; 4] {
+        [
+            self.mem_ecc_corrected,
+            self.mem_ecc_uncorrected,
+            self.sram_ecc_corrected,
+            self.sram_ecc_uncorrected,
+        ]
+    }
+}
+
+// --- Always-present objects ----------------------------------------------------------
+
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct InstanceInfo<'a> {
+    #[serde(borrow)]
+    pub instance_name: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub instance_id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub instance_type: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub instance_availability_zone: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub instance_availability_zone_id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub instance_region: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub ami_id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub subnet_id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub error: Cow<'a, str>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct HardwareInfo<'a> {
+    pub neuron_device_count: Option<u32>,
+    pub neuroncore_per_device_count: Option<u32>,
+    #[serde(borrow)]
+    pub error: Cow<'a, str>,
+    #[serde(borrow)]
+    pub neuron_device_version: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub neuroncore_version: Option<Cow<'a, str>>,
+    /// For example `inferentia2`.
+    #[serde(borrow)]
+    pub neuron_device_type: Option<Cow<'a, str>>,
+    pub neuron_device_memory_size: Option<f64>,
+    /// trn2: physical cores grouped into each logical core (a number or a string).
+    #[serde(borrow)]
+    pub logical_neuroncore_config: Option<NumberOrText<'a>>,
+}
+
+impl HardwareInfo<'_> {
+    /// NeuronCores on the host, when both counts are known.
+    pub fn core_count(&self) -> Option<u32> {
+        Some(
+            self.neuron_device_count?
+                .checked_mul(self.neuroncore_per_device_count?)?,
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum NumberOrText<'a> {
+    Number(f64),
+    Text(Cow<'a, str>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for NumberOrText<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = NumberOrText<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a number or a string")
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                Ok(NumberOrText::Number(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(NumberOrText::Number(v as f64))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(NumberOrText::Number(v as f64))
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(NumberOrText::Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(NumberOrText::Text(Cow::Owned(v.to_owned())))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,324 @@
+use super::*;
+
+fn fixture(name: &str) -> String {
+    let dir = std::env::var("NEURON_FIXTURES").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/fixtures/neuron-monitor"
+        )
+        .to_owned()
+    });
+    let path = format!("{dir}/{name}");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {path}: {e}"))
+}
+
+fn runtimes<'r, 'a>(report: &'r Report<'a>) -> Vec<&'r RuntimeEntry<'a>> {
+    report
+        .neuron_runtime_data
+        .iter()
+        .map(|item| match item {
+            Item::Ok(rt) => rt,
+            Item::Malformed(reason) => panic!("malformed runtime: {reason}"),
+        })
+        .collect()
+}
+
+#[test]
+fn idle_inf1_fixture() {
+    let text = fixture("inf1.xlarge-idle-1runtime.json");
+    let report = Report::parse(&text).unwrap();
+    let rts = runtimes(&report);
+    assert_eq!(rts.len(), 1);
+    let rt = rts[0];
+    assert_eq!(rt.pid, Some(41298));
+    assert_eq!(rt.neuron_runtime_tag.as_deref(), Some(""));
+    let groups = rt.report.as_ref().unwrap();
+    let stats = groups.execution_stats.as_ref().unwrap().ok().unwrap();
+    assert_eq!(
+        stats.latency_stats.unwrap().total_latency,
+        None,
+        "null latency stays absent"
+    );
+    let counters = groups.neuroncore_counters.as_ref().unwrap().ok().unwrap();
+    let cores = counters.neuroncores_in_use.as_ref().unwrap();
+    assert_eq!(cores.len(), 4);
+    assert_eq!(cores.get(3).unwrap().neuroncore_utilization, Some(0.0));
+    assert_eq!(cores.get(3).unwrap().flops, None);
+    let memory = groups.memory_used.as_ref().unwrap().ok().unwrap();
+    let per_core = memory
+        .neuron_runtime_used_bytes
+        .as_ref()
+        .and_then(|b| b.usage_breakdown.as_ref())
+        .and_then(|b| b.neuroncore_memory_usage.as_ref())
+        .unwrap();
+    assert!(per_core.iter().all(|(_, m)| !m.is_held()));
+    let models = memory.loaded_models().unwrap();
+    assert_eq!(models.len(), 1);
+    let subgraphs = models[0].subgraphs.as_ref().unwrap();
+    assert_eq!(subgraphs.0[0].0, "sg_00");
+    assert_eq!(subgraphs.0[0].1.neuroncore_index, Some(3));
+
+    let system = report.system_data.as_ref().unwrap();
+    let vcpu = system.vcpu_usage.as_ref().unwrap().ok().unwrap();
+    assert_eq!(vcpu.usage_data.as_ref().unwrap().len(), 4);
+    assert_eq!(vcpu.average_usage.unwrap().idle, Some(100.0));
+    let hw = system.neuron_hw_counters.as_ref().unwrap().ok().unwrap();
+    assert_eq!(hw.neuron_devices.as_ref().unwrap().len(), 1);
+    let info = report.instance_info.as_ref().unwrap().ok().unwrap();
+    assert_eq!(info.instance_type.as_deref(), Some("inf1.xlarge"));
+    assert_eq!(info.instance_region.as_deref(), Some("ap-northeast-1"));
+    let hardware = report.neuron_hardware_info.as_ref().unwrap().ok().unwrap();
+    assert_eq!(hardware.core_count(), Some(4));
+    assert_eq!(hardware.neuron_device_type, None);
+}
+
+#[test]
+fn trn1_fixture_with_errors_and_latency() {
+    let text = fixture("trn1.2xlarge-1runtime-errors.json");
+    let report = Report::parse(&text).unwrap();
+    let rt = runtimes(&report)[0];
+    assert_eq!(rt.neuron_runtime_tag.as_deref(), Some("1337"));
+    let stats = rt
+        .report
+        .as_ref()
+        .unwrap()
+        .execution_stats
+        .as_ref()
+        .unwrap()
+        .ok()
+        .unwrap();
+    assert_eq!(stats.error_summary.unwrap().generic, Some(23654.0));
+    assert_eq!(stats.execution_summary.unwrap().completed, Some(260.0));
+    let total = stats.latency_stats.unwrap().total_latency.unwrap();
+    assert!(total.p50.unwrap() > 0.0 && total.p50 <= total.p100);
+    let counters = rt
+        .report
+        .as_ref()
+        .unwrap()
+        .neuroncore_counters
+        .as_ref()
+        .unwrap()
+        .ok()
+        .unwrap();
+    let busy = counters
+        .neuroncores_in_use
+        .as_ref()
+        .unwrap()
+        .get(0)
+        .unwrap();
+    assert!((busy.neuroncore_utilization.unwrap() - 1.3631567613356375).abs() < 1e-12);
+}
+
+#[test]
+fn trn1n_fixture_with_32_runtimes() {
+    let text = fixture("trn1n.32xlarge-32runtimes.json");
+    let report = Report::parse(&text).unwrap();
+    let rts = runtimes(&report);
+    assert_eq!(rts.len(), 32);
+    for rt in &rts {
+        let groups = rt.report.as_ref().unwrap();
+        let cores = groups
+            .neuroncore_counters
+            .as_ref()
+            .unwrap()
+            .ok()
+            .unwrap()
+            .neuroncores_in_use
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            cores.len(),
+            32,
+            "every runtime lists every core of the host"
+        );
+        let held: Vec<u32> = groups
+            .memory_used
+            .as_ref()
+            .unwrap()
+            .ok()
+            .unwrap()
+            .neuron_runtime_used_bytes
+            .as_ref()
+            .unwrap()
+            .usage_breakdown
+            .as_ref()
+            .unwrap()
+            .neuroncore_memory_usage
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|(_, m)| m.is_held())
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(held.len(), 1, "each runtime holds exactly one core");
+    }
+    let hardware = report.neuron_hardware_info.as_ref().unwrap().ok().unwrap();
+    assert_eq!(hardware.neuron_device_version.as_deref(), Some("v2"));
+    assert_eq!(hardware.core_count(), Some(32));
+    assert!(report
+        .system_data
+        .as_ref()
+        .unwrap()
+        .neuron_hw_counters
+        .is_none());
+}
+
+#[test]
+fn group_errors_are_kept_not_zeroed() {
+    let line = r#"{"neuron_runtime_data":[{"pid":7,"neuron_runtime_tag":"x","error":"","report":{
+        "neuron_runtime_vcpu_usage":{"period":1.0,"error":"open /proc/7/stat: no such file or directory"}}}],
+        "system_data":{"neuron_hw_counters":{"period":1.0,"neuron_devices":null,"error":"driver not reachable"}},
+        "instance_info":{"error":"metadata unavailable"},"neuron_hardware_info":{"neuron_device_count":1,"neuroncore_per_device_count":2,"error":""}}"#;
+    let report = Report::parse(line).unwrap();
+    let rt = runtimes(&report)[0];
+    let vcpu = rt
+        .report
+        .as_ref()
+        .unwrap()
+        .neuron_runtime_vcpu_usage
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        vcpu.problem(),
+        Some("open /proc/7/stat: no such file or directory")
+    );
+    assert!(vcpu.ok().is_none());
+    let hw = report
+        .system_data
+        .as_ref()
+        .unwrap()
+        .neuron_hw_counters
+        .as_ref()
+        .unwrap();
+    assert_eq!(*hw, Group::Error("driver not reachable".to_owned()));
+    assert!(matches!(report.instance_info, Some(Group::Error(_))));
+}
+
+#[test]
+fn newer_and_older_field_names() {
+    let line = r#"{"neuron_runtime_data":[{"pid":1,"neuron_runtime_tag":"new","error":"","report":{
+        "neuroncore_counters":{"period":1,"error":"","neuroncores_in_use":{"0":{"neuroncore_utilization":50,"effective_flops":12}}},
+        "inference_stats":{"period":1,"error":"","execution_summary":{"completed":3}}}}],
+      "neuron_hardware_info":{"neuron_device_count":16,"neuroncore_per_device_count":8,"neuron_device_type":"trainium2",
+        "neuron_device_version":"v4","neuroncore_version":"v4","neuron_device_memory_size":103079215104,
+        "logical_neuroncore_config":2,"error":""}}"#;
+    let report = Report::parse(line).unwrap();
+    let groups = runtimes(&report)[0].report.as_ref().unwrap();
+    let core = *groups
+        .neuroncore_counters
+        .as_ref()
+        .unwrap()
+        .ok()
+        .unwrap()
+        .neuroncores_in_use
+        .as_ref()
+        .unwrap()
+        .get(0)
+        .unwrap();
+    assert_eq!(core.effective_flops, Some(12.0));
+    assert_eq!(core.flops, None);
+    let stats = groups.execution_stats.as_ref().unwrap().ok().unwrap();
+    assert_eq!(stats.execution_summary.unwrap().completed, Some(3.0));
+    let hw = report.neuron_hardware_info.as_ref().unwrap().ok().unwrap();
+    assert_eq!(hw.neuron_device_type.as_deref(), Some("trainium2"));
+    assert_eq!(
+        hw.logical_neuroncore_config,
+        Some(NumberOrText::Number(2.0))
+    );
+    assert_eq!(hw.neuron_device_memory_size, Some(103079215104.0));
+}
+
+#[test]
+fn unknown_fields_nulls_and_empty_lists() {
+    let line = r#"{"neuron_runtime_data":null,"system_data":{"memory_info":{"memory_total_bytes":null,
+        "memory_used_bytes":5,"brand_new_field":{"a":[1,2]},"error":""},"vcpu_usage":null},
+        "instance_info":{"instance_id":"i-1","error":""},"neuron_hardware_info":{"error":""},"future":true}"#;
+    let report = Report::parse(line).unwrap();
+    assert!(report.neuron_runtime_data.is_empty());
+    let system = report.system_data.as_ref().unwrap();
+    assert!(system.vcpu_usage.is_none());
+    let mem = system.memory_info.as_ref().unwrap().ok().unwrap();
+    assert_eq!(mem.memory_total_bytes, None);
+    assert_eq!(mem.memory_used_bytes, Some(5.0));
+    assert_eq!(
+        report
+            .instance_info
+            .as_ref()
+            .unwrap()
+            .ok()
+            .unwrap()
+            .instance_type,
+        None
+    );
+    assert_eq!(
+        report
+            .neuron_hardware_info
+            .as_ref()
+            .unwrap()
+            .ok()
+            .unwrap()
+            .core_count(),
+        None
+    );
+
+    let empty =
+        Report::parse(r#"{"neuron_runtime_data":[],"instance_info":{},"neuron_hardware_info":{}}"#)
+            .unwrap();
+    assert!(empty.neuron_runtime_data.is_empty());
+    assert!(empty.system_data.is_none());
+}
+
+#[test]
+fn one_odd_group_does_not_fail_the_document() {
+    // A release that changed a field's type: only that group is lost.
+    let line = r#"{"neuron_runtime_data":[
+        {"pid":1,"neuron_runtime_tag":"a","error":"","report":{
+          "neuron_runtime_vcpu_usage":{"vcpu_usage":{"user":"high"},"error":""},
+          "memory_used":{"neuron_runtime_used_bytes":{"host":10,"neuron_device":20},"error":""}}},
+        {"pid":"not-a-pid","report":{}}],
+      "system_data":{"memory_info":{"memory_used_bytes":1,"error":""},
+                     "vcpu_usage":{"usage_data":{"zero":{}},"error":""}},
+      "instance_info":{"instance_id":"i-1","error":""},"neuron_hardware_info":{"error":""}}"#;
+    let report = Report::parse(line).unwrap();
+    let Item::Ok(first) = &report.neuron_runtime_data[0] else {
+        panic!("first runtime lost")
+    };
+    let groups = first.report.as_ref().unwrap();
+    assert!(matches!(
+        groups.neuron_runtime_vcpu_usage,
+        Some(Group::Malformed(_))
+    ));
+    let memory = groups.memory_used.as_ref().unwrap().ok().unwrap();
+    assert_eq!(
+        memory
+            .neuron_runtime_used_bytes
+            .as_ref()
+            .unwrap()
+            .neuron_device,
+        Some(20.0)
+    );
+    assert!(matches!(report.neuron_runtime_data[1], Item::Malformed(_)));
+    let system = report.system_data.as_ref().unwrap();
+    assert!(matches!(system.vcpu_usage, Some(Group::Malformed(_))));
+    assert!(system.memory_info.as_ref().unwrap().ok().is_some());
+}
+
+#[test]
+fn lenient_mode_does_not_leak_into_the_next_parse() {
+    let odd = r#"{"system_data":{"memory_info":{"memory_used_bytes":"x","error":""}}}"#;
+    assert!(Report::parse(odd).is_ok());
+    assert!(!lenient());
+}
+
+#[test]
+fn not_a_report() {
+    for line in [
+        "",
+        "not json",
+        "[1,2]",
+        r#"{"neuron_runtime_data": 5}"#,
+        r#"{"neuron_runtime_data":[{"pid":1}"#,
+    ] {
+        assert!(Report::parse(line).is_err(), "{line:?} should be refused");
+    }
+}
