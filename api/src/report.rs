@@ -23,6 +23,13 @@ use serde_json::value::RawValue;
 #[error("report is not a JSON object of the neuron-monitor format: {0}")]
 pub struct ReportError(#[from] serde_json::Error);
 
+impl ReportError {
+    /// The line ended inside the document: it was cut short.
+    pub fn is_truncated(&self) -> bool {
+        self.0.is_eof()
+    }
+}
+
 /// A parsed report, borrowing from its line.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]

@@ -1,1 +1,203 @@
-fn main() {}
+//! `neuron-node-agent`: runs neuron-monitor on a Neuron node and exports its reports.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::Context;
+use api::{duration::Period, monitor_config::MonitorConfig};
+use clap::Parser;
+use neuron_node_agent::{
+    http::{self, HttpState},
+    monitor::{LaunchSpec, Supervisor, SupervisorConfig},
+    pipeline::Pipeline,
+    sinks::prometheus::Exposition,
+    state::NodeState,
+    telemetry::AgentMetrics,
+};
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+/// Runs neuron-monitor, supervises it, and exports its reports as Prometheus metrics.
+///
+/// Every flag can also be set by the environment variable named in its help.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Args {
+    /// neuron-monitor executable (a path, or a name looked up in PATH).
+    #[arg(long, env = "NEURON_MONITOR_COMMAND", default_value = "neuron-monitor")]
+    monitor_command: PathBuf,
+
+    /// Extra argument for neuron-monitor, before `-c FILE` (repeatable; the environment
+    /// variable gives one).
+    #[arg(
+        long = "monitor-arg",
+        env = "NEURON_MONITOR_ARG",
+        allow_hyphen_values = true
+    )]
+    monitor_args: Vec<String>,
+
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "NEURON_AGENT_LISTEN", default_value = "0.0.0.0:9010")]
+    listen: SocketAddr,
+
+    /// Period of the built-in neuron-monitor configuration (all groups).
+    #[arg(long, env = "NEURON_AGENT_PERIOD", default_value = "5s", value_parser = parse_period)]
+    period: Period,
+
+    /// Directory for the rendered neuron-monitor configuration (a writable emptyDir in
+    /// Kubernetes). Default: <temp dir>/neuron-node-agent.
+    #[arg(long, env = "NEURON_AGENT_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+
+    /// Longest accepted report line; longer lines are counted and skipped. A 32-runtime
+    /// trn1n.32xlarge writes about 1 MB.
+    #[arg(long, env = "NEURON_AGENT_MAX_LINE_BYTES", default_value_t = 8 * 1024 * 1024)]
+    max_line_bytes: usize,
+
+    /// Restart neuron-monitor when no report arrives for this long. Default: three
+    /// periods of its fastest group, at least 2s.
+    #[arg(long, env = "NEURON_AGENT_SILENCE_TIMEOUT", value_parser = parse_duration)]
+    silence_timeout: Option<Duration>,
+
+    /// First delay before restarting neuron-monitor; doubles on each failure.
+    #[arg(long, env = "NEURON_AGENT_RESTART_BACKOFF_INITIAL", default_value = "1s", value_parser = parse_duration)]
+    restart_backoff_initial: Duration,
+
+    /// Longest delay before restarting neuron-monitor.
+    #[arg(long, env = "NEURON_AGENT_RESTART_BACKOFF_MAX", default_value = "30s", value_parser = parse_duration)]
+    restart_backoff_max: Duration,
+
+    /// Time neuron-monitor gets to exit after SIGTERM before SIGKILL.
+    #[arg(long, env = "NEURON_AGENT_STOP_GRACE", default_value = "2s", value_parser = parse_duration)]
+    stop_grace: Duration,
+
+    /// Log format.
+    #[arg(long, env = "NEURON_AGENT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+
+    /// Log filter, in tracing's EnvFilter syntax (e.g. `info,neuron_monitor=warn`).
+    #[arg(long, env = "NEURON_AGENT_LOG", default_value = "info")]
+    log: String,
+}
+
+fn parse_period(s: &str) -> Result<Period, String> {
+    s.parse()
+        .map_err(|e: api::duration::PeriodError| e.to_string())
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    parse_period(s).map(Period::as_duration)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_logs(&args)?;
+    // Two worker threads at most: the agent shares the node with the workloads it watches.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(run(args))
+}
+
+fn init_logs(args: &Args) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log).context("parsing --log")?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if args.log_format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+    Ok(())
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let state_dir = args
+        .state_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join("neuron-node-agent"));
+    tokio::fs::create_dir_all(&state_dir)
+        .await
+        .with_context(|| format!("creating state directory {}", state_dir.display()))?;
+
+    let monitor_config = MonitorConfig::all_groups(args.period);
+    let config_path = state_dir.join("neuron-monitor.json");
+    let rendered = serde_json::to_vec_pretty(&monitor_config)
+        .context("rendering the monitor configuration")?;
+    tokio::fs::write(&config_path, rendered)
+        .await
+        .with_context(|| format!("writing {}", config_path.display()))?;
+
+    let silence_limit = args.silence_timeout.unwrap_or_else(|| {
+        (monitor_config.shortest_period().as_duration() * 3).max(Duration::from_secs(2))
+    });
+    let mut monitor_args = args.monitor_args.clone();
+    monitor_args.extend(["-c".to_owned(), config_path.display().to_string()]);
+    let (_spec_tx, spec_rx) = watch::channel(LaunchSpec {
+        program: args.monitor_command.clone(),
+        args: monitor_args,
+        silence_limit,
+    });
+
+    let mut registry = Registry::default();
+    let metrics = AgentMetrics::register(&mut registry);
+    let state = Arc::new(Mutex::new(NodeState::default()));
+    let pipeline = Arc::new(Pipeline::new(state.clone(), metrics.clone()));
+    let http_state = Arc::new(HttpState {
+        exposition: Exposition::new(registry, state),
+        pipeline: pipeline.clone(),
+    });
+
+    let shutdown = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    info!(listen = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
+    let server = tokio::spawn(http::serve(listener, http_state, shutdown.clone()));
+
+    let supervisor = Supervisor {
+        config: SupervisorConfig {
+            max_line_bytes: args.max_line_bytes,
+            backoff_initial: args.restart_backoff_initial,
+            backoff_max: args.restart_backoff_max,
+            stop_grace: args.stop_grace,
+        },
+        pipeline,
+        metrics,
+    };
+    let supervisor = tokio::spawn(supervisor.run(spec_rx, shutdown.clone()));
+
+    wait_for_signal().await?;
+    info!("shutting down");
+    shutdown.cancel();
+    if let Err(e) = supervisor.await {
+        error!(error = %e, "supervisor task failed");
+    }
+    match server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => error!(error = %e, "HTTP server failed"),
+        Err(e) => error!(error = %e, "HTTP server task failed"),
+    }
+    info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}

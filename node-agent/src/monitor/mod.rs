@@ -1,0 +1,301 @@
+//! Runs neuron-monitor as a child process and keeps it running: restarts it with capped
+//! exponential backoff when it exits, is killed, or stays silent too long, and at once
+//! when its launch spec changes. Nothing the child does can stop the agent.
+
+pub mod lines;
+
+use std::{
+    path::PathBuf,
+    process::{ExitStatus, Stdio},
+    sync::Arc,
+    time::Duration,
+};
+
+use tokio::{
+    io::AsyncRead,
+    process::{Child, Command},
+    sync::watch,
+    time::{sleep, sleep_until, timeout, Instant},
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::{
+    pipeline::{Pipeline, Rejection},
+    ratelimit::{Decision, RateLimit},
+    telemetry::{AgentMetrics, ReasonLabel, StderrLabel},
+};
+use lines::{Frame, LineReader};
+
+/// How to start neuron-monitor. A new value sent on the watch channel restarts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchSpec {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    /// Kill and restart the child when no report arrives for this long.
+    pub silence_limit: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct SupervisorConfig {
+    pub max_line_bytes: usize,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// Time between SIGTERM and SIGKILL when stopping the child.
+    pub stop_grace: Duration,
+}
+
+/// Why a run of the child ended.
+#[derive(Debug)]
+enum RunEnd {
+    Exited(Option<ExitStatus>),
+    Silent,
+    SpawnFailed(std::io::Error),
+    ConfigChanged,
+    Shutdown,
+}
+
+impl RunEnd {
+    fn reason(&self) -> &'static str {
+        match self {
+            RunEnd::Exited(_) => "exited",
+            RunEnd::Silent => "silent",
+            RunEnd::SpawnFailed(_) => "spawn_failed",
+            RunEnd::ConfigChanged => "config_changed",
+            RunEnd::Shutdown => "shutdown",
+        }
+    }
+}
+
+pub struct Supervisor {
+    pub config: SupervisorConfig,
+    pub pipeline: Arc<Pipeline>,
+    pub metrics: AgentMetrics,
+}
+
+impl Supervisor {
+    /// Runs until `shutdown` is cancelled, then stops the child and returns.
+    pub async fn run(self, mut spec: watch::Receiver<LaunchSpec>, shutdown: CancellationToken) {
+        let mut backoff = Backoff::new(self.config.backoff_initial, self.config.backoff_max);
+        loop {
+            let current = spec.borrow_and_update().clone();
+            let started = Instant::now();
+            let (end, reports) = self.run_once(&current, &mut spec, &shutdown).await;
+            self.metrics.monitor_up.set(0);
+            if matches!(end, RunEnd::Shutdown) {
+                return;
+            }
+            self.metrics
+                .monitor_restarts
+                .get_or_create(&ReasonLabel {
+                    reason: end.reason(),
+                })
+                .inc();
+            if matches!(end, RunEnd::ConfigChanged) {
+                info!(program = %current.program.display(), "restarting neuron-monitor on a new configuration");
+                backoff.reset();
+                continue;
+            }
+            // A run that delivered reports for longer than the longest backoff was
+            // healthy: the next failure starts the backoff anew.
+            if reports > 0 && started.elapsed() >= self.config.backoff_max {
+                backoff.reset();
+            }
+            let delay = backoff.next_delay();
+            self.metrics
+                .monitor_backoff_seconds
+                .set(delay.as_secs_f64());
+            match &end {
+                RunEnd::Exited(status) => warn!(
+                    status = status.map(|s| s.to_string()).unwrap_or_default(),
+                    reports,
+                    restart_in_ms = delay.as_millis() as u64,
+                    "neuron-monitor exited"
+                ),
+                RunEnd::Silent => warn!(
+                    silence_limit_ms = current.silence_limit.as_millis() as u64,
+                    restart_in_ms = delay.as_millis() as u64,
+                    "neuron-monitor sent no report in time; killed it"
+                ),
+                RunEnd::SpawnFailed(e) => warn!(
+                    program = %current.program.display(),
+                    error = %e,
+                    restart_in_ms = delay.as_millis() as u64,
+                    "could not start neuron-monitor"
+                ),
+                RunEnd::ConfigChanged | RunEnd::Shutdown => {}
+            }
+            tokio::select! {
+                _ = sleep(delay) => {}
+                _ = spec.changed() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            self.metrics.monitor_backoff_seconds.set(0.0);
+        }
+    }
+
+    /// One life of the child. Returns why it ended and how many reports it delivered.
+    async fn run_once(
+        &self,
+        spec: &LaunchSpec,
+        spec_changes: &mut watch::Receiver<LaunchSpec>,
+        shutdown: &CancellationToken,
+    ) -> (RunEnd, u64) {
+        let mut child = match spawn(spec) {
+            Ok(child) => child,
+            Err(e) => return (RunEnd::SpawnFailed(e), 0),
+        };
+        self.metrics.monitor_up.set(1);
+        info!(pid = child.id().unwrap_or(0), program = %spec.program.display(), args = ?spec.args, "started neuron-monitor");
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(forward_stderr(stderr, self.metrics.clone()));
+        }
+        let Some(stdout) = child.stdout.take() else {
+            stop(&mut child, self.config.stop_grace).await;
+            return (RunEnd::Exited(None), 0);
+        };
+        let mut lines = LineReader::new(stdout, self.config.max_line_bytes);
+        let mut reports = 0u64;
+        let mut deadline = Instant::now() + spec.silence_limit;
+        let end = loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break RunEnd::Shutdown,
+                _ = spec_changes.changed() => break RunEnd::ConfigChanged,
+                _ = sleep_until(deadline) => break RunEnd::Silent,
+                frame = lines.next() => match frame {
+                    Ok(Some(Frame::Line(line))) => {
+                        if self.pipeline.handle_line(line) {
+                            reports += 1;
+                            deadline = Instant::now() + spec.silence_limit;
+                        }
+                    }
+                    Ok(Some(Frame::Oversized(len))) => {
+                        self.pipeline.reject(Rejection::Oversized, &format!("{len} bytes"));
+                    }
+                    Ok(Some(Frame::Unterminated(len))) => {
+                        self.pipeline.reject(Rejection::Truncated, &format!("{len} bytes before the end of output"));
+                    }
+                    Ok(None) | Err(_) => {
+                        // Output closed: the child is exiting. Give it a moment to be reaped.
+                        let status = timeout(self.config.stop_grace, child.wait()).await.ok().and_then(Result::ok);
+                        break RunEnd::Exited(status);
+                    }
+                },
+            }
+        };
+        stop(&mut child, self.config.stop_grace).await;
+        (end, reports)
+    }
+}
+
+fn spawn(spec: &LaunchSpec) -> std::io::Result<Child> {
+    let mut command = Command::new(&spec.program);
+    command
+        .args(&spec.args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl is async-signal-safe; it only asks the kernel to kill the child
+    // when the agent dies, so that no orphaned neuron-monitor outlives it.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command.spawn()
+}
+
+/// SIGTERM, then SIGKILL after `grace`; always reaps the child.
+async fn stop(child: &mut Child, grace: Duration) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    if let Some(pid) = child.id() {
+        // SAFETY: sending a signal to our own child's PID, which is not reaped yet
+        // (so not reused).
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGTERM);
+        }
+    }
+    if timeout(grace, child.wait()).await.is_err() {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
+}
+
+/// Forwards the child's stderr to the agent's logs, rate-limited.
+async fn forward_stderr(stderr: impl AsyncRead + Unpin, metrics: AgentMetrics) {
+    let mut lines = LineReader::new(stderr, 16 * 1024);
+    let mut limit = RateLimit::new(20, Duration::from_secs(10));
+    while let Ok(Some(frame)) = lines.next().await {
+        let text = match frame {
+            Frame::Line(l) => String::from_utf8_lossy(l).into_owned(),
+            Frame::Oversized(n) => format!("<{n} bytes of stderr skipped>"),
+            Frame::Unterminated(_) => continue,
+        };
+        let outcome = match limit.check() {
+            Decision::Allow { suppressed_before } => {
+                warn!(target: "neuron_monitor", suppressed_before, "{text}");
+                "logged"
+            }
+            Decision::Suppress => "suppressed",
+        };
+        metrics
+            .monitor_stderr_lines
+            .get_or_create(&StderrLabel { outcome })
+            .inc();
+    }
+}
+
+/// Capped exponential backoff with ±20% jitter, so that agents restarted together do
+/// not retry in lockstep.
+struct Backoff {
+    initial: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    fn new(initial: Duration, max: Duration) -> Self {
+        Backoff {
+            initial,
+            max,
+            next: initial,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.next = self.initial;
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        let base = self.next;
+        self.next = (self.next * 2).min(self.max);
+        base.mul_f64(0.8 + 0.4 * fastrand::f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_and_resets() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(500));
+        let delays: Vec<u128> = (0..5).map(|_| b.next_delay().as_millis()).collect();
+        for (delay, base) in delays.iter().zip([100, 200, 400, 500, 500]) {
+            assert!(
+                *delay >= base * 8 / 10 && *delay <= base * 12 / 10,
+                "{delays:?}"
+            );
+        }
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(120));
+    }
+}

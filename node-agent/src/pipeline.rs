@@ -1,0 +1,126 @@
+//! One line of neuron-monitor output in, the node state updated: parse, apply, count.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
+
+use api::report::Report;
+use tracing::warn;
+
+use crate::{
+    ratelimit::{Decision, RateLimit},
+    state::NodeState,
+    telemetry::{AgentMetrics, GroupProblemLabels},
+};
+
+/// Why a line was skipped; the value of the `reason` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// Not a JSON report document.
+    Malformed,
+    /// A JSON document cut short.
+    Truncated,
+    /// Longer than `--max-line-bytes`.
+    Oversized,
+    NotUtf8,
+}
+
+impl Rejection {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejection::Malformed => "malformed",
+            Rejection::Truncated => "truncated",
+            Rejection::Oversized => "oversized",
+            Rejection::NotUtf8 => "not_utf8",
+        }
+    }
+}
+
+pub struct Pipeline {
+    state: Arc<Mutex<NodeState>>,
+    metrics: AgentMetrics,
+    ready: AtomicBool,
+    log_limit: Mutex<RateLimit>,
+}
+
+impl Pipeline {
+    pub fn new(state: Arc<Mutex<NodeState>>, metrics: AgentMetrics) -> Self {
+        Pipeline {
+            state,
+            metrics,
+            ready: AtomicBool::new(false),
+            log_limit: Mutex::new(RateLimit::new(10, std::time::Duration::from_secs(60))),
+        }
+    }
+
+    /// True once a first report was applied.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// Parses and applies one line. Returns whether it was a report.
+    pub fn handle_line(&self, line: &[u8]) -> bool {
+        let started = Instant::now();
+        let line = line.trim_ascii();
+        if line.is_empty() {
+            return false;
+        }
+        let Ok(text) = std::str::from_utf8(line) else {
+            self.reject(Rejection::NotUtf8, "line is not UTF-8");
+            return false;
+        };
+        let report = match Report::parse(text) {
+            Ok(report) => report,
+            Err(e) => {
+                let reason = if e.is_truncated() {
+                    Rejection::Truncated
+                } else {
+                    Rejection::Malformed
+                };
+                self.reject(reason, &e.to_string());
+                return false;
+            }
+        };
+        {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.apply(&report);
+            for problem in &state.problems {
+                let labels = GroupProblemLabels {
+                    group: problem.group,
+                    kind: problem.kind.as_str(),
+                };
+                self.metrics.group_errors.get_or_create(&labels).inc();
+            }
+        }
+        self.metrics.reports.inc();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        self.metrics.last_report_timestamp.set(now.as_secs_f64());
+        self.metrics
+            .report_processing_seconds
+            .observe(started.elapsed().as_secs_f64());
+        self.ready.store(true, Ordering::Relaxed);
+        true
+    }
+
+    /// Counts a skipped line and logs it, rate-limited.
+    pub fn reject(&self, reason: Rejection, detail: &str) {
+        self.metrics.reject(reason.as_str());
+        let decision = self
+            .log_limit
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .check();
+        if let Decision::Allow { suppressed_before } = decision {
+            warn!(
+                reason = reason.as_str(),
+                detail, suppressed_before, "skipped a line of neuron-monitor output"
+            );
+        }
+    }
+}

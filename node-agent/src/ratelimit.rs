@@ -1,0 +1,81 @@
+//! A token bucket for log lines: a child that floods stderr or a stream of garbage
+//! must not flood the agent's own logs.
+
+use std::time::{Duration, Instant};
+
+pub struct RateLimit {
+    burst: f64,
+    per_second: f64,
+    tokens: f64,
+    last: Instant,
+    /// Events refused since the last one allowed.
+    suppressed: u64,
+}
+
+/// What to do with one event.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Log it; `suppressed_before` events were dropped since the last one logged.
+    Allow {
+        suppressed_before: u64,
+    },
+    Suppress,
+}
+
+impl RateLimit {
+    pub fn new(burst: u32, per: Duration) -> Self {
+        RateLimit {
+            burst: f64::from(burst),
+            per_second: f64::from(burst) / per.as_secs_f64().max(1e-3),
+            tokens: f64::from(burst),
+            last: Instant::now(),
+            suppressed: 0,
+        }
+    }
+
+    pub fn check(&mut self) -> Decision {
+        self.check_at(Instant::now())
+    }
+
+    fn check_at(&mut self, now: Instant) -> Decision {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + elapsed * self.per_second).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Decision::Allow {
+                suppressed_before: std::mem::take(&mut self.suppressed),
+            }
+        } else {
+            self.suppressed += 1;
+            Decision::Suppress
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allows_a_burst_then_refills() {
+        let mut limit = RateLimit::new(3, Duration::from_secs(3));
+        let t0 = limit.last;
+        for _ in 0..3 {
+            assert_eq!(
+                limit.check_at(t0),
+                Decision::Allow {
+                    suppressed_before: 0
+                }
+            );
+        }
+        assert_eq!(limit.check_at(t0), Decision::Suppress);
+        assert_eq!(limit.check_at(t0), Decision::Suppress);
+        assert_eq!(
+            limit.check_at(t0 + Duration::from_secs(1)),
+            Decision::Allow {
+                suppressed_before: 2
+            }
+        );
+    }
+}

@@ -1,0 +1,3 @@
+//! Where the node's telemetry goes.
+
+pub mod prometheus;

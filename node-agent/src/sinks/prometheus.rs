@@ -1,0 +1,495 @@
+//! Prometheus exposition of the node state, with the metric names and labels of AWS's
+//! `neuron-monitor-prometheus.py` (the names AWS's Grafana dashboard queries).
+//!
+//! The node state is encoded on each scrape by a [`Collector`], so a series that left
+//! the state (a runtime that exited) leaves the exposition at once, with no bookkeeping.
+//! prometheus-client writes OpenMetrics; [`Exposition::render`] converts it to the
+//! classic text format unless the scraper asked for OpenMetrics.
+
+use std::{
+    fmt::{self, Write},
+    sync::{Arc, Mutex},
+};
+
+use api::report::{DeviceEccCounters, Percentiles};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{
+        text, DescriptorEncoder, EncodeLabel, EncodeLabelSet, EncodeLabelValue, EncodeMetric,
+        LabelSetEncoder, LabelValueEncoder,
+    },
+    metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
+    registry::Registry,
+};
+
+use crate::state::{
+    InstanceLabels, NodeState, RuntimeLabels, RuntimeState, ERROR_KINDS, STATUS_KINDS,
+};
+
+/// The exposition formats the agent serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// `text/plain; version=0.0.4`: what `promtool check metrics` and most tools read.
+    Classic,
+    /// `application/openmetrics-text; version=1.0.0`, when the scraper asks for it.
+    OpenMetrics,
+}
+
+impl Format {
+    /// Picks the format from an HTTP `Accept` header.
+    pub fn negotiate(accept: Option<&str>) -> Self {
+        match accept {
+            Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
+            _ => Format::Classic,
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Classic => "text/plain; version=0.0.4; charset=utf-8",
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+}
+
+/// Everything `/metrics` serves: the agent's own registry plus the node state.
+pub struct Exposition {
+    registry: Registry,
+}
+
+impl Exposition {
+    pub fn new(mut registry: Registry, state: Arc<Mutex<NodeState>>) -> Self {
+        registry.register_collector(Box::new(NodeCollector { state }));
+        Exposition { registry }
+    }
+
+    pub fn render(&self, format: Format) -> Result<String, fmt::Error> {
+        let mut open = String::with_capacity(64 * 1024);
+        text::encode(&mut open, &self.registry)?;
+        Ok(match format {
+            Format::OpenMetrics => open,
+            Format::Classic => openmetrics_to_classic(&open),
+        })
+    }
+}
+
+struct NodeCollector {
+    state: Arc<Mutex<NodeState>>,
+}
+
+impl fmt::Debug for NodeCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("NodeCollector")
+    }
+}
+
+impl Collector for NodeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        // A poisoned lock only means an update panicked half-way; the data is still the
+        // best there is, and a scrape must not fail because of it.
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        encode_node(&state, &mut encoder)
+    }
+}
+
+/// One label value: text, or a number written without allocation.
+#[derive(Clone, Copy)]
+enum Value<'a> {
+    Text(&'a str),
+    Number(u32),
+}
+
+impl EncodeLabelValue for Value<'_> {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), fmt::Error> {
+        match self {
+            Value::Text(t) => t.encode(encoder),
+            Value::Number(n) => n.encode(encoder),
+        }
+    }
+}
+
+/// The labels of one series: instance labels, the runtime's labels if any, and up to
+/// three labels of the metric itself.
+struct Labels<'a> {
+    instance: &'a InstanceLabels,
+    runtime: Option<&'a RuntimeLabels>,
+    extra: [Option<(&'static str, Value<'a>)>; 3],
+}
+
+impl<'a> Labels<'a> {
+    fn node(instance: &'a InstanceLabels) -> Self {
+        Labels {
+            instance,
+            runtime: None,
+            extra: [None; 3],
+        }
+    }
+
+    fn runtime(rt: &'a RuntimeLabels) -> Self {
+        Labels {
+            instance: &rt.instance,
+            runtime: Some(rt),
+            extra: [None; 3],
+        }
+    }
+
+    fn with(mut self, key: &'static str, value: Value<'a>) -> Self {
+        if let Some(slot) = self.extra.iter_mut().find(|s| s.is_none()) {
+            *slot = Some((key, value));
+        }
+        self
+    }
+
+    fn text(self, key: &'static str, value: &'a str) -> Self {
+        self.with(key, Value::Text(value))
+    }
+
+    fn number(self, key: &'static str, value: u32) -> Self {
+        self.with(key, Value::Number(value))
+    }
+}
+
+impl EncodeLabelSet for Labels<'_> {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
+        let i = self.instance;
+        for (key, value) in [
+            ("instance_name", &i.instance_name),
+            ("instance_id", &i.instance_id),
+            ("instance_type", &i.instance_type),
+            ("availability_zone", &i.availability_zone),
+            ("region", &i.region),
+            ("subnet_id", &i.subnet_id),
+        ] {
+            (key, value.as_str()).encode(encoder.encode_label())?;
+        }
+        if let Some(rt) = self.runtime {
+            ("runtime_tag", rt.runtime_tag.as_str()).encode(encoder.encode_label())?;
+            if let Some(pod) = &rt.pod {
+                ("namespace", pod.namespace.as_str()).encode(encoder.encode_label())?;
+                ("pod", pod.pod.as_str()).encode(encoder.encode_label())?;
+                ("container", pod.container.as_str()).encode(encoder.encode_label())?;
+            }
+        }
+        for (key, value) in self.extra.iter().flatten() {
+            (*key, *value).encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
+}
+
+/// One metric family being assembled; its descriptor is written only if it has a series.
+struct Family<'s> {
+    name: &'static str,
+    help: &'static str,
+    kind: MetricType,
+    series: Vec<(Labels<'s>, f64)>,
+}
+
+impl<'s> Family<'s> {
+    fn new(name: &'static str, help: &'static str, kind: MetricType) -> Self {
+        Family {
+            name,
+            help,
+            kind,
+            series: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, labels: Labels<'s>, value: Option<f64>) {
+        if let Some(v) = value.filter(|v| v.is_finite()) {
+            self.series.push((labels, v));
+        }
+    }
+
+    fn write(self, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+        if self.series.is_empty() {
+            return Ok(());
+        }
+        let mut metric = encoder.encode_descriptor(self.name, self.help, None, self.kind)?;
+        for (labels, value) in &self.series {
+            match self.kind {
+                MetricType::Info => metric.encode_info(labels)?,
+                MetricType::Counter => {
+                    ConstCounter::new(*value).encode(metric.encode_family(labels)?)?
+                }
+                _ => ConstGauge::new(*value).encode(metric.encode_family(labels)?)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+const CORE_MEMORY_METRICS: [(&str, &str); 5] = [
+    (
+        "neuroncore_memory_usage_constants",
+        "NeuronCore memory used by constants, bytes",
+    ),
+    (
+        "neuroncore_memory_usage_model_code",
+        "NeuronCore memory used by model code, bytes",
+    ),
+    (
+        "neuroncore_memory_usage_model_shared_scratchpad",
+        "NeuronCore memory used by the model shared scratchpad, bytes",
+    ),
+    (
+        "neuroncore_memory_usage_runtime_memory",
+        "NeuronCore memory used by the runtime, bytes",
+    ),
+    (
+        "neuroncore_memory_usage_tensors",
+        "NeuronCore memory used by tensors, bytes",
+    ),
+];
+
+fn encode_node(state: &NodeState, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+    let instance = &*state.instance;
+    let runtimes = &state.runtimes;
+    let ratio = |percent: Option<f64>| percent.map(|p| p / 100.0);
+
+    let mut f = Family::new(
+        "neuroncore_utilization_ratio",
+        "NeuronCore utilization over the period (0..1), per core held by a runtime; idle cores have no runtime_tag",
+        MetricType::Gauge,
+    );
+    for rt in runtimes {
+        for core in &rt.cores {
+            f.push(
+                Labels::runtime(&rt.labels).number("neuroncore", core.index),
+                ratio(core.utilization),
+            );
+        }
+    }
+    for core in &state.idle_cores {
+        f.push(
+            Labels::node(instance).number("neuroncore", *core),
+            Some(0.0),
+        );
+    }
+    f.write(encoder)?;
+
+    for (slot, (name, help)) in CORE_MEMORY_METRICS.iter().enumerate() {
+        let mut f = Family::new(name, help, MetricType::Gauge);
+        for rt in runtimes {
+            for core in &rt.cores {
+                let value = core.memory.and_then(|m| m.values()[slot]);
+                let labels = Labels::runtime(&rt.labels)
+                    .number("neuroncore", core.index)
+                    .text("memory_location", "None");
+                f.push(labels, value);
+            }
+        }
+        f.write(encoder)?;
+    }
+
+    per_runtime(
+        encoder,
+        runtimes,
+        (
+            "neuron_runtime_memory_used_bytes",
+            "Memory used by the runtime, bytes",
+            MetricType::Gauge,
+        ),
+        "memory_location",
+        &["host", "neuron_device"],
+        |rt| rt.memory_used.map(|m| m.to_vec()),
+    )?;
+    per_runtime(
+        encoder,
+        runtimes,
+        (
+            "neuron_runtime_vcpu_usage_ratio",
+            "vCPU usage of the runtime (0..1)",
+            MetricType::Gauge,
+        ),
+        "usage_type",
+        &["user", "system"],
+        |rt| rt.vcpu.map(|v| v.iter().map(|p| ratio(*p)).collect()),
+    )?;
+    per_runtime(
+        encoder,
+        runtimes,
+        (
+            "execution_errors",
+            "Executions that failed, by error type (running sum)",
+            MetricType::Counter,
+        ),
+        "error_type",
+        &ERROR_KINDS,
+        |rt| {
+            rt.errors_total
+                .map(|t| t.iter().map(|v| Some(*v)).collect())
+        },
+    )?;
+    per_runtime(
+        encoder,
+        runtimes,
+        (
+            "execution_status",
+            "Executions by outcome (running sum)",
+            MetricType::Counter,
+        ),
+        "status_type",
+        &STATUS_KINDS,
+        |rt| {
+            rt.status_total
+                .map(|t| t.iter().map(|v| Some(*v)).collect())
+        },
+    )?;
+    per_runtime(
+        encoder,
+        runtimes,
+        (
+            "execution_latency_seconds",
+            "Total execution latency percentiles over the period, seconds",
+            MetricType::Gauge,
+        ),
+        "percentile",
+        &Percentiles::NAMES,
+        |rt| rt.latency.map(|l| l.values().to_vec()),
+    )?;
+
+    let system = &state.system;
+    let mut f = Family::new(
+        "hardware_ecc_events",
+        "ECC events of Neuron devices (running sum)",
+        MetricType::Counter,
+    );
+    for (device, totals) in &system.ecc_totals {
+        for (kind, total) in DeviceEccCounters::KINDS.iter().zip(totals) {
+            let labels = Labels::node(instance)
+                .text("event_type", kind)
+                .number("neuron_device_index", *device);
+            f.push(labels, Some(*total));
+        }
+    }
+    f.write(encoder)?;
+
+    let mut f = Family::new(
+        "system_vcpu_count",
+        "Number of vCPUs of the host",
+        MetricType::Gauge,
+    );
+    f.push(Labels::node(instance), system.vcpu_count.map(|c| c as f64));
+    f.write(encoder)?;
+
+    let mut f = Family::new(
+        "system_vcpu_usage_ratio",
+        "vCPU usage of the host (0..1)",
+        MetricType::Gauge,
+    );
+    for (kind, value) in ["user", "system"]
+        .iter()
+        .zip(system.vcpu_usage.unwrap_or_default())
+    {
+        f.push(
+            Labels::node(instance).text("usage_type", kind),
+            ratio(value),
+        );
+    }
+    f.write(encoder)?;
+
+    let memory = system.memory.unwrap_or_default();
+    for ((name, help), value) in [
+        ("system_memory_total_bytes", "Memory of the host, bytes"),
+        ("system_memory_used_bytes", "Memory used on the host, bytes"),
+        ("system_swap_total_bytes", "Swap of the host, bytes"),
+        ("system_swap_used_bytes", "Swap used on the host, bytes"),
+    ]
+    .into_iter()
+    .zip(memory)
+    {
+        let mut f = Family::new(name, help, MetricType::Gauge);
+        f.push(Labels::node(instance), value);
+        f.write(encoder)?;
+    }
+
+    if state.reports > 0 {
+        let mut f = Family::new("instance", "Instance the agent runs on", MetricType::Info);
+        f.push(Labels::node(instance), Some(1.0));
+        f.write(encoder)?;
+    }
+
+    if let Some(hw) = &state.hardware {
+        if let (Some(devices), Some(cores)) = (hw.device_count, hw.cores_per_device) {
+            let mut f = Family::new(
+                "neuron_hardware",
+                "Neuron hardware of the host",
+                MetricType::Info,
+            );
+            let labels = Labels::node(instance)
+                .number("neuron_device_count", devices)
+                .number("neuroncore_per_device_count", cores);
+            f.push(labels, Some(1.0));
+            f.write(encoder)?;
+        }
+    }
+
+    let mut f = Family::new(
+        "neuron_agent_group_error",
+        "1 for each metric group in error or unreadable in the latest report (kind: monitor or malformed)",
+        MetricType::Gauge,
+    );
+    for p in &state.problems {
+        let labels = Labels::node(instance)
+            .text("group", p.group)
+            .text("runtime_tag", &p.runtime_tag)
+            .text("kind", p.kind.as_str());
+        f.push(labels, Some(1.0));
+    }
+    f.write(encoder)
+}
+
+/// A family with one series per runtime and per value of one label.
+fn per_runtime(
+    encoder: &mut DescriptorEncoder,
+    runtimes: &[RuntimeState],
+    (name, help, kind): (&'static str, &'static str, MetricType),
+    label: &'static str,
+    label_values: &'static [&'static str],
+    values: impl Fn(&RuntimeState) -> Option<Vec<Option<f64>>>,
+) -> Result<(), fmt::Error> {
+    let mut f = Family::new(name, help, kind);
+    for rt in runtimes {
+        for (label_value, value) in label_values.iter().zip(values(rt).unwrap_or_default()) {
+            f.push(Labels::runtime(&rt.labels).text(label, label_value), value);
+        }
+    }
+    f.write(encoder)
+}
+
+/// Rewrites prometheus-client's OpenMetrics output into the classic text format:
+/// counters are named with their `_total`, info metrics become gauges named `…_info`,
+/// `# UNIT` and `# EOF` go away. Sample lines are the same in both formats.
+pub fn openmetrics_to_classic(open: &str) -> String {
+    let mut out = String::with_capacity(open.len());
+    let mut pending_help: Option<(&str, &str)> = None;
+    for line in open.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            pending_help = Some(rest.split_once(' ').unwrap_or((rest, "")));
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "unknown"));
+            let (suffix, classic_kind) = match kind {
+                "counter" => ("_total", "counter"),
+                "info" => ("_info", "gauge"),
+                "gauge" | "histogram" | "summary" => ("", kind),
+                _ => ("", "untyped"),
+            };
+            if let Some((help_name, help)) = pending_help.take() {
+                if help_name == name {
+                    let _ = writeln!(out, "# HELP {name}{suffix} {help}");
+                }
+            }
+            let _ = writeln!(out, "# TYPE {name}{suffix} {classic_kind}");
+        } else if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,141 @@
+use super::*;
+use crate::testdata::{fixture, IDLE_INF1, TRN1N_32, TRN1_ERRORS};
+use api::report::Report;
+
+fn exposition(lines: &[String]) -> Exposition {
+    let mut state = NodeState::default();
+    for line in lines {
+        state.apply(&Report::parse(line).unwrap());
+    }
+    Exposition::new(Registry::default(), Arc::new(Mutex::new(state)))
+}
+
+fn series<'t>(text: &'t str, name: &str) -> Vec<&'t str> {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .collect()
+}
+
+#[test]
+fn exactly_one_core_series_per_runtime_on_the_32_runtime_fixture() {
+    let text = exposition(&[fixture(TRN1N_32)])
+        .render(Format::Classic)
+        .unwrap();
+    let cores = series(&text, "neuroncore_utilization_ratio");
+    assert_eq!(cores.len(), 32, "{cores:#?}");
+    let busy: Vec<&&str> = cores
+        .iter()
+        .filter(|l| l.contains(r#"runtime_tag="538""#))
+        .collect();
+    assert_eq!(busy.len(), 1);
+    assert!(
+        busy[0].contains(r#"neuroncore="1""#) && busy[0].ends_with(" 0.01"),
+        "{}",
+        busy[0]
+    );
+    assert_eq!(series(&text, "neuroncore_memory_usage_tensors").len(), 32);
+    assert!(text.contains(r#"memory_location="None""#));
+    assert!(text.contains(r#"instance_type="trn1n.32xlarge""#));
+    assert_eq!(series(&text, "neuron_hardware_info").len(), 1);
+    assert!(text.contains(r#"neuron_device_count="16",neuroncore_per_device_count="2"} 1"#));
+}
+
+#[test]
+fn classic_format_names_counters_and_info_as_prometheus_expects() {
+    let text = exposition(&[fixture(TRN1_ERRORS)])
+        .render(Format::Classic)
+        .unwrap();
+    assert!(text.contains("# TYPE execution_errors_total counter\n"));
+    assert!(text.contains("# TYPE execution_status_total counter\n"));
+    assert!(text.contains("# TYPE instance_info gauge\n"));
+    assert!(text.contains("# TYPE neuron_hardware_info gauge\n"));
+    assert!(text.contains("# HELP hardware_ecc_events_total "));
+    assert!(!text.contains("# EOF") && !text.contains("# UNIT"));
+    let generic = series(&text, "execution_errors_total")
+        .into_iter()
+        .find(|l| l.contains(r#"error_type="generic""#))
+        .unwrap();
+    assert!(generic.ends_with(" 23654.0"), "{generic}");
+    assert_eq!(series(&text, "execution_latency_seconds").len(), 7);
+    assert_eq!(series(&text, "system_vcpu_count").len(), 1);
+}
+
+#[test]
+fn openmetrics_format_when_asked() {
+    let text = exposition(&[fixture(TRN1_ERRORS)])
+        .render(Format::OpenMetrics)
+        .unwrap();
+    assert!(text.ends_with("# EOF\n"));
+    assert!(text.contains("# TYPE execution_errors counter\n"));
+    assert!(text.contains("# TYPE instance info\n"));
+    assert_eq!(
+        Format::negotiate(Some(
+            "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"
+        )),
+        Format::OpenMetrics
+    );
+    assert_eq!(Format::negotiate(Some("text/plain")), Format::Classic);
+    assert_eq!(Format::negotiate(None), Format::Classic);
+}
+
+#[test]
+fn an_idle_node_still_shows_its_hardware_and_idle_cores() {
+    let text = exposition(&[fixture(IDLE_INF1)])
+        .render(Format::Classic)
+        .unwrap();
+    let cores = series(&text, "neuroncore_utilization_ratio");
+    assert_eq!(cores.len(), 4);
+    assert!(
+        cores
+            .iter()
+            .all(|l| !l.contains("runtime_tag") && l.ends_with(" 0.0")),
+        "{cores:#?}"
+    );
+    assert!(text.contains("system_vcpu_count{"));
+    assert_eq!(series(&text, "neuron_hardware_info").len(), 1);
+    assert_eq!(series(&text, "instance_info").len(), 1);
+    assert_eq!(
+        series(&text, "execution_latency_seconds").len(),
+        0,
+        "null latency stays absent"
+    );
+}
+
+#[test]
+fn a_group_in_error_is_visible_and_not_zero() {
+    let line = r#"{"neuron_runtime_data":[{"pid":7,"neuron_runtime_tag":"x","error":"","report":{
+        "neuron_runtime_vcpu_usage":{"period":1.0,"error":"open /proc/7/stat: no such file or directory"}}}],
+        "instance_info":{"instance_id":"i-1","error":""},
+        "neuron_hardware_info":{"neuron_device_count":1,"neuroncore_per_device_count":2,"error":""}}"#;
+    let text = exposition(&[line.to_owned()])
+        .render(Format::Classic)
+        .unwrap();
+    assert_eq!(series(&text, "neuron_runtime_vcpu_usage_ratio").len(), 0);
+    let errors = series(&text, "neuron_agent_group_error");
+    assert_eq!(errors.len(), 1);
+    assert!(
+        errors[0]
+            .contains(r#"group="neuron_runtime_vcpu_usage",runtime_tag="x",kind="monitor"} 1"#),
+        "{}",
+        errors[0]
+    );
+}
+
+#[test]
+fn nothing_but_self_metrics_before_the_first_report() {
+    let text = exposition(&[]).render(Format::Classic).unwrap();
+    assert!(!text.contains("instance_info"));
+    assert!(!text.contains("neuroncore_utilization_ratio"));
+}
+
+#[test]
+fn classic_conversion_is_line_exact() {
+    let open = "# HELP a_b Help text.\n# TYPE a_b counter\na_b_total{x=\"1\"} 2\n# HELP i Info.\n# TYPE i info\ni_info{v=\"1\"} 1\n# HELP g G.\n# TYPE g gauge\n# UNIT g seconds\ng 1.5\n# EOF\n";
+    assert_eq!(
+        openmetrics_to_classic(open),
+        "# HELP a_b_total Help text.\n# TYPE a_b_total counter\na_b_total{x=\"1\"} 2\n# HELP i_info Info.\n# TYPE i_info gauge\ni_info{v=\"1\"} 1\n# HELP g G.\n# TYPE g gauge\ng 1.5\n"
+    );
+}

@@ -1,0 +1,214 @@
+use super::*;
+use crate::testdata::{fixture, IDLE_INF1, TRN1N_32, TRN1_ERRORS};
+
+fn apply(state: &mut NodeState, line: &str) {
+    state.apply(&Report::parse(line).unwrap());
+}
+
+fn runtime<'s>(state: &'s NodeState, tag: &str) -> &'s RuntimeState {
+    state
+        .runtimes
+        .iter()
+        .find(|r| r.labels.runtime_tag == tag)
+        .unwrap_or_else(|| panic!("no runtime {tag}"))
+}
+
+/// A small report: runtimes given as (tag, pid, held core, utilization percent, completed).
+fn report(runtimes: &[(&str, u32, u32, f64, u32)], instance_id: &str) -> String {
+    let entries: Vec<String> = runtimes
+        .iter()
+        .map(|(tag, pid, core, util, completed)| {
+            let counters: Vec<String> = (0..4)
+                .map(|c| format!(r#""{c}":{{"neuroncore_utilization":{}}}"#, if c == *core { *util } else { 0.0 }))
+                .collect();
+            let memory: Vec<String> = (0..4)
+                .map(|c| format!(r#""{c}":{{"constants":0,"model_code":{},"model_shared_scratchpad":0,"runtime_memory":0,"tensors":0}}"#, if c == *core { 100 } else { 0 }))
+                .collect();
+            format!(
+                r#"{{"pid":{pid},"neuron_runtime_tag":"{tag}","error":"","report":{{
+                  "neuroncore_counters":{{"period":1,"error":"","neuroncores_in_use":{{{}}}}},
+                  "memory_used":{{"period":1,"error":"","neuron_runtime_used_bytes":{{"host":1,"neuron_device":2,
+                     "usage_breakdown":{{"neuroncore_memory_usage":{{{}}}}}}}}},
+                  "neuron_runtime_vcpu_usage":{{"period":1,"error":"","vcpu_usage":{{"user":10,"system":5}}}},
+                  "execution_stats":{{"period":1,"error":"","error_summary":{{"generic":1}},
+                     "execution_summary":{{"completed":{completed}}},"latency_stats":{{"total_latency":null}}}}}}}}"#,
+                counters.join(","),
+                memory.join(",")
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"neuron_runtime_data":[{}],"system_data":{{}},
+            "instance_info":{{"instance_id":"{instance_id}","instance_type":"inf2.xlarge","error":""}},
+            "neuron_hardware_info":{{"neuron_device_count":2,"neuroncore_per_device_count":2,"error":""}}}}"#,
+        entries.join(",")
+    )
+}
+
+#[test]
+fn every_runtime_of_the_32_runtime_fixture_holds_exactly_its_core() {
+    let mut state = NodeState::default();
+    apply(&mut state, &fixture(TRN1N_32));
+    assert_eq!(state.runtimes.len(), 32);
+    let mut cores: Vec<u32> = state
+        .runtimes
+        .iter()
+        .map(|rt| {
+            assert_eq!(
+                rt.cores.len(),
+                1,
+                "runtime {} holds one core",
+                rt.labels.runtime_tag
+            );
+            rt.cores[0].index
+        })
+        .collect();
+    cores.sort_unstable();
+    assert_eq!(cores, (0..32).collect::<Vec<_>>());
+    assert!(state.idle_cores.is_empty());
+    // The runtime on core 1 is busy at 1%, the one on core 0 is idle but holds it.
+    let busy = runtime(&state, "538");
+    assert_eq!(busy.cores[0].index, 1);
+    assert_eq!(busy.cores[0].utilization, Some(1.0));
+    let idle = runtime(&state, "535");
+    assert_eq!(idle.cores[0].index, 0);
+    assert_eq!(idle.cores[0].utilization, Some(0.0));
+    assert!(idle.cores[0].memory.unwrap().is_held());
+    assert_eq!(state.system.vcpu_count, Some(128));
+}
+
+#[test]
+fn an_idle_node_reports_all_its_cores_as_idle() {
+    let mut state = NodeState::default();
+    apply(&mut state, &fixture(IDLE_INF1));
+    assert_eq!(state.runtimes.len(), 1);
+    // Tag empty: the PID stands in, as neuron-monitor itself does.
+    assert_eq!(state.runtimes[0].labels.runtime_tag, "41298");
+    assert!(state.runtimes[0].cores.is_empty());
+    assert_eq!(state.idle_cores, vec![0, 1, 2, 3]);
+    assert_eq!(state.system.vcpu_count, Some(4));
+    assert_eq!(state.system.ecc_totals, vec![(0, [0.0; 4])]);
+    assert_eq!(state.instance.instance_type, "inf1.xlarge");
+    assert_eq!(state.instance.region, "ap-northeast-1");
+}
+
+#[test]
+fn counters_are_running_sums_and_latency_follows_the_report() {
+    let mut state = NodeState::default();
+    let line = fixture(TRN1_ERRORS);
+    apply(&mut state, &line);
+    apply(&mut state, &line);
+    let rt = runtime(&state, "1337");
+    assert_eq!(rt.errors_total.unwrap()[0], 2.0 * 23654.0);
+    assert_eq!(rt.status_total.unwrap()[0], 2.0 * 260.0);
+    assert!(rt.latency.unwrap().p50.unwrap() > 0.0);
+    assert_eq!(rt.vcpu, Some([Some(19.26), Some(3.95)]));
+    // Core 1 holds a little model code but is not busy; core 0 is busy.
+    let cores: Vec<u32> = rt.cores.iter().map(|c| c.index).collect();
+    assert_eq!(cores, vec![0, 1]);
+    assert!((rt.cores[0].utilization.unwrap() - 1.3631567613356375).abs() < 1e-12);
+    assert_eq!(rt.cores[1].utilization, Some(0.0));
+}
+
+#[test]
+fn a_runtime_that_leaves_is_dropped_and_starts_afresh_when_back() {
+    let mut state = NodeState::default();
+    apply(
+        &mut state,
+        &report(&[("a", 1, 0, 50.0, 10), ("b", 2, 1, 20.0, 5)], "i-1"),
+    );
+    apply(
+        &mut state,
+        &report(&[("a", 1, 0, 50.0, 10), ("b", 2, 1, 20.0, 5)], "i-1"),
+    );
+    assert_eq!(runtime(&state, "b").status_total.unwrap()[0], 10.0);
+    apply(&mut state, &report(&[("a", 1, 0, 50.0, 10)], "i-1"));
+    assert_eq!(state.runtimes.len(), 1);
+    assert_eq!(state.idle_cores, vec![1, 2, 3]);
+    assert_eq!(runtime(&state, "a").status_total.unwrap()[0], 30.0);
+    apply(
+        &mut state,
+        &report(&[("a", 1, 0, 50.0, 10), ("b", 3, 1, 20.0, 5)], "i-1"),
+    );
+    assert_eq!(runtime(&state, "b").status_total.unwrap()[0], 5.0);
+}
+
+#[test]
+fn instance_labels_follow_the_latest_report() {
+    let mut state = NodeState::default();
+    apply(&mut state, &report(&[("a", 1, 0, 50.0, 1)], "i-old"));
+    apply(&mut state, &report(&[("a", 1, 0, 50.0, 1)], "i-new"));
+    assert_eq!(state.instance.instance_id, "i-new");
+    assert_eq!(runtime(&state, "a").labels.instance.instance_id, "i-new");
+}
+
+#[test]
+fn shared_tags_are_made_unique_by_pid() {
+    let mut state = NodeState::default();
+    apply(
+        &mut state,
+        &report(
+            &[
+                ("serve", 20, 0, 1.0, 1),
+                ("serve", 10, 1, 1.0, 1),
+                ("", 30, 2, 1.0, 1),
+            ],
+            "i",
+        ),
+    );
+    let tags: Vec<&str> = state
+        .runtimes
+        .iter()
+        .map(|r| r.labels.runtime_tag.as_str())
+        .collect();
+    assert_eq!(tags, vec!["30", "serve", "serve@20"]);
+    assert_eq!(runtime(&state, "serve").pid, Some(10));
+}
+
+#[test]
+fn a_group_in_error_exports_no_values_and_is_recorded() {
+    let mut state = NodeState::default();
+    apply(&mut state, &report(&[("a", 1, 0, 50.0, 4)], "i"));
+    let broken = r#"{"neuron_runtime_data":[{"pid":1,"neuron_runtime_tag":"a","error":"","report":{
+        "neuron_runtime_vcpu_usage":{"period":1,"error":"open /proc/1/stat: no such file or directory"},
+        "execution_stats":{"period":1,"error":"runtime unreachable"}}}],
+        "instance_info":{"instance_id":"i","error":""},
+        "neuron_hardware_info":{"neuron_device_count":2,"neuroncore_per_device_count":2,"error":""}}"#;
+    apply(&mut state, broken);
+    let rt = runtime(&state, "a");
+    assert_eq!(rt.vcpu, None, "no zeros for a group in error");
+    assert_eq!(rt.latency, None);
+    assert_eq!(rt.status_total.unwrap()[0], 4.0, "a counter keeps its sum");
+    // Groups not refreshed in this report keep their last values.
+    assert_eq!(rt.memory_used, Some([Some(1.0), Some(2.0)]));
+    assert_eq!(rt.cores[0].utilization, Some(50.0));
+    let groups: Vec<(&str, ProblemKind)> =
+        state.problems.iter().map(|p| (p.group, p.kind)).collect();
+    assert_eq!(
+        groups,
+        vec![
+            ("neuron_runtime_vcpu_usage", ProblemKind::Monitor),
+            ("execution_stats", ProblemKind::Monitor)
+        ]
+    );
+    apply(&mut state, &report(&[("a", 1, 0, 50.0, 4)], "i"));
+    assert!(
+        state.problems.is_empty(),
+        "problems describe the latest report only"
+    );
+    assert!(runtime(&state, "a").vcpu.is_some());
+}
+
+#[test]
+fn ecc_events_accumulate_per_device() {
+    let mut state = NodeState::default();
+    let line = r#"{"system_data":{"neuron_hw_counters":{"period":1,"error":"","neuron_devices":[
+        {"neuron_device_index":1,"mem_ecc_corrected":2,"mem_ecc_uncorrected":0,"sram_ecc_corrected":0,"sram_ecc_uncorrected":1},
+        {"neuron_device_index":0,"mem_ecc_corrected":0,"mem_ecc_uncorrected":0,"sram_ecc_corrected":0,"sram_ecc_uncorrected":0}]}}}"#;
+    apply(&mut state, line);
+    apply(&mut state, line);
+    assert_eq!(
+        state.system.ecc_totals,
+        vec![(0, [0.0; 4]), (1, [4.0, 0.0, 0.0, 2.0])]
+    );
+}

@@ -1,0 +1,117 @@
+//! The agent's own metrics (`neuron_agent_*`): is neuron-monitor running, are its
+//! reports arriving and readable, how long processing takes.
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram, info::Info},
+    registry::Registry,
+};
+use std::sync::atomic::AtomicU64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupProblemLabels {
+    pub group: &'static str,
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StderrLabel {
+    pub outcome: &'static str,
+}
+
+/// Handles to the agent's metrics; cloning shares them.
+#[derive(Clone)]
+pub struct AgentMetrics {
+    pub monitor_restarts: Family<ReasonLabel, Counter>,
+    pub monitor_up: Gauge,
+    pub monitor_backoff_seconds: Gauge<f64, AtomicU64>,
+    pub reports: Counter,
+    pub lines_rejected: Family<ReasonLabel, Counter>,
+    pub last_report_timestamp: Gauge<f64, AtomicU64>,
+    pub report_processing_seconds: Histogram,
+    pub group_errors: Family<GroupProblemLabels, Counter>,
+    pub monitor_stderr_lines: Family<StderrLabel, Counter>,
+}
+
+impl AgentMetrics {
+    /// Creates the metrics and registers them, with the build info, in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = AgentMetrics {
+            monitor_restarts: Family::default(),
+            monitor_up: Gauge::default(),
+            monitor_backoff_seconds: Gauge::default(),
+            reports: Counter::default(),
+            lines_rejected: Family::default(),
+            last_report_timestamp: Gauge::default(),
+            // 10 µs .. ~80 ms: a report takes well under a millisecond.
+            report_processing_seconds: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(10e-6, 2.0, 14),
+            ),
+            group_errors: Family::default(),
+            monitor_stderr_lines: Family::default(),
+        };
+        let r = registry;
+        r.register(
+            "neuron_agent_monitor_restarts",
+            "Restarts of neuron-monitor by reason (exited, silent, spawn_failed, config_changed)",
+            metrics.monitor_restarts.clone(),
+        );
+        r.register(
+            "neuron_agent_monitor_up",
+            "1 while a neuron-monitor process runs",
+            metrics.monitor_up.clone(),
+        );
+        r.register(
+            "neuron_agent_monitor_backoff_seconds",
+            "Delay before the next neuron-monitor start; 0 while it runs healthy",
+            metrics.monitor_backoff_seconds.clone(),
+        );
+        r.register(
+            "neuron_agent_reports",
+            "Reports parsed and applied",
+            metrics.reports.clone(),
+        );
+        r.register(
+            "neuron_agent_lines_rejected",
+            "Output lines of neuron-monitor skipped, by reason (malformed, truncated, oversized, not_utf8)",
+            metrics.lines_rejected.clone(),
+        );
+        r.register(
+            "neuron_agent_last_report_timestamp_seconds",
+            "Unix time of the last report applied",
+            metrics.last_report_timestamp.clone(),
+        );
+        r.register(
+            "neuron_agent_report_processing_seconds",
+            "Time to parse one report and apply it to the node state",
+            metrics.report_processing_seconds.clone(),
+        );
+        r.register(
+            "neuron_agent_group_errors",
+            "Metric groups found in error (kind=monitor) or unreadable (kind=malformed), per report",
+            metrics.group_errors.clone(),
+        );
+        r.register(
+            "neuron_agent_monitor_stderr_lines",
+            "Lines neuron-monitor wrote to stderr, logged or suppressed by the rate limit",
+            metrics.monitor_stderr_lines.clone(),
+        );
+        r.register(
+            "neuron_agent_build",
+            "Version of the agent",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        metrics
+    }
+
+    pub fn reject(&self, reason: &'static str) {
+        self.lines_rejected
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+}
