@@ -1,0 +1,1025 @@
+//! The report document in neuron-monitor's wire format, and the generator that fills it
+//! from the scenario for the groups refreshed in one tick.
+//!
+//! Every value is a function of the scenario and the group's nominal period, never of
+//! the clock, so that tests can assert exactly what a scrape returns; only each group's
+//! `period` (seconds actually covered) varies.
+
+use std::collections::BTreeMap;
+
+use api::duration::Period;
+use api::monitor_config::{RuntimeGroup, SystemGroup};
+use serde::Serialize;
+
+use crate::hardware::fnv1a;
+use crate::scenario::{App, GroupName, Scenario};
+use crate::schedule::{GroupKey, Plan};
+
+const MIB: u64 = 1 << 20;
+
+// --- Wire format (field order as neuron-monitor writes it) ---------------------------
+
+#[derive(Debug, Serialize)]
+pub struct Document {
+    pub neuron_runtime_data: Vec<RuntimeEntry>,
+    pub system_data: SystemData,
+    pub instance_info: InstanceInfo,
+    pub neuron_hardware_info: HardwareInfo,
+}
+
+/// A metric group: its data, or nothing but an `error` when collection failed.
+#[derive(Debug, Serialize)]
+pub struct Group<T> {
+    pub period: f64,
+    #[serde(flatten)]
+    pub data: Option<T>,
+    pub error: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RuntimeEntry {
+    pub pid: u32,
+    pub neuron_runtime_tag: String,
+    pub error: String,
+    pub report: RuntimeReport,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct RuntimeReport {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_stats: Option<Group<ExecutionStats>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_used: Option<Group<MemoryUsed>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub neuron_runtime_vcpu_usage: Option<Group<RuntimeVcpuUsage>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub neuroncore_counters: Option<Group<NeuroncoreCounters>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NeuroncoreCounters {
+    /// Every core of the host, zeros on those the runtime does not own.
+    pub neuroncores_in_use: BTreeMap<u32, CoreCounters>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CoreCounters {
+    pub neuroncore_utilization: f64,
+    pub flops: u64,
+    pub effective_flops: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MemoryUsed {
+    pub neuron_runtime_used_bytes: RuntimeUsedBytes,
+    pub loaded_models: Vec<LoadedModel>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RuntimeUsedBytes {
+    pub host: u64,
+    pub neuron_device: u64,
+    pub usage_breakdown: UsageBreakdown,
+}
+
+#[derive(Debug, Serialize)]
+pub struct UsageBreakdown {
+    pub host: HostMemory,
+    pub neuroncore_memory_usage: BTreeMap<u32, CoreMemory>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct HostMemory {
+    pub application_memory: u64,
+    pub constants: u64,
+    pub dma_buffers: u64,
+    pub tensors: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct CoreMemory {
+    pub constants: u64,
+    pub model_code: u64,
+    pub model_shared_scratchpad: u64,
+    pub runtime_memory: u64,
+    pub tensors: u64,
+}
+
+impl CoreMemory {
+    fn total(&self) -> u64 {
+        self.constants
+            + self.model_code
+            + self.model_shared_scratchpad
+            + self.runtime_memory
+            + self.tensors
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct LoadedModel {
+    pub name: String,
+    pub uuid: String,
+    pub model_id: u64,
+    pub is_running: bool,
+    pub subgraphs: BTreeMap<String, Subgraph>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Subgraph {
+    pub memory_used_bytes: SubgraphMemory,
+    /// Runtime-local: counts within the runtime's own cores, not a host index.
+    pub neuroncore_index: u32,
+    pub neuron_device_index: u32,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SubgraphMemory {
+    pub host: u64,
+    pub neuron_device: u64,
+    pub usage_breakdown: SubgraphBreakdown,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SubgraphBreakdown {
+    pub host: HostMemory,
+    pub neuron_device: DeviceMemory,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeviceMemory {
+    pub constants: u64,
+    pub model_code: u64,
+    pub runtime_memory: u64,
+    pub tensors: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RuntimeVcpuUsage {
+    pub vcpu_usage: UserSystem,
+}
+
+#[derive(Debug, Serialize)]
+pub struct UserSystem {
+    pub user: f64,
+    pub system: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ExecutionStats {
+    pub error_summary: ErrorSummary,
+    pub execution_summary: ExecutionSummary,
+    pub latency_stats: LatencyStats,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct ErrorSummary {
+    pub generic: u64,
+    pub numerical: u64,
+    pub transient: u64,
+    pub model: u64,
+    pub runtime: u64,
+    pub hardware: u64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct ExecutionSummary {
+    pub completed: u64,
+    pub completed_with_err: u64,
+    pub completed_with_num_err: u64,
+    pub timed_out: u64,
+    pub incorrect_input: u64,
+    pub failed_to_queue: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LatencyStats {
+    /// null when nothing completed in the period.
+    pub total_latency: Option<Percentiles>,
+    pub device_latency: Option<Percentiles>,
+}
+
+/// Seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Percentiles {
+    pub p0: f64,
+    pub p1: f64,
+    pub p25: f64,
+    pub p50: f64,
+    pub p75: f64,
+    pub p99: f64,
+    pub p100: f64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct SystemData {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_info: Option<Group<MemoryInfo>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub neuron_hw_counters: Option<Group<HwCounters>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vcpu_usage: Option<Group<SystemVcpuUsage>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MemoryInfo {
+    pub memory_total_bytes: u64,
+    pub memory_used_bytes: u64,
+    pub swap_total_bytes: u64,
+    pub swap_used_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct HwCounters {
+    pub neuron_devices: Vec<DeviceEcc>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeviceEcc {
+    pub neuron_device_index: u32,
+    pub mem_ecc_corrected: u64,
+    pub mem_ecc_uncorrected: u64,
+    pub sram_ecc_uncorrected: u64,
+    pub sram_ecc_corrected: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SystemVcpuUsage {
+    pub average_usage: CpuUsage,
+    pub usage_data: BTreeMap<u32, CpuUsage>,
+    pub context_switch_count: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct CpuUsage {
+    pub user: f64,
+    pub nice: f64,
+    pub system: f64,
+    pub idle: f64,
+    pub io_wait: f64,
+    pub irq: f64,
+    pub soft_irq: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstanceInfo {
+    pub instance_name: String,
+    pub instance_id: String,
+    pub instance_type: String,
+    pub instance_availability_zone: String,
+    pub instance_availability_zone_id: String,
+    pub instance_region: String,
+    pub ami_id: String,
+    pub subnet_id: String,
+    pub error: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct HardwareInfo {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub neuron_device_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub neuron_device_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub neuroncore_version: Option<String>,
+    pub neuron_device_count: u32,
+    pub neuroncore_per_device_count: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub neuron_device_memory_size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logical_neuroncore_config: Option<u32>,
+    pub error: String,
+}
+
+// --- Generator -----------------------------------------------------------------------
+
+/// A group refreshed in this tick.
+#[derive(Clone, Copy, Debug)]
+pub struct Refresh {
+    pub key: GroupKey,
+    /// The configured period: what per-period counts are computed from.
+    pub nominal: Period,
+    /// Seconds actually covered, written as the group's `period`.
+    pub covered: f64,
+}
+
+/// Builds the documents of a run; remembers only how many times the hardware counters
+/// were refreshed (for `--ecc-every`).
+pub struct Generator {
+    scenario: Scenario,
+    plan: Plan,
+    hw_refreshes: u64,
+    instance_info: InstanceInfo,
+    hardware_info: HardwareInfo,
+}
+
+impl Generator {
+    pub fn new(scenario: Scenario, plan: Plan) -> Generator {
+        Generator {
+            instance_info: scenario.instance.instance_info(&scenario.region),
+            hardware_info: scenario.instance.hardware_info(),
+            scenario,
+            plan,
+            hw_refreshes: 0,
+        }
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The document of one tick, carrying exactly the refreshed groups.
+    pub fn document(&mut self, refreshes: &[Refresh]) -> Document {
+        let mut runtimes = Vec::new();
+        for app in &self.scenario.apps {
+            let Some(selector) = self.plan.selector_for(&app.tag) else {
+                continue;
+            };
+            let mut report = RuntimeReport::default();
+            for r in refreshes {
+                if let GroupKey::Runtime { selector: s, group } = r.key {
+                    if s == selector {
+                        self.runtime_group(&mut report, app, group, r);
+                    }
+                }
+            }
+            let refreshed = report.execution_stats.is_some()
+                || report.memory_used.is_some()
+                || report.neuron_runtime_vcpu_usage.is_some()
+                || report.neuroncore_counters.is_some();
+            if refreshed {
+                runtimes.push(RuntimeEntry {
+                    pid: app.pid,
+                    neuron_runtime_tag: app.tag.clone(),
+                    error: String::new(),
+                    report,
+                });
+            }
+        }
+
+        let mut system = SystemData::default();
+        for r in refreshes {
+            if let GroupKey::System(group) = r.key {
+                self.system_group(&mut system, group, r);
+            }
+        }
+
+        Document {
+            neuron_runtime_data: runtimes,
+            system_data: system,
+            instance_info: self.instance_info.clone(),
+            neuron_hardware_info: self.hardware_info.clone(),
+        }
+    }
+
+    fn runtime_group(
+        &self,
+        report: &mut RuntimeReport,
+        app: &App,
+        group: RuntimeGroup,
+        r: &Refresh,
+    ) {
+        let error = self
+            .scenario
+            .group_fails(GroupName::Runtime(group))
+            .then(|| match group {
+                // What neuron-monitor says in a container without the host PID namespace.
+                RuntimeGroup::NeuronRuntimeVcpuUsage => {
+                    format!("open /proc/{}/stat: no such file or directory", app.pid)
+                }
+                _ => injected_error(group.as_str()),
+            });
+        let seconds = r.nominal.as_millis() as f64 / 1000.0;
+        match group {
+            RuntimeGroup::NeuroncoreCounters => {
+                report.neuroncore_counters = Some(wrap(r, error, || self.neuroncore_counters(app)))
+            }
+            RuntimeGroup::MemoryUsed => {
+                report.memory_used = Some(wrap(r, error, || self.memory_used(app)))
+            }
+            RuntimeGroup::NeuronRuntimeVcpuUsage => {
+                report.neuron_runtime_vcpu_usage = Some(wrap(r, error, || runtime_vcpu_usage(app)))
+            }
+            RuntimeGroup::ExecutionStats => {
+                report.execution_stats = Some(wrap(r, error, || execution_stats(app, seconds)))
+            }
+        }
+    }
+
+    fn system_group(&mut self, system: &mut SystemData, group: SystemGroup, r: &Refresh) {
+        let error = self
+            .scenario
+            .group_fails(GroupName::System(group))
+            .then(|| injected_error(group.as_str()));
+        let seconds = r.nominal.as_millis() as f64 / 1000.0;
+        match group {
+            SystemGroup::VcpuUsage => {
+                let vcpus = self.scenario.instance.vcpus;
+                system.vcpu_usage = Some(wrap(r, error, || system_vcpu_usage(vcpus, seconds)))
+            }
+            SystemGroup::MemoryInfo => {
+                system.memory_info = Some(wrap(r, error, || self.memory_info()))
+            }
+            SystemGroup::NeuronHwCounters => {
+                self.hw_refreshes += 1;
+                let ecc = self
+                    .scenario
+                    .ecc_every
+                    .is_some_and(|n| self.hw_refreshes % n == 0);
+                let devices = self.scenario.instance.devices;
+                system.neuron_hw_counters = Some(wrap(r, error, || hw_counters(devices, ecc)))
+            }
+        }
+    }
+
+    fn neuroncore_counters(&self, app: &App) -> NeuroncoreCounters {
+        let neuroncores_in_use = (0..self.scenario.instance.core_count())
+            .map(|core| {
+                let util = if app.cores.contains(&core) {
+                    app.util
+                } else {
+                    0.0
+                };
+                // 10 TFLOPS per core at full use; 80% of it effective.
+                let flops = (util * 1e11).round() as u64;
+                let counters = CoreCounters {
+                    neuroncore_utilization: util,
+                    flops,
+                    effective_flops: flops / 5 * 4,
+                };
+                (core, counters)
+            })
+            .collect();
+        NeuroncoreCounters { neuroncores_in_use }
+    }
+
+    fn memory_used(&self, app: &App) -> MemoryUsed {
+        let per_core: BTreeMap<u32, CoreMemory> = (0..self.scenario.instance.core_count())
+            .map(|core| {
+                let memory = match app.cores.iter().position(|&c| c == core) {
+                    Some(local) => core_memory(local),
+                    None => CoreMemory::default(),
+                };
+                (core, memory)
+            })
+            .collect();
+        let dma_buffers = (MIB * app.cores.len() as u64).min(app.host_mem);
+        let loaded_models = app
+            .cores
+            .iter()
+            .enumerate()
+            .map(|(local, &core)| self.model(app, local, core))
+            .collect();
+        MemoryUsed {
+            neuron_runtime_used_bytes: RuntimeUsedBytes {
+                host: app.host_mem,
+                neuron_device: per_core.values().map(CoreMemory::total).sum(),
+                usage_breakdown: UsageBreakdown {
+                    host: HostMemory {
+                        application_memory: app.host_mem - dma_buffers,
+                        constants: 0,
+                        dma_buffers,
+                        tensors: 0,
+                    },
+                    neuroncore_memory_usage: per_core,
+                },
+            },
+            loaded_models,
+        }
+    }
+
+    /// One model per core of the app, its single subgraph placed on that core.
+    fn model(&self, app: &App, local: usize, core: u32) -> LoadedModel {
+        let memory = core_memory(local);
+        let host = HostMemory {
+            application_memory: 20_480,
+            constants: 0,
+            dma_buffers: 524_288,
+            tensors: 0,
+        };
+        let device = DeviceMemory {
+            constants: memory.constants,
+            model_code: memory.model_code,
+            runtime_memory: 0,
+            tensors: 0,
+        };
+        let subgraph = Subgraph {
+            memory_used_bytes: SubgraphMemory {
+                host: host.application_memory + host.dma_buffers,
+                neuron_device: device.constants + device.model_code,
+                usage_breakdown: SubgraphBreakdown {
+                    host,
+                    neuron_device: device,
+                },
+            },
+            neuroncore_index: local as u32,
+            neuron_device_index: self.scenario.instance.device_of(core),
+        };
+        let seed = format!("{}/{}/{local}", app.pid, app.tag);
+        LoadedModel {
+            name: format!("/tmp/neuron-sim/{}/model-{local}.neff", app.tag),
+            uuid: format!(
+                "{:016x}{:016x}",
+                fnv1a(seed.as_bytes()),
+                fnv1a(app.tag.as_bytes())
+            ),
+            model_id: 10_001 + local as u64,
+            is_running: app.util > 0.0,
+            subgraphs: BTreeMap::from([("sg_00".to_owned(), subgraph)]),
+        }
+    }
+
+    fn memory_info(&self) -> MemoryInfo {
+        let total = self.scenario.instance.memory_bytes;
+        let apps: u64 = self.scenario.apps.iter().map(|a| a.host_mem).sum();
+        MemoryInfo {
+            memory_total_bytes: total,
+            memory_used_bytes: (total / 5).saturating_add(apps).min(total),
+            swap_total_bytes: 0,
+            swap_used_bytes: 0,
+        }
+    }
+}
+
+fn wrap<T>(r: &Refresh, error: Option<String>, data: impl FnOnce() -> T) -> Group<T> {
+    match error {
+        Some(error) => Group {
+            period: r.covered,
+            data: None,
+            error,
+        },
+        None => Group {
+            period: r.covered,
+            data: Some(data()),
+            error: String::new(),
+        },
+    }
+}
+
+fn injected_error(group: &str) -> String {
+    format!("failed to collect {group}: injected by neuron-monitor-sim --group-error")
+}
+
+/// Device memory held on the app's `local`-th core (never zero).
+fn core_memory(local: usize) -> CoreMemory {
+    CoreMemory {
+        constants: 64 * MIB,
+        model_code: 100 * MIB + local as u64 * MIB,
+        model_shared_scratchpad: 32 * MIB,
+        runtime_memory: 1088,
+        tensors: 256 * MIB,
+    }
+}
+
+fn runtime_vcpu_usage(app: &App) -> RuntimeVcpuUsage {
+    RuntimeVcpuUsage {
+        vcpu_usage: UserSystem {
+            user: round2(5.0 + app.util / 10.0),
+            system: round2(1.0 + app.util / 50.0),
+        },
+    }
+}
+
+/// Total latency percentiles; device latency is 80% of them.
+const TOTAL_LATENCY: Percentiles = Percentiles {
+    p0: 0.005,
+    p1: 0.006,
+    p25: 0.009,
+    p50: 0.01,
+    p75: 0.012,
+    p99: 0.02,
+    p100: 0.03,
+};
+
+fn execution_stats(app: &App, seconds: f64) -> ExecutionStats {
+    let completed = (app.rps * seconds).round() as u64;
+    let latency = |scale: f64| {
+        let l = TOTAL_LATENCY;
+        let s = |v: f64| round6(v * scale);
+        (completed > 0).then_some(Percentiles {
+            p0: s(l.p0),
+            p1: s(l.p1),
+            p25: s(l.p25),
+            p50: s(l.p50),
+            p75: s(l.p75),
+            p99: s(l.p99),
+            p100: s(l.p100),
+        })
+    };
+    ExecutionStats {
+        error_summary: ErrorSummary {
+            generic: (app.errors * seconds).round() as u64,
+            ..ErrorSummary::default()
+        },
+        execution_summary: ExecutionSummary {
+            completed,
+            ..ExecutionSummary::default()
+        },
+        latency_stats: LatencyStats {
+            total_latency: latency(1.0),
+            device_latency: latency(0.8),
+        },
+    }
+}
+
+fn system_vcpu_usage(vcpus: u32, seconds: f64) -> SystemVcpuUsage {
+    let usage = |cpu: u32| {
+        let user = 10.0 + f64::from(cpu % 4) * 2.5;
+        let system = 3.0;
+        CpuUsage {
+            user,
+            system,
+            idle: 100.0 - user - system,
+            ..CpuUsage::default()
+        }
+    };
+    let usage_data: BTreeMap<u32, CpuUsage> = (0..vcpus).map(|c| (c, usage(c))).collect();
+    let n = f64::from(vcpus.max(1));
+    let mean = |f: fn(&CpuUsage) -> f64| round2(usage_data.values().map(f).sum::<f64>() / n);
+    SystemVcpuUsage {
+        average_usage: CpuUsage {
+            user: mean(|u| u.user),
+            system: mean(|u| u.system),
+            idle: mean(|u| u.idle),
+            ..CpuUsage::default()
+        },
+        usage_data,
+        context_switch_count: (2000.0 * f64::from(vcpus) * seconds).round() as u64,
+    }
+}
+
+fn hw_counters(devices: u32, ecc: bool) -> HwCounters {
+    let neuron_devices = (0..devices)
+        .map(|d| {
+            let event = u64::from(ecc && d == 0);
+            DeviceEcc {
+                neuron_device_index: d,
+                mem_ecc_corrected: event,
+                mem_ecc_uncorrected: 0,
+                sram_ecc_uncorrected: event,
+                sram_ecc_corrected: 0,
+            }
+        })
+        .collect();
+    HwCounters { neuron_devices }
+}
+
+fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+fn round6(v: f64) -> f64 {
+    (v * 1e6).round() / 1e6
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::{InstanceType, INSTANCE_TYPES};
+    use crate::scenario::parse_app_spec;
+    use api::monitor_config::MonitorConfig;
+    use api::report::{Group as G, Item, Report};
+
+    fn generator(instance: &str, apps: &[&str], config: &str, errors: &[&str]) -> Generator {
+        generator_with_ecc(instance, apps, config, errors, None)
+    }
+
+    fn generator_with_ecc(
+        instance: &str,
+        apps: &[&str],
+        config: &str,
+        errors: &[&str],
+        ecc_every: Option<u64>,
+    ) -> Generator {
+        let specs = apps.iter().map(|s| parse_app_spec(s).unwrap()).collect();
+        let errors = errors
+            .iter()
+            .map(|g| GroupName::parse(g).unwrap())
+            .collect();
+        let instance = InstanceType::lookup(instance).unwrap();
+        let scenario =
+            Scenario::new(instance, "us-west-2".into(), specs, errors, ecc_every).unwrap();
+        let config: MonitorConfig = serde_json::from_str(config).unwrap();
+        Generator::new(scenario, Plan::new(&config).unwrap())
+    }
+
+    const ALL: &str = r#"{"period":"1s","neuron_runtimes":[{"metrics":[{"type":"neuroncore_counters"},
+        {"type":"memory_used"},{"type":"neuron_runtime_vcpu_usage"},{"type":"execution_stats"}]}],
+        "system_metrics":[{"type":"vcpu_usage"},{"type":"memory_info"},{"type":"neuron_hw_counters"}]}"#;
+
+    /// The line written at simulated time `t_ms` (every group covering its nominal period).
+    fn line_at(g: &mut Generator, t_ms: u64) -> String {
+        let refreshes: Vec<Refresh> = g
+            .plan()
+            .due_at(t_ms)
+            .into_iter()
+            .map(|(key, nominal)| Refresh {
+                key,
+                nominal,
+                covered: nominal.as_millis() as f64 / 1000.0,
+            })
+            .collect();
+        serde_json::to_string(&g.document(&refreshes)).unwrap()
+    }
+
+    fn runtimes<'a>(report: &'a Report<'a>) -> Vec<&'a api::report::RuntimeEntry<'a>> {
+        report
+            .neuron_runtime_data
+            .iter()
+            .map(|item| match item {
+                Item::Ok(r) => r,
+                Item::Malformed(e) => panic!("malformed runtime: {e}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_instance_type_writes_documents_the_parser_reads_fully() {
+        for t in INSTANCE_TYPES {
+            let last = t.core_count() - 1;
+            let apps = [
+                "tag=a,cores=0,util=50,rps=100".to_owned(),
+                format!("tag=,cores={last},util=20,rps=0"),
+            ];
+            let apps: Vec<&str> = apps.iter().map(String::as_str).collect();
+            let mut g = generator(t.name, &apps, ALL, &[]);
+            let line = line_at(&mut g, 1000);
+            assert!(!line.contains('\n'));
+            let report = Report::parse(&line).unwrap();
+            let rts = runtimes(&report);
+            assert_eq!(rts.len(), 2, "{}", t.name);
+            for rt in &rts {
+                let groups = rt.report.as_ref().unwrap();
+                assert!(matches!(groups.neuroncore_counters, Some(G::Ok(_))));
+                let G::Ok(mem) = groups.memory_used.as_ref().unwrap() else {
+                    panic!()
+                };
+                assert_eq!(mem.loaded_models().unwrap().len(), 1);
+                assert!(matches!(groups.neuron_runtime_vcpu_usage, Some(G::Ok(_))));
+                assert!(matches!(groups.execution_stats, Some(G::Ok(_))));
+            }
+            assert_eq!(rts[1].neuron_runtime_tag.as_deref(), Some("1001"));
+            let system = report.system_data.as_ref().unwrap();
+            let G::Ok(vcpu) = system.vcpu_usage.as_ref().unwrap() else {
+                panic!()
+            };
+            assert_eq!(vcpu.usage_data.as_ref().unwrap().len(), t.vcpus as usize);
+            assert!(matches!(system.memory_info, Some(G::Ok(_))));
+            let G::Ok(hw) = system.neuron_hw_counters.as_ref().unwrap() else {
+                panic!()
+            };
+            assert_eq!(
+                hw.neuron_devices.as_ref().unwrap().len(),
+                t.devices as usize
+            );
+            let G::Ok(info) = report.neuron_hardware_info.as_ref().unwrap() else {
+                panic!()
+            };
+            assert_eq!(info.core_count(), Some(t.core_count()));
+            let G::Ok(inst) = report.instance_info.as_ref().unwrap() else {
+                panic!()
+            };
+            assert_eq!(inst.instance_type.as_deref(), Some(t.name));
+        }
+    }
+
+    #[test]
+    fn each_runtime_lists_every_host_core_with_zeros_on_the_others() {
+        let mut g = generator(
+            "trn1.32xlarge",
+            &["tag=a,cores=2-3,util=40", "tag=b,cores=7,util=90"],
+            ALL,
+            &[],
+        );
+        let line = line_at(&mut g, 1000);
+        let report = Report::parse(&line).unwrap();
+        let expected: [(&[u32], f64); 2] = [(&[2, 3], 40.0), (&[7], 90.0)];
+        for (rt, (own, util)) in runtimes(&report).into_iter().zip(expected) {
+            let groups = rt.report.as_ref().unwrap();
+            let G::Ok(nc) = groups.neuroncore_counters.as_ref().unwrap() else {
+                panic!()
+            };
+            let cores = nc.neuroncores_in_use.as_ref().unwrap();
+            assert_eq!(cores.len(), 32);
+            for (core, c) in cores.iter() {
+                let expect = if own.contains(&core) { util } else { 0.0 };
+                assert_eq!(c.neuroncore_utilization, Some(expect), "core {core}");
+                assert_eq!(c.flops.unwrap() > 0.0, own.contains(&core));
+            }
+            let G::Ok(mem) = groups.memory_used.as_ref().unwrap() else {
+                panic!()
+            };
+            let usage = mem.neuron_runtime_used_bytes.as_ref().unwrap();
+            let per_core = usage
+                .usage_breakdown
+                .as_ref()
+                .unwrap()
+                .neuroncore_memory_usage
+                .as_ref()
+                .unwrap();
+            assert_eq!(per_core.len(), 32);
+            for (core, m) in per_core.iter() {
+                assert_eq!(m.is_held(), own.contains(&core), "core {core}");
+            }
+        }
+    }
+
+    #[test]
+    fn subgraph_core_indices_are_runtime_local() {
+        let mut g = generator("trn1.32xlarge", &["tag=a,cores=5,9,util=10"], ALL, &[]);
+        let line = line_at(&mut g, 1000);
+        let report = Report::parse(&line).unwrap();
+        let rts = runtimes(&report);
+        let G::Ok(mem) = rts[0]
+            .report
+            .as_ref()
+            .unwrap()
+            .memory_used
+            .as_ref()
+            .unwrap()
+        else {
+            panic!()
+        };
+        let placed: Vec<(Option<u32>, Option<u32>)> = mem
+            .loaded_models()
+            .unwrap()
+            .iter()
+            .flat_map(|m| m.subgraphs.as_ref().unwrap().0.clone())
+            .map(|(_, sg)| (sg.neuroncore_index, sg.neuron_device_index))
+            .collect();
+        // Host cores 5 and 9 sit on devices 2 and 4; the runtime counts them 0 and 1.
+        assert_eq!(placed, vec![(Some(0), Some(2)), (Some(1), Some(4))]);
+    }
+
+    #[test]
+    fn execution_counts_follow_rps_and_the_period() {
+        let config =
+            r#"{"period":"2s","neuron_runtimes":[{"metrics":[{"type":"execution_stats"}]}]}"#;
+        let mut g = generator(
+            "trn1.2xlarge",
+            &[
+                "tag=busy,cores=0,util=50,rps=12.5,errors=0.5",
+                "tag=idle,cores=1,util=0",
+            ],
+            config,
+            &[],
+        );
+        let line = line_at(&mut g, 2000);
+        let report = Report::parse(&line).unwrap();
+        let rts = runtimes(&report);
+        let G::Ok(busy) = rts[0]
+            .report
+            .as_ref()
+            .unwrap()
+            .execution_stats
+            .as_ref()
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(busy.execution_summary.unwrap().completed, Some(25.0));
+        assert_eq!(busy.error_summary.unwrap().generic, Some(1.0));
+        let latency = busy.latency_stats.unwrap();
+        assert_eq!(latency.total_latency.unwrap().p50, Some(0.01));
+        assert_eq!(latency.device_latency.unwrap().p50, Some(0.008));
+        let G::Ok(idle) = rts[1]
+            .report
+            .as_ref()
+            .unwrap()
+            .execution_stats
+            .as_ref()
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(idle.execution_summary.unwrap().completed, Some(0.0));
+        assert_eq!(idle.latency_stats.unwrap().total_latency, None);
+        // Only the configured group is written.
+        assert!(rts[0].report.as_ref().unwrap().memory_used.is_none());
+        assert!(report.system_data.unwrap().memory_info.is_none());
+    }
+
+    #[test]
+    fn documents_carry_only_the_groups_due_in_their_tick() {
+        let config = r#"{"period":"1s",
+            "neuron_runtimes":[{"tag_filter":"^a$","period":"500ms","metrics":[{"type":"neuroncore_counters"}]},
+                               {"tag_filter":"^b$","metrics":[{"type":"memory_used"}]}],
+            "system_metrics":[{"type":"memory_info","period":"2s"}]}"#;
+        let mut g = generator(
+            "trn1.32xlarge",
+            &[
+                "tag=a,cores=0,util=1",
+                "tag=b,cores=1,util=1",
+                "tag=c,cores=2,util=1",
+            ],
+            config,
+            &[],
+        );
+        let shape = |line: &str| {
+            let report = Report::parse(line).unwrap();
+            let rts: Vec<String> = runtimes(&report)
+                .iter()
+                .map(|r| {
+                    let g = r.report.as_ref().unwrap();
+                    format!(
+                        "{}:{}{}",
+                        r.neuron_runtime_tag.as_deref().unwrap(),
+                        if g.neuroncore_counters.is_some() {
+                            "nc"
+                        } else {
+                            ""
+                        },
+                        if g.memory_used.is_some() { "mem" } else { "" }
+                    )
+                })
+                .collect();
+            let sys = report.system_data.as_ref().unwrap().memory_info.is_some();
+            (rts, sys)
+        };
+        assert_eq!(
+            shape(&line_at(&mut g, 500)),
+            (vec!["a:nc".to_owned()], false)
+        );
+        assert_eq!(
+            shape(&line_at(&mut g, 1000)),
+            (vec!["a:nc".to_owned(), "b:mem".to_owned()], false)
+        );
+        assert_eq!(
+            shape(&line_at(&mut g, 2000)),
+            (vec!["a:nc".to_owned(), "b:mem".to_owned()], true)
+        );
+    }
+
+    #[test]
+    fn group_errors_carry_a_message_and_no_data() {
+        let mut g = generator(
+            "trn1.2xlarge",
+            &["tag=a,cores=0,util=50,pid=4321"],
+            ALL,
+            &["neuron_runtime_vcpu_usage", "neuron_hw_counters"],
+        );
+        let line = line_at(&mut g, 1000);
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let vcpu = &value["neuron_runtime_data"][0]["report"]["neuron_runtime_vcpu_usage"];
+        assert_eq!(
+            vcpu["error"],
+            "open /proc/4321/stat: no such file or directory"
+        );
+        assert!(vcpu.get("vcpu_usage").is_none());
+        assert_eq!(vcpu["period"], 1.0);
+        let hw = &value["system_data"]["neuron_hw_counters"];
+        assert!(hw["error"].as_str().unwrap().contains("neuron_hw_counters"));
+        assert!(hw.get("neuron_devices").is_none());
+
+        let report = Report::parse(&line).unwrap();
+        let rts = runtimes(&report);
+        let groups = rts[0].report.as_ref().unwrap();
+        assert!(matches!(
+            groups.neuron_runtime_vcpu_usage,
+            Some(G::Error(_))
+        ));
+        assert!(matches!(groups.neuroncore_counters, Some(G::Ok(_))));
+        assert!(matches!(
+            report.system_data.unwrap().neuron_hw_counters,
+            Some(G::Error(_))
+        ));
+    }
+
+    #[test]
+    fn ecc_events_appear_on_every_nth_hardware_refresh() {
+        let mut g = generator_with_ecc("trn1.32xlarge", &[], ALL, &[], Some(2));
+        let mut seen = Vec::new();
+        for t in [1000, 2000, 3000, 4000] {
+            let value: serde_json::Value = serde_json::from_str(&line_at(&mut g, t)).unwrap();
+            let devices = value["system_data"]["neuron_hw_counters"]["neuron_devices"]
+                .as_array()
+                .unwrap()
+                .clone();
+            assert_eq!(devices[1]["mem_ecc_corrected"], 0);
+            seen.push((
+                devices[0]["mem_ecc_corrected"].as_u64().unwrap(),
+                devices[0]["sram_ecc_uncorrected"].as_u64().unwrap(),
+                devices[0]["mem_ecc_uncorrected"].as_u64().unwrap(),
+            ));
+        }
+        assert_eq!(seen, vec![(0, 0, 0), (1, 1, 0), (0, 0, 0), (1, 1, 0)]);
+    }
+
+    #[test]
+    fn values_are_the_same_every_tick() {
+        let mut g = generator(
+            "inf2.24xlarge",
+            &["tag=a,cores=0-3,util=33,rps=7"],
+            ALL,
+            &[],
+        );
+        let first = line_at(&mut g, 1000);
+        let second = line_at(&mut g, 2000);
+        assert_eq!(first, second);
+        let value: serde_json::Value = serde_json::from_str(&first).unwrap();
+        assert_eq!(
+            value["neuron_runtime_data"][0]["report"]["neuroncore_counters"]["neuroncores_in_use"]
+                ["3"]["neuroncore_utilization"],
+            33.0
+        );
+    }
+}
