@@ -1,0 +1,409 @@
+//! Runs the real agent binary (with the simulator as neuron-monitor) and reads its
+//! endpoints over plain HTTP. Processes are killed when their handle drops, so a failed
+//! test leaves nothing running.
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::{
+    collections::BTreeMap,
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+pub const AGENT: &str = env!("CARGO_BIN_EXE_neuron-node-agent");
+pub const SIM: &str = env!("CARGO_BIN_EXE_neuron-monitor-sim");
+
+pub fn fixture_path(name: &str) -> PathBuf {
+    let dir = std::env::var("NEURON_FIXTURES").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/neuron-monitor").to_owned()
+    });
+    PathBuf::from(dir).join(name)
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("neuron-test-{tag}-{}-{}", std::process::id(), fastrand::u64(..)));
+        std::fs::create_dir_all(&path).expect("create temp dir");
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running agent.
+pub struct Agent {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub state_dir: TempDir,
+}
+
+impl Agent {
+    /// Starts the agent on the simulator with `sim_args` and the extra agent `args`.
+    pub fn start(sim_args: &[&str], args: &[&str]) -> Agent {
+        Self::start_with(SIM, sim_args, args)
+    }
+
+    pub fn start_with(monitor: &str, monitor_args: &[&str], args: &[&str]) -> Agent {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let state_dir = TempDir::new("agent");
+        let mut command = Command::new(AGENT);
+        command
+            .arg("--monitor-command")
+            .arg(monitor)
+            .arg("--listen")
+            .arg(addr.to_string())
+            .arg("--state-dir")
+            .arg(&state_dir.0)
+            .args(args)
+            .env("NEURON_AGENT_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        for arg in monitor_args {
+            command.arg(format!("--monitor-arg={arg}"));
+        }
+        let child = command.spawn().expect("start the agent");
+        let agent = Agent { child, addr, state_dir };
+        agent.wait_until("the HTTP endpoint answers", Duration::from_secs(20), |a| a.get("/healthz").is_some());
+        agent
+    }
+
+    /// GET `path`; `None` when nothing answers.
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        http_get(self.addr, path, None)
+    }
+
+    pub fn metrics(&self) -> Metrics {
+        let (status, body) = self.get("/metrics").expect("GET /metrics");
+        assert_eq!(status, 200, "{body}");
+        Metrics::parse(&body)
+    }
+
+    /// Polls `check` every 50 ms until it holds, or panics after `limit`.
+    pub fn wait_until(&self, what: &str, limit: Duration, check: impl Fn(&Agent) -> bool) {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if check(self) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("timed out after {limit:?} waiting until {what}");
+    }
+
+    /// Polls the metrics until `check` returns `Some`, then returns it.
+    pub fn wait_for<T>(&self, what: &str, limit: Duration, check: impl Fn(&Metrics) -> Option<T>) -> T {
+        let start = Instant::now();
+        let mut last = None;
+        while start.elapsed() < limit {
+            if let Some((200, body)) = self.get("/metrics") {
+                let metrics = Metrics::parse(&body);
+                if let Some(found) = check(&metrics) {
+                    return found;
+                }
+                last = Some(body);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("timed out after {limit:?} waiting for {what}; last /metrics:\n{}", last.unwrap_or_default());
+    }
+
+    /// PIDs of the agent's child processes (neuron-monitor).
+    pub fn children(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = Vec::new();
+        // Children may be started by any thread of the agent.
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.child.id())) {
+            for task in tasks.flatten() {
+                let file = task.path().join("children");
+                if let Ok(text) = std::fs::read_to_string(file) {
+                    pids.extend(text.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+                }
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A process is alive (and not a zombie).
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+/// A minimal HTTP/1.1 GET; enough for the agent's and Prometheus' endpoints.
+pub fn http_get(addr: SocketAddr, path: &str, accept: Option<&str>) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n").ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Some((status, body))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else { break };
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// One sample of the exposition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// A parsed exposition (classic text format).
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    pub samples: Vec<Sample>,
+    pub text: String,
+}
+
+impl Metrics {
+    pub fn parse(text: &str) -> Metrics {
+        let samples = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .map(|l| parse_sample(l).unwrap_or_else(|| panic!("unparsable sample line {l:?}")))
+            .collect();
+        Metrics { samples, text: text.to_owned() }
+    }
+
+    /// Samples of `name` whose labels include every `(key, value)` of `labels`.
+    pub fn find(&self, name: &str, labels: &[(&str, &str)]) -> Vec<&Sample> {
+        self.samples
+            .iter()
+            .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v)))
+            .collect()
+    }
+
+    /// The value of the one sample matching, if exactly one does.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        match self.find(name, labels).as_slice() {
+            [one] => Some(one.value),
+            _ => None,
+        }
+    }
+
+    /// Sum over the matching samples (0 when none).
+    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.find(name, labels).iter().map(|s| s.value).sum()
+    }
+}
+
+fn parse_sample(line: &str) -> Option<Sample> {
+    let (name, rest) = match line.find('{') {
+        Some(i) => (&line[..i], &line[i + 1..]),
+        None => {
+            let (name, value) = line.split_once(' ')?;
+            return Some(Sample { name: name.to_owned(), labels: BTreeMap::new(), value: value.trim().parse().ok()? });
+        }
+    };
+    let mut labels = BTreeMap::new();
+    let mut chars = rest.char_indices().peekable();
+    let mut end = None;
+    while let Some((i, c)) = chars.next() {
+        if c == '}' {
+            end = Some(i);
+            break;
+        }
+        if c == ',' || c == ' ' {
+            continue;
+        }
+        let key_start = i;
+        let mut key_end = i;
+        for (j, c) in chars.by_ref() {
+            if c == '=' {
+                key_end = j;
+                break;
+            }
+        }
+        let key = rest[key_start..key_end].to_owned();
+        chars.next(); // opening quote
+        let mut value = String::new();
+        while let Some((_, c)) = chars.next() {
+            match c {
+                '\\' => match chars.next().map(|(_, c)| c) {
+                    Some('n') => value.push('\n'),
+                    Some(other) => value.push(other),
+                    None => return None,
+                },
+                '"' => break,
+                other => value.push(other),
+            }
+        }
+        labels.insert(key, value);
+    }
+    let value = rest[end? + 1..].trim().split_whitespace().next()?.parse().ok()?;
+    Some(Sample { name: name.to_owned(), labels, value })
+}
+
+/// A test tool installed by `tests/tools/install.sh` (in `$NEURON_TOOLS_DIR/bin` or on
+/// PATH). A missing tool fails the test: these tests must never pass by skipping.
+pub fn tool(name: &str) -> PathBuf {
+    let tools_dir = std::env::var("NEURON_TOOLS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/tools")));
+    let candidates = std::iter::once(tools_dir.join("bin"))
+        .chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths).collect::<Vec<_>>());
+    for dir in candidates {
+        let path = dir.join(name);
+        if path.is_file() {
+            return path;
+        }
+    }
+    panic!("{name} not found in $NEURON_TOOLS_DIR/bin or PATH: run tests/tools/install.sh first");
+}
+
+/// Percent-encodes a query parameter.
+pub fn url_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A real Prometheus server scraping `targets` every second.
+pub struct Prometheus {
+    child: Child,
+    pub addr: SocketAddr,
+    _dir: TempDir,
+}
+
+impl Prometheus {
+    pub fn start(targets: &[SocketAddr]) -> Prometheus {
+        let dir = TempDir::new("prometheus");
+        let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: neuron-node-agent\n    static_configs:\n      - targets: [{}]\n",
+            targets.join(", ")
+        );
+        let config_path = dir.0.join("prometheus.yml");
+        std::fs::write(&config_path, config).expect("write prometheus.yml");
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let child = Command::new(tool("prometheus"))
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.0.join("data").display()))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--log.level=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start prometheus");
+        let prometheus = Prometheus { child, addr, _dir: dir };
+        let start = Instant::now();
+        while http_get(addr, "/-/ready", None).map(|r| r.0) != Some(200) {
+            assert!(start.elapsed() < Duration::from_secs(30), "prometheus did not become ready");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        prometheus
+    }
+
+    /// Runs an instant query; returns the result vector as (labels, value).
+    pub fn query(&self, promql: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+        let path = format!("/api/v1/query?query={}", url_encode(promql));
+        let Some((200, body)) = http_get(self.addr, &path, None) else { return Vec::new() };
+        let json: serde_json::Value = serde_json::from_str(&body).expect("query response is JSON");
+        json["data"]["result"]
+            .as_array()
+            .map(|results| {
+                results
+                    .iter()
+                    .filter_map(|r| {
+                        let labels = r["metric"]
+                            .as_object()?
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                            .collect();
+                        let value = r["value"][1].as_str()?.parse().ok()?;
+                        Some((labels, value))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Polls `promql` until `check` accepts the result, or panics after `limit`.
+    pub fn wait_for<T>(
+        &self,
+        promql: &str,
+        limit: Duration,
+        check: impl Fn(&[(BTreeMap<String, String>, f64)]) -> Option<T>,
+    ) -> T {
+        let start = Instant::now();
+        let mut last = Vec::new();
+        while start.elapsed() < limit {
+            last = self.query(promql);
+            if let Some(found) = check(&last) {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        panic!("timed out after {limit:?} on {promql}; last result: {last:?}");
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
