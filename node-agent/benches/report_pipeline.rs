@@ -19,7 +19,11 @@ use prometheus_client::registry::Registry;
 
 fn compact_fixture(name: &str) -> String {
     let dir = std::env::var("NEURON_FIXTURES").unwrap_or_else(|_| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/neuron-monitor").to_owned()
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/fixtures/neuron-monitor"
+        )
+        .to_owned()
     });
     let path = format!("{dir}/{name}");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {path}: {e}"));
