@@ -4,6 +4,8 @@
 //! - [`monitor_config`]: the neuron-monitor configuration file (`neuron-monitor -c FILE`).
 //! - [`report`]: one NDJSON document that neuron-monitor writes per refresh.
 
+pub mod crd;
 pub mod duration;
 pub mod monitor_config;
+pub mod node_config;
 pub mod report;

@@ -1,0 +1,312 @@
+//! The `NeuronMonitorConfig` custom resource (`neuronmonitor.io/v1alpha1`, namespaced,
+//! short name `nmc`).
+//!
+//! A config applies to the Neuron nodes its `nodeSelector` matches. It sees the Neuron
+//! applications of pods in its own namespace; a config in the operator's namespace sees
+//! every application and may also ask for the node-level (system) groups.
+//!
+//! Everything the API server can check is in the schema (enums, bounds, patterns, CEL
+//! rules), so a bad object is refused at `kubectl apply` with the field named. What it
+//! cannot check (a regex that does not compile, a selector that matches nothing) the
+//! operator reports in the `Accepted` condition.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::monitor_config::{RuntimeGroup, SystemGroup};
+
+/// CEL bounds shared by every period field: a duration from 1 s to 1 h.
+const PERIOD_RULE: &str = "duration(self) >= duration('1s') && duration(self) <= duration('1h')";
+const PERIOD_MESSAGE: &str = "must be a duration from 1s to 1h, such as 1s, 30s or 5m";
+/// A list of metric groups names each group once.
+const UNIQUE_TYPES: &str = "self.all(x, self.exists_one(y, y.type == x.type))";
+/// One number and one unit, as neuron-monitor reads them.
+const PERIOD_PATTERN: &str = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$";
+
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "neuronmonitor.io",
+    version = "v1alpha1",
+    kind = "NeuronMonitorConfig",
+    namespaced,
+    shortname = "nmc",
+    category = "neuron",
+    status = "NeuronMonitorConfigStatus",
+    doc = "What neuron-monitor collects on Neuron nodes, and where the metrics go",
+    printcolumn(
+        name = "Matched",
+        type_ = "integer",
+        json_path = ".status.matchedNodes",
+        description = "Nodes this config applies to"
+    ),
+    printcolumn(
+        name = "Applied",
+        type_ = "integer",
+        json_path = ".status.appliedNodes",
+        description = "Nodes whose agent runs this config"
+    ),
+    printcolumn(
+        name = "Accepted",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NeuronMonitorConfigSpec {
+    /// Nodes this configuration applies to (a label selector). Default: every Neuron node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+
+    /// Default period of every metric group. Default: 5s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), regex(pattern = PERIOD_PATTERN))]
+    #[x_kube(validation = Rule::new(PERIOD_RULE).message(PERIOD_MESSAGE))]
+    pub period: Option<String>,
+
+    /// Which Neuron applications to watch (by tag) and which runtime groups to collect.
+    /// Default: every application, every runtime group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub runtimes: Option<Vec<RuntimeSelectorSpec>>,
+
+    /// Node-level groups (vCPU, memory, ECC counters). Only configs in the operator's
+    /// namespace may set this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_metrics: Option<SystemMetricsSpec>,
+
+    /// Where the metrics go. Default: Prometheus only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sinks: Option<SinksSpec>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeSelectorSpec {
+    /// Regular expression matched against the application's tag (`NEURON_PROCESS_TAG`,
+    /// or its PID). Default: every application.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub tag_filter: Option<String>,
+
+    /// Period of this entry's groups. Default: the config's period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), regex(pattern = PERIOD_PATTERN))]
+    #[x_kube(validation = Rule::new(PERIOD_RULE).message(PERIOD_MESSAGE))]
+    pub period: Option<String>,
+
+    /// Runtime metric groups to collect.
+    #[schemars(length(min = 1, max = 4))]
+    #[x_kube(validation = Rule::new(UNIQUE_TYPES).message("each metric group may appear once"))]
+    pub metrics: Vec<RuntimeMetricGroup>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SystemMetricsSpec {
+    /// Period of the system groups. Default: the config's period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), regex(pattern = PERIOD_PATTERN))]
+    #[x_kube(validation = Rule::new(PERIOD_RULE).message(PERIOD_MESSAGE))]
+    pub period: Option<String>,
+
+    /// System metric groups to collect.
+    #[schemars(length(min = 1, max = 3))]
+    #[x_kube(validation = Rule::new(UNIQUE_TYPES).message("each metric group may appear once"))]
+    pub metrics: Vec<SystemMetricGroup>,
+}
+
+/// One runtime metric group, optionally with its own period.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeMetricGroup {
+    #[serde(rename = "type")]
+    pub kind: RuntimeGroup,
+
+    /// Period of this group. Default: the entry's period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), regex(pattern = PERIOD_PATTERN))]
+    #[x_kube(validation = Rule::new(PERIOD_RULE).message(PERIOD_MESSAGE))]
+    pub period: Option<String>,
+}
+
+/// One system metric group, optionally with its own period.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SystemMetricGroup {
+    #[serde(rename = "type")]
+    pub kind: SystemGroup,
+
+    /// Period of this group. Default: the system metrics' period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), regex(pattern = PERIOD_PATTERN))]
+    #[x_kube(validation = Rule::new(PERIOD_RULE).message(PERIOD_MESSAGE))]
+    pub period: Option<String>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SinksSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<PrometheusSinkSpec>,
+
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloudwatch: Option<CloudWatchSinkSpec>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PrometheusSinkSpec {
+    /// Export this config's metrics on the agents' /metrics. Default: true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+
+    /// Labels added to every series of this config's applications.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 16))]
+    #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-zA-Z_][a-zA-Z0-9_]{0,62}$') && !(k in ['instance_name', 'instance_id', 'instance_type', 'availability_zone', 'region', 'subnet_id', 'runtime_tag', 'namespace', 'pod', 'container', 'neuroncore', 'memory_location', 'usage_type', 'error_type', 'status_type', 'percentile', 'event_type', 'neuron_device_index']))").message("label names must be Prometheus label names and not one the metrics already use"))]
+    #[x_kube(validation = Rule::new("self.all(k, size(self[k]) <= 128)").message("label values are at most 128 characters"))]
+    pub extra_labels: Option<BTreeMap<String, String>>,
+}
+
+/// A CloudWatch dimension the agent can fill in.
+#[derive(
+    schemars::JsonSchema,
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+)]
+pub enum Dimension {
+    ClusterName,
+    NodeName,
+    InstanceId,
+    InstanceType,
+    AmiId,
+    AvailabilityZone,
+    NeuronCore,
+    NeuronDevice,
+    RuntimeTag,
+    Namespace,
+    PodName,
+    ContainerName,
+}
+
+/// Metric names as CloudWatch users of Neuron already see them (Container Insights).
+#[derive(
+    schemars::JsonSchema,
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum CloudWatchMetric {
+    NeuroncoreUtilization,
+    NeuroncoreMemoryUsageConstants,
+    NeuroncoreMemoryUsageModelCode,
+    NeuroncoreMemoryUsageModelSharedScratchpad,
+    NeuroncoreMemoryUsageRuntimeMemory,
+    NeuroncoreMemoryUsageTensors,
+    NeurondeviceRuntimeMemoryUsedBytes,
+    NeuronExecutionErrors,
+    NeuronExecutionStatus,
+    NeuronExecutionLatency,
+    NeurondeviceHwEccEvents,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudWatchSinkSpec {
+    /// CloudWatch namespace of the metrics, e.g. `TeamA/Neuron`.
+    #[schemars(length(min = 1, max = 255), regex(pattern = r"^[A-Za-z0-9._/#: -]+$"))]
+    #[x_kube(validation = Rule::new("!self.startsWith('AWS/')").message("namespaces starting with AWS/ are reserved for AWS services"))]
+    pub namespace: String,
+
+    /// AWS region. Default: the node's own region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32), regex(pattern = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$"))]
+    pub region: Option<String>,
+
+    /// Dimensions of every metric. Default: ClusterName, NodeName, NeuronCore,
+    /// NeuronDevice, Namespace, PodName, ContainerName.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 30), extend("x-kubernetes-list-type" = "set"))]
+    pub dimensions: Option<Vec<Dimension>>,
+
+    /// Coarser dimension sets under which every metric is also published (as the
+    /// CloudWatch agent's aggregation dimensions), e.g. `[[ClusterName], [ClusterName, Namespace]]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 10))]
+    #[x_kube(validation = Rule::new("self.all(set, size(set) <= 30 && set.all(d, set.exists_one(e, e == d)))").message("each roll-up is a set of at most 30 distinct dimensions"))]
+    pub rollups: Option<Vec<Vec<Dimension>>>,
+
+    /// Metrics to publish. Default: all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 11), extend("x-kubernetes-list-type" = "set"))]
+    pub metrics: Option<Vec<CloudWatchMetric>>,
+
+    /// Storage resolution in seconds: 1 (high resolution) or 60. Default: 60.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == 1 || self == 60").message("storage resolution is 1 or 60 seconds"))]
+    pub storage_resolution: Option<i32>,
+
+    /// How often collected samples are sent. Default: 60s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), regex(pattern = PERIOD_PATTERN))]
+    #[x_kube(validation = Rule::new(PERIOD_RULE).message(PERIOD_MESSAGE))]
+    pub flush_interval: Option<String>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NeuronMonitorConfigStatus {
+    /// The generation the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// `Accepted`: the spec is valid and rendered. `Ready`: every matched node runs it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+
+    /// Nodes this config applies to.
+    #[serde(default)]
+    pub matched_nodes: i32,
+
+    /// Matched nodes whose agent acknowledged the current configuration.
+    #[serde(default)]
+    pub applied_nodes: i32,
+
+    /// Distinct CloudWatch metrics (name + dimension values) this config creates across
+    /// its matched nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_cloud_watch_metrics: Option<i64>,
+
+    /// Monthly cost of those metrics at the public per-metric price, in USD.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_monthly_cost_usd: Option<String>,
+}

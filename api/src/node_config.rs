@@ -1,0 +1,120 @@
+//! What the operator renders for one node and the node agent runs: the merged
+//! neuron-monitor configuration, plus the routing table that says which
+//! NeuronMonitorConfig gets which applications, groups and sinks.
+//!
+//! It travels in the ConfigMap `neuron-monitor-node-<node>` of the operator's
+//! namespace, under [`NODE_CONFIG_KEY`], with its [`content_hash`] in the
+//! [`CONFIG_HASH_ANNOTATION`]. The agent acknowledges what it runs by writing that hash
+//! to [`APPLIED_HASH_ANNOTATION`].
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    crd::CloudWatchSinkSpec,
+    monitor_config::{MonitorConfig, RuntimeGroup, SystemGroup},
+};
+
+pub const NODE_CONFIG_KEY: &str = "node-config.json";
+pub const CONFIG_HASH_ANNOTATION: &str = "neuronmonitor.io/config-hash";
+pub const APPLIED_HASH_ANNOTATION: &str = "neuronmonitor.io/applied-hash";
+/// Label on every node ConfigMap, so the operator and agents can select them.
+pub const NODE_LABEL: &str = "neuronmonitor.io/node";
+const CONFIGMAP_PREFIX: &str = "neuron-monitor-node-";
+
+/// The name of a node's ConfigMap. Node names are DNS subdomains (≤ 253 characters);
+/// the longest ones are shortened with a hash so the name stays valid.
+pub fn configmap_name(node: &str) -> String {
+    let name = format!("{CONFIGMAP_PREFIX}{node}");
+    if name.len() <= 253 {
+        return name;
+    }
+    let hash = content_hash(node.as_bytes());
+    format!(
+        "{}-{hash}",
+        &name[..253 - hash.len() - 1].trim_end_matches(['.', '-'])
+    )
+}
+
+/// A stable 64-bit FNV-1a hash, hex: identifies rendered content, not a security measure.
+pub fn content_hash(bytes: &[u8]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeConfig {
+    /// Given to neuron-monitor: the union of every route's groups, each at its shortest
+    /// period, for the union of their applications.
+    pub monitor: MonitorConfig,
+    /// One route per NeuronMonitorConfig that applies to the node, sorted by config.
+    pub routes: Vec<Route>,
+}
+
+/// What one NeuronMonitorConfig receives on this node.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Route {
+    /// `namespace/name` of the NeuronMonitorConfig.
+    pub config: String,
+    /// Only applications of pods in this namespace; `None`: every application (a config
+    /// in the operator's namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Applications (by tag) and their runtime groups.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runtimes: Vec<RouteRuntimes>,
+    /// Node-level groups (only for configs in the operator's namespace).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub system_groups: Vec<SystemGroup>,
+    /// Prometheus export; `None` when disabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<PrometheusRoute>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloudwatch: Option<CloudWatchSinkSpec>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteRuntimes {
+    /// Regular expression on the application tag; `None`: every application.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag_filter: Option<String>,
+    pub groups: Vec<RuntimeGroup>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PrometheusRoute {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra_labels: BTreeMap<String, String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configmap_names_stay_valid() {
+        assert_eq!(
+            configmap_name("ip-10-0-1-5.ec2.internal"),
+            "neuron-monitor-node-ip-10-0-1-5.ec2.internal"
+        );
+        let long = "a".repeat(253);
+        let name = configmap_name(&long);
+        assert_eq!(name.len(), 253);
+        assert_ne!(name, configmap_name(&format!("{}b", "a".repeat(252))));
+    }
+
+    #[test]
+    fn hash_is_stable() {
+        assert_eq!(content_hash(b""), "cbf29ce484222325");
+        assert_eq!(content_hash(b"a"), "af63dc4c8601ec8c");
+    }
+}
