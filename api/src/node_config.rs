@@ -19,8 +19,12 @@ use crate::{
 pub const NODE_CONFIG_KEY: &str = "node-config.json";
 pub const CONFIG_HASH_ANNOTATION: &str = "neuronmonitor.io/config-hash";
 pub const APPLIED_HASH_ANNOTATION: &str = "neuronmonitor.io/applied-hash";
-/// Label on every node ConfigMap, so the operator and agents can select them.
-pub const NODE_LABEL: &str = "neuronmonitor.io/node";
+/// Label (value `"true"`) on every node ConfigMap, so the operator can select them.
+pub const MANAGED_LABEL: &str = "neuronmonitor.io/node-config";
+/// Annotation naming the node a ConfigMap is for (node names can be too long for a label).
+pub const NODE_ANNOTATION: &str = "neuronmonitor.io/node";
+/// The merged neuron-monitor configuration alone, for people reading the ConfigMap.
+pub const MONITOR_CONFIG_KEY: &str = "neuron-monitor.json";
 const CONFIGMAP_PREFIX: &str = "neuron-monitor-node-";
 
 /// The name of a node's ConfigMap. Node names are DNS subdomains (≤ 253 characters);
@@ -31,10 +35,7 @@ pub fn configmap_name(node: &str) -> String {
         return name;
     }
     let hash = content_hash(node.as_bytes());
-    format!(
-        "{}-{hash}",
-        &name[..253 - hash.len() - 1].trim_end_matches(['.', '-'])
-    )
+    format!("{}-{hash}", &name[..253 - hash.len() - 1].trim_end_matches(['.', '-']))
 }
 
 /// A stable 64-bit FNV-1a hash, hex: identifies rendered content, not a security measure.
@@ -102,10 +103,7 @@ mod tests {
 
     #[test]
     fn configmap_names_stay_valid() {
-        assert_eq!(
-            configmap_name("ip-10-0-1-5.ec2.internal"),
-            "neuron-monitor-node-ip-10-0-1-5.ec2.internal"
-        );
+        assert_eq!(configmap_name("ip-10-0-1-5.ec2.internal"), "neuron-monitor-node-ip-10-0-1-5.ec2.internal");
         let long = "a".repeat(253);
         let name = configmap_name(&long);
         assert_eq!(name.len(), 253);

@@ -18,13 +18,8 @@ use neuron_node_agent::{
 use prometheus_client::registry::Registry;
 
 fn compact_fixture(name: &str) -> String {
-    let dir = std::env::var("NEURON_FIXTURES").unwrap_or_else(|_| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/fixtures/neuron-monitor"
-        )
-        .to_owned()
-    });
+    let dir = std::env::var("NEURON_FIXTURES")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/neuron-monitor").to_owned());
     let path = format!("{dir}/{name}");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {path}: {e}"));
     let value: serde_json::Value = serde_json::from_str(&text).expect("fixture is JSON");
@@ -49,13 +44,9 @@ fn pipeline(c: &mut Criterion) {
     });
 
     let state = Arc::new(Mutex::new(state));
-    let exposition = Exposition::new(Registry::default(), state);
-    group.bench_function("render_classic", |b| {
-        b.iter(|| exposition.render(Format::Classic).expect("render"))
-    });
-    group.bench_function("render_openmetrics", |b| {
-        b.iter(|| exposition.render(Format::OpenMetrics).expect("render"))
-    });
+    let exposition = Exposition::new(Registry::default(), state, Default::default());
+    group.bench_function("render_classic", |b| b.iter(|| exposition.render(Format::Classic).expect("render")));
+    group.bench_function("render_openmetrics", |b| b.iter(|| exposition.render(Format::OpenMetrics).expect("render")));
     group.finish();
 }
 

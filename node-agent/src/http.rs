@@ -35,20 +35,14 @@ pub async fn serve(
     state: Arc<HttpState>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    axum::serve(listener, router(state)).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
 }
 
 async fn metrics(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
     let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     match state.exposition.render(format) {
         Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
-        Err(_) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "could not encode metrics\n",
-        )
-            .into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "could not encode metrics\n").into_response(),
     }
 }
 
@@ -56,10 +50,6 @@ async fn ready(State(state): State<Arc<HttpState>>) -> Response {
     if state.pipeline.is_ready() {
         (StatusCode::OK, "ok\n").into_response()
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "waiting for the first neuron-monitor report\n",
-        )
-            .into_response()
+        (StatusCode::SERVICE_UNAVAILABLE, "waiting for the first neuron-monitor report\n").into_response()
     }
 }

@@ -4,10 +4,12 @@
 //! Data flows `monitor` (child process, line framing) → `pipeline` (parse one report)
 //! → `state` (what the node looks like now) → `sinks` (Prometheus).
 
+pub mod config;
 pub mod http;
 pub mod monitor;
 pub mod pipeline;
 pub mod ratelimit;
+pub mod routing;
 pub mod sinks;
 pub mod state;
 pub mod telemetry;
@@ -17,11 +19,7 @@ pub(crate) mod testdata {
     /// A recorded neuron-monitor report from the project's shared fixtures.
     pub fn fixture(name: &str) -> String {
         let dir = std::env::var("NEURON_FIXTURES").unwrap_or_else(|_| {
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../shared/fixtures/neuron-monitor"
-            )
-            .to_owned()
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/neuron-monitor").to_owned()
         });
         let path = format!("{dir}/{name}");
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {path}: {e}"))

@@ -11,17 +11,18 @@ use anyhow::Context;
 use api::{duration::Period, monitor_config::MonitorConfig};
 use clap::Parser;
 use neuron_node_agent::{
+    config::{Launcher, Reloader},
     http::{self, HttpState},
-    monitor::{LaunchSpec, Supervisor, SupervisorConfig},
+    monitor::{Supervisor, SupervisorConfig},
     pipeline::Pipeline,
-    sinks::prometheus::Exposition,
+    sinks::prometheus::{Exposition, SharedRouting},
     state::NodeState,
     telemetry::AgentMetrics,
 };
 use prometheus_client::registry::Registry;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 /// Runs neuron-monitor, supervises it, and exports its reports as Prometheus metrics.
 ///
@@ -35,11 +36,7 @@ struct Args {
 
     /// Extra argument for neuron-monitor, before `-c FILE` (repeatable; the environment
     /// variable gives one).
-    #[arg(
-        long = "monitor-arg",
-        env = "NEURON_MONITOR_ARG",
-        allow_hyphen_values = true
-    )]
+    #[arg(long = "monitor-arg", env = "NEURON_MONITOR_ARG", allow_hyphen_values = true)]
     monitor_args: Vec<String>,
 
     /// Address of /metrics, /healthz and /readyz.
@@ -77,6 +74,16 @@ struct Args {
     #[arg(long, env = "NEURON_AGENT_STOP_GRACE", default_value = "2s", value_parser = parse_duration)]
     stop_grace: Duration,
 
+    /// This node's name (from the downward API). With it, the agent follows the
+    /// configuration the operator renders for this node; without it, it runs standalone
+    /// on the built-in configuration.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+
+    /// Namespace of the node ConfigMaps (the operator's namespace).
+    #[arg(long, env = "NEURON_CONFIG_NAMESPACE", default_value = "neuron-monitor")]
+    config_namespace: String,
+
     /// Log format.
     #[arg(long, env = "NEURON_AGENT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -87,8 +94,7 @@ struct Args {
 }
 
 fn parse_period(s: &str) -> Result<Period, String> {
-    s.parse()
-        .map_err(|e: api::duration::PeriodError| e.to_string())
+    s.parse().map_err(|e: api::duration::PeriodError| e.to_string())
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -109,9 +115,7 @@ fn main() -> anyhow::Result<()> {
 
 fn init_logs(args: &Args) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log).context("parsing --log")?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if args.log_format == "json" {
         builder.json().init();
     } else {
@@ -121,48 +125,64 @@ fn init_logs(args: &Args) -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let state_dir = args
-        .state_dir
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join("neuron-node-agent"));
+    let state_dir = args.state_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("neuron-node-agent"));
     tokio::fs::create_dir_all(&state_dir)
         .await
         .with_context(|| format!("creating state directory {}", state_dir.display()))?;
 
-    let monitor_config = MonitorConfig::all_groups(args.period);
-    let config_path = state_dir.join("neuron-monitor.json");
-    let rendered = serde_json::to_vec_pretty(&monitor_config)
-        .context("rendering the monitor configuration")?;
-    tokio::fs::write(&config_path, rendered)
-        .await
-        .with_context(|| format!("writing {}", config_path.display()))?;
-
-    let silence_limit = args.silence_timeout.unwrap_or_else(|| {
-        (monitor_config.shortest_period().as_duration() * 3).max(Duration::from_secs(2))
-    });
-    let mut monitor_args = args.monitor_args.clone();
-    monitor_args.extend(["-c".to_owned(), config_path.display().to_string()]);
-    let (_spec_tx, spec_rx) = watch::channel(LaunchSpec {
+    let builtin = MonitorConfig::all_groups(args.period);
+    let launcher = Launcher {
         program: args.monitor_command.clone(),
-        args: monitor_args,
-        silence_limit,
-    });
+        args: args.monitor_args.clone(),
+        state_dir: state_dir.clone(),
+        silence_timeout: args.silence_timeout,
+    };
+    let builtin_spec = launcher
+        .prepare(&builtin)
+        .await
+        .with_context(|| format!("writing the neuron-monitor configuration in {}", state_dir.display()))?;
+    let (spec_tx, spec_rx) = watch::channel(builtin_spec);
+    let routing = SharedRouting::default();
 
     let mut registry = Registry::default();
     let metrics = AgentMetrics::register(&mut registry);
     let state = Arc::new(Mutex::new(NodeState::default()));
     let pipeline = Arc::new(Pipeline::new(state.clone(), metrics.clone()));
+    metrics.config_in_force("builtin", "");
     let http_state = Arc::new(HttpState {
-        exposition: Exposition::new(registry, state),
+        exposition: Exposition::new(registry, state, routing.clone()),
         pipeline: pipeline.clone(),
     });
 
     let shutdown = CancellationToken::new();
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("listening on {}", args.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     info!(listen = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
     let server = tokio::spawn(http::serve(listener, http_state, shutdown.clone()));
+
+    let mut standalone_spec = Some(spec_tx);
+    if let (Some(node), Some(spec_tx)) = (&args.node_name, standalone_spec.take_if(|_| args.node_name.is_some())) {
+        let client = kube::Client::try_default()
+            .await
+            .context("connecting to Kubernetes (in-cluster or KUBECONFIG) to follow the node configuration")?;
+        let reloader = Reloader {
+            client,
+            namespace: args.config_namespace.clone(),
+            node: node.clone(),
+            launcher,
+            builtin,
+            launch: spec_tx,
+            routing,
+            metrics: metrics.clone(),
+        };
+        let (initialized_tx, initialized_rx) = oneshot::channel();
+        tokio::spawn(reloader.run(initialized_tx, shutdown.clone()));
+        // Start neuron-monitor on the node's configuration rather than restart it a
+        // moment later; an unreachable API server does not hold it back for long.
+        if tokio::time::timeout(Duration::from_secs(5), initialized_rx).await.is_err() {
+            warn!("the node configuration is not readable yet; starting on the built-in one");
+        }
+    }
 
     let supervisor = Supervisor {
         config: SupervisorConfig {

@@ -76,11 +76,7 @@ impl Pipeline {
         let report = match Report::parse(text) {
             Ok(report) => report,
             Err(e) => {
-                let reason = if e.is_truncated() {
-                    Rejection::Truncated
-                } else {
-                    Rejection::Malformed
-                };
+                let reason = if e.is_truncated() { Rejection::Truncated } else { Rejection::Malformed };
                 self.reject(reason, &e.to_string());
                 return false;
             }
@@ -89,21 +85,14 @@ impl Pipeline {
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             state.apply(&report);
             for problem in &state.problems {
-                let labels = GroupProblemLabels {
-                    group: problem.group,
-                    kind: problem.kind.as_str(),
-                };
+                let labels = GroupProblemLabels { group: problem.group, kind: problem.kind.as_str() };
                 self.metrics.group_errors.get_or_create(&labels).inc();
             }
         }
         self.metrics.reports.inc();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         self.metrics.last_report_timestamp.set(now.as_secs_f64());
-        self.metrics
-            .report_processing_seconds
-            .observe(started.elapsed().as_secs_f64());
+        self.metrics.report_processing_seconds.observe(started.elapsed().as_secs_f64());
         self.ready.store(true, Ordering::Relaxed);
         true
     }
@@ -111,16 +100,9 @@ impl Pipeline {
     /// Counts a skipped line and logs it, rate-limited.
     pub fn reject(&self, reason: Rejection, detail: &str) {
         self.metrics.reject(reason.as_str());
-        let decision = self
-            .log_limit
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .check();
+        let decision = self.log_limit.lock().unwrap_or_else(|p| p.into_inner()).check();
         if let Decision::Allow { suppressed_before } = decision {
-            warn!(
-                reason = reason.as_str(),
-                detail, suppressed_before, "skipped a line of neuron-monitor output"
-            );
+            warn!(reason = reason.as_str(), detail, suppressed_before, "skipped a line of neuron-monitor output");
         }
     }
 }

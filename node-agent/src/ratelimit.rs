@@ -43,9 +43,7 @@ impl RateLimit {
         self.tokens = (self.tokens + elapsed * self.per_second).min(self.burst);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
-            Decision::Allow {
-                suppressed_before: std::mem::take(&mut self.suppressed),
-            }
+            Decision::Allow { suppressed_before: std::mem::take(&mut self.suppressed) }
         } else {
             self.suppressed += 1;
             Decision::Suppress
@@ -62,20 +60,10 @@ mod tests {
         let mut limit = RateLimit::new(3, Duration::from_secs(3));
         let t0 = limit.last;
         for _ in 0..3 {
-            assert_eq!(
-                limit.check_at(t0),
-                Decision::Allow {
-                    suppressed_before: 0
-                }
-            );
+            assert_eq!(limit.check_at(t0), Decision::Allow { suppressed_before: 0 });
         }
         assert_eq!(limit.check_at(t0), Decision::Suppress);
         assert_eq!(limit.check_at(t0), Decision::Suppress);
-        assert_eq!(
-            limit.check_at(t0 + Duration::from_secs(1)),
-            Decision::Allow {
-                suppressed_before: 2
-            }
-        );
+        assert_eq!(limit.check_at(t0 + Duration::from_secs(1)), Decision::Allow { suppressed_before: 2 });
     }
 }

@@ -19,8 +19,8 @@
 use std::sync::Arc;
 
 use api::report::{
-    CoreMemory, ErrorSummary, ExecutionSummary, Group, HardwareInfo, InstanceInfo, Item,
-    Percentiles, Report, RuntimeEntry,
+    CoreMemory, ErrorSummary, ExecutionSummary, Group, HardwareInfo, InstanceInfo, Item, Percentiles, Report,
+    RuntimeEntry,
 };
 
 /// Labels that identify the host, as in AWS's exporter.
@@ -36,8 +36,7 @@ pub struct InstanceLabels {
 
 impl InstanceLabels {
     fn from_report(info: &InstanceInfo<'_>) -> Self {
-        let text =
-            |v: &Option<std::borrow::Cow<'_, str>>| v.as_deref().unwrap_or_default().to_owned();
+        let text = |v: &Option<std::borrow::Cow<'_, str>>| v.as_deref().unwrap_or_default().to_owned();
         InstanceLabels {
             instance_name: text(&info.instance_name),
             instance_id: text(&info.instance_id),
@@ -187,12 +186,7 @@ impl NodeState {
             Group::Error(e) => (ProblemKind::Monitor, e),
             Group::Malformed(e) => (ProblemKind::Malformed, e),
         };
-        self.problems.push(GroupProblem {
-            group,
-            runtime_tag: runtime_tag.to_owned(),
-            kind,
-            message: message.clone(),
-        });
+        self.problems.push(GroupProblem { group, runtime_tag: runtime_tag.to_owned(), kind, message: message.clone() });
     }
 
     fn apply_instance(&mut self, report: &Report<'_>) {
@@ -263,11 +257,7 @@ impl NodeState {
                         c.neuroncores_in_use
                             .iter()
                             .flat_map(|m| m.iter())
-                            .filter_map(|(i, c)| {
-                                c.neuroncore_utilization
-                                    .filter(|u| *u != 0.0)
-                                    .map(|u| (i, u))
-                            })
+                            .filter_map(|(i, c)| c.neuroncore_utilization.filter(|u| *u != 0.0).map(|u| (i, u)))
                             .collect()
                     });
                 }
@@ -278,21 +268,13 @@ impl NodeState {
                     state.core_memory = g.ok().map(|_| {
                         used.and_then(|u| u.usage_breakdown.as_ref())
                             .and_then(|b| b.neuroncore_memory_usage.as_ref())
-                            .map(|m| {
-                                m.iter()
-                                    .filter(|(_, c)| c.is_held())
-                                    .map(|(i, c)| (i, *c))
-                                    .collect()
-                            })
+                            .map(|m| m.iter().filter(|(_, c)| c.is_held()).map(|(i, c)| (i, *c)).collect())
                             .unwrap_or_default()
                     });
                 }
                 if let Some(g) = &groups.neuron_runtime_vcpu_usage {
                     self.note("neuron_runtime_vcpu_usage", &tag, g);
-                    state.vcpu = g
-                        .ok()
-                        .and_then(|v| v.vcpu_usage)
-                        .map(|v| [v.user, v.system]);
+                    state.vcpu = g.ok().and_then(|v| v.vcpu_usage).map(|v| [v.user, v.system]);
                 }
                 if let Some(g) = &groups.execution_stats {
                     self.note("execution_stats", &tag, g);
@@ -323,31 +305,18 @@ impl NodeState {
             self.note("vcpu_usage", "", g);
             let usage = g.ok();
             self.system.vcpu_count = usage.and_then(|u| u.usage_data.as_ref()).map(|d| d.len());
-            self.system.vcpu_usage = usage.and_then(|u| u.average_usage).map(|a| {
-                [
-                    sum(&[a.user, a.nice]),
-                    sum(&[a.system, a.io_wait, a.irq, a.soft_irq]),
-                ]
-            });
+            self.system.vcpu_usage = usage
+                .and_then(|u| u.average_usage)
+                .map(|a| [sum(&[a.user, a.nice]), sum(&[a.system, a.io_wait, a.irq, a.soft_irq])]);
         }
         if let Some(g) = &system.memory_info {
             self.note("memory_info", "", g);
-            self.system.memory = g.ok().map(|m| {
-                [
-                    m.memory_total_bytes,
-                    m.memory_used_bytes,
-                    m.swap_total_bytes,
-                    m.swap_used_bytes,
-                ]
-            });
+            self.system.memory =
+                g.ok().map(|m| [m.memory_total_bytes, m.memory_used_bytes, m.swap_total_bytes, m.swap_used_bytes]);
         }
         if let Some(g) = &system.neuron_hw_counters {
             self.note("neuron_hw_counters", "", g);
-            for device in g
-                .ok()
-                .and_then(|h| h.neuron_devices.as_deref())
-                .unwrap_or_default()
-            {
+            for device in g.ok().and_then(|h| h.neuron_devices.as_deref()).unwrap_or_default() {
                 let Some(index) = device.neuron_device_index else {
                     continue;
                 };
@@ -367,18 +336,10 @@ impl NodeState {
 
     fn compute_idle_cores(&mut self) {
         self.idle_cores.clear();
-        let Some(total) = self
-            .hardware
-            .as_ref()
-            .and_then(|h| h.device_count?.checked_mul(h.cores_per_device?))
-        else {
+        let Some(total) = self.hardware.as_ref().and_then(|h| h.device_count?.checked_mul(h.cores_per_device?)) else {
             return;
         };
-        let held = |core: u32| {
-            self.runtimes
-                .iter()
-                .any(|rt| rt.cores.iter().any(|c| c.index == core))
-        };
+        let held = |core: u32| self.runtimes.iter().any(|rt| rt.cores.iter().any(|c| c.index == core));
         self.idle_cores = (0..total).filter(|c| !held(*c)).collect();
     }
 }
@@ -408,20 +369,13 @@ impl RuntimeState {
         indices.sort_unstable();
         indices.dedup();
         for index in indices {
-            let utilization = self
-                .utilization
+            let utilization =
+                self.utilization.as_ref().map(|u| u.iter().find(|(i, _)| *i == index).map_or(0.0, |(_, v)| *v));
+            let memory = self
+                .core_memory
                 .as_ref()
-                .map(|u| u.iter().find(|(i, _)| *i == index).map_or(0.0, |(_, v)| *v));
-            let memory = self.core_memory.as_ref().map(|m| {
-                m.iter()
-                    .find(|(i, _)| *i == index)
-                    .map_or_else(CoreMemory::default, |(_, v)| *v)
-            });
-            self.cores.push(HeldCore {
-                index,
-                utilization,
-                memory,
-            });
+                .map(|m| m.iter().find(|(i, _)| *i == index).map_or_else(CoreMemory::default, |(_, v)| *v));
+            self.cores.push(HeldCore { index, utilization, memory });
         }
     }
 }
@@ -450,9 +404,10 @@ fn runtime_tags(entries: &[&RuntimeEntry<'_>]) -> Vec<String> {
         .enumerate()
         .map(|(i, tag)| {
             let pid = entries[i].pid.unwrap_or(0);
-            let shared_with_lower_pid = base.iter().enumerate().any(|(j, other)| {
-                j != i && other == tag && (entries[j].pid.unwrap_or(0), j) < (pid, i)
-            });
+            let shared_with_lower_pid = base
+                .iter()
+                .enumerate()
+                .any(|(j, other)| j != i && other == tag && (entries[j].pid.unwrap_or(0), j) < (pid, i));
             if shared_with_lower_pid {
                 format!("{tag}@{pid}")
             } else {

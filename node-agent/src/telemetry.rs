@@ -24,6 +24,18 @@ pub struct StderrLabel {
     pub outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConfigLabels {
+    /// `builtin` or `configmap`.
+    pub source: &'static str,
+    pub hash: String,
+}
+
 /// Handles to the agent's metrics; cloning shares them.
 #[derive(Clone)]
 pub struct AgentMetrics {
@@ -36,6 +48,8 @@ pub struct AgentMetrics {
     pub report_processing_seconds: Histogram,
     pub group_errors: Family<GroupProblemLabels, Counter>,
     pub monitor_stderr_lines: Family<StderrLabel, Counter>,
+    pub config_reloads: Family<ResultLabel, Counter>,
+    pub config: Family<ConfigLabels, Gauge>,
 }
 
 impl AgentMetrics {
@@ -49,11 +63,13 @@ impl AgentMetrics {
             lines_rejected: Family::default(),
             last_report_timestamp: Gauge::default(),
             // 10 µs .. ~80 ms: a report takes well under a millisecond.
-            report_processing_seconds: Histogram::new(
-                prometheus_client::metrics::histogram::exponential_buckets(10e-6, 2.0, 14),
-            ),
+            report_processing_seconds: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                10e-6, 2.0, 14,
+            )),
             group_errors: Family::default(),
             monitor_stderr_lines: Family::default(),
+            config_reloads: Family::default(),
+            config: Family::default(),
         };
         let r = registry;
         r.register(
@@ -61,21 +77,13 @@ impl AgentMetrics {
             "Restarts of neuron-monitor by reason (exited, silent, spawn_failed, config_changed)",
             metrics.monitor_restarts.clone(),
         );
-        r.register(
-            "neuron_agent_monitor_up",
-            "1 while a neuron-monitor process runs",
-            metrics.monitor_up.clone(),
-        );
+        r.register("neuron_agent_monitor_up", "1 while a neuron-monitor process runs", metrics.monitor_up.clone());
         r.register(
             "neuron_agent_monitor_backoff_seconds",
             "Delay before the next neuron-monitor start; 0 while it runs healthy",
             metrics.monitor_backoff_seconds.clone(),
         );
-        r.register(
-            "neuron_agent_reports",
-            "Reports parsed and applied",
-            metrics.reports.clone(),
-        );
+        r.register("neuron_agent_reports", "Reports parsed and applied", metrics.reports.clone());
         r.register(
             "neuron_agent_lines_rejected",
             "Output lines of neuron-monitor skipped, by reason (malformed, truncated, oversized, not_utf8)",
@@ -102,6 +110,16 @@ impl AgentMetrics {
             metrics.monitor_stderr_lines.clone(),
         );
         r.register(
+            "neuron_agent_config_reloads",
+            "Node configurations received, by result (applied, invalid)",
+            metrics.config_reloads.clone(),
+        );
+        r.register(
+            "neuron_agent_config",
+            "1 for the configuration in force: source (builtin, configmap) and content hash",
+            metrics.config.clone(),
+        );
+        r.register(
             "neuron_agent_build",
             "Version of the agent",
             Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
@@ -109,9 +127,13 @@ impl AgentMetrics {
         metrics
     }
 
+    /// Records the configuration now in force.
+    pub fn config_in_force(&self, source: &'static str, hash: &str) {
+        self.config.clear();
+        self.config.get_or_create(&ConfigLabels { source, hash: hash.to_owned() }).set(1);
+    }
+
     pub fn reject(&self, reason: &'static str) {
-        self.lines_rejected
-            .get_or_create(&ReasonLabel { reason })
-            .inc();
+        self.lines_rejected.get_or_create(&ReasonLabel { reason }).inc();
     }
 }

@@ -24,18 +24,14 @@ fn start_agent() -> Agent {
 
 /// promtool's one expected complaint: the compatibility name `system_vcpu_count`
 /// (AWS's dashboards query it) ends in `_count` without being a histogram or summary.
-const ACCEPTED_LINT: &str =
-    "system_vcpu_count non-histogram and non-summary metrics should not have \"_count\" suffix";
+const ACCEPTED_LINT: &str = "system_vcpu_count non-histogram and non-summary metrics should not have \"_count\" suffix";
 
 #[test]
 fn promtool_accepts_the_exposition() {
     let agent = start_agent();
     let (status, body) = agent.get("/metrics").expect("GET /metrics");
     assert_eq!(status, 200);
-    assert!(
-        body.contains("system_vcpu_count{"),
-        "the test needs the series promtool flags"
-    );
+    assert!(body.contains("system_vcpu_count{"), "the test needs the series promtool flags");
     let mut child = Command::new(tool("promtool"))
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())
@@ -49,60 +45,34 @@ fn promtool_accepts_the_exposition() {
         stdin.write_all(body.as_bytes()).expect("write to promtool");
     }
     let output = child.wait_with_output().expect("promtool output");
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let complaints: Vec<&str> = report
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    assert_eq!(
-        complaints,
-        vec![ACCEPTED_LINT],
-        "promtool output:\n{report}"
-    );
+    let report = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let complaints: Vec<&str> = report.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    assert_eq!(complaints, vec![ACCEPTED_LINT], "promtool output:\n{report}");
 }
 
 #[test]
 fn prometheus_scrapes_the_values_the_simulator_produced() {
     let agent = start_agent();
     let prometheus = Prometheus::start(&[agent.addr]);
-    let serve = prometheus.wait_for(
-        r#"neuroncore_utilization_ratio{runtime_tag="serve"}"#,
-        Duration::from_secs(30),
-        |r| (r.len() == 1).then(|| r[0].clone()),
-    );
+    let serve =
+        prometheus.wait_for(r#"neuroncore_utilization_ratio{runtime_tag="serve"}"#, Duration::from_secs(30), |r| {
+            (r.len() == 1).then(|| r[0].clone())
+        });
     assert_eq!(serve.1, 0.25);
     assert_eq!(serve.0.get("neuroncore").map(String::as_str), Some("8"));
-    assert_eq!(
-        serve.0.get("instance_type").map(String::as_str),
-        Some("trn1.32xlarge")
-    );
+    assert_eq!(serve.0.get("instance_type").map(String::as_str), Some("trn1.32xlarge"));
     // 8 cores busy at 80% for one runtime, 1 at 25% for the other, 23 idle at 0.
-    let by_tag = prometheus.wait_for(
-        "sum by (runtime_tag) (neuroncore_utilization_ratio)",
-        Duration::from_secs(10),
-        |r| (r.len() == 3).then(|| r.to_vec()),
-    );
+    let by_tag =
+        prometheus.wait_for("sum by (runtime_tag) (neuroncore_utilization_ratio)", Duration::from_secs(10), |r| {
+            (r.len() == 3).then(|| r.to_vec())
+        });
     let total = |tag: &str| {
-        by_tag
-            .iter()
-            .find(|(l, _)| l.get("runtime_tag").map(String::as_str).unwrap_or("") == tag)
-            .map(|(_, v)| *v)
+        by_tag.iter().find(|(l, _)| l.get("runtime_tag").map(String::as_str).unwrap_or("") == tag).map(|(_, v)| *v)
     };
-    assert!(
-        (total("train").unwrap_or(0.0) - 6.4).abs() < 1e-9,
-        "{by_tag:?}"
-    );
+    assert!((total("train").unwrap_or(0.0) - 6.4).abs() < 1e-9, "{by_tag:?}");
     assert_eq!(total(""), Some(0.0));
     assert_eq!(
-        prometheus
-            .query("count(neuroncore_utilization_ratio)")
-            .first()
-            .map(|r| r.1),
+        prometheus.query("count(neuroncore_utilization_ratio)").first().map(|r| r.1),
         Some(32.0),
         "trn1.32xlarge has 32 cores, each exported once"
     );

@@ -7,14 +7,7 @@ use std::time::{Duration, Instant};
 
 use support::{alive, fixture_path, Agent, TempDir};
 
-const FAST: &[&str] = &[
-    "--period",
-    "200ms",
-    "--restart-backoff-initial",
-    "200ms",
-    "--restart-backoff-max",
-    "3s",
-];
+const FAST: &[&str] = &["--period", "200ms", "--restart-backoff-initial", "200ms", "--restart-backoff-max", "3s"];
 
 fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     FAST.iter().copied().chain(extra.iter().copied()).collect()
@@ -28,10 +21,7 @@ fn a_crashing_monitor_is_restarted_with_growing_delays() {
     let mut times = Vec::new();
     let start = Instant::now();
     while times.len() < 4 && start.elapsed() < Duration::from_secs(30) {
-        let restarts = agent.metrics().sum(
-            "neuron_agent_monitor_restarts_total",
-            &[("reason", "exited")],
-        );
+        let restarts = agent.metrics().sum("neuron_agent_monitor_restarts_total", &[("reason", "exited")]);
         if restarts > seen {
             seen = restarts;
             times.push(Instant::now());
@@ -42,10 +32,7 @@ fn a_crashing_monitor_is_restarted_with_growing_delays() {
     let gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).collect();
     // Each life is ~2 periods; the backoff in between goes 200 → 400 → 800 ms (±20%
     // jitter), so the third gap is at least 400 ms longer than the first.
-    assert!(
-        gaps[2] > gaps[0] + Duration::from_millis(250),
-        "backoff did not grow: {gaps:?}"
-    );
+    assert!(gaps[2] > gaps[0] + Duration::from_millis(250), "backoff did not grow: {gaps:?}");
     let metrics = agent.metrics();
     assert!(metrics.sum("neuron_agent_reports_total", &[]) >= 6.0);
     assert_eq!(agent.get("/readyz").map(|r| r.0), Some(200));
@@ -54,34 +41,22 @@ fn a_crashing_monitor_is_restarted_with_growing_delays() {
 #[test]
 fn a_silent_monitor_is_killed_and_replaced() {
     let agent = Agent::start(&["--hang-after=2"], &args(&["--silence-timeout", "1s"]));
-    let first = agent.wait_for("a first monitor process", Duration::from_secs(10), |_| {
-        agent.children().first().copied()
-    });
+    let first =
+        agent.wait_for("a first monitor process", Duration::from_secs(10), |_| agent.children().first().copied());
     agent.wait_for("a restart for silence", Duration::from_secs(15), |m| {
-        (m.sum(
-            "neuron_agent_monitor_restarts_total",
-            &[("reason", "silent")],
-        ) >= 1.0)
-            .then_some(())
+        (m.sum("neuron_agent_monitor_restarts_total", &[("reason", "silent")]) >= 1.0).then_some(())
     });
     assert!(!alive(first), "the hung monitor {first} must be gone");
     // The replacement delivers reports again.
-    agent.wait_for(
-        "reports from the new monitor",
-        Duration::from_secs(10),
-        |m| (m.sum("neuron_agent_reports_total", &[]) >= 3.0).then_some(()),
-    );
+    agent.wait_for("reports from the new monitor", Duration::from_secs(10), |m| {
+        (m.sum("neuron_agent_reports_total", &[]) >= 3.0).then_some(())
+    });
 }
 
 #[test]
 fn garbage_truncated_and_oversized_lines_are_counted_and_skipped() {
     let agent = Agent::start(
-        &[
-            "--garbage-every=2",
-            "--truncate-every=3",
-            "--oversized-at=2",
-            "--oversized-bytes=3000000",
-        ],
+        &["--garbage-every=2", "--truncate-every=3", "--oversized-at=2", "--oversized-bytes=3000000"],
         &args(&["--max-line-bytes", "1000000"]),
     );
     let metrics = agent.wait_for("every kind of bad line", Duration::from_secs(20), |m| {
@@ -92,32 +67,16 @@ fn garbage_truncated_and_oversized_lines_are_counted_and_skipped() {
             && m.sum("neuron_agent_reports_total", &[]) >= 5.0)
             .then(|| m.clone())
     });
-    assert_eq!(
-        metrics.sum(
-            "neuron_agent_lines_rejected_total",
-            &[("reason", "oversized")]
-        ),
-        1.0
-    );
-    assert_eq!(
-        metrics.sum("neuron_agent_monitor_restarts_total", &[]),
-        0.0,
-        "bad lines are not fatal"
-    );
-    assert!(metrics
-        .value(
-            "neuroncore_utilization_ratio",
-            &[("runtime_tag", "sim-app")]
-        )
-        .is_some());
+    assert_eq!(metrics.sum("neuron_agent_lines_rejected_total", &[("reason", "oversized")]), 1.0);
+    assert_eq!(metrics.sum("neuron_agent_monitor_restarts_total", &[]), 0.0, "bad lines are not fatal");
+    assert!(metrics.value("neuroncore_utilization_ratio", &[("runtime_tag", "sim-app")]).is_some());
 }
 
 #[test]
 fn series_of_a_runtime_that_exits_disappear() {
     // Two recorded reports in turn: all 32 runtimes, then the same without one.
     let dir = TempDir::new("replay");
-    let full =
-        std::fs::read_to_string(fixture_path("trn1n.32xlarge-32runtimes.json")).expect("fixture");
+    let full = std::fs::read_to_string(fixture_path("trn1n.32xlarge-32runtimes.json")).expect("fixture");
     let mut doc: serde_json::Value = serde_json::from_str(&full).expect("json");
     let runtimes = doc["neuron_runtime_data"].as_array_mut().expect("runtimes");
     let gone = runtimes.remove(5);
@@ -133,44 +92,29 @@ fn series_of_a_runtime_that_exits_disappear() {
     let replay: Vec<&str> = replay.iter().map(String::as_str).collect();
     let agent = Agent::start(&replay, &args(&[]));
     for expect_present in [true, false, true, false] {
-        agent.wait_for(
-            &format!("runtime {gone_tag} present={expect_present}"),
-            Duration::from_secs(10),
-            |m| {
-                let cores = m.find("neuroncore_utilization_ratio", &[]);
-                let held = cores
-                    .iter()
-                    .filter(|s| s.labels.contains_key("runtime_tag"))
-                    .count();
-                let present = m.text.contains(&format!("runtime_tag=\"{gone_tag}\""));
-                // The core it held stays exported, as idle.
-                let expected_held = if expect_present { 32 } else { 31 };
-                (present == expect_present && held == expected_held && cores.len() == 32)
-                    .then_some(())
-            },
-        );
+        agent.wait_for(&format!("runtime {gone_tag} present={expect_present}"), Duration::from_secs(10), |m| {
+            let cores = m.find("neuroncore_utilization_ratio", &[]);
+            let held = cores.iter().filter(|s| s.labels.contains_key("runtime_tag")).count();
+            let present = m.text.contains(&format!("runtime_tag=\"{gone_tag}\""));
+            // The core it held stays exported, as idle.
+            let expected_held = if expect_present { 32 } else { 31 };
+            (present == expect_present && held == expected_held && cores.len() == 32).then_some(())
+        });
     }
 }
 
 #[test]
 fn sigterm_stops_the_agent_and_its_monitor() {
     let mut agent = Agent::start(&[], &args(&[]));
-    let monitor = agent.wait_for("a monitor process", Duration::from_secs(10), |_| {
-        agent.children().first().copied()
-    });
-    agent.wait_until("ready", Duration::from_secs(10), |a| {
-        a.get("/readyz").map(|r| r.0) == Some(200)
-    });
+    let monitor = agent.wait_for("a monitor process", Duration::from_secs(10), |_| agent.children().first().copied());
+    agent.wait_until("ready", Duration::from_secs(10), |a| a.get("/readyz").map(|r| r.0) == Some(200));
     agent.signal("TERM");
     let start = Instant::now();
     let status = loop {
         if let Some(status) = agent.child.try_wait().expect("wait") {
             break status;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "agent did not exit after SIGTERM"
-        );
+        assert!(start.elapsed() < Duration::from_secs(10), "agent did not exit after SIGTERM");
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "exit status {status}");
@@ -192,50 +136,23 @@ fn values_match_what_the_simulator_produced() {
     let m = agent.wait_for("two reports", Duration::from_secs(10), |m| {
         (m.sum("neuron_agent_reports_total", &[]) >= 2.0).then(|| m.clone())
     });
-    assert_eq!(
-        m.value(
-            "neuroncore_utilization_ratio",
-            &[("runtime_tag", "web"), ("neuroncore", "1")]
-        ),
-        Some(0.37)
-    );
+    assert_eq!(m.value("neuroncore_utilization_ratio", &[("runtime_tag", "web"), ("neuroncore", "1")]), Some(0.37));
     let idle = m.find("neuroncore_utilization_ratio", &[("neuroncore", "0")]);
     assert_eq!(idle.len(), 1);
     assert_eq!(idle[0].value, 0.0);
-    assert!(
-        !idle[0].labels.contains_key("runtime_tag"),
-        "an idle core belongs to no runtime"
-    );
-    assert_eq!(
-        m.find("neuroncore_utilization_ratio", &[]).len(),
-        2,
-        "inf2.xlarge has 2 cores"
-    );
-    assert!(m
-        .value("instance_info", &[("instance_type", "inf2.xlarge")])
-        .is_some());
+    assert!(!idle[0].labels.contains_key("runtime_tag"), "an idle core belongs to no runtime");
+    assert_eq!(m.find("neuroncore_utilization_ratio", &[]).len(), 2, "inf2.xlarge has 2 cores");
+    assert!(m.value("instance_info", &[("instance_type", "inf2.xlarge")]).is_some());
     // The group in error: flagged, and no made-up zeros.
     assert!(m.find("neuron_runtime_vcpu_usage_ratio", &[]).is_empty());
     assert_eq!(
-        m.value(
-            "neuron_agent_group_error",
-            &[
-                ("group", "neuron_runtime_vcpu_usage"),
-                ("runtime_tag", "web")
-            ]
-        ),
+        m.value("neuron_agent_group_error", &[("group", "neuron_runtime_vcpu_usage"), ("runtime_tag", "web")]),
         Some(1.0)
     );
     // Stderr is forwarded, rate-limited (burst of 20).
     let stderr = agent.wait_for("stderr lines counted", Duration::from_secs(5), |m| {
-        let logged = m.sum(
-            "neuron_agent_monitor_stderr_lines_total",
-            &[("outcome", "logged")],
-        );
-        let suppressed = m.sum(
-            "neuron_agent_monitor_stderr_lines_total",
-            &[("outcome", "suppressed")],
-        );
+        let logged = m.sum("neuron_agent_monitor_stderr_lines_total", &[("outcome", "logged")]);
+        let suppressed = m.sum("neuron_agent_monitor_stderr_lines_total", &[("outcome", "suppressed")]);
         (logged + suppressed >= 30.0).then_some((logged, suppressed))
     });
     assert_eq!(stderr, (20.0, 10.0));
@@ -245,11 +162,7 @@ fn values_match_what_the_simulator_produced() {
 fn a_missing_monitor_binary_is_retried_not_fatal() {
     let agent = Agent::start_with("/nonexistent/neuron-monitor", &[], &args(&[]));
     agent.wait_for("spawn failures", Duration::from_secs(10), |m| {
-        (m.sum(
-            "neuron_agent_monitor_restarts_total",
-            &[("reason", "spawn_failed")],
-        ) >= 2.0)
-            .then_some(())
+        (m.sum("neuron_agent_monitor_restarts_total", &[("reason", "spawn_failed")]) >= 2.0).then_some(())
     });
     assert_eq!(agent.get("/readyz").map(|r| r.0), Some(503));
     assert_eq!(agent.get("/healthz").map(|r| r.0), Some(200));

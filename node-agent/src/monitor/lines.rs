@@ -90,16 +90,7 @@ mod tests {
     #[tokio::test]
     async fn splits_lines_and_bounds_them() {
         let got = frames(b"ab\n\nccccccccc\nd\nxyz", 4).await;
-        assert_eq!(
-            got,
-            [
-                "line:ab",
-                "line:",
-                "oversized:9",
-                "line:d",
-                "unterminated:3"
-            ]
-        );
+        assert_eq!(got, ["line:ab", "line:", "oversized:9", "line:d", "unterminated:3"]);
     }
 
     #[tokio::test]

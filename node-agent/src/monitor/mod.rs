@@ -85,12 +85,7 @@ impl Supervisor {
             if matches!(end, RunEnd::Shutdown) {
                 return;
             }
-            self.metrics
-                .monitor_restarts
-                .get_or_create(&ReasonLabel {
-                    reason: end.reason(),
-                })
-                .inc();
+            self.metrics.monitor_restarts.get_or_create(&ReasonLabel { reason: end.reason() }).inc();
             if matches!(end, RunEnd::ConfigChanged) {
                 info!(program = %current.program.display(), "restarting neuron-monitor on a new configuration");
                 backoff.reset();
@@ -102,9 +97,7 @@ impl Supervisor {
                 backoff.reset();
             }
             let delay = backoff.next_delay();
-            self.metrics
-                .monitor_backoff_seconds
-                .set(delay.as_secs_f64());
+            self.metrics.monitor_backoff_seconds.set(delay.as_secs_f64());
             match &end {
                 RunEnd::Exited(status) => warn!(
                     status = status.map(|s| s.to_string()).unwrap_or_default(),
@@ -127,7 +120,7 @@ impl Supervisor {
             }
             tokio::select! {
                 _ = sleep(delay) => {}
-                _ = spec.changed() => {}
+                _ = changed(&mut spec) => {}
                 _ = shutdown.cancelled() => return,
             }
             self.metrics.monitor_backoff_seconds.set(0.0);
@@ -161,7 +154,7 @@ impl Supervisor {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break RunEnd::Shutdown,
-                _ = spec_changes.changed() => break RunEnd::ConfigChanged,
+                _ = changed(spec_changes) => break RunEnd::ConfigChanged,
                 _ = sleep_until(deadline) => break RunEnd::Silent,
                 frame = lines.next() => match frame {
                     Ok(Some(Frame::Line(line))) => {
@@ -189,14 +182,16 @@ impl Supervisor {
     }
 }
 
+/// Resolves when a new spec arrives; never, once nobody can send one.
+async fn changed(spec: &mut watch::Receiver<LaunchSpec>) {
+    if spec.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 fn spawn(spec: &LaunchSpec) -> std::io::Result<Child> {
     let mut command = Command::new(&spec.program);
-    command
-        .args(&spec.args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    command.args(&spec.args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     #[cfg(target_os = "linux")]
     // SAFETY: prctl is async-signal-safe; it only asks the kernel to kill the child
     // when the agent dies, so that no orphaned neuron-monitor outlives it.
@@ -246,10 +241,7 @@ async fn forward_stderr(stderr: impl AsyncRead + Unpin, metrics: AgentMetrics) {
             }
             Decision::Suppress => "suppressed",
         };
-        metrics
-            .monitor_stderr_lines
-            .get_or_create(&StderrLabel { outcome })
-            .inc();
+        metrics.monitor_stderr_lines.get_or_create(&StderrLabel { outcome }).inc();
     }
 }
 
@@ -263,11 +255,7 @@ struct Backoff {
 
 impl Backoff {
     fn new(initial: Duration, max: Duration) -> Self {
-        Backoff {
-            initial,
-            max,
-            next: initial,
-        }
+        Backoff { initial, max, next: initial }
     }
 
     fn reset(&mut self) {
@@ -290,10 +278,7 @@ mod tests {
         let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(500));
         let delays: Vec<u128> = (0..5).map(|_| b.next_delay().as_millis()).collect();
         for (delay, base) in delays.iter().zip([100, 200, 400, 500, 500]) {
-            assert!(
-                *delay >= base * 8 / 10 && *delay <= base * 12 / 10,
-                "{delays:?}"
-            );
+            assert!(*delay >= base * 8 / 10 && *delay <= base * 12 / 10, "{delays:?}");
         }
         b.reset();
         assert!(b.next_delay() <= Duration::from_millis(120));

@@ -7,24 +7,32 @@
 //! classic text format unless the scraper asked for OpenMetrics.
 
 use std::{
+    collections::BTreeMap,
     fmt::{self, Write},
     sync::{Arc, Mutex},
 };
 
-use api::report::{DeviceEccCounters, Percentiles};
+use api::{
+    monitor_config::{RuntimeGroup, SystemGroup},
+    report::{DeviceEccCounters, Percentiles},
+};
 use prometheus_client::{
     collector::Collector,
     encoding::{
-        text, DescriptorEncoder, EncodeLabel, EncodeLabelSet, EncodeLabelValue, EncodeMetric,
-        LabelSetEncoder, LabelValueEncoder,
+        text, DescriptorEncoder, EncodeLabel, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelSetEncoder,
+        LabelValueEncoder,
     },
     metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
     registry::Registry,
 };
 
-use crate::state::{
-    InstanceLabels, NodeState, RuntimeLabels, RuntimeState, ERROR_KINDS, STATUS_KINDS,
+use crate::{
+    routing::{PrometheusView, Routing},
+    state::{InstanceLabels, NodeState, RuntimeLabels, RuntimeState, ERROR_KINDS, STATUS_KINDS},
 };
+
+/// The routing table in force; replaced as a whole when the node's configuration changes.
+pub type SharedRouting = Arc<std::sync::RwLock<Arc<Routing>>>;
 
 /// The exposition formats the agent serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,8 +66,8 @@ pub struct Exposition {
 }
 
 impl Exposition {
-    pub fn new(mut registry: Registry, state: Arc<Mutex<NodeState>>) -> Self {
-        registry.register_collector(Box::new(NodeCollector { state }));
+    pub fn new(mut registry: Registry, state: Arc<Mutex<NodeState>>, routing: SharedRouting) -> Self {
+        registry.register_collector(Box::new(NodeCollector { state, routing }));
         Exposition { registry }
     }
 
@@ -75,6 +83,7 @@ impl Exposition {
 
 struct NodeCollector {
     state: Arc<Mutex<NodeState>>,
+    routing: SharedRouting,
 }
 
 impl fmt::Debug for NodeCollector {
@@ -87,8 +96,9 @@ impl Collector for NodeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
         // A poisoned lock only means an update panicked half-way; the data is still the
         // best there is, and a scrape must not fail because of it.
+        let routing = self.routing.read().unwrap_or_else(|p| p.into_inner()).clone();
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        encode_node(&state, &mut encoder)
+        encode_node(&state, &routing, &mut encoder)
     }
 }
 
@@ -113,24 +123,19 @@ impl EncodeLabelValue for Value<'_> {
 struct Labels<'a> {
     instance: &'a InstanceLabels,
     runtime: Option<&'a RuntimeLabels>,
+    /// Labels a NeuronMonitorConfig adds to its runtimes' series.
+    config: Option<&'a BTreeMap<String, String>>,
     extra: [Option<(&'static str, Value<'a>)>; 3],
 }
 
 impl<'a> Labels<'a> {
     fn node(instance: &'a InstanceLabels) -> Self {
-        Labels {
-            instance,
-            runtime: None,
-            extra: [None; 3],
-        }
+        Labels { instance, runtime: None, config: None, extra: [None; 3] }
     }
 
-    fn runtime(rt: &'a RuntimeLabels) -> Self {
-        Labels {
-            instance: &rt.instance,
-            runtime: Some(rt),
-            extra: [None; 3],
-        }
+    fn runtime(rt: &'a RuntimeLabels, view: &'a PrometheusView) -> Self {
+        let config = (!view.extra_labels.is_empty()).then_some(&view.extra_labels);
+        Labels { instance: &rt.instance, runtime: Some(rt), config, extra: [None; 3] }
     }
 
     fn with(mut self, key: &'static str, value: Value<'a>) -> Self {
@@ -170,6 +175,9 @@ impl EncodeLabelSet for Labels<'_> {
                 ("container", pod.container.as_str()).encode(encoder.encode_label())?;
             }
         }
+        for (key, value) in self.config.into_iter().flatten() {
+            (key.as_str(), value.as_str()).encode(encoder.encode_label())?;
+        }
         for (key, value) in self.extra.iter().flatten() {
             (*key, *value).encode(encoder.encode_label())?;
         }
@@ -187,12 +195,7 @@ struct Family<'s> {
 
 impl<'s> Family<'s> {
     fn new(name: &'static str, help: &'static str, kind: MetricType) -> Self {
-        Family {
-            name,
-            help,
-            kind,
-            series: Vec::new(),
-        }
+        Family { name, help, kind, series: Vec::new() }
     }
 
     fn push(&mut self, labels: Labels<'s>, value: Option<f64>) {
@@ -209,9 +212,7 @@ impl<'s> Family<'s> {
         for (labels, value) in &self.series {
             match self.kind {
                 MetricType::Info => metric.encode_info(labels)?,
-                MetricType::Counter => {
-                    ConstCounter::new(*value).encode(metric.encode_family(labels)?)?
-                }
+                MetricType::Counter => ConstCounter::new(*value).encode(metric.encode_family(labels)?)?,
                 _ => ConstGauge::new(*value).encode(metric.encode_family(labels)?)?,
             }
         }
@@ -220,62 +221,49 @@ impl<'s> Family<'s> {
 }
 
 const CORE_MEMORY_METRICS: [(&str, &str); 5] = [
-    (
-        "neuroncore_memory_usage_constants",
-        "NeuronCore memory used by constants, bytes",
-    ),
-    (
-        "neuroncore_memory_usage_model_code",
-        "NeuronCore memory used by model code, bytes",
-    ),
-    (
-        "neuroncore_memory_usage_model_shared_scratchpad",
-        "NeuronCore memory used by the model shared scratchpad, bytes",
-    ),
-    (
-        "neuroncore_memory_usage_runtime_memory",
-        "NeuronCore memory used by the runtime, bytes",
-    ),
-    (
-        "neuroncore_memory_usage_tensors",
-        "NeuronCore memory used by tensors, bytes",
-    ),
+    ("neuroncore_memory_usage_constants", "NeuronCore memory used by constants, bytes"),
+    ("neuroncore_memory_usage_model_code", "NeuronCore memory used by model code, bytes"),
+    ("neuroncore_memory_usage_model_shared_scratchpad", "NeuronCore memory used by the model shared scratchpad, bytes"),
+    ("neuroncore_memory_usage_runtime_memory", "NeuronCore memory used by the runtime, bytes"),
+    ("neuroncore_memory_usage_tensors", "NeuronCore memory used by tensors, bytes"),
 ];
 
-fn encode_node(state: &NodeState, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+fn encode_node(state: &NodeState, routing: &Routing, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
     let instance = &*state.instance;
-    let runtimes = &state.runtimes;
     let ratio = |percent: Option<f64>| percent.map(|p| p / 100.0);
+    // Each runtime with what Prometheus routes give it; runtimes no route exports drop out.
+    let routed: Vec<(&RuntimeState, PrometheusView)> = state
+        .runtimes
+        .iter()
+        .filter_map(|rt| {
+            let namespace = rt.labels.pod.as_ref().map(|p| p.namespace.as_str());
+            routing.prometheus_view(namespace, &rt.labels.runtime_tag).map(|view| (rt, view))
+        })
+        .collect();
+    let with = |group: RuntimeGroup| routed.iter().filter(move |(_, view)| view.groups.contains(&group));
 
     let mut f = Family::new(
         "neuroncore_utilization_ratio",
         "NeuronCore utilization over the period (0..1), per core held by a runtime; idle cores have no runtime_tag",
         MetricType::Gauge,
     );
-    for rt in runtimes {
+    for (rt, view) in with(RuntimeGroup::NeuroncoreCounters) {
         for core in &rt.cores {
-            f.push(
-                Labels::runtime(&rt.labels).number("neuroncore", core.index),
-                ratio(core.utilization),
-            );
+            f.push(Labels::runtime(&rt.labels, view).number("neuroncore", core.index), ratio(core.utilization));
         }
     }
     for core in &state.idle_cores {
-        f.push(
-            Labels::node(instance).number("neuroncore", *core),
-            Some(0.0),
-        );
+        f.push(Labels::node(instance).number("neuroncore", *core), Some(0.0));
     }
     f.write(encoder)?;
 
     for (slot, (name, help)) in CORE_MEMORY_METRICS.iter().enumerate() {
         let mut f = Family::new(name, help, MetricType::Gauge);
-        for rt in runtimes {
+        for (rt, view) in with(RuntimeGroup::MemoryUsed) {
             for core in &rt.cores {
                 let value = core.memory.and_then(|m| m.values()[slot]);
-                let labels = Labels::runtime(&rt.labels)
-                    .number("neuroncore", core.index)
-                    .text("memory_location", "None");
+                let labels =
+                    Labels::runtime(&rt.labels, view).number("neuroncore", core.index).text("memory_location", "None");
                 f.push(labels, value);
             }
         }
@@ -284,61 +272,39 @@ fn encode_node(state: &NodeState, encoder: &mut DescriptorEncoder) -> Result<(),
 
     per_runtime(
         encoder,
-        runtimes,
-        (
-            "neuron_runtime_memory_used_bytes",
-            "Memory used by the runtime, bytes",
-            MetricType::Gauge,
-        ),
+        with(RuntimeGroup::MemoryUsed),
+        ("neuron_runtime_memory_used_bytes", "Memory used by the runtime, bytes", MetricType::Gauge),
         "memory_location",
         &["host", "neuron_device"],
         |rt| rt.memory_used.map(|m| m.to_vec()),
     )?;
     per_runtime(
         encoder,
-        runtimes,
-        (
-            "neuron_runtime_vcpu_usage_ratio",
-            "vCPU usage of the runtime (0..1)",
-            MetricType::Gauge,
-        ),
+        with(RuntimeGroup::NeuronRuntimeVcpuUsage),
+        ("neuron_runtime_vcpu_usage_ratio", "vCPU usage of the runtime (0..1)", MetricType::Gauge),
         "usage_type",
         &["user", "system"],
         |rt| rt.vcpu.map(|v| v.iter().map(|p| ratio(*p)).collect()),
     )?;
     per_runtime(
         encoder,
-        runtimes,
-        (
-            "execution_errors",
-            "Executions that failed, by error type (running sum)",
-            MetricType::Counter,
-        ),
+        with(RuntimeGroup::ExecutionStats),
+        ("execution_errors", "Executions that failed, by error type (running sum)", MetricType::Counter),
         "error_type",
         &ERROR_KINDS,
-        |rt| {
-            rt.errors_total
-                .map(|t| t.iter().map(|v| Some(*v)).collect())
-        },
+        |rt| rt.errors_total.map(|t| t.iter().map(|v| Some(*v)).collect()),
     )?;
     per_runtime(
         encoder,
-        runtimes,
-        (
-            "execution_status",
-            "Executions by outcome (running sum)",
-            MetricType::Counter,
-        ),
+        with(RuntimeGroup::ExecutionStats),
+        ("execution_status", "Executions by outcome (running sum)", MetricType::Counter),
         "status_type",
         &STATUS_KINDS,
-        |rt| {
-            rt.status_total
-                .map(|t| t.iter().map(|v| Some(*v)).collect())
-        },
+        |rt| rt.status_total.map(|t| t.iter().map(|v| Some(*v)).collect()),
     )?;
     per_runtime(
         encoder,
-        runtimes,
+        with(RuntimeGroup::ExecutionStats),
         (
             "execution_latency_seconds",
             "Total execution latency percentiles over the period, seconds",
@@ -350,46 +316,28 @@ fn encode_node(state: &NodeState, encoder: &mut DescriptorEncoder) -> Result<(),
     )?;
 
     let system = &state.system;
-    let mut f = Family::new(
-        "hardware_ecc_events",
-        "ECC events of Neuron devices (running sum)",
-        MetricType::Counter,
-    );
-    for (device, totals) in &system.ecc_totals {
+    let mut f = Family::new("hardware_ecc_events", "ECC events of Neuron devices (running sum)", MetricType::Counter);
+    let ecc = routing.prometheus_system(SystemGroup::NeuronHwCounters);
+    for (device, totals) in system.ecc_totals.iter().filter(|_| ecc) {
         for (kind, total) in DeviceEccCounters::KINDS.iter().zip(totals) {
-            let labels = Labels::node(instance)
-                .text("event_type", kind)
-                .number("neuron_device_index", *device);
+            let labels = Labels::node(instance).text("event_type", kind).number("neuron_device_index", *device);
             f.push(labels, Some(*total));
         }
     }
     f.write(encoder)?;
 
-    let mut f = Family::new(
-        "system_vcpu_count",
-        "Number of vCPUs of the host",
-        MetricType::Gauge,
-    );
-    f.push(Labels::node(instance), system.vcpu_count.map(|c| c as f64));
+    let mut f = Family::new("system_vcpu_count", "Number of vCPUs of the host", MetricType::Gauge);
+    let vcpu = routing.prometheus_system(SystemGroup::VcpuUsage);
+    f.push(Labels::node(instance), system.vcpu_count.filter(|_| vcpu).map(|c| c as f64));
     f.write(encoder)?;
 
-    let mut f = Family::new(
-        "system_vcpu_usage_ratio",
-        "vCPU usage of the host (0..1)",
-        MetricType::Gauge,
-    );
-    for (kind, value) in ["user", "system"]
-        .iter()
-        .zip(system.vcpu_usage.unwrap_or_default())
-    {
-        f.push(
-            Labels::node(instance).text("usage_type", kind),
-            ratio(value),
-        );
+    let mut f = Family::new("system_vcpu_usage_ratio", "vCPU usage of the host (0..1)", MetricType::Gauge);
+    for (kind, value) in ["user", "system"].iter().zip(system.vcpu_usage.filter(|_| vcpu).unwrap_or_default()) {
+        f.push(Labels::node(instance).text("usage_type", kind), ratio(value));
     }
     f.write(encoder)?;
 
-    let memory = system.memory.unwrap_or_default();
+    let memory = system.memory.filter(|_| routing.prometheus_system(SystemGroup::MemoryInfo)).unwrap_or_default();
     for ((name, help), value) in [
         ("system_memory_total_bytes", "Memory of the host, bytes"),
         ("system_memory_used_bytes", "Memory used on the host, bytes"),
@@ -412,11 +360,7 @@ fn encode_node(state: &NodeState, encoder: &mut DescriptorEncoder) -> Result<(),
 
     if let Some(hw) = &state.hardware {
         if let (Some(devices), Some(cores)) = (hw.device_count, hw.cores_per_device) {
-            let mut f = Family::new(
-                "neuron_hardware",
-                "Neuron hardware of the host",
-                MetricType::Info,
-            );
+            let mut f = Family::new("neuron_hardware", "Neuron hardware of the host", MetricType::Info);
             let labels = Labels::node(instance)
                 .number("neuron_device_count", devices)
                 .number("neuroncore_per_device_count", cores);
@@ -441,18 +385,18 @@ fn encode_node(state: &NodeState, encoder: &mut DescriptorEncoder) -> Result<(),
 }
 
 /// A family with one series per runtime and per value of one label.
-fn per_runtime(
+fn per_runtime<'r>(
     encoder: &mut DescriptorEncoder,
-    runtimes: &[RuntimeState],
+    runtimes: impl Iterator<Item = &'r (&'r RuntimeState, PrometheusView)>,
     (name, help, kind): (&'static str, &'static str, MetricType),
     label: &'static str,
     label_values: &'static [&'static str],
     values: impl Fn(&RuntimeState) -> Option<Vec<Option<f64>>>,
 ) -> Result<(), fmt::Error> {
     let mut f = Family::new(name, help, kind);
-    for rt in runtimes {
+    for (rt, view) in runtimes {
         for (label_value, value) in label_values.iter().zip(values(rt).unwrap_or_default()) {
-            f.push(Labels::runtime(&rt.labels).text(label, label_value), value);
+            f.push(Labels::runtime(&rt.labels, view).text(label, label_value), value);
         }
     }
     f.write(encoder)

@@ -6,11 +6,7 @@ fn apply(state: &mut NodeState, line: &str) {
 }
 
 fn runtime<'s>(state: &'s NodeState, tag: &str) -> &'s RuntimeState {
-    state
-        .runtimes
-        .iter()
-        .find(|r| r.labels.runtime_tag == tag)
-        .unwrap_or_else(|| panic!("no runtime {tag}"))
+    state.runtimes.iter().find(|r| r.labels.runtime_tag == tag).unwrap_or_else(|| panic!("no runtime {tag}"))
 }
 
 /// A small report: runtimes given as (tag, pid, held core, utilization percent, completed).
@@ -54,12 +50,7 @@ fn every_runtime_of_the_32_runtime_fixture_holds_exactly_its_core() {
         .runtimes
         .iter()
         .map(|rt| {
-            assert_eq!(
-                rt.cores.len(),
-                1,
-                "runtime {} holds one core",
-                rt.labels.runtime_tag
-            );
+            assert_eq!(rt.cores.len(), 1, "runtime {} holds one core", rt.labels.runtime_tag);
             rt.cores[0].index
         })
         .collect();
@@ -113,23 +104,14 @@ fn counters_are_running_sums_and_latency_follows_the_report() {
 #[test]
 fn a_runtime_that_leaves_is_dropped_and_starts_afresh_when_back() {
     let mut state = NodeState::default();
-    apply(
-        &mut state,
-        &report(&[("a", 1, 0, 50.0, 10), ("b", 2, 1, 20.0, 5)], "i-1"),
-    );
-    apply(
-        &mut state,
-        &report(&[("a", 1, 0, 50.0, 10), ("b", 2, 1, 20.0, 5)], "i-1"),
-    );
+    apply(&mut state, &report(&[("a", 1, 0, 50.0, 10), ("b", 2, 1, 20.0, 5)], "i-1"));
+    apply(&mut state, &report(&[("a", 1, 0, 50.0, 10), ("b", 2, 1, 20.0, 5)], "i-1"));
     assert_eq!(runtime(&state, "b").status_total.unwrap()[0], 10.0);
     apply(&mut state, &report(&[("a", 1, 0, 50.0, 10)], "i-1"));
     assert_eq!(state.runtimes.len(), 1);
     assert_eq!(state.idle_cores, vec![1, 2, 3]);
     assert_eq!(runtime(&state, "a").status_total.unwrap()[0], 30.0);
-    apply(
-        &mut state,
-        &report(&[("a", 1, 0, 50.0, 10), ("b", 3, 1, 20.0, 5)], "i-1"),
-    );
+    apply(&mut state, &report(&[("a", 1, 0, 50.0, 10), ("b", 3, 1, 20.0, 5)], "i-1"));
     assert_eq!(runtime(&state, "b").status_total.unwrap()[0], 5.0);
 }
 
@@ -145,22 +127,8 @@ fn instance_labels_follow_the_latest_report() {
 #[test]
 fn shared_tags_are_made_unique_by_pid() {
     let mut state = NodeState::default();
-    apply(
-        &mut state,
-        &report(
-            &[
-                ("serve", 20, 0, 1.0, 1),
-                ("serve", 10, 1, 1.0, 1),
-                ("", 30, 2, 1.0, 1),
-            ],
-            "i",
-        ),
-    );
-    let tags: Vec<&str> = state
-        .runtimes
-        .iter()
-        .map(|r| r.labels.runtime_tag.as_str())
-        .collect();
+    apply(&mut state, &report(&[("serve", 20, 0, 1.0, 1), ("serve", 10, 1, 1.0, 1), ("", 30, 2, 1.0, 1)], "i"));
+    let tags: Vec<&str> = state.runtimes.iter().map(|r| r.labels.runtime_tag.as_str()).collect();
     assert_eq!(tags, vec!["30", "serve", "serve@20"]);
     assert_eq!(runtime(&state, "serve").pid, Some(10));
 }
@@ -182,20 +150,13 @@ fn a_group_in_error_exports_no_values_and_is_recorded() {
     // Groups not refreshed in this report keep their last values.
     assert_eq!(rt.memory_used, Some([Some(1.0), Some(2.0)]));
     assert_eq!(rt.cores[0].utilization, Some(50.0));
-    let groups: Vec<(&str, ProblemKind)> =
-        state.problems.iter().map(|p| (p.group, p.kind)).collect();
+    let groups: Vec<(&str, ProblemKind)> = state.problems.iter().map(|p| (p.group, p.kind)).collect();
     assert_eq!(
         groups,
-        vec![
-            ("neuron_runtime_vcpu_usage", ProblemKind::Monitor),
-            ("execution_stats", ProblemKind::Monitor)
-        ]
+        vec![("neuron_runtime_vcpu_usage", ProblemKind::Monitor), ("execution_stats", ProblemKind::Monitor)]
     );
     apply(&mut state, &report(&[("a", 1, 0, 50.0, 4)], "i"));
-    assert!(
-        state.problems.is_empty(),
-        "problems describe the latest report only"
-    );
+    assert!(state.problems.is_empty(), "problems describe the latest report only");
     assert!(runtime(&state, "a").vcpu.is_some());
 }
 
@@ -207,8 +168,5 @@ fn ecc_events_accumulate_per_device() {
         {"neuron_device_index":0,"mem_ecc_corrected":0,"mem_ecc_uncorrected":0,"sram_ecc_corrected":0,"sram_ecc_uncorrected":0}]}}}"#;
     apply(&mut state, line);
     apply(&mut state, line);
-    assert_eq!(
-        state.system.ecc_totals,
-        vec![(0, [0.0; 4]), (1, [4.0, 0.0, 0.0, 2.0])]
-    );
+    assert_eq!(state.system.ecc_totals, vec![(0, [0.0; 4]), (1, [4.0, 0.0, 0.0, 2.0])]);
 }

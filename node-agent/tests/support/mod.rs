@@ -17,21 +17,13 @@ pub const AGENT: &str = env!("CARGO_BIN_EXE_neuron-node-agent");
 pub const SIM: &str = env!("CARGO_BIN_EXE_neuron-monitor-sim");
 
 pub fn fixture_path(name: &str) -> PathBuf {
-    let dir = std::env::var("NEURON_FIXTURES").unwrap_or_else(|_| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/fixtures/neuron-monitor"
-        )
-        .to_owned()
-    });
+    let dir = std::env::var("NEURON_FIXTURES")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/neuron-monitor").to_owned());
     PathBuf::from(dir).join(name)
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free loopback port")
 }
 
 /// A temporary directory removed on drop.
@@ -39,11 +31,7 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(tag: &str) -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "neuron-test-{tag}-{}-{}",
-            std::process::id(),
-            fastrand::u64(..)
-        ));
+        let path = std::env::temp_dir().join(format!("neuron-test-{tag}-{}-{}", std::process::id(), fastrand::u64(..)));
         std::fs::create_dir_all(&path).expect("create temp dir");
         TempDir(path)
     }
@@ -88,14 +76,8 @@ impl Agent {
             command.arg(format!("--monitor-arg={arg}"));
         }
         let child = command.spawn().expect("start the agent");
-        let agent = Agent {
-            child,
-            addr,
-            state_dir,
-        };
-        agent.wait_until("the HTTP endpoint answers", Duration::from_secs(20), |a| {
-            a.get("/healthz").is_some()
-        });
+        let agent = Agent { child, addr, state_dir };
+        agent.wait_until("the HTTP endpoint answers", Duration::from_secs(20), |a| a.get("/healthz").is_some());
         agent
     }
 
@@ -123,12 +105,7 @@ impl Agent {
     }
 
     /// Polls the metrics until `check` returns `Some`, then returns it.
-    pub fn wait_for<T>(
-        &self,
-        what: &str,
-        limit: Duration,
-        check: impl Fn(&Metrics) -> Option<T>,
-    ) -> T {
+    pub fn wait_for<T>(&self, what: &str, limit: Duration, check: impl Fn(&Metrics) -> Option<T>) -> T {
         let start = Instant::now();
         let mut last = None;
         while start.elapsed() < limit {
@@ -141,10 +118,7 @@ impl Agent {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!(
-            "timed out after {limit:?} waiting for {what}; last /metrics:\n{}",
-            last.unwrap_or_default()
-        );
+        panic!("timed out after {limit:?} waiting for {what}; last /metrics:\n{}", last.unwrap_or_default());
     }
 
     /// PIDs of the agent's child processes (neuron-monitor).
@@ -155,10 +129,7 @@ impl Agent {
             for task in tasks.flatten() {
                 let file = task.path().join("children");
                 if let Ok(text) = std::fs::read_to_string(file) {
-                    pids.extend(
-                        text.split_whitespace()
-                            .filter_map(|p| p.parse::<u32>().ok()),
-                    );
+                    pids.extend(text.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
                 }
             }
         }
@@ -168,11 +139,8 @@ impl Agent {
     }
 
     pub fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("run kill");
+        let status =
+            Command::new("kill").arg(format!("-{signal}")).arg(self.child.id().to_string()).status().expect("run kill");
         assert!(status.success());
     }
 }
@@ -187,12 +155,7 @@ impl Drop for Agent {
 /// A process is alive (and not a zombie).
 pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z'),
+        Ok(stat) => !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'),
         Err(_) => false,
     }
 }
@@ -200,30 +163,16 @@ pub fn alive(pid: u32) -> bool {
 /// A minimal HTTP/1.1 GET; enough for the agent's and Prometheus' endpoints.
 pub fn http_get(addr: SocketAddr, path: &str, accept: Option<&str>) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .ok()?;
-    let accept = accept
-        .map(|a| format!("Accept: {a}\r\n"))
-        .unwrap_or_default();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n"
-    )
-    .ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n").ok()?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).ok()?;
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text.split_once("\r\n\r\n")?;
     let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_owned()
-    };
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_owned() };
     Some((status, body))
 }
 
@@ -264,22 +213,14 @@ impl Metrics {
             .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
             .map(|l| parse_sample(l).unwrap_or_else(|| panic!("unparsable sample line {l:?}")))
             .collect();
-        Metrics {
-            samples,
-            text: text.to_owned(),
-        }
+        Metrics { samples, text: text.to_owned() }
     }
 
     /// Samples of `name` whose labels include every `(key, value)` of `labels`.
     pub fn find(&self, name: &str, labels: &[(&str, &str)]) -> Vec<&Sample> {
         self.samples
             .iter()
-            .filter(|s| {
-                s.name == name
-                    && labels
-                        .iter()
-                        .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
-            })
+            .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v)))
             .collect()
     }
 
@@ -302,11 +243,7 @@ fn parse_sample(line: &str) -> Option<Sample> {
         Some(i) => (&line[..i], &line[i + 1..]),
         None => {
             let (name, value) = line.split_once(' ')?;
-            return Some(Sample {
-                name: name.to_owned(),
-                labels: BTreeMap::new(),
-                value: value.trim().parse().ok()?,
-            });
+            return Some(Sample { name: name.to_owned(), labels: BTreeMap::new(), value: value.trim().parse().ok()? });
         }
     };
     let mut labels = BTreeMap::new();
@@ -344,17 +281,8 @@ fn parse_sample(line: &str) -> Option<Sample> {
         }
         labels.insert(key, value);
     }
-    let value = rest[end? + 1..]
-        .trim()
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(Sample {
-        name: name.to_owned(),
-        labels,
-        value,
-    })
+    let value = rest[end? + 1..].trim().split_whitespace().next()?.parse().ok()?;
+    Some(Sample { name: name.to_owned(), labels, value })
 }
 
 /// A test tool installed by `tests/tools/install.sh` (in `$NEURON_TOOLS_DIR/bin` or on
@@ -363,12 +291,8 @@ pub fn tool(name: &str) -> PathBuf {
     let tools_dir = std::env::var("NEURON_TOOLS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|_| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/tools")));
-    let candidates = std::iter::once(tools_dir.join("bin")).chain(
-        std::env::var_os("PATH")
-            .iter()
-            .flat_map(std::env::split_paths)
-            .collect::<Vec<_>>(),
-    );
+    let candidates = std::iter::once(tools_dir.join("bin"))
+        .chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths).collect::<Vec<_>>());
     for dir in candidates {
         let path = dir.join(name);
         if path.is_file() {
@@ -382,9 +306,7 @@ pub fn tool(name: &str) -> PathBuf {
 pub fn url_encode(text: &str) -> String {
     text.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
             _ => format!("%{b:02X}"),
         })
         .collect()
@@ -410,10 +332,7 @@ impl Prometheus {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let child = Command::new(tool("prometheus"))
             .arg(format!("--config.file={}", config_path.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.0.join("data").display()
-            ))
+            .arg(format!("--storage.tsdb.path={}", dir.0.join("data").display()))
             .arg(format!("--web.listen-address={addr}"))
             .arg("--log.level=warn")
             .stdin(Stdio::null())
@@ -421,17 +340,10 @@ impl Prometheus {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start prometheus");
-        let prometheus = Prometheus {
-            child,
-            addr,
-            _dir: dir,
-        };
+        let prometheus = Prometheus { child, addr, _dir: dir };
         let start = Instant::now();
         while http_get(addr, "/-/ready", None).map(|r| r.0) != Some(200) {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "prometheus did not become ready"
-            );
+            assert!(start.elapsed() < Duration::from_secs(30), "prometheus did not become ready");
             std::thread::sleep(Duration::from_millis(100));
         }
         prometheus

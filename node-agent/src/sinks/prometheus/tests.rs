@@ -7,35 +7,23 @@ fn exposition(lines: &[String]) -> Exposition {
     for line in lines {
         state.apply(&Report::parse(line).unwrap());
     }
-    Exposition::new(Registry::default(), Arc::new(Mutex::new(state)))
+    Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), SharedRouting::default())
 }
 
 fn series<'t>(text: &'t str, name: &str) -> Vec<&'t str> {
     text.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
         .collect()
 }
 
 #[test]
 fn exactly_one_core_series_per_runtime_on_the_32_runtime_fixture() {
-    let text = exposition(&[fixture(TRN1N_32)])
-        .render(Format::Classic)
-        .unwrap();
+    let text = exposition(&[fixture(TRN1N_32)]).render(Format::Classic).unwrap();
     let cores = series(&text, "neuroncore_utilization_ratio");
     assert_eq!(cores.len(), 32, "{cores:#?}");
-    let busy: Vec<&&str> = cores
-        .iter()
-        .filter(|l| l.contains(r#"runtime_tag="538""#))
-        .collect();
+    let busy: Vec<&&str> = cores.iter().filter(|l| l.contains(r#"runtime_tag="538""#)).collect();
     assert_eq!(busy.len(), 1);
-    assert!(
-        busy[0].contains(r#"neuroncore="1""#) && busy[0].ends_with(" 0.01"),
-        "{}",
-        busy[0]
-    );
+    assert!(busy[0].contains(r#"neuroncore="1""#) && busy[0].ends_with(" 0.01"), "{}", busy[0]);
     assert_eq!(series(&text, "neuroncore_memory_usage_tensors").len(), 32);
     assert!(text.contains(r#"memory_location="None""#));
     assert!(text.contains(r#"instance_type="trn1n.32xlarge""#));
@@ -45,19 +33,15 @@ fn exactly_one_core_series_per_runtime_on_the_32_runtime_fixture() {
 
 #[test]
 fn classic_format_names_counters_and_info_as_prometheus_expects() {
-    let text = exposition(&[fixture(TRN1_ERRORS)])
-        .render(Format::Classic)
-        .unwrap();
+    let text = exposition(&[fixture(TRN1_ERRORS)]).render(Format::Classic).unwrap();
     assert!(text.contains("# TYPE execution_errors_total counter\n"));
     assert!(text.contains("# TYPE execution_status_total counter\n"));
     assert!(text.contains("# TYPE instance_info gauge\n"));
     assert!(text.contains("# TYPE neuron_hardware_info gauge\n"));
     assert!(text.contains("# HELP hardware_ecc_events_total "));
     assert!(!text.contains("# EOF") && !text.contains("# UNIT"));
-    let generic = series(&text, "execution_errors_total")
-        .into_iter()
-        .find(|l| l.contains(r#"error_type="generic""#))
-        .unwrap();
+    let generic =
+        series(&text, "execution_errors_total").into_iter().find(|l| l.contains(r#"error_type="generic""#)).unwrap();
     assert!(generic.ends_with(" 23654.0"), "{generic}");
     assert_eq!(series(&text, "execution_latency_seconds").len(), 7);
     assert_eq!(series(&text, "system_vcpu_count").len(), 1);
@@ -65,16 +49,12 @@ fn classic_format_names_counters_and_info_as_prometheus_expects() {
 
 #[test]
 fn openmetrics_format_when_asked() {
-    let text = exposition(&[fixture(TRN1_ERRORS)])
-        .render(Format::OpenMetrics)
-        .unwrap();
+    let text = exposition(&[fixture(TRN1_ERRORS)]).render(Format::OpenMetrics).unwrap();
     assert!(text.ends_with("# EOF\n"));
     assert!(text.contains("# TYPE execution_errors counter\n"));
     assert!(text.contains("# TYPE instance info\n"));
     assert_eq!(
-        Format::negotiate(Some(
-            "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"
-        )),
+        Format::negotiate(Some("application/openmetrics-text;version=1.0.0,text/plain;q=0.5")),
         Format::OpenMetrics
     );
     assert_eq!(Format::negotiate(Some("text/plain")), Format::Classic);
@@ -83,25 +63,14 @@ fn openmetrics_format_when_asked() {
 
 #[test]
 fn an_idle_node_still_shows_its_hardware_and_idle_cores() {
-    let text = exposition(&[fixture(IDLE_INF1)])
-        .render(Format::Classic)
-        .unwrap();
+    let text = exposition(&[fixture(IDLE_INF1)]).render(Format::Classic).unwrap();
     let cores = series(&text, "neuroncore_utilization_ratio");
     assert_eq!(cores.len(), 4);
-    assert!(
-        cores
-            .iter()
-            .all(|l| !l.contains("runtime_tag") && l.ends_with(" 0.0")),
-        "{cores:#?}"
-    );
+    assert!(cores.iter().all(|l| !l.contains("runtime_tag") && l.ends_with(" 0.0")), "{cores:#?}");
     assert!(text.contains("system_vcpu_count{"));
     assert_eq!(series(&text, "neuron_hardware_info").len(), 1);
     assert_eq!(series(&text, "instance_info").len(), 1);
-    assert_eq!(
-        series(&text, "execution_latency_seconds").len(),
-        0,
-        "null latency stays absent"
-    );
+    assert_eq!(series(&text, "execution_latency_seconds").len(), 0, "null latency stays absent");
 }
 
 #[test]
@@ -110,15 +79,12 @@ fn a_group_in_error_is_visible_and_not_zero() {
         "neuron_runtime_vcpu_usage":{"period":1.0,"error":"open /proc/7/stat: no such file or directory"}}}],
         "instance_info":{"instance_id":"i-1","error":""},
         "neuron_hardware_info":{"neuron_device_count":1,"neuroncore_per_device_count":2,"error":""}}"#;
-    let text = exposition(&[line.to_owned()])
-        .render(Format::Classic)
-        .unwrap();
+    let text = exposition(&[line.to_owned()]).render(Format::Classic).unwrap();
     assert_eq!(series(&text, "neuron_runtime_vcpu_usage_ratio").len(), 0);
     let errors = series(&text, "neuron_agent_group_error");
     assert_eq!(errors.len(), 1);
     assert!(
-        errors[0]
-            .contains(r#"group="neuron_runtime_vcpu_usage",runtime_tag="x",kind="monitor"} 1"#),
+        errors[0].contains(r#"group="neuron_runtime_vcpu_usage",runtime_tag="x",kind="monitor"} 1"#),
         "{}",
         errors[0]
     );

@@ -1,0 +1,162 @@
+//! The routing table of the node's configuration, compiled: which
+//! NeuronMonitorConfig receives which applications and groups, and how.
+
+use std::collections::BTreeMap;
+
+use api::{
+    monitor_config::{RuntimeGroup, SystemGroup},
+    node_config::{NodeConfig, Route},
+};
+use regex::Regex;
+
+/// Routes with their tag filters compiled. Empty means the built-in configuration:
+/// everything goes to Prometheus.
+#[derive(Debug, Default)]
+pub struct Routing {
+    routes: Vec<CompiledRoute>,
+}
+
+#[derive(Debug)]
+struct CompiledRoute {
+    route: Route,
+    /// (filter, groups) per runtime entry; `None` filter takes every application.
+    runtimes: Vec<(Option<Regex>, Vec<RuntimeGroup>)>,
+}
+
+/// What Prometheus exports of one runtime.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PrometheusView {
+    pub groups: Vec<RuntimeGroup>,
+    pub extra_labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("route {config}: tag filter {filter:?} does not compile: {source}")]
+pub struct RoutingError {
+    config: String,
+    filter: String,
+    source: regex::Error,
+}
+
+impl Routing {
+    pub fn compile(config: &NodeConfig) -> Result<Self, RoutingError> {
+        let mut routes = Vec::with_capacity(config.routes.len());
+        for route in &config.routes {
+            let mut runtimes = Vec::with_capacity(route.runtimes.len());
+            for entry in &route.runtimes {
+                let filter = match &entry.tag_filter {
+                    None => None,
+                    // neuron-monitor matches anywhere in the tag; so does `Regex::is_match`.
+                    Some(f) => Some(Regex::new(f).map_err(|source| RoutingError {
+                        config: route.config.clone(),
+                        filter: f.clone(),
+                        source,
+                    })?),
+                };
+                runtimes.push((filter, entry.groups.clone()));
+            }
+            routes.push(CompiledRoute { route: route.clone(), runtimes });
+        }
+        Ok(Routing { routes })
+    }
+
+    pub fn is_builtin(&self) -> bool {
+        self.routes.is_empty()
+    }
+
+    /// The Prometheus view of a runtime: groups any Prometheus route gives it, and
+    /// extra labels (the first route, in config order, wins a key). `None`: not exported.
+    pub fn prometheus_view(&self, namespace: Option<&str>, tag: &str) -> Option<PrometheusView> {
+        if self.is_builtin() {
+            return Some(PrometheusView { groups: RuntimeGroup::ALL.to_vec(), extra_labels: BTreeMap::new() });
+        }
+        let mut view: Option<PrometheusView> = None;
+        for compiled in &self.routes {
+            let Some(prometheus) = &compiled.route.prometheus else { continue };
+            if let Some(ns) = &compiled.route.namespace {
+                if namespace != Some(ns.as_str()) {
+                    continue;
+                }
+            }
+            for (filter, groups) in &compiled.runtimes {
+                if filter.as_ref().is_some_and(|f| !f.is_match(tag)) {
+                    continue;
+                }
+                let v = view.get_or_insert_with(PrometheusView::default);
+                for g in groups {
+                    if !v.groups.contains(g) {
+                        v.groups.push(*g);
+                    }
+                }
+                for (k, val) in &prometheus.extra_labels {
+                    v.extra_labels.entry(k.clone()).or_insert_with(|| val.clone());
+                }
+            }
+        }
+        view
+    }
+
+    /// Whether Prometheus exports a system group.
+    pub fn prometheus_system(&self, group: SystemGroup) -> bool {
+        self.is_builtin()
+            || self.routes.iter().any(|r| r.route.prometheus.is_some() && r.route.system_groups.contains(&group))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api::node_config::{PrometheusRoute, RouteRuntimes};
+
+    fn route(config: &str, namespace: Option<&str>, filter: Option<&str>, groups: &[RuntimeGroup]) -> Route {
+        Route {
+            config: config.to_owned(),
+            namespace: namespace.map(str::to_owned),
+            runtimes: vec![RouteRuntimes { tag_filter: filter.map(str::to_owned), groups: groups.to_vec() }],
+            system_groups: vec![],
+            prometheus: Some(PrometheusRoute {
+                extra_labels: BTreeMap::from([("team".to_owned(), config.to_owned())]),
+            }),
+            cloudwatch: None,
+        }
+    }
+
+    #[test]
+    fn builtin_exports_everything() {
+        let routing = Routing::default();
+        assert_eq!(routing.prometheus_view(None, "x").unwrap().groups, RuntimeGroup::ALL.to_vec());
+        assert!(routing.prometheus_system(SystemGroup::MemoryInfo));
+    }
+
+    #[test]
+    fn routes_select_by_namespace_and_tag_and_merge_groups() {
+        let config = NodeConfig {
+            monitor: Default::default(),
+            routes: vec![
+                route("a/one", Some("a"), Some("^serve"), &[RuntimeGroup::MemoryUsed]),
+                route("ops/all", None, None, &[RuntimeGroup::NeuroncoreCounters]),
+            ],
+        };
+        let routing = Routing::compile(&config).unwrap();
+        let view = routing.prometheus_view(Some("a"), "serve-1").unwrap();
+        assert_eq!(view.groups, vec![RuntimeGroup::MemoryUsed, RuntimeGroup::NeuroncoreCounters]);
+        assert_eq!(view.extra_labels["team"], "a/one");
+        let other = routing.prometheus_view(Some("b"), "serve-1").unwrap();
+        assert_eq!(other.groups, vec![RuntimeGroup::NeuroncoreCounters]);
+        assert!(!routing.prometheus_system(SystemGroup::VcpuUsage));
+    }
+
+    #[test]
+    fn nothing_exported_without_a_prometheus_route() {
+        let mut r = route("a/one", Some("a"), None, &[RuntimeGroup::MemoryUsed]);
+        r.prometheus = None;
+        let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![r] }).unwrap();
+        assert_eq!(routing.prometheus_view(Some("a"), "x"), None);
+    }
+
+    #[test]
+    fn a_bad_filter_is_an_error() {
+        let config = NodeConfig { monitor: Default::default(), routes: vec![route("a/one", None, Some("("), &[])] };
+        assert!(Routing::compile(&config).is_err());
+    }
+}
