@@ -48,21 +48,9 @@ const PERIOD_PATTERN: &str = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$";
         json_path = ".status.appliedNodes",
         description = "Nodes whose agent runs this config"
     ),
-    printcolumn(
-        name = "Accepted",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
-    ),
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn(name = "Accepted", type_ = "string", json_path = ".status.conditions[?(@.type==\"Accepted\")].status"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NeuronMonitorConfigSpec {
@@ -182,19 +170,7 @@ pub struct PrometheusSinkSpec {
 }
 
 /// A CloudWatch dimension the agent can fill in.
-#[derive(
-    schemars::JsonSchema,
-    Serialize,
-    Deserialize,
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-)]
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Dimension {
     ClusterName,
     NodeName,
@@ -211,19 +187,7 @@ pub enum Dimension {
 }
 
 /// Metric names as CloudWatch users of Neuron already see them (Container Insights).
-#[derive(
-    schemars::JsonSchema,
-    Serialize,
-    Deserialize,
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-)]
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[serde(rename_all = "snake_case")]
 pub enum CloudWatchMetric {
     NeuroncoreUtilization,

@@ -73,9 +73,7 @@ impl FromStr for Period {
             "h" => 3_600_000.0,
             _ => return Err(PeriodError::UnknownUnit(s.to_owned())),
         };
-        let value: f64 = number
-            .parse()
-            .map_err(|_| PeriodError::BadNumber(s.to_owned()))?;
+        let value: f64 = number.parse().map_err(|_| PeriodError::BadNumber(s.to_owned()))?;
         let millis = (value * scale).round();
         if millis < 1.0 {
             return Err(PeriodError::TooShort(s.to_owned()));
@@ -130,40 +128,17 @@ mod tests {
     #[test]
     fn rejects_bad_input_with_a_reason() {
         assert_eq!("".parse::<Period>(), Err(PeriodError::Empty));
-        assert!(matches!(
-            "5".parse::<Period>(),
-            Err(PeriodError::MissingUnit(_))
-        ));
-        assert!(matches!(
-            "5d".parse::<Period>(),
-            Err(PeriodError::UnknownUnit(_))
-        ));
-        assert!(matches!(
-            "1.2.3s".parse::<Period>(),
-            Err(PeriodError::BadNumber(_))
-        ));
-        assert!(matches!(
-            "0s".parse::<Period>(),
-            Err(PeriodError::TooShort(_))
-        ));
-        assert!(matches!(
-            "25h".parse::<Period>(),
-            Err(PeriodError::TooLong(_))
-        ));
-        assert!(matches!(
-            "-1s".parse::<Period>(),
-            Err(PeriodError::UnknownUnit(_)) | Err(PeriodError::MissingUnit(_))
-        ));
+        assert!(matches!("5".parse::<Period>(), Err(PeriodError::MissingUnit(_))));
+        assert!(matches!("5d".parse::<Period>(), Err(PeriodError::UnknownUnit(_))));
+        assert!(matches!("1.2.3s".parse::<Period>(), Err(PeriodError::BadNumber(_))));
+        assert!(matches!("0s".parse::<Period>(), Err(PeriodError::TooShort(_))));
+        assert!(matches!("25h".parse::<Period>(), Err(PeriodError::TooLong(_))));
+        assert!(matches!("-1s".parse::<Period>(), Err(PeriodError::UnknownUnit(_)) | Err(PeriodError::MissingUnit(_))));
     }
 
     #[test]
     fn displays_canonically() {
-        for (input, shown) in [
-            ("60000ms", "1m"),
-            ("1500ms", "1500ms"),
-            ("5s", "5s"),
-            ("120m", "2h"),
-        ] {
+        for (input, shown) in [("60000ms", "1m"), ("1500ms", "1500ms"), ("5s", "5s"), ("120m", "2h")] {
             assert_eq!(input.parse::<Period>().unwrap().to_string(), shown);
         }
     }

@@ -47,19 +47,7 @@ impl<G> GroupConfig<G> {
 }
 
 /// Metric groups reported per monitored application.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RuntimeGroup {
     NeuroncoreCounters,
@@ -89,19 +77,7 @@ impl RuntimeGroup {
 }
 
 /// Metric groups reported once per host.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SystemGroup {
     VcpuUsage,
@@ -110,11 +86,7 @@ pub enum SystemGroup {
 }
 
 impl SystemGroup {
-    pub const ALL: [SystemGroup; 3] = [
-        SystemGroup::VcpuUsage,
-        SystemGroup::MemoryInfo,
-        SystemGroup::NeuronHwCounters,
-    ];
+    pub const ALL: [SystemGroup; 3] = [SystemGroup::VcpuUsage, SystemGroup::MemoryInfo, SystemGroup::NeuronHwCounters];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -133,26 +105,15 @@ impl MonitorConfig {
             neuron_runtimes: vec![RuntimeSelector {
                 tag_filter: Some(".*".to_owned()),
                 period: None,
-                metrics: RuntimeGroup::ALL
-                    .into_iter()
-                    .map(GroupConfig::new)
-                    .collect(),
+                metrics: RuntimeGroup::ALL.into_iter().map(GroupConfig::new).collect(),
             }],
             system_metrics: SystemGroup::ALL.into_iter().map(GroupConfig::new).collect(),
         }
     }
 
     /// The effective period of a runtime group: group, then runtime entry, then root.
-    pub fn group_period(
-        &self,
-        runtime: &RuntimeSelector,
-        group: &GroupConfig<RuntimeGroup>,
-    ) -> Period {
-        group
-            .period
-            .or(runtime.period)
-            .or(self.period)
-            .unwrap_or(DEFAULT_PERIOD)
+    pub fn group_period(&self, runtime: &RuntimeSelector, group: &GroupConfig<RuntimeGroup>) -> Period {
+        group.period.or(runtime.period).or(self.period).unwrap_or(DEFAULT_PERIOD)
     }
 
     /// The effective period of a system group: group, then root.
@@ -162,15 +123,9 @@ impl MonitorConfig {
 
     /// The shortest period of any configured group: how often a report is due at least.
     pub fn shortest_period(&self) -> Period {
-        let runtime = self
-            .neuron_runtimes
-            .iter()
-            .flat_map(|r| r.metrics.iter().map(move |g| self.group_period(r, g)));
+        let runtime = self.neuron_runtimes.iter().flat_map(|r| r.metrics.iter().map(move |g| self.group_period(r, g)));
         let system = self.system_metrics.iter().map(|g| self.system_period(g));
-        runtime
-            .chain(system)
-            .min()
-            .unwrap_or(self.period.unwrap_or(DEFAULT_PERIOD))
+        runtime.chain(system).min().unwrap_or(self.period.unwrap_or(DEFAULT_PERIOD))
     }
 }
 
@@ -196,10 +151,7 @@ mod tests {
         let hw = config.system_metrics[2];
         assert_eq!(hw.kind, SystemGroup::NeuronHwCounters);
         assert_eq!(config.system_period(&hw), Period::from_secs(2));
-        assert_eq!(
-            config.system_period(&config.system_metrics[0]),
-            Period::from_secs(1)
-        );
+        assert_eq!(config.system_period(&config.system_metrics[0]), Period::from_secs(1));
         assert_eq!(config.shortest_period(), Period::from_secs(1));
     }
 
@@ -211,33 +163,21 @@ mod tests {
         )
         .unwrap();
         let rt = &config.neuron_runtimes[0];
-        assert_eq!(
-            config.group_period(rt, &rt.metrics[0]),
-            Period::from_secs(3)
-        );
-        assert_eq!(
-            config.group_period(rt, &rt.metrics[1]),
-            Period::from_millis(500)
-        );
-        assert_eq!(
-            config.system_period(&config.system_metrics[0]),
-            DEFAULT_PERIOD
-        );
+        assert_eq!(config.group_period(rt, &rt.metrics[0]), Period::from_secs(3));
+        assert_eq!(config.group_period(rt, &rt.metrics[1]), Period::from_millis(500));
+        assert_eq!(config.system_period(&config.system_metrics[0]), DEFAULT_PERIOD);
         assert_eq!(config.shortest_period(), Period::from_millis(500));
     }
 
     #[test]
     fn accepts_the_old_group_name() {
-        let g: GroupConfig<RuntimeGroup> =
-            serde_json::from_str(r#"{"type":"inference_stats"}"#).unwrap();
+        let g: GroupConfig<RuntimeGroup> = serde_json::from_str(r#"{"type":"inference_stats"}"#).unwrap();
         assert_eq!(g.kind, RuntimeGroup::ExecutionStats);
     }
 
     #[test]
     fn rejects_unknown_groups_and_bad_periods() {
-        assert!(
-            serde_json::from_str::<GroupConfig<RuntimeGroup>>(r#"{"type":"vcpu_usage"}"#).is_err()
-        );
+        assert!(serde_json::from_str::<GroupConfig<RuntimeGroup>>(r#"{"type":"vcpu_usage"}"#).is_err());
         assert!(serde_json::from_str::<MonitorConfig>(r#"{"period":"fast"}"#).is_err());
     }
 
@@ -245,10 +185,7 @@ mod tests {
     fn round_trips_deterministically() {
         let config = MonitorConfig::all_groups(Period::from_millis(1500));
         let text = serde_json::to_string(&config).unwrap();
-        assert_eq!(
-            serde_json::from_str::<MonitorConfig>(&text).unwrap(),
-            config
-        );
+        assert_eq!(serde_json::from_str::<MonitorConfig>(&text).unwrap(), config);
         assert_eq!(serde_json::to_string(&config).unwrap(), text);
         assert!(text.contains(r#""period":"1500ms""#));
     }

@@ -236,9 +236,7 @@ impl<'de, K: FromStr, T: Deserialize<'de>> Deserialize<'de> for Keyed<K, T> {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8));
                 while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-                    let key = key
-                        .parse()
-                        .map_err(|_| de::Error::custom(format!("unexpected key {key:?}")))?;
+                    let key = key.parse().map_err(|_| de::Error::custom(format!("unexpected key {key:?}")))?;
                     entries.push((key, map.next_value()?));
                 }
                 Ok(Keyed(entries))
@@ -359,13 +357,7 @@ pub struct CoreMemory {
 impl CoreMemory {
     /// The five categories in the order of the exported metric names.
     pub fn values(&self) -> [Option<f64>; 5] {
-        [
-            self.constants,
-            self.model_code,
-            self.model_shared_scratchpad,
-            self.runtime_memory,
-            self.tensors,
-        ]
+        [self.constants, self.model_code, self.model_shared_scratchpad, self.runtime_memory, self.tensors]
     }
 
     pub fn is_held(&self) -> bool {
@@ -459,24 +451,10 @@ pub struct ErrorSummary {
 }
 
 impl ErrorSummary {
-    pub const KINDS: [&'static str; 6] = [
-        "generic",
-        "numerical",
-        "transient",
-        "model",
-        "runtime",
-        "hardware",
-    ];
+    pub const KINDS: [&'static str; 6] = ["generic", "numerical", "transient", "model", "runtime", "hardware"];
 
     pub fn values(&self) -> [Option<f64>; 6] {
-        [
-            self.generic,
-            self.numerical,
-            self.transient,
-            self.model,
-            self.runtime,
-            self.hardware,
-        ]
+        [self.generic, self.numerical, self.transient, self.model, self.runtime, self.hardware]
     }
 }
 
@@ -538,9 +516,7 @@ impl Percentiles {
     pub const NAMES: [&'static str; 7] = ["p0", "p1", "p25", "p50", "p75", "p99", "p100"];
 
     pub fn values(&self) -> [Option<f64>; 7] {
-        [
-            self.p0, self.p1, self.p25, self.p50, self.p75, self.p99, self.p100,
-        ]
+        [self.p0, self.p1, self.p25, self.p50, self.p75, self.p99, self.p100]
     }
 }
 
@@ -616,20 +592,11 @@ pub struct DeviceEccCounters {
 }
 
 impl DeviceEccCounters {
-    pub const KINDS: [&'static str; 4] = [
-        "mem_ecc_corrected",
-        "mem_ecc_uncorrected",
-        "sram_ecc_corrected",
-        "sram_ecc_uncorrected",
-    ];
+    pub const KINDS: [&'static str; 4] =
+        ["mem_ecc_corrected", "mem_ecc_uncorrected", "sram_ecc_corrected", "sram_ecc_uncorrected"];
 
     pub fn values(&self) -> [Option<f64>; 4] {
-        [
-            self.mem_ecc_corrected,
-            self.mem_ecc_uncorrected,
-            self.sram_ecc_corrected,
-            self.sram_ecc_uncorrected,
-        ]
+        [self.mem_ecc_corrected, self.mem_ecc_uncorrected, self.sram_ecc_corrected, self.sram_ecc_uncorrected]
     }
 }
 
@@ -681,10 +648,7 @@ pub struct HardwareInfo<'a> {
 impl HardwareInfo<'_> {
     /// NeuronCores on the host, when both counts are known.
     pub fn core_count(&self) -> Option<u32> {
-        Some(
-            self.neuron_device_count?
-                .checked_mul(self.neuroncore_per_device_count?)?,
-        )
+        Some(self.neuron_device_count?.checked_mul(self.neuroncore_per_device_count?)?)
     }
 }
 

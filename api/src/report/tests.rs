@@ -1,13 +1,8 @@
 use super::*;
 
 fn fixture(name: &str) -> String {
-    let dir = std::env::var("NEURON_FIXTURES").unwrap_or_else(|_| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/fixtures/neuron-monitor"
-        )
-        .to_owned()
-    });
+    let dir = std::env::var("NEURON_FIXTURES")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/neuron-monitor").to_owned());
     let path = format!("{dir}/{name}");
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {path}: {e}"))
 }
@@ -34,11 +29,7 @@ fn idle_inf1_fixture() {
     assert_eq!(rt.neuron_runtime_tag.as_deref(), Some(""));
     let groups = rt.report.as_ref().unwrap();
     let stats = groups.execution_stats.as_ref().unwrap().ok().unwrap();
-    assert_eq!(
-        stats.latency_stats.unwrap().total_latency,
-        None,
-        "null latency stays absent"
-    );
+    assert_eq!(stats.latency_stats.unwrap().total_latency, None, "null latency stays absent");
     let counters = groups.neuroncore_counters.as_ref().unwrap().ok().unwrap();
     let cores = counters.neuroncores_in_use.as_ref().unwrap();
     assert_eq!(cores.len(), 4);
@@ -78,34 +69,13 @@ fn trn1_fixture_with_errors_and_latency() {
     let report = Report::parse(&text).unwrap();
     let rt = runtimes(&report)[0];
     assert_eq!(rt.neuron_runtime_tag.as_deref(), Some("1337"));
-    let stats = rt
-        .report
-        .as_ref()
-        .unwrap()
-        .execution_stats
-        .as_ref()
-        .unwrap()
-        .ok()
-        .unwrap();
+    let stats = rt.report.as_ref().unwrap().execution_stats.as_ref().unwrap().ok().unwrap();
     assert_eq!(stats.error_summary.unwrap().generic, Some(23654.0));
     assert_eq!(stats.execution_summary.unwrap().completed, Some(260.0));
     let total = stats.latency_stats.unwrap().total_latency.unwrap();
     assert!(total.p50.unwrap() > 0.0 && total.p50 <= total.p100);
-    let counters = rt
-        .report
-        .as_ref()
-        .unwrap()
-        .neuroncore_counters
-        .as_ref()
-        .unwrap()
-        .ok()
-        .unwrap();
-    let busy = counters
-        .neuroncores_in_use
-        .as_ref()
-        .unwrap()
-        .get(0)
-        .unwrap();
+    let counters = rt.report.as_ref().unwrap().neuroncore_counters.as_ref().unwrap().ok().unwrap();
+    let busy = counters.neuroncores_in_use.as_ref().unwrap().get(0).unwrap();
     assert!((busy.neuroncore_utilization.unwrap() - 1.3631567613356375).abs() < 1e-12);
 }
 
@@ -117,20 +87,8 @@ fn trn1n_fixture_with_32_runtimes() {
     assert_eq!(rts.len(), 32);
     for rt in &rts {
         let groups = rt.report.as_ref().unwrap();
-        let cores = groups
-            .neuroncore_counters
-            .as_ref()
-            .unwrap()
-            .ok()
-            .unwrap()
-            .neuroncores_in_use
-            .as_ref()
-            .unwrap();
-        assert_eq!(
-            cores.len(),
-            32,
-            "every runtime lists every core of the host"
-        );
+        let cores = groups.neuroncore_counters.as_ref().unwrap().ok().unwrap().neuroncores_in_use.as_ref().unwrap();
+        assert_eq!(cores.len(), 32, "every runtime lists every core of the host");
         let held: Vec<u32> = groups
             .memory_used
             .as_ref()
@@ -155,12 +113,7 @@ fn trn1n_fixture_with_32_runtimes() {
     let hardware = report.neuron_hardware_info.as_ref().unwrap().ok().unwrap();
     assert_eq!(hardware.neuron_device_version.as_deref(), Some("v2"));
     assert_eq!(hardware.core_count(), Some(32));
-    assert!(report
-        .system_data
-        .as_ref()
-        .unwrap()
-        .neuron_hw_counters
-        .is_none());
+    assert!(report.system_data.as_ref().unwrap().neuron_hw_counters.is_none());
 }
 
 #[test]
@@ -171,25 +124,10 @@ fn group_errors_are_kept_not_zeroed() {
         "instance_info":{"error":"metadata unavailable"},"neuron_hardware_info":{"neuron_device_count":1,"neuroncore_per_device_count":2,"error":""}}"#;
     let report = Report::parse(line).unwrap();
     let rt = runtimes(&report)[0];
-    let vcpu = rt
-        .report
-        .as_ref()
-        .unwrap()
-        .neuron_runtime_vcpu_usage
-        .as_ref()
-        .unwrap();
-    assert_eq!(
-        vcpu.problem(),
-        Some("open /proc/7/stat: no such file or directory")
-    );
+    let vcpu = rt.report.as_ref().unwrap().neuron_runtime_vcpu_usage.as_ref().unwrap();
+    assert_eq!(vcpu.problem(), Some("open /proc/7/stat: no such file or directory"));
     assert!(vcpu.ok().is_none());
-    let hw = report
-        .system_data
-        .as_ref()
-        .unwrap()
-        .neuron_hw_counters
-        .as_ref()
-        .unwrap();
+    let hw = report.system_data.as_ref().unwrap().neuron_hw_counters.as_ref().unwrap();
     assert_eq!(*hw, Group::Error("driver not reachable".to_owned()));
     assert!(matches!(report.instance_info, Some(Group::Error(_))));
 }
@@ -221,10 +159,7 @@ fn newer_and_older_field_names() {
     assert_eq!(stats.execution_summary.unwrap().completed, Some(3.0));
     let hw = report.neuron_hardware_info.as_ref().unwrap().ok().unwrap();
     assert_eq!(hw.neuron_device_type.as_deref(), Some("trainium2"));
-    assert_eq!(
-        hw.logical_neuroncore_config,
-        Some(NumberOrText::Number(2.0))
-    );
+    assert_eq!(hw.logical_neuroncore_config, Some(NumberOrText::Number(2.0)));
     assert_eq!(hw.neuron_device_memory_size, Some(103079215104.0));
 }
 
@@ -240,30 +175,10 @@ fn unknown_fields_nulls_and_empty_lists() {
     let mem = system.memory_info.as_ref().unwrap().ok().unwrap();
     assert_eq!(mem.memory_total_bytes, None);
     assert_eq!(mem.memory_used_bytes, Some(5.0));
-    assert_eq!(
-        report
-            .instance_info
-            .as_ref()
-            .unwrap()
-            .ok()
-            .unwrap()
-            .instance_type,
-        None
-    );
-    assert_eq!(
-        report
-            .neuron_hardware_info
-            .as_ref()
-            .unwrap()
-            .ok()
-            .unwrap()
-            .core_count(),
-        None
-    );
+    assert_eq!(report.instance_info.as_ref().unwrap().ok().unwrap().instance_type, None);
+    assert_eq!(report.neuron_hardware_info.as_ref().unwrap().ok().unwrap().core_count(), None);
 
-    let empty =
-        Report::parse(r#"{"neuron_runtime_data":[],"instance_info":{},"neuron_hardware_info":{}}"#)
-            .unwrap();
+    let empty = Report::parse(r#"{"neuron_runtime_data":[],"instance_info":{},"neuron_hardware_info":{}}"#).unwrap();
     assert!(empty.neuron_runtime_data.is_empty());
     assert!(empty.system_data.is_none());
 }
@@ -280,23 +195,11 @@ fn one_odd_group_does_not_fail_the_document() {
                      "vcpu_usage":{"usage_data":{"zero":{}},"error":""}},
       "instance_info":{"instance_id":"i-1","error":""},"neuron_hardware_info":{"error":""}}"#;
     let report = Report::parse(line).unwrap();
-    let Item::Ok(first) = &report.neuron_runtime_data[0] else {
-        panic!("first runtime lost")
-    };
+    let Item::Ok(first) = &report.neuron_runtime_data[0] else { panic!("first runtime lost") };
     let groups = first.report.as_ref().unwrap();
-    assert!(matches!(
-        groups.neuron_runtime_vcpu_usage,
-        Some(Group::Malformed(_))
-    ));
+    assert!(matches!(groups.neuron_runtime_vcpu_usage, Some(Group::Malformed(_))));
     let memory = groups.memory_used.as_ref().unwrap().ok().unwrap();
-    assert_eq!(
-        memory
-            .neuron_runtime_used_bytes
-            .as_ref()
-            .unwrap()
-            .neuron_device,
-        Some(20.0)
-    );
+    assert_eq!(memory.neuron_runtime_used_bytes.as_ref().unwrap().neuron_device, Some(20.0));
     assert!(matches!(report.neuron_runtime_data[1], Item::Malformed(_)));
     let system = report.system_data.as_ref().unwrap();
     assert!(matches!(system.vcpu_usage, Some(Group::Malformed(_))));
@@ -312,13 +215,7 @@ fn lenient_mode_does_not_leak_into_the_next_parse() {
 
 #[test]
 fn not_a_report() {
-    for line in [
-        "",
-        "not json",
-        "[1,2]",
-        r#"{"neuron_runtime_data": 5}"#,
-        r#"{"neuron_runtime_data":[{"pid":1}"#,
-    ] {
+    for line in ["", "not json", "[1,2]", r#"{"neuron_runtime_data": 5}"#, r#"{"neuron_runtime_data":[{"pid":1}"#] {
         assert!(Report::parse(line).is_err(), "{line:?} should be refused");
     }
 }
