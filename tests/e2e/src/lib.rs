@@ -1,0 +1,234 @@
+//! Support for tests against real components, started by the tests themselves:
+//! - [`ControlPlane`]: etcd + kube-apiserver + the garbage-collector, namespace and
+//!   service-account controllers, in one process (`tests/controlplane`), shared by all
+//!   tests of a test binary; each test works in a namespace of its own.
+//! - [`tool`]: the test tools `tests/tools/install.sh` installs (controlplane, helm,
+//!   kumo, prometheus, promtool).
+//! - [`workspace_bin`]: the project's own binaries (`cargo build --workspace --bins`).
+//!
+//! Every process started here dies with the test binary, even when a test panics: it is
+//! started from a thread that lives as long as the process, with the parent-death
+//! signal set, and is stopped gracefully (SIGTERM) so it cleans up after itself.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{mpsc, OnceLock},
+    time::Duration,
+};
+
+use anyhow::{anyhow, bail, Context};
+use k8s_openapi::{
+    api::core::v1::Namespace, apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+    Api, Client, Config,
+};
+
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+/// A test tool installed by `tests/tools/install.sh` (in `$NEURON_TOOLS_DIR/bin`,
+/// default `target/tools/bin`, or on PATH). A missing tool fails the test with a clear
+/// message: these tests never pass by skipping.
+pub fn tool(name: &str) -> PathBuf {
+    let tools_dir =
+        std::env::var_os("NEURON_TOOLS_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target/tools"));
+    let path_dirs: Vec<PathBuf> = std::env::var_os("PATH").iter().flat_map(std::env::split_paths).collect();
+    std::iter::once(tools_dir.join("bin"))
+        .chain(path_dirs)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} not found in $NEURON_TOOLS_DIR/bin or PATH: run tests/tools/install.sh"))
+}
+
+/// A binary of this workspace, from the target directory this test runs from.
+pub fn workspace_bin(name: &str) -> PathBuf {
+    // The test executable is <target>/<profile>/deps/<test>-<hash>.
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let path = profile_dir.join(name);
+    assert!(path.is_file(), "{} is missing: run `cargo build --workspace --bins` first", path.display());
+    path
+}
+
+/// Starts `command` from a thread that lives until the process exits, with the
+/// parent-death signal set to `signal`: the child cannot outlive the test binary.
+/// Returns the child's stdout reader.
+pub fn spawn_tied(
+    mut command: Command,
+    signal: libc::c_int,
+) -> anyhow::Result<(u32, BufReader<std::process::ChildStdout>)> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("tied-children".to_owned())
+        .spawn(move || {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl is async-signal-safe; it only sets the parent-death signal.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, signal) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            let spawned: Result<Child, std::io::Error> = command.stdout(Stdio::piped()).spawn();
+            match spawned {
+                Ok(mut child) => {
+                    let stdout = child.stdout.take();
+                    let _ = tx.send(Ok((child.id(), stdout)));
+                    // Keep this thread (the parent of record) alive with the process.
+                    let _ = child.wait();
+                    loop {
+                        std::thread::park();
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            }
+        })
+        .context("starting the supervising thread")?;
+    let (pid, stdout) = rx.recv().context("supervising thread")??;
+    Ok((pid, BufReader::new(stdout.ok_or_else(|| anyhow!("no stdout"))?)))
+}
+
+/// What the control plane prints once ready.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct ControlPlane {
+    pub kubeconfig: PathBuf,
+    pub server: String,
+    pub state_dir: PathBuf,
+    pub log: PathBuf,
+    pub controllers: bool,
+    pub ready_seconds: f64,
+}
+
+static CONTROL_PLANE: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+
+impl ControlPlane {
+    /// The control plane of this test binary, started on first use.
+    pub fn shared() -> &'static ControlPlane {
+        match CONTROL_PLANE.get_or_init(|| Self::start().map_err(|e| format!("{e:#}"))) {
+            Ok(cp) => cp,
+            Err(e) => panic!("the test control plane did not start: {e}"),
+        }
+    }
+
+    fn start() -> anyhow::Result<ControlPlane> {
+        let mut command = Command::new(tool("controlplane"));
+        command.stdin(Stdio::null()).stderr(Stdio::inherit());
+        let (pid, mut stdout) = spawn_tied(command, libc::SIGTERM)?;
+        let mut line = String::new();
+        stdout.read_line(&mut line).with_context(|| format!("reading the control plane's (pid {pid}) ready line"))?;
+        if line.trim().is_empty() {
+            bail!("the control plane (pid {pid}) exited before it was ready; see its log on stderr");
+        }
+        serde_json::from_str(line.trim()).with_context(|| format!("control plane ready line {line:?}"))
+    }
+
+    fn config(&self) -> anyhow::Result<Kubeconfig> {
+        Kubeconfig::read_from(&self.kubeconfig).with_context(|| format!("reading {}", self.kubeconfig.display()))
+    }
+
+    /// An administrator (`system:masters`) client.
+    pub async fn client(&self) -> Client {
+        let config = Config::from_custom_kubeconfig(self.config().expect("kubeconfig"), &KubeConfigOptions::default())
+            .await
+            .expect("client config");
+        Client::try_from(config).expect("client")
+    }
+
+    /// A client acting as `user` in `groups` (impersonation), subject to RBAC like a
+    /// real caller.
+    pub async fn client_as(&self, user: &str, groups: &[&str]) -> Client {
+        let mut config =
+            Config::from_custom_kubeconfig(self.config().expect("kubeconfig"), &KubeConfigOptions::default())
+                .await
+                .expect("client config");
+        config.auth_info.impersonate = Some(user.to_owned());
+        config.auth_info.impersonate_groups = Some(groups.iter().map(|g| (*g).to_owned()).collect());
+        Client::try_from(config).expect("client")
+    }
+
+    /// A client acting as the ServiceAccount `namespace/name`.
+    pub async fn service_account_client(&self, namespace: &str, name: &str) -> Client {
+        let ns_group = format!("system:serviceaccounts:{namespace}");
+        self.client_as(
+            &format!("system:serviceaccount:{namespace}:{name}"),
+            &["system:serviceaccounts", &ns_group, "system:authenticated"],
+        )
+        .await
+    }
+
+    /// Creates a namespace of its own for one test: `<prefix>-<random>`.
+    pub async fn namespace(&self, prefix: &str) -> String {
+        let name = format!("{prefix}-{:08x}", random_u32());
+        let ns =
+            Namespace { metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() }, ..Default::default() };
+        Api::<Namespace>::all(self.client().await).create(&PostParams::default(), &ns).await.expect("create namespace");
+        name
+    }
+
+    /// Applies the project's CRDs from `crds/` and waits until they are served.
+    pub async fn install_crds(&self) {
+        let client = self.client().await;
+        let api: Api<CustomResourceDefinition> = Api::all(client);
+        let dir = repo_root().join("crds");
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+            .collect();
+        entries.sort();
+        for path in entries {
+            let text = std::fs::read_to_string(&path).expect("read CRD");
+            let crd: CustomResourceDefinition = serde_yaml::from_str(&text).expect("CRD YAML");
+            let name = crd.metadata.name.clone().expect("CRD name");
+            api.patch(&name, &PatchParams::apply("neuron-e2e").force(), &Patch::Apply(&crd)).await.expect("apply CRD");
+            wait_for(Duration::from_secs(30), || async {
+                let crd = api.get(&name).await.ok()?;
+                let established =
+                    crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True");
+                established.then_some(())
+            })
+            .await
+            .unwrap_or_else(|| panic!("CRD {name} not established"));
+        }
+    }
+}
+
+/// Polls `check` every 100 ms until it returns `Some`, or `None` after `limit`.
+pub async fn wait_for<T, F, Fut>(limit: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(found) = check().await {
+            return Some(found);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A random number from the OS, for unique names.
+pub fn random_u32() -> u32 {
+    let mut bytes = [0u8; 4];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut bytes);
+    }
+    u32::from_ne_bytes(bytes) ^ std::process::id()
+}
