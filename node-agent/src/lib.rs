@@ -2,8 +2,10 @@
 //! exports it.
 //!
 //! Data flows `monitor` (child process, line framing) → `pipeline` (parse one report)
-//! → `state` (what the node looks like now) → `sinks` (Prometheus).
+//! → `state` (what the node looks like now) → `attribution` (pid/core → pod) → `sinks`
+//! (Prometheus).
 
+pub mod attribution;
 pub mod config;
 pub mod http;
 pub mod monitor;

@@ -1,4 +1,5 @@
-//! One line of neuron-monitor output in, the node state updated: parse, apply, count.
+//! One line of neuron-monitor output in, the node state updated: parse, apply,
+//! attribute to pods, count.
 
 use std::{
     sync::{
@@ -12,6 +13,7 @@ use api::report::Report;
 use tracing::warn;
 
 use crate::{
+    attribution::Attribution,
     ratelimit::{Decision, RateLimit},
     state::NodeState,
     telemetry::{AgentMetrics, GroupProblemLabels},
@@ -45,6 +47,7 @@ pub struct Pipeline {
     metrics: AgentMetrics,
     ready: AtomicBool,
     log_limit: Mutex<RateLimit>,
+    attribution: Option<Attribution>,
 }
 
 impl Pipeline {
@@ -54,7 +57,14 @@ impl Pipeline {
             metrics,
             ready: AtomicBool::new(false),
             log_limit: Mutex::new(RateLimit::new(10, std::time::Duration::from_secs(60))),
+            attribution: None,
         }
+    }
+
+    /// Labels runtimes and cores with their pods after each report.
+    pub fn with_attribution(mut self, attribution: Attribution) -> Self {
+        self.attribution = Some(attribution);
+        self
     }
 
     /// True once a first report was applied.
@@ -84,6 +94,9 @@ impl Pipeline {
         {
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             state.apply(&report);
+            if let Some(attribution) = &self.attribution {
+                attribution.attribute(&mut state);
+            }
             for problem in &state.problems {
                 let labels = GroupProblemLabels { group: problem.group, kind: problem.kind.as_str() };
                 self.metrics.group_errors.get_or_create(&labels).inc();

@@ -48,12 +48,16 @@ impl InstanceLabels {
     }
 }
 
-/// The Kubernetes workload a runtime belongs to (filled by attribution).
+/// The Kubernetes workload a runtime or a core belongs to (set by attribution, shared
+/// between the series of one container).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodRef {
     pub namespace: String,
     pub pod: String,
+    /// Empty when the process is known to be in the pod but not in which container.
     pub container: String,
+    /// Allow-listed pod labels as (metric label name, value), in allow-list order.
+    pub labels: Vec<(String, String)>,
 }
 
 /// Labels of every series of one runtime.
@@ -61,7 +65,15 @@ pub struct PodRef {
 pub struct RuntimeLabels {
     pub instance: Arc<InstanceLabels>,
     pub runtime_tag: String,
-    pub pod: Option<PodRef>,
+    pub pod: Option<Arc<PodRef>>,
+}
+
+/// A core of the host no runtime holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdleCore {
+    pub index: u32,
+    /// The pod the kubelet gave it to, if any (set by attribution).
+    pub pod: Option<Arc<PodRef>>,
 }
 
 /// One core held by a runtime.
@@ -147,8 +159,8 @@ pub struct NodeState {
     pub hardware: Option<HardwareSummary>,
     /// Sorted by runtime tag.
     pub runtimes: Vec<RuntimeState>,
-    /// Cores of the host that no runtime holds.
-    pub idle_cores: Vec<u32>,
+    /// Cores of the host that no runtime holds, by index.
+    pub idle_cores: Vec<IdleCore>,
     pub system: SystemState,
     pub problems: Vec<GroupProblem>,
     pub reports: u64,
@@ -334,13 +346,19 @@ impl NodeState {
         }
     }
 
+    /// Recomputes the idle cores, with no pod: attribution sets it after each report.
     fn compute_idle_cores(&mut self) {
         self.idle_cores.clear();
         let Some(total) = self.hardware.as_ref().and_then(|h| h.device_count?.checked_mul(h.cores_per_device?)) else {
             return;
         };
         let held = |core: u32| self.runtimes.iter().any(|rt| rt.cores.iter().any(|c| c.index == core));
-        self.idle_cores = (0..total).filter(|c| !held(*c)).collect();
+        self.idle_cores = (0..total).filter(|c| !held(*c)).map(|index| IdleCore { index, pod: None }).collect();
+    }
+
+    /// Indices of the idle cores.
+    pub fn idle_core_indices(&self) -> Vec<u32> {
+        self.idle_cores.iter().map(|c| c.index).collect()
     }
 }
 

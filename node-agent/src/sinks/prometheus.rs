@@ -28,7 +28,7 @@ use prometheus_client::{
 
 use crate::{
     routing::{PrometheusView, Routing},
-    state::{InstanceLabels, NodeState, RuntimeLabels, RuntimeState, ERROR_KINDS, STATUS_KINDS},
+    state::{InstanceLabels, NodeState, PodRef, RuntimeLabels, RuntimeState, ERROR_KINDS, STATUS_KINDS},
 };
 
 /// The routing table in force; replaced as a whole when the node's configuration changes.
@@ -118,11 +118,13 @@ impl EncodeLabelValue for Value<'_> {
     }
 }
 
-/// The labels of one series: instance labels, the runtime's labels if any, and up to
-/// three labels of the metric itself.
+/// The labels of one series: instance labels, the runtime's labels if any, its pod's
+/// labels if any, and up to three labels of the metric itself.
 struct Labels<'a> {
     instance: &'a InstanceLabels,
     runtime: Option<&'a RuntimeLabels>,
+    /// The pod of a series without a runtime (an idle core held by a pod).
+    pod: Option<&'a PodRef>,
     /// Labels a NeuronMonitorConfig adds to its runtimes' series.
     config: Option<&'a BTreeMap<String, String>>,
     extra: [Option<(&'static str, Value<'a>)>; 3],
@@ -130,12 +132,16 @@ struct Labels<'a> {
 
 impl<'a> Labels<'a> {
     fn node(instance: &'a InstanceLabels) -> Self {
-        Labels { instance, runtime: None, config: None, extra: [None; 3] }
+        Labels { instance, runtime: None, pod: None, config: None, extra: [None; 3] }
     }
 
     fn runtime(rt: &'a RuntimeLabels, view: &'a PrometheusView) -> Self {
         let config = (!view.extra_labels.is_empty()).then_some(&view.extra_labels);
-        Labels { instance: &rt.instance, runtime: Some(rt), config, extra: [None; 3] }
+        Labels { instance: &rt.instance, runtime: Some(rt), pod: rt.pod.as_deref(), config, extra: [None; 3] }
+    }
+
+    fn idle_core(instance: &'a InstanceLabels, pod: Option<&'a PodRef>) -> Self {
+        Labels { pod, ..Labels::node(instance) }
     }
 
     fn with(mut self, key: &'static str, value: Value<'a>) -> Self {
@@ -169,10 +175,16 @@ impl EncodeLabelSet for Labels<'_> {
         }
         if let Some(rt) = self.runtime {
             ("runtime_tag", rt.runtime_tag.as_str()).encode(encoder.encode_label())?;
-            if let Some(pod) = &rt.pod {
-                ("namespace", pod.namespace.as_str()).encode(encoder.encode_label())?;
-                ("pod", pod.pod.as_str()).encode(encoder.encode_label())?;
-                ("container", pod.container.as_str()).encode(encoder.encode_label())?;
+        }
+        if let Some(pod) = self.pod {
+            ("namespace", pod.namespace.as_str()).encode(encoder.encode_label())?;
+            ("pod", pod.pod.as_str()).encode(encoder.encode_label())?;
+            ("container", pod.container.as_str()).encode(encoder.encode_label())?;
+            // A configuration's label of the same name wins: a name appears once per series.
+            for (key, value) in &pod.labels {
+                if !self.config.is_some_and(|c| c.contains_key(key)) {
+                    (key.as_str(), value.as_str()).encode(encoder.encode_label())?;
+                }
             }
         }
         for (key, value) in self.config.into_iter().flatten() {
@@ -244,7 +256,8 @@ fn encode_node(state: &NodeState, routing: &Routing, encoder: &mut DescriptorEnc
 
     let mut f = Family::new(
         "neuroncore_utilization_ratio",
-        "NeuronCore utilization over the period (0..1), per core held by a runtime; idle cores have no runtime_tag",
+        "NeuronCore utilization over the period (0..1), per core held by a runtime; idle cores have no runtime_tag \
+         (and the pod holding them, if any)",
         MetricType::Gauge,
     );
     for (rt, view) in with(RuntimeGroup::NeuroncoreCounters) {
@@ -253,7 +266,7 @@ fn encode_node(state: &NodeState, routing: &Routing, encoder: &mut DescriptorEnc
         }
     }
     for core in &state.idle_cores {
-        f.push(Labels::node(instance).number("neuroncore", *core), Some(0.0));
+        f.push(Labels::idle_core(instance, core.pod.as_deref()).number("neuroncore", core.index), Some(0.0));
     }
     f.write(encoder)?;
 

@@ -76,7 +76,7 @@ fn an_idle_node_reports_all_its_cores_as_idle() {
     // Tag empty: the PID stands in, as neuron-monitor itself does.
     assert_eq!(state.runtimes[0].labels.runtime_tag, "41298");
     assert!(state.runtimes[0].cores.is_empty());
-    assert_eq!(state.idle_cores, vec![0, 1, 2, 3]);
+    assert_eq!(state.idle_core_indices(), vec![0, 1, 2, 3]);
     assert_eq!(state.system.vcpu_count, Some(4));
     assert_eq!(state.system.ecc_totals, vec![(0, [0.0; 4])]);
     assert_eq!(state.instance.instance_type, "inf1.xlarge");
@@ -109,7 +109,7 @@ fn a_runtime_that_leaves_is_dropped_and_starts_afresh_when_back() {
     assert_eq!(runtime(&state, "b").status_total.unwrap()[0], 10.0);
     apply(&mut state, &report(&[("a", 1, 0, 50.0, 10)], "i-1"));
     assert_eq!(state.runtimes.len(), 1);
-    assert_eq!(state.idle_cores, vec![1, 2, 3]);
+    assert_eq!(state.idle_core_indices(), vec![1, 2, 3]);
     assert_eq!(runtime(&state, "a").status_total.unwrap()[0], 30.0);
     apply(&mut state, &report(&[("a", 1, 0, 50.0, 10), ("b", 3, 1, 20.0, 5)], "i-1"));
     assert_eq!(runtime(&state, "b").status_total.unwrap()[0], 5.0);

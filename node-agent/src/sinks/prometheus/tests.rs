@@ -105,3 +105,52 @@ fn classic_conversion_is_line_exact() {
         "# HELP a_b_total Help text.\n# TYPE a_b_total counter\na_b_total{x=\"1\"} 2\n# HELP i_info Info.\n# TYPE i_info gauge\ni_info{v=\"1\"} 1\n# HELP g G.\n# TYPE g gauge\ng 1.5\n"
     );
 }
+
+#[test]
+fn pod_labels_go_on_runtime_series_and_on_idle_cores_a_pod_holds() {
+    use crate::state::PodRef;
+    let mut state = NodeState::default();
+    state.apply(&Report::parse(&fixture(IDLE_INF1)).unwrap());
+    let pod = Arc::new(PodRef {
+        namespace: "team-a".into(),
+        pod: "train-0".into(),
+        container: "main".into(),
+        labels: vec![("label_app".into(), "train".into()), ("team".into(), "pod".into())],
+    });
+    for rt in &mut state.runtimes {
+        Arc::make_mut(&mut rt.labels).pod = Some(pod.clone());
+    }
+    let idle = state.idle_cores.first().map(|c| c.index).expect("an idle core");
+    state.idle_cores[0].pod = Some(pod.clone());
+    // A configuration label named like a pod label wins.
+    let config = api::node_config::NodeConfig {
+        monitor: Default::default(),
+        routes: vec![api::node_config::Route {
+            config: "ops/all".into(),
+            namespace: None,
+            runtimes: vec![api::node_config::RouteRuntimes { tag_filter: None, groups: RuntimeGroup::ALL.to_vec() }],
+            system_groups: vec![],
+            prometheus: Some(api::node_config::PrometheusRoute {
+                extra_labels: BTreeMap::from([("team".to_owned(), "config".to_owned())]),
+            }),
+            cloudwatch: None,
+        }],
+    };
+    let routing = SharedRouting::default();
+    *routing.write().unwrap() = Arc::new(Routing::compile(&config).unwrap());
+    let text =
+        Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), routing).render(Format::Classic).unwrap();
+    let pod_labels = r#"namespace="team-a",pod="train-0",container="main",label_app="train""#;
+    let runtime_series = series(&text, "execution_status_total");
+    assert!(!runtime_series.is_empty());
+    for line in runtime_series {
+        assert!(line.contains(pod_labels) && line.contains(r#"team="config""#), "{line}");
+        assert!(!line.contains(r#"team="pod""#), "{line}");
+    }
+    let cores = series(&text, "neuroncore_utilization_ratio");
+    let idle_line = cores.iter().find(|l| l.contains(&format!(r#"neuroncore="{idle}""#))).unwrap();
+    assert!(idle_line.contains(pod_labels) && !idle_line.contains("runtime_tag"), "{idle_line}");
+    assert!(idle_line.contains(r#"team="pod""#), "no configuration label on a node series: {idle_line}");
+    let other_idle = cores.iter().filter(|l| !l.contains("runtime_tag") && !l.contains("namespace=")).count();
+    assert!(other_idle > 0, "idle cores no pod holds keep no pod labels");
+}

@@ -1,0 +1,360 @@
+//! Which pod each Neuron application and each NeuronCore belongs to.
+//!
+//! Two sources, kept current off the report path:
+//! - the process: `/proc/<pid>/cgroup` ([`cgroup`]) gives pod UID and container ID, the
+//!   pod watch ([`pods`]) gives their names; read once per PID and cached;
+//! - the devices: the kubelet's pod-resources API ([`podresources`]) says which
+//!   container holds which cores.
+//!
+//! On the report path, [`Attribution::attribute`] only looks up caches: a runtime takes
+//! the pod of its process; a runtime whose process cannot be placed takes the pod holding
+//! all its cores; when both are known and differ, the process wins and the disagreement
+//! is counted. Cores no runtime uses take the pod that holds them. Pods that finished
+//! or were deleted are in neither index, so they are credited with nothing.
+
+pub mod cgroup;
+pub mod podresources;
+pub mod pods;
+
+use std::{
+    collections::HashMap,
+    io::Read,
+    path::PathBuf,
+    sync::{atomic::AtomicU64, Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+use tracing::{debug, warn};
+
+use self::{cgroup::Placement, podresources::SharedDevices, pods::SharedPods};
+use crate::{
+    state::{NodeState, PodRef},
+    telemetry::{ReasonLabel, ResultLabel},
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    pub source: &'static str,
+}
+
+/// Why a runtime has no pod; the values of the `reason` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unattributed {
+    /// The report gives no PID.
+    NoPid,
+    /// `/proc/<pid>/cgroup` is not readable (no host PID namespace, or the process left).
+    ProcUnreadable,
+    /// A cgroup layout the parser does not know.
+    UnknownLayout,
+    /// A host process, or a container outside Kubernetes.
+    NotInPod,
+    /// In a pod the pod watch does not know (not listed yet, or not on this node).
+    PodUnknown,
+}
+
+impl Unattributed {
+    pub const ALL: [Unattributed; 5] = [
+        Unattributed::NoPid,
+        Unattributed::ProcUnreadable,
+        Unattributed::UnknownLayout,
+        Unattributed::NotInPod,
+        Unattributed::PodUnknown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unattributed::NoPid => "no_pid",
+            Unattributed::ProcUnreadable => "proc_unreadable",
+            Unattributed::UnknownLayout => "unknown_layout",
+            Unattributed::NotInPod => "not_in_pod",
+            Unattributed::PodUnknown => "pod_unknown",
+        }
+    }
+}
+
+/// The attribution's own metrics; cloning shares them.
+#[derive(Clone, Debug, Default)]
+pub struct AttributionMetrics {
+    pub unknown_layouts: Counter,
+    pub disagreements: Counter,
+    pub attributed: Family<SourceLabel, Gauge>,
+    pub unattributed: Family<ReasonLabel, Gauge>,
+    pub kubelet_up: Gauge,
+    pub kubelet_last_success: Gauge<f64, AtomicU64>,
+    pub kubelet_requests: Family<ResultLabel, Counter>,
+    pub pods: Gauge,
+    pub pod_watch_errors: Counter,
+}
+
+impl AttributionMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = AttributionMetrics::default();
+        let r = registry;
+        r.register(
+            "neuron_agent_cgroup_unknown_layouts",
+            "Processes whose /proc/<pid>/cgroup has a layout the agent does not know (left without pod labels)",
+            m.unknown_layouts.clone(),
+        );
+        r.register(
+            "neuron_agent_attribution_disagreements",
+            "Runtimes whose process is in another pod than the one the kubelet says holds its cores (the process wins)",
+            m.disagreements.clone(),
+        );
+        r.register(
+            "neuron_agent_runtimes_attributed",
+            "Runtimes of the latest report with a pod, by source (process, devices)",
+            m.attributed.clone(),
+        );
+        r.register(
+            "neuron_agent_runtimes_unattributed",
+            "Runtimes of the latest report without a pod, by reason \
+             (no_pid, proc_unreadable, unknown_layout, not_in_pod, pod_unknown)",
+            m.unattributed.clone(),
+        );
+        r.register(
+            "neuron_agent_kubelet_up",
+            "1 when the last call to the kubelet's pod-resources API succeeded",
+            m.kubelet_up.clone(),
+        );
+        r.register(
+            "neuron_agent_kubelet_last_success_timestamp_seconds",
+            "Unix time of the last successful call to the kubelet's pod-resources API",
+            m.kubelet_last_success.clone(),
+        );
+        r.register(
+            "neuron_agent_kubelet_requests",
+            "Calls to the kubelet's pod-resources API, by result (ok, error, timeout)",
+            m.kubelet_requests.clone(),
+        );
+        r.register("neuron_agent_pods", "Running pods of this node known to the pod watch", m.pods.clone());
+        r.register(
+            "neuron_agent_pod_watch_errors",
+            "Errors of the watch of this node's pods",
+            m.pod_watch_errors.clone(),
+        );
+        m
+    }
+}
+
+/// A process whose cgroup file could not be read is tried again after this long.
+const UNREADABLE_RETRY: Duration = Duration::from_secs(10);
+/// Core indices at or above this from the kubelet are ignored (no host has that many).
+const MAX_CORES: u32 = 4096;
+/// A cgroup file is a few lines; more than this is not one.
+const MAX_CGROUP_FILE: u64 = 64 * 1024;
+
+/// Attribution for the report path: cheap lookups in caches fed by the pod watch and the
+/// kubelet poller.
+pub struct Attribution {
+    proc_root: PathBuf,
+    pods: SharedPods,
+    devices: SharedDevices,
+    metrics: AttributionMetrics,
+    cache: Mutex<Cache>,
+}
+
+#[derive(Default)]
+struct Cache {
+    pids: HashMap<u32, PidEntry>,
+    owners: CoreOwners,
+    /// Reports attributed so far; a PID not seen in the latest one is dropped.
+    round: u64,
+}
+
+struct PidEntry {
+    /// `None`: the cgroup file was not readable.
+    placement: Option<Placement>,
+    read_at: Instant,
+    /// The process's pod, resolved against the pod index of generation `resolved_at`.
+    resolved: Result<Arc<PodRef>, Unattributed>,
+    resolved_at: Option<u64>,
+    disagreement_counted: bool,
+    round: u64,
+}
+
+/// Who holds each core by the kubelet's account, for one (pods, devices, cores per
+/// device) state.
+#[derive(Default)]
+struct CoreOwners {
+    key: Option<(u64, u64, Option<u32>)>,
+    by_core: Vec<Option<Arc<PodRef>>>,
+}
+
+impl CoreOwners {
+    fn get(&self, core: u32) -> Option<&Arc<PodRef>> {
+        self.by_core.get(core as usize).and_then(Option::as_ref)
+    }
+}
+
+impl Attribution {
+    pub fn new(proc_root: PathBuf, pods: SharedPods, devices: SharedDevices, metrics: AttributionMetrics) -> Self {
+        Attribution { proc_root, pods, devices, metrics, cache: Mutex::default() }
+    }
+
+    /// Sets the pod of every runtime and idle core of `state` (after [`NodeState::apply`]).
+    pub fn attribute(&self, state: &mut NodeState) {
+        let pods = self.pods.read().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let cache = &mut *cache;
+        cache.round += 1;
+        let round = cache.round;
+
+        let cores_per_device = state.hardware.as_ref().and_then(|h| h.cores_per_device);
+        {
+            let devices = self.devices.read().unwrap_or_else(|p| p.into_inner());
+            let key = Some((pods.generation(), devices.generation(), cores_per_device));
+            if cache.owners.key != key {
+                let mut by_core: Vec<Option<Arc<PodRef>>> = Vec::new();
+                for allocation in devices.allocations() {
+                    let Some(owner) = pods.container(&allocation.namespace, &allocation.pod, &allocation.container)
+                    else {
+                        continue; // finished, deleted, or not listed yet: not credited
+                    };
+                    for core in allocation.cores(cores_per_device).take_while(|c| *c < MAX_CORES) {
+                        let core = core as usize;
+                        if by_core.len() <= core {
+                            by_core.resize(core + 1, None);
+                        }
+                        by_core[core].get_or_insert_with(|| owner.clone());
+                    }
+                }
+                cache.owners = CoreOwners { key, by_core };
+            }
+        }
+
+        let mut by_process = 0;
+        let mut by_devices = 0;
+        let mut unattributed = [0i64; Unattributed::ALL.len()];
+        for rt in &mut state.runtimes {
+            let process = match rt.pid {
+                None => Err(Unattributed::NoPid),
+                Some(pid) => {
+                    let entry = cache.pids.entry(pid).or_insert_with(|| self.read_process(pid));
+                    if entry.placement.is_none() && entry.read_at.elapsed() >= UNREADABLE_RETRY {
+                        *entry = self.read_process(pid);
+                    }
+                    entry.round = round;
+                    if entry.resolved_at != Some(pods.generation()) {
+                        entry.resolved = resolve(entry.placement.as_ref(), &pods);
+                        entry.resolved_at = Some(pods.generation());
+                    }
+                    Ok(entry)
+                }
+            };
+            // The pod holding every core of the runtime, if one does.
+            let mut held = rt.cores.iter().map(|c| cache.owners.get(c.index));
+            let first = held.next().flatten();
+            let device_pod = first.filter(|f| held.all(|o| o.is_some_and(|o| Arc::ptr_eq(o, f))));
+
+            let (resolved, counted) = match process {
+                Err(reason) => (Err(reason), None),
+                Ok(entry) => (entry.resolved.as_ref().map_err(|r| *r), Some(&mut entry.disagreement_counted)),
+            };
+            let chosen = match resolved {
+                Ok(p) => {
+                    let other = rt.cores.iter().filter_map(|c| cache.owners.get(c.index)).find(|o| disagree(p, o));
+                    if let (Some(o), Some(counted)) = (other, counted) {
+                        if !*counted {
+                            *counted = true;
+                            self.metrics.disagreements.inc();
+                            warn!(runtime = %rt.labels.runtime_tag, pid = ?rt.pid,
+                                  process_pod = %format!("{}/{}/{}", p.namespace, p.pod, p.container),
+                                  device_pod = %format!("{}/{}/{}", o.namespace, o.pod, o.container),
+                                  "the process and the kubelet disagree on the pod of a runtime; using the process's");
+                        }
+                    }
+                    by_process += 1;
+                    // A process whose container is not listed yet takes the container name
+                    // the kubelet gives for the same pod.
+                    match device_pod {
+                        Some(d) if p.container.is_empty() && same_pod(p, d) => Some(d.clone()),
+                        _ => Some(p.clone()),
+                    }
+                }
+                Err(reason) => match device_pod {
+                    Some(d) => {
+                        by_devices += 1;
+                        Some(d.clone())
+                    }
+                    None => {
+                        unattributed[reason as usize] += 1;
+                        None
+                    }
+                },
+            };
+            if rt.labels.pod != chosen {
+                Arc::make_mut(&mut rt.labels).pod = chosen;
+            }
+        }
+        for idle in &mut state.idle_cores {
+            let owner = cache.owners.get(idle.index);
+            if idle.pod.as_ref() != owner {
+                idle.pod = owner.cloned();
+            }
+        }
+        cache.pids.retain(|_, e| e.round == round);
+
+        self.metrics.attributed.get_or_create(&SourceLabel { source: "process" }).set(by_process);
+        self.metrics.attributed.get_or_create(&SourceLabel { source: "devices" }).set(by_devices);
+        for (reason, count) in Unattributed::ALL.iter().zip(unattributed) {
+            self.metrics.unattributed.get_or_create(&ReasonLabel { reason: reason.as_str() }).set(count);
+        }
+    }
+
+    /// Reads and parses `<proc root>/<pid>/cgroup` (a few hundred bytes of procfs).
+    fn read_process(&self, pid: u32) -> PidEntry {
+        let path = self.proc_root.join(pid.to_string()).join("cgroup");
+        let mut text = String::new();
+        let read = std::fs::File::open(&path).and_then(|f| f.take(MAX_CGROUP_FILE).read_to_string(&mut text));
+        let placement = match read {
+            Ok(_) => {
+                let placement = cgroup::parse(&text);
+                if placement == Placement::Unknown {
+                    self.metrics.unknown_layouts.inc();
+                    warn!(pid, path = %path.display(), content = %text.trim(), "unknown cgroup layout; no pod labels");
+                }
+                Some(placement)
+            }
+            Err(e) => {
+                debug!(pid, path = %path.display(), error = %e, "cgroup file not readable");
+                None
+            }
+        };
+        PidEntry {
+            placement,
+            read_at: Instant::now(),
+            resolved: Err(Unattributed::ProcUnreadable),
+            resolved_at: None,
+            disagreement_counted: false,
+            round: 0,
+        }
+    }
+}
+
+fn resolve(placement: Option<&Placement>, pods: &pods::PodIndex) -> Result<Arc<PodRef>, Unattributed> {
+    match placement {
+        None => Err(Unattributed::ProcUnreadable),
+        Some(Placement::Unknown) => Err(Unattributed::UnknownLayout),
+        Some(Placement::Host | Placement::Container { .. }) => Err(Unattributed::NotInPod),
+        Some(Placement::Pod { pod_uid, container_id }) => {
+            pods.for_process(pod_uid, container_id.as_deref()).cloned().ok_or(Unattributed::PodUnknown)
+        }
+    }
+}
+
+fn same_pod(a: &PodRef, b: &PodRef) -> bool {
+    a.namespace == b.namespace && a.pod == b.pod
+}
+
+/// The process's pod and a core's owner are different workloads.
+fn disagree(process: &PodRef, owner: &PodRef) -> bool {
+    !same_pod(process, owner) || (!process.container.is_empty() && process.container != owner.container)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,264 @@
+use std::sync::RwLock;
+
+use api::report::Report;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::json;
+
+use super::{
+    podresources::{Allocation, DeviceOwnership, Unit},
+    pods::{PodIndex, PodLabelKeys},
+    *,
+};
+
+/// A fake `/proc` with a cgroup file per PID, removed on drop.
+struct FakeProc(PathBuf);
+
+impl FakeProc {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("neuron-attr-{}-{}", std::process::id(), fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        FakeProc(dir)
+    }
+
+    fn process(&self, pid: u32, cgroup: &str) {
+        let dir = self.0.join(pid.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup"), cgroup).unwrap();
+    }
+}
+
+impl Drop for FakeProc {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn uid(n: u8) -> String {
+    format!("{n:08x}-0000-4000-8000-000000000000")
+}
+
+fn cid(n: u8) -> String {
+    format!("{n:02x}").repeat(32)
+}
+
+fn in_container(pod: u8, container: u8) -> String {
+    let uid = uid(pod).replace('-', "_");
+    format!(
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/cri-containerd-{}.scope\n",
+        cid(container)
+    )
+}
+
+fn pod(n: u8, ns: &str, name: &str, phase: &str, containers: &[(&str, u8)]) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"uid": uid(n), "namespace": ns, "name": name, "labels": {"app": name}},
+        "spec": {"containers": containers.iter().map(|(c, _)| json!({"name": c})).collect::<Vec<_>>()},
+        "status": {"phase": phase, "containerStatuses": containers.iter().map(|(c, id)| json!({
+            "name": c, "containerID": format!("containerd://{}", cid(*id)), "image": "", "imageID": "",
+            "ready": true, "restartCount": 0})).collect::<Vec<_>>()}
+    }))
+    .unwrap()
+}
+
+fn core(ns: &str, pod: &str, container: &str, unit: Unit, id: u32) -> Allocation {
+    Allocation { namespace: ns.into(), pod: pod.into(), container: container.into(), unit, id }
+}
+
+/// A report of a host with 2 devices × 2 cores; runtimes as (tag, pid, cores).
+fn report(runtimes: &[(&str, u32, &[u32])]) -> String {
+    let entries: Vec<String> = runtimes
+        .iter()
+        .map(|(tag, pid, cores)| {
+            let counters: Vec<String> =
+                cores.iter().map(|c| format!(r#""{c}":{{"neuroncore_utilization":50}}"#)).collect();
+            format!(
+                r#"{{"pid":{pid},"neuron_runtime_tag":"{tag}","error":"","report":{{
+                    "neuroncore_counters":{{"period":1,"error":"","neuroncores_in_use":{{{}}}}}}}}}"#,
+                counters.join(",")
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"neuron_runtime_data":[{}],"system_data":{{}},"instance_info":{{"error":""}},
+            "neuron_hardware_info":{{"neuron_device_count":2,"neuroncore_per_device_count":2,"error":""}}}}"#,
+        entries.join(",")
+    )
+}
+
+struct Fixture {
+    proc: FakeProc,
+    pods: SharedPods,
+    devices: SharedDevices,
+    metrics: AttributionMetrics,
+    attribution: Attribution,
+    state: NodeState,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let proc = FakeProc::new();
+        let pods: SharedPods = Arc::new(RwLock::new(PodIndex::new(PodLabelKeys::new(&["app"]))));
+        let devices: SharedDevices = Arc::new(RwLock::new(DeviceOwnership::default()));
+        let metrics = AttributionMetrics::default();
+        let attribution = Attribution::new(proc.0.clone(), pods.clone(), devices.clone(), metrics.clone());
+        Fixture { proc, pods, devices, metrics, attribution, state: NodeState::default() }
+    }
+
+    fn pods(&self, pods: &[Pod]) {
+        self.pods.write().unwrap().replace(pods);
+    }
+
+    fn devices(&self, allocations: Vec<Allocation>) {
+        self.devices.write().unwrap().set(allocations);
+    }
+
+    fn report(&mut self, runtimes: &[(&str, u32, &[u32])]) {
+        self.state.apply(&Report::parse(&report(runtimes)).unwrap());
+        self.attribution.attribute(&mut self.state);
+    }
+
+    /// (namespace, pod, container) of a runtime.
+    fn runtime(&self, tag: &str) -> Option<(String, String, String)> {
+        let rt = self.state.runtimes.iter().find(|r| r.labels.runtime_tag == tag).unwrap();
+        rt.labels.pod.as_ref().map(|p| (p.namespace.clone(), p.pod.clone(), p.container.clone()))
+    }
+
+    fn idle(&self) -> Vec<(u32, Option<String>)> {
+        self.state.idle_cores.iter().map(|c| (c.index, c.pod.as_ref().map(|p| p.pod.clone()))).collect()
+    }
+
+    fn unattributed(&self, reason: Unattributed) -> i64 {
+        self.metrics.unattributed.get_or_create(&ReasonLabel { reason: reason.as_str() }).get()
+    }
+
+    fn attributed(&self, source: &'static str) -> i64 {
+        self.metrics.attributed.get_or_create(&SourceLabel { source }).get()
+    }
+}
+
+fn names(ns: &str, pod: &str, container: &str) -> Option<(String, String, String)> {
+    Some((ns.into(), pod.into(), container.into()))
+}
+
+#[test]
+fn runtimes_take_their_process_pod_and_idle_cores_the_device_owner() {
+    let mut f = Fixture::new();
+    f.proc.process(101, &in_container(1, 11));
+    f.proc.process(102, &in_container(2, 21));
+    f.pods(&[pod(1, "a", "train", "Running", &[("main", 11)]), pod(2, "b", "serve", "Running", &[("srv", 21)])]);
+    // Device 0 (cores 0, 1) to train; cores 2 and 3 to serve.
+    f.devices(vec![
+        core("a", "train", "main", Unit::Device, 0),
+        core("b", "serve", "srv", Unit::Core, 2),
+        core("b", "serve", "srv", Unit::Core, 3),
+    ]);
+    f.report(&[("t", 101, &[0, 1]), ("s", 102, &[2])]);
+    assert_eq!(f.runtime("t"), names("a", "train", "main"));
+    assert_eq!(f.runtime("s"), names("b", "serve", "srv"));
+    let rt = &f.state.runtimes[1];
+    assert_eq!(rt.labels.pod.as_ref().unwrap().labels, vec![("label_app".to_owned(), "train".to_owned())]);
+    // Core 3 is idle but held by serve.
+    assert_eq!(f.idle(), vec![(3, Some("serve".to_owned()))]);
+    assert_eq!(f.attributed("process"), 2);
+    assert_eq!(f.metrics.disagreements.get(), 0);
+}
+
+#[test]
+fn when_process_and_devices_disagree_the_process_wins_and_it_is_counted_once() {
+    let mut f = Fixture::new();
+    f.proc.process(101, &in_container(1, 11));
+    f.pods(&[pod(1, "a", "train", "Running", &[("main", 11)]), pod(2, "b", "serve", "Running", &[("srv", 21)])]);
+    f.devices(vec![core("b", "serve", "srv", Unit::Core, 0)]);
+    f.report(&[("t", 101, &[0])]);
+    f.report(&[("t", 101, &[0])]);
+    assert_eq!(f.runtime("t"), names("a", "train", "main"));
+    assert_eq!(f.metrics.disagreements.get(), 1);
+}
+
+#[test]
+fn a_runtime_without_a_readable_process_takes_the_pod_holding_all_its_cores() {
+    let mut f = Fixture::new();
+    f.pods(&[pod(1, "a", "train", "Running", &[("main", 11)]), pod(2, "b", "serve", "Running", &[("srv", 21)])]);
+    f.devices(vec![core("a", "train", "main", Unit::Device, 0), core("b", "serve", "srv", Unit::Core, 2)]);
+    // No /proc entries at all (an agent without the host PID namespace).
+    f.report(&[("t", 201, &[0, 1]), ("mixed", 202, &[1, 2]), ("free", 203, &[3])]);
+    assert_eq!(f.runtime("t"), names("a", "train", "main"));
+    assert_eq!(f.runtime("mixed"), None, "cores of two pods: no guess");
+    assert_eq!(f.runtime("free"), None);
+    assert_eq!(f.attributed("devices"), 1);
+    assert_eq!(f.unattributed(Unattributed::ProcUnreadable), 2);
+}
+
+#[test]
+fn unknown_layouts_are_counted_once_and_not_guessed() {
+    let mut f = Fixture::new();
+    f.proc.process(101, "0::/kubepods.slice/kubepods-burstable.slice/something-else\n");
+    f.proc.process(102, "0::/system.slice/app.service\n");
+    f.pods(&[pod(1, "a", "train", "Running", &[("main", 11)])]);
+    f.report(&[("x", 101, &[0]), ("h", 102, &[1])]);
+    f.report(&[("x", 101, &[0]), ("h", 102, &[1])]);
+    assert_eq!(f.runtime("x"), None);
+    assert_eq!(f.runtime("h"), None);
+    assert_eq!(f.metrics.unknown_layouts.get(), 1);
+    assert_eq!(f.unattributed(Unattributed::UnknownLayout), 1);
+    assert_eq!(f.unattributed(Unattributed::NotInPod), 1);
+}
+
+#[test]
+fn a_finished_or_deleted_pod_stops_being_credited_even_if_the_kubelet_lists_it() {
+    let mut f = Fixture::new();
+    f.proc.process(101, &in_container(1, 11));
+    f.pods(&[pod(1, "a", "train", "Running", &[("main", 11)])]);
+    f.devices(vec![core("a", "train", "main", Unit::Device, 0), core("a", "train", "main", Unit::Device, 1)]);
+    f.report(&[("t", 101, &[0])]);
+    assert_eq!(f.runtime("t"), names("a", "train", "main"));
+    assert_eq!(f.idle()[0], (1, Some("train".to_owned())));
+    f.pods.write().unwrap().apply(&pod(1, "a", "train", "Succeeded", &[("main", 11)]));
+    f.report(&[("t", 101, &[0])]);
+    assert_eq!(f.runtime("t"), None);
+    assert!(f.idle().iter().all(|(_, pod)| pod.is_none()), "{:?}", f.idle());
+    assert_eq!(f.unattributed(Unattributed::PodUnknown), 1);
+}
+
+#[test]
+fn a_pid_is_read_once_and_forgotten_when_it_leaves_the_report() {
+    let mut f = Fixture::new();
+    f.proc.process(101, &in_container(1, 11));
+    f.pods(&[pod(1, "a", "train", "Running", &[("main", 11)]), pod(2, "b", "serve", "Running", &[("srv", 21)])]);
+    f.report(&[("t", 101, &[0])]);
+    // The file changes under a live PID: the cached answer stands.
+    f.proc.process(101, &in_container(2, 21));
+    f.report(&[("t", 101, &[0])]);
+    assert_eq!(f.runtime("t"), names("a", "train", "main"));
+    // The PID leaves and comes back (reused): read again.
+    f.report(&[]);
+    f.report(&[("t", 101, &[0])]);
+    assert_eq!(f.runtime("t"), names("b", "serve", "srv"));
+}
+
+#[test]
+fn a_container_not_in_the_statuses_yet_takes_its_name_from_the_kubelet() {
+    let mut f = Fixture::new();
+    f.proc.process(101, &in_container(1, 99));
+    f.pods(&[pod(1, "a", "train", "Running", &[("main", 11)])]);
+    f.report(&[("t", 101, &[0])]);
+    assert_eq!(f.runtime("t"), names("a", "train", ""));
+    f.devices(vec![core("a", "train", "main", Unit::Core, 0)]);
+    f.report(&[("t", 101, &[0])]);
+    assert_eq!(f.runtime("t"), names("a", "train", "main"));
+    assert_eq!(f.metrics.disagreements.get(), 0);
+}
+
+#[test]
+fn pod_labels_follow_pod_changes() {
+    let mut f = Fixture::new();
+    f.proc.process(101, &in_container(1, 11));
+    f.pods(&[pod(1, "a", "train", "Running", &[("main", 11)])]);
+    f.report(&[("t", 101, &[0])]);
+    let mut relabeled = pod(1, "a", "train", "Running", &[("main", 11)]);
+    relabeled.metadata.labels = Some([("app".to_owned(), "train-v2".to_owned())].into());
+    f.pods.write().unwrap().apply(&relabeled);
+    f.report(&[("t", 101, &[0])]);
+    let labels = &f.state.runtimes[0].labels.pod.as_ref().unwrap().labels;
+    assert_eq!(labels, &vec![("label_app".to_owned(), "train-v2".to_owned())]);
+}
