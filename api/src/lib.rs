@@ -3,7 +3,9 @@
 //! - [`duration`]: the `"500ms"` / `"5s"` / `"2m"` strings neuron-monitor uses.
 //! - [`monitor_config`]: the neuron-monitor configuration file (`neuron-monitor -c FILE`).
 //! - [`report`]: one NDJSON document that neuron-monitor writes per refresh.
+//! - [`cloudwatch_cost`]: the CloudWatch metric catalogue and the cost estimate of a config.
 
+pub mod cloudwatch_cost;
 pub mod crd;
 pub mod duration;
 pub mod monitor_config;
