@@ -1,0 +1,419 @@
+// Command controlplane runs a real, minimal Kubernetes control plane in one
+// process for tests: embedded etcd, kube-apiserver and (optionally) the
+// garbage-collector, namespace and service-account controllers of
+// kube-controller-manager. No kubelet and no scheduler: pods never run.
+//
+// It prints one JSON line on stdout once the API server answers /readyz and
+// runs until SIGTERM/SIGINT, then shuts everything down and exits 0.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+	"go.etcd.io/etcd/server/v3/embed"
+	"golang.org/x/sys/unix"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	cliflag "k8s.io/component-base/cli/flag"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	apiserveroptions "k8s.io/kubernetes/cmd/kube-apiserver/app/options"
+	kcm "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	kcmoptions "k8s.io/kubernetes/cmd/kube-controller-manager/app/options"
+)
+
+// serviceCIDR is only an allocation range for Service objects; nothing is
+// ever routed to it.
+const serviceCIDR = "10.0.0.0/24"
+
+type options struct {
+	stateDir      string
+	kubeconfigOut string
+	port          int
+	controllers   bool
+	logFile       string
+	verbosity     int
+	readyTimeout  time.Duration
+}
+
+// stderr is the process's original standard error; fd 2 itself is pointed
+// at the log file so that klog, etcd and panics land there by default.
+var stderr = os.Stderr
+
+func main() {
+	var o options
+	flag.StringVar(&o.stateDir, "state-dir", "", "directory for certificates, etcd data and logs (default: a new temp dir, removed at exit)")
+	flag.StringVar(&o.kubeconfigOut, "kubeconfig-out", "", "where to write the admin kubeconfig (default: <state-dir>/admin.kubeconfig)")
+	flag.IntVar(&o.port, "port", 0, "API server secure port on 127.0.0.1 (0: a free port)")
+	flag.BoolVar(&o.controllers, "controllers", true, "run the garbage-collector, namespace and service-account controllers")
+	flag.StringVar(&o.logFile, "log-file", "", `log file (default: <state-dir>/controlplane.log; "-": stderr)`)
+	flag.IntVar(&o.verbosity, "v", 0, "klog verbosity")
+	flag.DurationVar(&o.readyTimeout, "ready-timeout", 2*time.Minute, "give up if not ready within this time")
+	flag.Parse()
+
+	if err := run(&o); err != nil {
+		fmt.Fprintln(stderr, "controlplane:", err)
+		printLogTail(o.logFile, 40)
+		os.Exit(1)
+	}
+}
+
+// printLogTail copies the end of the log to the original stderr, so a test
+// that failed to start the control plane shows why.
+func printLogTail(path string, lines int) {
+	data, err := os.ReadFile(path)
+	if err != nil || len(data) == 0 {
+		return
+	}
+	all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	fmt.Fprintf(stderr, "controlplane: last lines of %s:\n", path)
+	for _, l := range all[max(0, len(all)-lines):] {
+		fmt.Fprintln(stderr, "  ", l)
+	}
+}
+
+func run(o *options) (err error) {
+	start := time.Now()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	if o.stateDir == "" {
+		dir, err := os.MkdirTemp("", "controlplane-")
+		if err != nil {
+			return err
+		}
+		// Kept after a failure, for its log.
+		defer func() {
+			if err == nil {
+				os.RemoveAll(dir)
+			}
+		}()
+		o.stateDir = dir
+	}
+	if err := os.MkdirAll(o.stateDir, 0o700); err != nil {
+		return err
+	}
+	if o.kubeconfigOut == "" {
+		o.kubeconfigOut = filepath.Join(o.stateDir, "admin.kubeconfig")
+	}
+	if o.logFile == "" {
+		o.logFile = filepath.Join(o.stateDir, "controlplane.log")
+	}
+	if o.logFile != "-" {
+		if err := redirectStderr(o.logFile); err != nil {
+			return err
+		}
+	}
+
+	pki, err := writePKI(filepath.Join(o.stateDir, "pki"))
+	if err != nil {
+		return err
+	}
+
+	// etcd: a fresh data dir each start; retried in case another process
+	// took the free port between choosing and binding it.
+	var etcd *embed.Etcd
+	var etcdURL string
+	for try := 0; try < 3; try++ {
+		if etcd, etcdURL, err = startEtcd(filepath.Join(o.stateDir, "etcd"), o.logFile); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("etcd: %w", err)
+	}
+	defer etcd.Close()
+
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", o.port))
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	server := "https://" + ln.Addr().String()
+	if err := writeKubeconfig(o.kubeconfigOut, server, pki); err != nil {
+		return err
+	}
+
+	apiCtx, apiCancel := context.WithCancel(context.Background())
+	defer apiCancel()
+	apiDone := make(chan error, 1)
+	go func() { apiDone <- runAPIServer(apiCtx, ln, etcdURL, pki, o.verbosity) }()
+
+	client, err := newClient(o.kubeconfigOut)
+	if err != nil {
+		return err
+	}
+	readyCtx, readyCancel := context.WithTimeout(ctx, o.readyTimeout)
+	defer readyCancel()
+	if err := waitReady(readyCtx, client, apiDone); err != nil {
+		return fmt.Errorf("kube-apiserver not ready: %w (log: %s)", err, o.logFile)
+	}
+	apiReady := time.Since(start)
+
+	kcmCtx, kcmCancel := context.WithCancel(context.Background())
+	defer kcmCancel()
+	kcmDone := make(chan error, 1)
+	if o.controllers {
+		go func() { kcmDone <- runControllers(kcmCtx, o.kubeconfigOut, pki, o.verbosity) }()
+		// The service-account controller creating "default" in "default"
+		// shows the controllers are running.
+		if err := waitDefaultServiceAccount(readyCtx, client, kcmDone); err != nil {
+			return fmt.Errorf("controllers not running: %w (log: %s)", err, o.logFile)
+		}
+	} else {
+		kcmDone <- nil
+	}
+
+	line, _ := json.Marshal(map[string]any{
+		"kubeconfig":    o.kubeconfigOut,
+		"server":        server,
+		"ca":            pki.caFile,
+		"etcd":          etcdURL,
+		"state_dir":     o.stateDir,
+		"log":           o.logFile,
+		"controllers":   o.controllers,
+		"ready_seconds": time.Since(start).Round(time.Millisecond).Seconds(),
+		// API server answering /readyz, before the controllers' wait
+		"apiserver_ready_seconds": apiReady.Round(time.Millisecond).Seconds(),
+	})
+	fmt.Println(string(line))
+
+	select {
+	case <-ctx.Done():
+	case err := <-apiDone:
+		return fmt.Errorf("kube-apiserver stopped: %v", err)
+	case err := <-kcmDone:
+		if o.controllers {
+			return fmt.Errorf("controllers stopped: %v", err)
+		}
+		<-ctx.Done()
+	}
+
+	// Shut down in reverse order: controllers, API server, then etcd (deferred).
+	kcmCancel()
+	if o.controllers {
+		waitOrTimeout(kcmDone, 15*time.Second)
+	}
+	apiCancel()
+	waitOrTimeout(apiDone, 30*time.Second)
+	return nil
+}
+
+func waitOrTimeout(done <-chan error, d time.Duration) {
+	select {
+	case <-done:
+	case <-time.After(d):
+		fmt.Fprintln(stderr, "controlplane: shutdown timed out after", d)
+	}
+}
+
+// redirectStderr points fd 2 at the log file, keeping the original standard
+// error for this program's own messages.
+func redirectStderr(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	orig, err := unix.Dup(2)
+	if err != nil {
+		return err
+	}
+	stderr = os.NewFile(uintptr(orig), "stderr")
+	return unix.Dup2(int(f.Fd()), 2)
+}
+
+func startEtcd(dir, logFile string) (*embed.Etcd, string, error) {
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, "", err
+	}
+	// etcd dials its own client URL, so it needs a real port, not :0.
+	// The peer URL is never dialled in a one-member cluster.
+	port, err := freePort()
+	if err != nil {
+		return nil, "", err
+	}
+	client, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", port))
+	peer, _ := url.Parse("http://127.0.0.1:0")
+	cfg := embed.NewConfig()
+	cfg.Dir = dir
+	cfg.ListenClientUrls = []url.URL{*client}
+	cfg.AdvertiseClientUrls = []url.URL{*client}
+	cfg.ListenPeerUrls = []url.URL{*peer}
+	cfg.AdvertisePeerUrls = []url.URL{*peer}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.UnsafeNoFsync = true // test data only: trade durability for speed
+	cfg.LogLevel = "error"
+	if logFile == "-" {
+		cfg.LogOutputs = []string{"stderr"}
+	} else {
+		cfg.LogOutputs = []string{logFile}
+	}
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, "", err
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return nil, "", err
+	case <-time.After(60 * time.Second):
+		e.Close()
+		return nil, "", errors.New("etcd not ready after 60s")
+	}
+	return e, "http://" + e.Clients[0].Addr().String(), nil
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// parseFlags parses command-line style args into a component's flag sets.
+func parseFlags(sets cliflag.NamedFlagSets, args []string) error {
+	fs := pflag.NewFlagSet("component", pflag.ContinueOnError)
+	for _, name := range sets.Order {
+		fs.AddFlagSet(sets.FlagSets[name])
+	}
+	return fs.Parse(args)
+}
+
+func runAPIServer(ctx context.Context, ln net.Listener, etcdURL string, pki *pkiFiles, v int) error {
+	s := apiserveroptions.NewServerRunOptions()
+	args := []string{
+		"--etcd-servers=" + etcdURL,
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", ln.Addr().(*net.TCPAddr).Port),
+		"--tls-cert-file=" + pki.servingCert,
+		"--tls-private-key-file=" + pki.servingKey,
+		"--client-ca-file=" + pki.caFile,
+		"--service-account-key-file=" + pki.saPub,
+		"--service-account-signing-key-file=" + pki.saKey,
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--api-audiences=https://kubernetes.default.svc.cluster.local",
+		"--authorization-mode=Node,RBAC",
+		"--service-cluster-ip-range=" + serviceCIDR,
+		// No token controller or kubelet: do not make pods depend on a
+		// ServiceAccount object existing.
+		"--disable-admission-plugins=ServiceAccount",
+		// The kubernetes Service would point at 127.0.0.1, which Endpoints
+		// validation rejects; nothing needs it.
+		"--endpoint-reconciler-type=none",
+		"--profiling=false",
+	}
+	if err := parseFlags(s.Flags(), args); err != nil {
+		return err
+	}
+	s.SecureServing.Listener = ln
+	s.Logs.Verbosity = logsapi.VerbosityLevel(v)
+	if err := s.GenericServerRunOptions.ComponentGlobalsRegistry.Set(); err != nil {
+		return err
+	}
+	if err := logsapi.ValidateAndApply(s.Logs, nil); err != nil {
+		return err
+	}
+	completed, err := s.Complete(ctx)
+	if err != nil {
+		return err
+	}
+	if errs := completed.Validate(); len(errs) != 0 {
+		return errors.Join(errs...)
+	}
+	return apiserver.Run(ctx, completed)
+}
+
+func runControllers(ctx context.Context, kubeconfig string, pki *pkiFiles, v int) error {
+	s, err := kcmoptions.NewKubeControllerManagerOptions()
+	if err != nil {
+		return err
+	}
+	args := []string{
+		"--kubeconfig=" + kubeconfig,
+		"--controllers=garbagecollector,namespace,serviceaccount-token,serviceaccount",
+		"--use-service-account-credentials=false",
+		"--leader-elect=false",
+		"--secure-port=0",
+		"--service-account-private-key-file=" + pki.saKey,
+		"--root-ca-file=" + pki.caFile,
+	}
+	sets := s.Flags(kcm.KnownControllers(), kcm.ControllersDisabledByDefault(), kcm.ControllerAliases())
+	s.ParsedFlags = &sets
+	if err := parseFlags(sets, args); err != nil {
+		return err
+	}
+	if err := s.ComponentGlobalsRegistry.Set(); err != nil {
+		return err
+	}
+	c, err := s.Config(ctx, kcm.KnownControllers(), kcm.ControllersDisabledByDefault(), kcm.ControllerAliases())
+	if err != nil {
+		return err
+	}
+	return kcm.Run(ctx, c.Complete())
+}
+
+func newClient(kubeconfig string) (*kubernetes.Clientset, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Timeout = 5 * time.Second
+	return kubernetes.NewForConfig(cfg)
+}
+
+// poll calls check every 100ms until it returns true, ctx ends or a component
+// reports an error on died.
+func poll(ctx context.Context, died <-chan error, check func() (bool, error)) error {
+	var last error
+	for {
+		ok, err := check()
+		if ok {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		select {
+		case err := <-died:
+			return fmt.Errorf("stopped: %v", err)
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last error: %v)", ctx.Err(), last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func waitReady(ctx context.Context, c *kubernetes.Clientset, died <-chan error) error {
+	return poll(ctx, died, func() (bool, error) {
+		body, err := c.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err == nil && strings.TrimSpace(string(body)) == "ok", err
+	})
+}
+
+func waitDefaultServiceAccount(ctx context.Context, c *kubernetes.Clientset, died <-chan error) error {
+	return poll(ctx, died, func() (bool, error) {
+		_, err := c.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return err == nil, err
+	})
+}

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Installs the test tools, pinned and cached under $NEURON_TOOLS_DIR (default
+# <repo>/target/tools), binaries in its bin/:
+#   controlplane  etcd + kube-apiserver + GC/namespace/SA controllers (tests/controlplane)
+#   helm          go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION
+#   kumo          go install github.com/sivchari/kumo/cmd/kumo@$KUMO_VERSION (CloudWatch emulator)
+#   prometheus, promtool   Debian's `prometheus` package (on PATH, /usr/bin)
+# Idempotent: each step is skipped when its stamp (pinned version or source hash)
+# matches. Each step prints one line; a warm run takes a few seconds.
+# Go caches stay at their defaults (~/.cache/go-build, ~/go/pkg/mod).
+set -euo pipefail
+
+HELM_VERSION=v3.22.0
+KUMO_VERSION=v0.23.0
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+tools=${NEURON_TOOLS_DIR:-$repo/target/tools}
+bin=$tools/bin
+stamps=$tools/stamps
+mkdir -p "$bin" "$stamps"
+started=$SECONDS
+
+# One install at a time per tools dir.
+exec 9>"$tools/.lock"
+flock 9
+
+# Never let `go` fetch another toolchain: there is none to fetch here.
+export GOTOOLCHAIN=local GOFLAGS=-mod=readonly
+
+step() { printf '%-13s %s\n' "$1:" "$2"; }
+
+# quiet NAME CMD...: runs CMD with its output in logs/NAME.log, shown only if it fails.
+quiet() {
+    local log=$tools/logs/$1.log
+    shift
+    mkdir -p "$tools/logs"
+    if ! "$@" >"$log" 2>&1; then
+        cat "$log" >&2
+        echo "install.sh: failed: $*" >&2
+        return 1
+    fi
+}
+
+# stamped NAME VALUE: true when NAME's stamp holds VALUE and every further
+# argument (a file that step produces) exists.
+stamped() {
+    local name=$1 value=$2
+    shift 2
+    [[ -f $stamps/$name && $(<"$stamps/$name") == "$value" ]] || return 1
+    local f
+    for f in "$@"; do [[ -x $f ]] || return 1; done
+}
+
+install_controlplane() {
+    local src=$repo/tests/controlplane
+    local k8s_version
+    k8s_version=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$src/go.mod")
+    local hash
+    hash=$( (cd "$src" && cat go.mod go.sum ./*.go && go env GOVERSION) | sha256sum | cut -c1-16)
+    if stamped controlplane "$hash" "$bin/controlplane"; then
+        step controlplane "cached (k8s $k8s_version, source $hash)"
+        return
+    fi
+    local t=$SECONDS major minor
+    IFS=. read -r major minor _ <<<"${k8s_version#v}"
+    # The version kube-apiserver reports on /version (what kubectl and helm see).
+    local pkg=k8s.io/component-base/version
+    (cd "$src" && quiet controlplane go build -trimpath \
+        -ldflags "-s -w -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean" \
+        -o "$bin/controlplane.tmp" .)
+    mv "$bin/controlplane.tmp" "$bin/controlplane"
+    echo "$hash" >"$stamps/controlplane"
+    step controlplane "built in $((SECONDS - t))s (k8s $k8s_version, source $hash)"
+}
+
+install_helm() {
+    if stamped helm "$HELM_VERSION" "$bin/helm"; then
+        step helm "cached ($HELM_VERSION)"
+        return
+    fi
+    local t=$SECONDS gomod k8s_minor
+    # As helm's release build: its version, and the Kubernetes version that
+    # `helm template`/`helm lint` assume (from the client-go it is built with;
+    # without it they assume v1.20).
+    gomod=$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')
+    k8s_minor=$(awk '$1 == "k8s.io/client-go" { split($2, v, "."); print v[2]; exit }' "$gomod")
+    local v=helm.sh/helm/v3/internal/version c=helm.sh/helm/v3/pkg/chartutil r=helm.sh/helm/v3/pkg/lint/rules
+    quiet helm env GOBIN="$bin" go install -trimpath -ldflags "-s -w -X $v.version=$HELM_VERSION -X $v.metadata= \
+        -X $c.k8sVersionMajor=1 -X $c.k8sVersionMinor=$k8s_minor -X $r.k8sVersionMajor=1 -X $r.k8sVersionMinor=$k8s_minor" \
+        "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+    echo "$HELM_VERSION" >"$stamps/helm"
+    step helm "installed $HELM_VERSION (assumes Kubernetes v1.$k8s_minor) in $((SECONDS - t))s"
+}
+
+install_kumo() {
+    local mod=github.com/sivchari/kumo
+    if stamped kumo "$KUMO_VERSION" "$bin/kumo"; then
+        step kumo "cached ($KUMO_VERSION)"
+        return
+    fi
+    local t=$SECONDS err
+    if err=$(GOBIN=$bin go install "$mod/cmd/kumo@$KUMO_VERSION" 2>&1); then
+        echo "$KUMO_VERSION" >"$stamps/kumo"
+        step kumo "installed $KUMO_VERSION in $((SECONDS - t))s"
+    else
+        # Not fatal: the rest of the suite must still run. Tests that need kumo
+        # fail on their own with "kumo not found".
+        step kumo "NOT INSTALLED: go install $mod/cmd/kumo@$KUMO_VERSION failed: $(tail -1 <<<"$err" | tr -s "[:space:]" " ")"
+    fi
+}
+
+as_root() {
+    if [[ $(id -u) == 0 ]]; then "$@"; else sudo -n "$@"; fi
+}
+
+install_prometheus() {
+    if command -v promtool >/dev/null && command -v prometheus >/dev/null; then
+        step prometheus "cached ($(prometheus --version 2>&1 | awk 'NR == 1 { print $3; exit }'), Debian package)"
+        return
+    fi
+    local t=$SECONDS policy=/usr/sbin/policy-rc.d added_policy=
+    # Keep the package from starting its service: invoke-rc.d asks policy-rc.d.
+    if [[ ! -e $policy ]]; then
+        as_root sh -c "printf '#!/bin/sh\nexit 101\n' >$policy && chmod 755 $policy"
+        added_policy=1
+    fi
+    quiet prometheus as_root apt-get update
+    quiet prometheus as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
+    [[ -z $added_policy ]] || as_root rm -f "$policy"
+    # Where systemd runs the service anyway, stop and disable it.
+    if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
+        as_root systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
+    step prometheus "installed $(prometheus --version 2>&1 | awk 'NR == 1 { print $3; exit }') (Debian package) in $((SECONDS - t))s"
+}
+
+install_controlplane
+install_helm
+install_kumo
+install_prometheus
+echo "tools ready in $tools/bin ($((SECONDS - started))s)"
