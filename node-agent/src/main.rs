@@ -11,6 +11,11 @@ use anyhow::Context;
 use api::{duration::Period, monitor_config::MonitorConfig};
 use clap::Parser;
 use neuron_node_agent::{
+    attribution::{
+        podresources::{DeviceOwnership, KubeletPoller},
+        pods::{PodIndex, PodLabelKeys, PodWatcher},
+        Attribution, AttributionMetrics,
+    },
     config::{Launcher, Reloader},
     http::{self, HttpState},
     monitor::{Supervisor, SupervisorConfig},
@@ -84,6 +89,37 @@ struct Args {
     #[arg(long, env = "NEURON_CONFIG_NAMESPACE", default_value = "neuron-monitor")]
     config_namespace: String,
 
+    /// Root of the proc filesystem where `<pid>/cgroup` of neuron-monitor's applications is
+    /// read (the agent runs in the host PID namespace). Pod attribution needs --node-name.
+    #[arg(long, env = "NEURON_AGENT_PROC_ROOT", default_value = "/proc")]
+    proc_root: PathBuf,
+
+    /// Pod label exported as a metric label `label_<key, sanitized>` on the series of the
+    /// pod's runtimes and cores (repeatable; the environment variable is comma-separated).
+    #[arg(long = "pod-label", env = "NEURON_AGENT_POD_LABELS", value_delimiter = ',')]
+    pod_labels: Vec<String>,
+
+    /// The kubelet's pod-resources socket: which pod holds which Neuron devices and cores.
+    #[arg(
+        long,
+        env = "NEURON_AGENT_POD_RESOURCES_SOCKET",
+        default_value = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    )]
+    pod_resources_socket: PathBuf,
+
+    /// How often the kubelet's pod-resources API is read.
+    #[arg(long, env = "NEURON_AGENT_POD_RESOURCES_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pod_resources_interval: Duration,
+
+    /// Time limit of one pod-resources call.
+    #[arg(long, env = "NEURON_AGENT_POD_RESOURCES_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
+    pod_resources_timeout: Duration,
+
+    /// How long the last known device allocations stay in use while the kubelet does not
+    /// answer.
+    #[arg(long, env = "NEURON_AGENT_POD_RESOURCES_KEEP", default_value = "5m", value_parser = parse_duration)]
+    pod_resources_keep: Duration,
+
     /// Log format.
     #[arg(long, env = "NEURON_AGENT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -91,6 +127,13 @@ struct Args {
     /// Log filter, in tracing's EnvFilter syntax (e.g. `info,neuron_monitor=warn`).
     #[arg(long, env = "NEURON_AGENT_LOG", default_value = "info")]
     log: String,
+}
+
+/// What pod attribution reads, fed by the pod watch and the kubelet poller.
+struct AttributionSources {
+    pods: neuron_node_agent::attribution::pods::SharedPods,
+    devices: neuron_node_agent::attribution::podresources::SharedDevices,
+    metrics: AttributionMetrics,
 }
 
 fn parse_period(s: &str) -> Result<Period, String> {
@@ -147,7 +190,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let metrics = AgentMetrics::register(&mut registry);
     let state = Arc::new(Mutex::new(NodeState::default()));
-    let pipeline = Arc::new(Pipeline::new(state.clone(), metrics.clone()));
+    // Pods are attributed on a node (the pod watch needs its name); the sources are fed
+    // once the API client exists.
+    let attribution = args.node_name.as_ref().map(|_| AttributionSources {
+        pods: Arc::new(std::sync::RwLock::new(PodIndex::new(PodLabelKeys::new(&args.pod_labels)))),
+        devices: Arc::new(std::sync::RwLock::new(DeviceOwnership::default())),
+        metrics: AttributionMetrics::register(&mut registry),
+    });
+    let mut pipeline = Pipeline::new(state.clone(), metrics.clone());
+    if let Some(sources) = &attribution {
+        let (pods, devices, attribution_metrics) =
+            (sources.pods.clone(), sources.devices.clone(), sources.metrics.clone());
+        pipeline =
+            pipeline.with_attribution(Attribution::new(args.proc_root.clone(), pods, devices, attribution_metrics));
+    }
+    let pipeline = Arc::new(pipeline);
     metrics.config_in_force("builtin", "");
     let http_state = Arc::new(HttpState {
         exposition: Exposition::new(registry, state, routing.clone()),
@@ -165,6 +222,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let client = kube::Client::try_default()
             .await
             .context("connecting to Kubernetes (in-cluster or KUBECONFIG) to follow the node configuration")?;
+        if let Some(sources) = &attribution {
+            let watcher = PodWatcher {
+                client: client.clone(),
+                node: node.clone(),
+                index: sources.pods.clone(),
+                metrics: sources.metrics.clone(),
+            };
+            tokio::spawn(watcher.run(shutdown.clone()));
+            let poller = KubeletPoller {
+                socket: args.pod_resources_socket.clone(),
+                interval: args.pod_resources_interval,
+                timeout: args.pod_resources_timeout,
+                keep_for: args.pod_resources_keep,
+                devices: sources.devices.clone(),
+                metrics: sources.metrics.clone(),
+            };
+            tokio::spawn(poller.run(shutdown.clone()));
+        }
         let reloader = Reloader {
             client,
             namespace: args.config_namespace.clone(),
