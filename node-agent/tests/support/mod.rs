@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod kubelet;
+
 use std::{
     collections::BTreeMap,
     io::{Read, Write},
@@ -57,6 +59,16 @@ impl Agent {
     }
 
     pub fn start_with(monitor: &str, monitor_args: &[&str], args: &[&str]) -> Agent {
+        Self::start_with_env(monitor, monitor_args, args, &[])
+    }
+
+    /// As [`Agent::start_with`], with extra environment variables (e.g. `KUBECONFIG`).
+    pub fn start_with_env(
+        monitor: &str,
+        monitor_args: &[&str],
+        args: &[&str],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Agent {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let state_dir = TempDir::new("agent");
         let mut command = Command::new(AGENT);
@@ -74,6 +86,9 @@ impl Agent {
             .stderr(Stdio::inherit());
         for arg in monitor_args {
             command.arg(format!("--monitor-arg={arg}"));
+        }
+        for (key, value) in env {
+            command.env(key, value);
         }
         let child = command.spawn().expect("start the agent");
         let agent = Agent { child, addr, state_dir };

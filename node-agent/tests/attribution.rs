@@ -1,0 +1,249 @@
+//! Pod attribution of the real agent binary, with the simulator as neuron-monitor, Pod
+//! objects in the real test API server (`neuron-e2e`'s control plane; no kubelet runs, so
+//! container statuses are written through the status subresource), a test kubelet
+//! pod-resources server on a unix socket, and a fake `/proc` placing the simulated
+//! applications' PIDs in the pods' cgroups.
+
+mod support;
+
+use std::{collections::BTreeMap, ffi::OsStr, path::Path, time::Duration};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+    Api, Client,
+};
+use neuron_e2e::{random_u32, ControlPlane};
+use neuron_node_agent::attribution::podresources::{self, NEURONCORE, NEURONDEVICE};
+use serde_json::json;
+use support::{
+    kubelet::{container_id, containerd_cgroup, holding, FakeProc, PodResourcesServer},
+    Agent, Metrics, Prometheus, TempDir,
+};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime")
+}
+
+/// Creates a pod bound to `node` and marks it running with `container` as `cid`
+/// (what the kubelet would write). Returns its UID.
+async fn running_pod(client: &Client, namespace: &str, name: &str, node: &str, container: &str, cid: &str) -> String {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "nodeName": node,
+            "automountServiceAccountToken": false,
+            "containers": [{"name": container, "image": "registry.invalid/neuron-app:1"}]
+        }
+    }))
+    .expect("pod");
+    // The namespace's default ServiceAccount, which admission wants, appears a moment
+    // after the namespace.
+    let created =
+        neuron_e2e::wait_for(Duration::from_secs(30), || async { api.create(&PostParams::default(), &pod).await.ok() })
+            .await
+            .unwrap_or_else(|| panic!("could not create pod {namespace}/{name}"));
+    let status = json!({"status": {
+        "phase": "Running",
+        "containerStatuses": [{
+            "name": container, "containerID": format!("containerd://{cid}"),
+            "image": "registry.invalid/neuron-app:1", "imageID": "", "ready": true, "restartCount": 0,
+            "started": true, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+        }]
+    }});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.expect("set the pod's status");
+    created.metadata.uid.expect("pod uid")
+}
+
+/// Core series of `tag` (or of idle cores when `None`) as (core, namespace).
+fn cores(m: &Metrics, tag: Option<&str>) -> BTreeMap<u32, String> {
+    m.samples
+        .iter()
+        .filter(|s| s.name == "neuroncore_utilization_ratio" && s.labels.get("runtime_tag").map(String::as_str) == tag)
+        .map(|s| {
+            let core = s.labels["neuroncore"].parse().expect("core index");
+            (core, s.labels.get("namespace").cloned().unwrap_or_default())
+        })
+        .collect()
+}
+
+fn label<'m>(m: &'m Metrics, name: &str, tag: &str, key: &str) -> Option<&'m str> {
+    let sample = m.find(name, &[("runtime_tag", tag)]).into_iter().next()?;
+    sample.labels.get(key).map(String::as_str)
+}
+
+struct Scene {
+    node: String,
+    a: String,
+    b: String,
+    kubelet: PodResourcesServer,
+    proc: FakeProc,
+    _dir: TempDir,
+}
+
+/// Two pods in two namespaces on one node: `train` (process 4101) in namespace `a` holds
+/// Neuron devices 0 and 1 (cores 0-3) and runs on cores 0-2; `serve` (process 4102) in
+/// namespace `b` holds cores 4 and 5 and runs on core 4.
+fn scene(rt: &tokio::runtime::Runtime, cp: &ControlPlane) -> Scene {
+    let node = format!("neuron-node-{:08x}", random_u32());
+    let (a, b) = rt.block_on(async { (cp.namespace("attr-a").await, cp.namespace("attr-b").await) });
+    let client = rt.block_on(cp.client());
+    let (cid_a, cid_b) = (container_id(0xa1), container_id(0xb1));
+    let uid_a = rt.block_on(running_pod(&client, &a, "train", &node, "main", &cid_a));
+    let uid_b = rt.block_on(running_pod(&client, &b, "serve", &node, "srv", &cid_b));
+    let proc = FakeProc::new();
+    proc.process(4101, &containerd_cgroup(&uid_a, &cid_a));
+    proc.process(4102, &containerd_cgroup(&uid_b, &cid_b));
+    let dir = TempDir::new("kubelet");
+    let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
+    kubelet.set(vec![
+        holding(&a, "train", "main", NEURONDEVICE, &[0, 1]),
+        holding(&b, "serve", "srv", NEURONCORE, &[4, 5]),
+    ]);
+    Scene { node, a, b, kubelet, proc, _dir: dir }
+}
+
+const APPS: &[&str] = &[
+    "--instance-type=trn1.32xlarge",
+    "--app=tag=train,cores=0-2,util=80,pid=4101",
+    "--app=tag=serve,cores=4,util=50,pid=4102",
+];
+
+fn start_agent(cp: &ControlPlane, scene: &Scene, socket: &Path) -> Agent {
+    let args = [
+        "--period",
+        "500ms",
+        "--node-name",
+        &scene.node,
+        "--proc-root",
+        scene.proc.root().to_str().expect("utf-8 path"),
+        "--pod-resources-socket",
+        socket.to_str().expect("utf-8 path"),
+        "--pod-resources-interval",
+        "300ms",
+        "--pod-label",
+        "app",
+    ];
+    Agent::start_with_env(support::SIM, APPS, &args, &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))])
+}
+
+#[test]
+fn every_application_and_core_carries_its_pod_and_prometheus_sums_by_namespace() {
+    let rt = runtime();
+    let cp = ControlPlane::shared();
+    let scene = scene(&rt, cp);
+    let agent = start_agent(cp, &scene, &scene.kubelet.socket);
+
+    let m = agent.wait_for("both runtimes and their idle cores attributed", Duration::from_secs(30), |m| {
+        let idle = cores(m, None);
+        let done = label(m, "neuroncore_utilization_ratio", "train", "namespace") == Some(scene.a.as_str())
+            && label(m, "neuroncore_utilization_ratio", "serve", "namespace") == Some(scene.b.as_str())
+            && idle.get(&3) == Some(&scene.a)
+            && idle.get(&5) == Some(&scene.b);
+        done.then(|| m.clone())
+    });
+    // Every series of a runtime carries its pod, container and allow-listed labels.
+    for name in ["neuroncore_utilization_ratio", "neuron_runtime_memory_used_bytes", "execution_status_total"] {
+        assert_eq!(label(&m, name, "train", "pod"), Some("train"), "{name}");
+        assert_eq!(label(&m, name, "train", "container"), Some("main"), "{name}");
+        assert_eq!(label(&m, name, "train", "label_app"), Some("train"), "{name}");
+        assert_eq!(label(&m, name, "serve", "namespace"), Some(scene.b.as_str()), "{name}");
+        assert_eq!(label(&m, name, "serve", "container"), Some("srv"), "{name}");
+    }
+    assert_eq!(cores(&m, Some("train")).into_keys().collect::<Vec<_>>(), vec![0, 1, 2]);
+    // Idle cores: 3 held by train, 5 by serve, the other 26 by nobody.
+    let idle = cores(&m, None);
+    assert_eq!(idle.len(), 32 - 4);
+    assert_eq!(idle.values().filter(|ns| ns.is_empty()).count(), 26, "{idle:?}");
+    assert_eq!(m.value("neuron_agent_runtimes_attributed", &[("source", "process")]), Some(2.0));
+    assert_eq!(m.value("neuron_agent_kubelet_up", &[]), Some(1.0));
+    assert_eq!(m.value("neuron_agent_attribution_disagreements_total", &[]), Some(0.0));
+    assert_eq!(m.value("neuron_agent_pods", &[]), Some(2.0));
+
+    // A real Prometheus: each namespace gets exactly its load.
+    let prometheus = Prometheus::start(&[agent.addr]);
+    let by_namespace =
+        prometheus.wait_for("sum by (namespace) (neuroncore_utilization_ratio)", Duration::from_secs(30), |r| {
+            (r.len() == 3).then(|| r.to_vec())
+        });
+    let load = |ns: &str| {
+        by_namespace
+            .iter()
+            .find(|(l, _)| l.get("namespace").map(String::as_str).unwrap_or("") == ns)
+            .map(|(_, v)| *v)
+            .unwrap_or(f64::NAN)
+    };
+    assert!((load(&scene.a) - 3.0 * 0.8).abs() < 1e-9, "{by_namespace:?}");
+    assert!((load(&scene.b) - 0.5).abs() < 1e-9, "{by_namespace:?}");
+    assert_eq!(load(""), 0.0, "{by_namespace:?}");
+
+    // serve's pod is deleted; the kubelet still lists its devices: nothing is credited to it.
+    let client = rt.block_on(cp.client());
+    let api: Api<Pod> = Api::namespaced(client, &scene.b);
+    rt.block_on(api.delete("serve", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }))
+        .expect("delete the pod");
+    let m = agent.wait_for("serve's labels gone", Duration::from_secs(20), |m| {
+        (label(m, "neuroncore_utilization_ratio", "serve", "namespace").is_none()).then(|| m.clone())
+    });
+    assert!(cores(&m, None).values().all(|ns| *ns != scene.b), "no idle core credited to a deleted pod");
+    assert_eq!(label(&m, "neuroncore_utilization_ratio", "train", "namespace"), Some(scene.a.as_str()));
+    assert_eq!(m.value("neuron_agent_runtimes_unattributed", &[("reason", "pod_unknown")]), Some(1.0));
+}
+
+#[test]
+fn without_the_kubelet_the_agent_keeps_running_and_says_so() {
+    let rt = runtime();
+    let cp = ControlPlane::shared();
+    let mut scene = scene(&rt, cp);
+    scene.kubelet.stop();
+    let missing = scene._dir.0.join("kubelet.sock");
+    assert!(!missing.exists());
+    let agent = start_agent(cp, &scene, &missing);
+
+    // Processes are still attributed; cores no runtime uses are not.
+    let m = agent.wait_for("attribution by process without the kubelet", Duration::from_secs(30), |m| {
+        let reports = m.sum("neuron_agent_reports_total", &[]);
+        let done =
+            reports >= 3.0 && label(m, "neuroncore_utilization_ratio", "train", "namespace") == Some(scene.a.as_str());
+        done.then(|| m.clone())
+    });
+    assert_eq!(m.value("neuron_agent_kubelet_up", &[]), Some(0.0));
+    assert!(m.sum("neuron_agent_kubelet_requests_total", &[("result", "error")]) >= 1.0);
+    assert_eq!(m.value("neuron_agent_kubelet_last_success_timestamp_seconds", &[]), Some(0.0));
+    assert!(cores(&m, None).values().all(String::is_empty));
+    assert_eq!(agent.get("/readyz").map(|r| r.0), Some(200));
+
+    // The kubelet comes up: idle cores get their pods; it goes away again: the last
+    // known mapping stays, and the metrics say the kubelet is down.
+    let kubelet = PodResourcesServer::start(&missing);
+    kubelet.set(vec![holding(&scene.a, "train", "main", NEURONDEVICE, &[0, 1])]);
+    agent.wait_for("the kubelet seen", Duration::from_secs(20), |m| {
+        (m.value("neuron_agent_kubelet_up", &[]) == Some(1.0) && cores(m, None).get(&3) == Some(&scene.a)).then_some(())
+    });
+    drop(kubelet);
+    let m = agent.wait_for("the kubelet gone", Duration::from_secs(20), |m| {
+        (m.value("neuron_agent_kubelet_up", &[]) == Some(0.0)).then(|| m.clone())
+    });
+    assert!(m.value("neuron_agent_kubelet_last_success_timestamp_seconds", &[]).unwrap_or(0.0) > 0.0);
+    let reports = m.sum("neuron_agent_reports_total", &[]);
+    let m = agent.wait_for("more reports", Duration::from_secs(10), |m| {
+        (m.sum("neuron_agent_reports_total", &[]) >= reports + 2.0).then(|| m.clone())
+    });
+    assert_eq!(cores(&m, None).get(&3), Some(&scene.a), "the last known mapping stays");
+    assert_eq!(agent.get("/healthz").map(|r| r.0), Some(200));
+}
+
+#[test]
+fn the_client_reads_the_test_kubelet() {
+    let dir = TempDir::new("kubelet-client");
+    let server = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
+    server.set(vec![holding("a", "train", "main", NEURONDEVICE, &[3]), holding("b", "serve", "srv", NEURONCORE, &[7])]);
+    let response = runtime().block_on(podresources::list(&server.socket)).expect("List");
+    let (allocations, unreadable) = podresources::allocations(&response);
+    assert!(unreadable.is_empty());
+    let cores: Vec<(String, Vec<u32>)> =
+        allocations.iter().map(|a| (a.pod.clone(), a.cores(Some(2)).collect())).collect();
+    assert_eq!(cores, vec![("serve".to_owned(), vec![7]), ("train".to_owned(), vec![6, 7])]);
+    assert_eq!(server.calls.load(std::sync::atomic::Ordering::Relaxed), 1);
+}

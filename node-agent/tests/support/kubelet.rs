@@ -1,0 +1,196 @@
+//! What stands in for the kubelet on this machine (none can run here): a gRPC server of
+//! `v1.PodResourcesLister/List` on a unix socket, answering what the test feeds it, and
+//! a fake `/proc` tree whose `<pid>/cgroup` files place simulated applications in pods.
+//!
+//! The server is plain HTTP/2 (hyper) with the gRPC framing written out here, apart from
+//! the agent's client code, so that the two check each other.
+
+use std::{
+    convert::Infallible,
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use neuron_node_agent::attribution::podresources::proto::{
+    ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
+};
+use prost::Message;
+
+use super::TempDir;
+
+/// One container's devices: (namespace, pod, container, resource name, device ids).
+pub fn holding(namespace: &str, pod: &str, container: &str, resource: &str, ids: &[u32]) -> PodResources {
+    PodResources {
+        name: pod.to_owned(),
+        namespace: namespace.to_owned(),
+        containers: vec![ContainerResources {
+            name: container.to_owned(),
+            devices: vec![ContainerDevices {
+                resource_name: resource.to_owned(),
+                device_ids: ids.iter().map(|i| i.to_string()).collect(),
+            }],
+        }],
+    }
+}
+
+/// A test pod-resources server. Stops (and removes its socket) on drop.
+pub struct PodResourcesServer {
+    pub socket: PathBuf,
+    pods: Arc<Mutex<Vec<PodResources>>>,
+    pub calls: Arc<AtomicU64>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PodResourcesServer {
+    /// Listens on `socket` (created; an old file there is removed).
+    pub fn start(socket: &Path) -> PodResourcesServer {
+        let _ = std::fs::remove_file(socket);
+        let pods: Arc<Mutex<Vec<PodResources>>> = Arc::default();
+        let calls = Arc::new(AtomicU64::new(0));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (path, shared, counter) = (socket.to_owned(), pods.clone(), calls.clone());
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            runtime.block_on(async move {
+                let listener = tokio::net::UnixListener::bind(&path).expect("bind the pod-resources socket");
+                ready_tx.send(()).expect("ready");
+                let mut stop_rx = stop_rx;
+                loop {
+                    let stream = tokio::select! {
+                        _ = &mut stop_rx => break,
+                        accepted = listener.accept() => match accepted {
+                            Ok((stream, _)) => stream,
+                            Err(_) => continue,
+                        },
+                    };
+                    let (shared, counter) = (shared.clone(), counter.clone());
+                    tokio::spawn(async move {
+                        let service = hyper::service::service_fn(move |request| {
+                            let (shared, counter) = (shared.clone(), counter.clone());
+                            async move { Ok::<_, Infallible>(answer(request, &shared, &counter).await) }
+                        });
+                        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                    });
+                }
+                let _ = std::fs::remove_file(&path);
+            });
+        });
+        ready_rx.recv().expect("the pod-resources server started");
+        PodResourcesServer { socket: socket.to_owned(), pods, calls, stop: Some(stop_tx), thread: Some(thread) }
+    }
+
+    /// What `List` answers from now on.
+    pub fn set(&self, pods: Vec<PodResources>) {
+        *self.pods.lock().expect("lock") = pods;
+    }
+
+    /// Stops listening and removes the socket: the kubelet is gone.
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for PodResourcesServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+type Body = StreamBody<futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>>;
+
+async fn answer(
+    request: http::Request<Incoming>,
+    pods: &Mutex<Vec<PodResources>>,
+    calls: &AtomicU64,
+) -> http::Response<Body> {
+    let grpc = request.headers().get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    let path_ok = request.method() == http::Method::POST && request.uri().path() == "/v1.PodResourcesLister/List";
+    let body = request.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    // The request is an empty ListPodResourcesRequest: a frame of length 0.
+    if !grpc || !path_ok || body.as_ref() != [0, 0, 0, 0, 0] {
+        return trailers_only(12, "only List of an empty request is served here");
+    }
+    calls.fetch_add(1, Ordering::Relaxed);
+    let message = ListPodResourcesResponse { pod_resources: pods.lock().expect("lock").clone() }.encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&message);
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+    let frames = vec![Ok(Frame::data(Bytes::from(framed))), Ok(Frame::trailers(trailers))];
+    http::Response::builder()
+        .header("content-type", "application/grpc")
+        .body(StreamBody::new(futures::stream::iter(frames)))
+        .expect("response")
+}
+
+fn trailers_only(code: u32, message: &'static str) -> http::Response<Body> {
+    http::Response::builder()
+        .header("content-type", "application/grpc")
+        .header("grpc-status", code.to_string())
+        .header("grpc-message", message)
+        .body(StreamBody::new(futures::stream::iter(Vec::new())))
+        .expect("response")
+}
+
+/// A fake `/proc`: `<root>/<pid>/cgroup` for each simulated application.
+pub struct FakeProc {
+    dir: TempDir,
+}
+
+impl FakeProc {
+    pub fn new() -> FakeProc {
+        FakeProc { dir: TempDir::new("proc") }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.dir.0
+    }
+
+    /// Places process `pid` with the given cgroup file content.
+    pub fn process(&self, pid: u32, cgroup: &str) {
+        let dir = self.dir.0.join(pid.to_string());
+        std::fs::create_dir_all(&dir).expect("create the fake /proc/<pid>");
+        std::fs::write(dir.join("cgroup"), cgroup).expect("write the fake cgroup file");
+    }
+
+    /// Process `pid` is gone.
+    pub fn remove(&self, pid: u32) {
+        let _ = std::fs::remove_dir_all(self.dir.0.join(pid.to_string()));
+    }
+}
+
+impl Default for FakeProc {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The cgroup v2 file of a containerd container under the systemd driver.
+pub fn containerd_cgroup(pod_uid: &str, container_id: &str) -> String {
+    let uid = pod_uid.replace('-', "_");
+    format!(
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/cri-containerd-{container_id}.scope\n"
+    )
+}
+
+/// A container ID (64 hex digits) derived from `seed`.
+pub fn container_id(seed: u32) -> String {
+    format!("{seed:016x}").repeat(4)
+}
