@@ -80,6 +80,42 @@ async fn remove_other_configs(dir: &Path, keep: &str) {
     }
 }
 
+/// Why `--node-config-file` could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path} is not a rendered node configuration: {source}")]
+    Parse { path: PathBuf, source: serde_json::Error },
+    #[error("{path}: {source}")]
+    Routing { path: PathBuf, source: crate::routing::RoutingError },
+    #[error("writing the neuron-monitor configuration: {0}")]
+    Prepare(std::io::Error),
+}
+
+/// Runs a rendered node configuration (the JSON the operator puts under
+/// [`NODE_CONFIG_KEY`]) from a file instead of the ConfigMap: for nodes without the
+/// operator, and for tests. Swaps the routing table like a ConfigMap change does and
+/// returns the launch spec of its neuron-monitor configuration.
+pub async fn load_node_config_file(
+    path: &Path,
+    launcher: &Launcher,
+    routing: &SharedRouting,
+    metrics: &AgentMetrics,
+) -> Result<LaunchSpec, ConfigFileError> {
+    let body = tokio::fs::read(path).await.map_err(|source| ConfigFileError::Read { path: path.to_owned(), source })?;
+    let config: NodeConfig =
+        serde_json::from_slice(&body).map_err(|source| ConfigFileError::Parse { path: path.to_owned(), source })?;
+    let compiled =
+        Routing::compile(&config).map_err(|source| ConfigFileError::Routing { path: path.to_owned(), source })?;
+    let spec = launcher.prepare(&config.monitor).await.map_err(ConfigFileError::Prepare)?;
+    *routing.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(compiled);
+    let hash = content_hash(&body);
+    metrics.config_in_force("file", &hash);
+    info!(path = %path.display(), %hash, routes = config.routes.len(), "running the node configuration from a file");
+    Ok(spec)
+}
+
 /// Follows this node's ConfigMap.
 pub struct Reloader {
     pub client: Client,

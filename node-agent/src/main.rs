@@ -16,11 +16,14 @@ use neuron_node_agent::{
         pods::{PodIndex, PodLabelKeys, PodWatcher},
         Attribution, AttributionMetrics,
     },
-    config::{Launcher, Reloader},
+    config::{load_node_config_file, Launcher, Reloader},
     http::{self, HttpState},
     monitor::{Supervisor, SupervisorConfig},
     pipeline::Pipeline,
-    sinks::prometheus::{Exposition, SharedRouting},
+    sinks::{
+        cloudwatch::{self, metrics::CloudWatchMetrics, publish::Backoff, select::AgentDimensions},
+        prometheus::{Exposition, SharedRouting},
+    },
     state::NodeState,
     telemetry::AgentMetrics,
 };
@@ -120,6 +123,39 @@ struct Args {
     #[arg(long, env = "NEURON_AGENT_POD_RESOURCES_KEEP", default_value = "5m", value_parser = parse_duration)]
     pod_resources_keep: Duration,
 
+    /// Run the rendered node configuration in this file (the JSON the operator writes
+    /// under `node-config.json` of the node's ConfigMap) instead of following the
+    /// ConfigMap: routes and sinks without the operator. Read once at start.
+    #[arg(long, env = "NEURON_AGENT_NODE_CONFIG_FILE")]
+    node_config_file: Option<PathBuf>,
+
+    /// Name of the cluster: the CloudWatch dimension `ClusterName` (left out when unset).
+    #[arg(long, env = "CLUSTER_NAME")]
+    cluster_name: Option<String>,
+
+    /// Datums each CloudWatch sink keeps waiting at most; beyond it the oldest are dropped
+    /// (and counted). A trn1.32xlarge sends about 1,000 per flush with the default set.
+    #[arg(long, env = "NEURON_AGENT_CLOUDWATCH_QUEUE_DATUMS", default_value_t = 20_000)]
+    cloudwatch_queue_datums: usize,
+
+    /// First delay before retrying a throttled or failed PutMetricData; doubles per
+    /// failure, jittered.
+    #[arg(long, env = "NEURON_AGENT_CLOUDWATCH_RETRY_INITIAL", default_value = "200ms", value_parser = parse_duration)]
+    cloudwatch_retry_initial: Duration,
+
+    /// Longest delay between PutMetricData retries.
+    #[arg(long, env = "NEURON_AGENT_CLOUDWATCH_RETRY_MAX", default_value = "20s", value_parser = parse_duration)]
+    cloudwatch_retry_max: Duration,
+
+    /// Time limit of one PutMetricData attempt.
+    #[arg(long, env = "NEURON_AGENT_CLOUDWATCH_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    cloudwatch_request_timeout: Duration,
+
+    /// Time the CloudWatch sinks get on SIGTERM to send what they hold (keep it below
+    /// the pod's termination grace period).
+    #[arg(long, env = "NEURON_AGENT_CLOUDWATCH_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    cloudwatch_shutdown_timeout: Duration,
+
     /// Log format.
     #[arg(long, env = "NEURON_AGENT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -189,6 +225,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let mut registry = Registry::default();
     let metrics = AgentMetrics::register(&mut registry);
+    let cloudwatch_metrics = CloudWatchMetrics::register(&mut registry);
+    if let Some(path) = &args.node_config_file {
+        spec_tx.send_replace(load_node_config_file(path, &launcher, &routing, &metrics).await?);
+    }
     let state = Arc::new(Mutex::new(NodeState::default()));
     // Pods are attributed on a node (the pod watch needs its name); the sources are fed
     // once the API client exists.
@@ -205,7 +245,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
             pipeline.with_attribution(Attribution::new(args.proc_root.clone(), pods, devices, attribution_metrics));
     }
     let pipeline = Arc::new(pipeline);
-    metrics.config_in_force("builtin", "");
+    if args.node_config_file.is_none() {
+        metrics.config_in_force("builtin", "");
+    }
+    let cloudwatch_sinks = cloudwatch::Sinks {
+        state: state.clone(),
+        routing: routing.clone(),
+        reports: pipeline.subscribe(),
+        options: cloudwatch::Options {
+            agent: AgentDimensions { cluster_name: args.cluster_name.clone(), node_name: args.node_name.clone() },
+            queue_datums: args.cloudwatch_queue_datums,
+            backoff: Backoff { initial: args.cloudwatch_retry_initial, max: args.cloudwatch_retry_max },
+            request_timeout: args.cloudwatch_request_timeout,
+            shutdown_timeout: args.cloudwatch_shutdown_timeout,
+        },
+        metrics: cloudwatch_metrics,
+    };
     let http_state = Arc::new(HttpState {
         exposition: Exposition::new(registry, state, routing.clone()),
         pipeline: pipeline.clone(),
@@ -216,13 +271,23 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     info!(listen = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
     let server = tokio::spawn(http::serve(listener, http_state, shutdown.clone()));
+    let cloudwatch_sinks = tokio::spawn(cloudwatch_sinks.run(shutdown.clone()));
 
     let mut standalone_spec = Some(spec_tx);
     if let (Some(node), Some(spec_tx)) = (&args.node_name, standalone_spec.take_if(|_| args.node_name.is_some())) {
-        let client = kube::Client::try_default()
-            .await
-            .context("connecting to Kubernetes (in-cluster or KUBECONFIG) to follow the node configuration")?;
-        if let Some(sources) = &attribution {
+        let client = match kube::Client::try_default().await {
+            Ok(client) => Some(client),
+            // With a configuration file, Kubernetes only serves pod attribution.
+            Err(e) if args.node_config_file.is_some() => {
+                warn!(error = %e, "no Kubernetes API: runtimes are not attributed to pods");
+                None
+            }
+            Err(e) => {
+                return Err(e)
+                    .context("connecting to Kubernetes (in-cluster or KUBECONFIG) to follow the node configuration")
+            }
+        };
+        if let (Some(sources), Some(client)) = (&attribution, &client) {
             let watcher = PodWatcher {
                 client: client.clone(),
                 node: node.clone(),
@@ -240,22 +305,28 @@ async fn run(args: Args) -> anyhow::Result<()> {
             };
             tokio::spawn(poller.run(shutdown.clone()));
         }
-        let reloader = Reloader {
-            client,
-            namespace: args.config_namespace.clone(),
-            node: node.clone(),
-            launcher,
-            builtin,
-            launch: spec_tx,
-            routing,
-            metrics: metrics.clone(),
-        };
-        let (initialized_tx, initialized_rx) = oneshot::channel();
-        tokio::spawn(reloader.run(initialized_tx, shutdown.clone()));
-        // Start neuron-monitor on the node's configuration rather than restart it a
-        // moment later; an unreachable API server does not hold it back for long.
-        if tokio::time::timeout(Duration::from_secs(5), initialized_rx).await.is_err() {
-            warn!("the node configuration is not readable yet; starting on the built-in one");
+        // A configuration file replaces the ConfigMap; the pods are still attributed.
+        if let (Some(client), None) = (client, &args.node_config_file) {
+            let reloader = Reloader {
+                client,
+                namespace: args.config_namespace.clone(),
+                node: node.clone(),
+                launcher,
+                builtin,
+                launch: spec_tx,
+                routing,
+                metrics: metrics.clone(),
+            };
+            let (initialized_tx, initialized_rx) = oneshot::channel();
+            tokio::spawn(reloader.run(initialized_tx, shutdown.clone()));
+            // Start neuron-monitor on the node's configuration rather than restart it a
+            // moment later; an unreachable API server does not hold it back for long.
+            if tokio::time::timeout(Duration::from_secs(5), initialized_rx).await.is_err() {
+                warn!("the node configuration is not readable yet; starting on the built-in one");
+            }
+        } else {
+            // Keeps neuron-monitor's launch channel open, as in standalone mode.
+            standalone_spec = Some(spec_tx);
         }
     }
 
@@ -276,6 +347,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     shutdown.cancel();
     if let Err(e) = supervisor.await {
         error!(error = %e, "supervisor task failed");
+    }
+    // The launch channel stayed open until the supervisor stopped.
+    drop(standalone_spec);
+    // The sinks bound their own final flush; this only guards against a stuck task.
+    let limit = args.cloudwatch_shutdown_timeout + Duration::from_secs(2);
+    match tokio::time::timeout(limit, cloudwatch_sinks).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => error!(error = %e, "CloudWatch sinks task failed"),
+        Err(_) => warn!("the CloudWatch sinks did not stop in time"),
     }
     match server.await {
         Ok(Ok(())) => {}

@@ -10,6 +10,7 @@ use std::{
 };
 
 use api::report::Report;
+use tokio::sync::watch;
 use tracing::warn;
 
 use crate::{
@@ -48,6 +49,10 @@ pub struct Pipeline {
     ready: AtomicBool,
     log_limit: Mutex<RateLimit>,
     attribution: Option<Attribution>,
+    /// Reports applied so far; sinks that sample the state (CloudWatch) watch it. A watch
+    /// never blocks the sender and keeps only the latest value, so a slow sink skips
+    /// reports rather than holding this path.
+    applied: watch::Sender<u64>,
 }
 
 impl Pipeline {
@@ -58,7 +63,13 @@ impl Pipeline {
             ready: AtomicBool::new(false),
             log_limit: Mutex::new(RateLimit::new(10, std::time::Duration::from_secs(60))),
             attribution: None,
+            applied: watch::Sender::new(0),
         }
+    }
+
+    /// Changes after each report applied to the state (the value: reports so far).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
     }
 
     /// Labels runtimes and cores with their pods after each report.
@@ -103,6 +114,7 @@ impl Pipeline {
             }
         }
         self.metrics.reports.inc();
+        self.applied.send_modify(|n| *n += 1);
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         self.metrics.last_report_timestamp.set(now.as_secs_f64());
         self.metrics.report_processing_seconds.observe(started.elapsed().as_secs_f64());

@@ -96,6 +96,11 @@ impl Routing {
         view
     }
 
+    /// Routes with a CloudWatch sink, each with its compiled runtime entries.
+    pub fn cloudwatch_routes(&self) -> impl Iterator<Item = (&Route, &[(Option<Regex>, Vec<RuntimeGroup>)])> {
+        self.routes.iter().filter(|c| c.route.cloudwatch.is_some()).map(|c| (&c.route, c.runtimes.as_slice()))
+    }
+
     /// Whether Prometheus exports a system group.
     pub fn prometheus_system(&self, group: SystemGroup) -> bool {
         self.is_builtin()

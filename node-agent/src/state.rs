@@ -32,6 +32,8 @@ pub struct InstanceLabels {
     pub availability_zone: String,
     pub region: String,
     pub subnet_id: String,
+    /// Not a Prometheus label (AWS's exporter has none); a CloudWatch dimension.
+    pub ami_id: String,
 }
 
 impl InstanceLabels {
@@ -44,6 +46,7 @@ impl InstanceLabels {
             availability_zone: text(&info.instance_availability_zone),
             region: text(&info.instance_region),
             subnet_id: text(&info.subnet_id),
+            ami_id: text(&info.ami_id),
         }
     }
 }

@@ -1,3 +1,4 @@
 //! Where the node's telemetry goes.
 
+pub mod cloudwatch;
 pub mod prometheus;

@@ -1,0 +1,365 @@
+//! What one sink sees of the node state and the samples it takes of it after a report.
+//!
+//! A route sees the applications of pods in its namespace (every application when its
+//! namespace is `None`) whose tag one of its runtime entries matches, with the groups of
+//! those entries; node-level metrics (ECC) and cores held by no pod only when its
+//! namespace is `None`. Of what it sees it publishes the metrics of its allow-list.
+//!
+//! Dimensions whose value is unknown (no pod attributed, no `--cluster-name`) are left
+//! out of the datum, as CloudWatch refuses empty values; the series of several
+//! applications then share one metric, which is what a coarser dimension set means.
+//! Counters (`neuron_execution_errors`, `neuron_execution_status`,
+//! `neurondevice_hw_ecc_events`) are sent as the number of events since the previous
+//! sample, split by type (`ErrorType`, `StatusType`, `EventType`); latency as the p50 and
+//! p99 that neuron-monitor reports (`Percentile`).
+
+use std::collections::HashMap;
+
+use api::{
+    cloudwatch_cost::{applies, dimension_name, shape_of, MetricShape, LATENCY_PERCENTILES},
+    crd::{CloudWatchMetric, Dimension},
+    monitor_config::{RuntimeGroup, SystemGroup},
+    node_config::Route,
+    report::Percentiles,
+};
+use regex::Regex;
+
+use super::datum::{Accumulator, MetricKey, MAX_DIMENSIONS};
+use crate::state::{InstanceLabels, NodeState, PodRef, RuntimeState};
+
+/// The sink's selection, and the counter values it last saw.
+#[derive(Debug)]
+pub struct View {
+    namespace: Option<String>,
+    runtimes: Vec<(Option<Regex>, Vec<RuntimeGroup>)>,
+    metrics: Vec<&'static MetricShape>,
+    node_level: bool,
+    dimension_sets: Vec<Vec<Dimension>>,
+    cluster_name: Option<String>,
+    node_name: Option<String>,
+    /// Running sums last seen, per runtime tag and per device.
+    errors_seen: HashMap<String, [f64; 6]>,
+    status_seen: HashMap<String, [f64; 6]>,
+    ecc_seen: HashMap<u32, [f64; 4]>,
+    /// The first sample only records where the running sums stand (the sink started
+    /// after the agent had counted events that are not this sink's to send).
+    baseline_first: bool,
+}
+
+/// The fixed dimension values of the agent.
+#[derive(Clone, Debug, Default)]
+pub struct AgentDimensions {
+    pub cluster_name: Option<String>,
+    pub node_name: Option<String>,
+}
+
+/// Where one sample comes from: what its dimensions are filled from.
+#[derive(Clone, Copy)]
+struct Origin<'a> {
+    instance: &'a InstanceLabels,
+    runtime_tag: Option<&'a str>,
+    pod: Option<&'a PodRef>,
+    core: Option<u32>,
+    device: Option<u32>,
+}
+
+impl View {
+    /// `fresh`: no report was applied before the sink started, so every counted event is
+    /// the sink's to send.
+    pub fn new(
+        route: &Route,
+        runtimes: &[(Option<Regex>, Vec<RuntimeGroup>)],
+        agent: &AgentDimensions,
+        dimension_sets: Vec<Vec<Dimension>>,
+        fresh: bool,
+    ) -> Self {
+        let allowed = route.cloudwatch.as_ref().and_then(|c| c.metrics.clone());
+        let metrics = api::cloudwatch_cost::CATALOGUE
+            .iter()
+            .filter(|s| allowed.as_ref().is_none_or(|a| a.contains(&s.metric)))
+            .collect();
+        View {
+            namespace: route.namespace.clone(),
+            runtimes: runtimes.to_vec(),
+            metrics,
+            node_level: route.namespace.is_none() && route.system_groups.contains(&SystemGroup::NeuronHwCounters),
+            dimension_sets,
+            cluster_name: agent.cluster_name.clone().filter(|s| !s.is_empty()),
+            node_name: agent.node_name.clone().filter(|s| !s.is_empty()),
+            errors_seen: HashMap::new(),
+            status_seen: HashMap::new(),
+            ecc_seen: HashMap::new(),
+            baseline_first: !fresh,
+        }
+    }
+
+    fn publishes(&self, metric: CloudWatchMetric) -> bool {
+        self.metrics.iter().any(|m| m.metric == metric)
+    }
+
+    fn sees_pod(&self, pod: Option<&PodRef>) -> bool {
+        match &self.namespace {
+            None => true,
+            Some(ns) => pod.is_some_and(|p| &p.namespace == ns),
+        }
+    }
+
+    /// Groups this sink takes of a runtime; empty: the runtime is not its.
+    fn groups_of(&self, rt: &RuntimeState) -> Vec<RuntimeGroup> {
+        if !self.sees_pod(rt.labels.pod.as_deref()) {
+            return Vec::new();
+        }
+        let mut groups = Vec::new();
+        for (filter, entry_groups) in &self.runtimes {
+            if filter.as_ref().is_some_and(|f| !f.is_match(&rt.labels.runtime_tag)) {
+                continue;
+            }
+            for g in entry_groups {
+                if !groups.contains(g) {
+                    groups.push(*g);
+                }
+            }
+        }
+        groups
+    }
+
+    /// Takes one sample of everything this sink sees into `acc`.
+    pub fn sample(&mut self, state: &NodeState, acc: &mut Accumulator) {
+        let cores_per_device = state.hardware.as_ref().and_then(|h| h.cores_per_device).filter(|c| *c > 0);
+        let device_of = |core: u32| cores_per_device.map(|n| core / n);
+        let emit_counts = !std::mem::take(&mut self.baseline_first);
+        let instance = &*state.instance;
+        let mut seen_tags: Vec<&str> = Vec::with_capacity(state.runtimes.len());
+
+        for rt in &state.runtimes {
+            let groups = self.groups_of(rt);
+            if groups.is_empty() {
+                continue;
+            }
+            seen_tags.push(&rt.labels.runtime_tag);
+            let base = Origin {
+                instance,
+                runtime_tag: Some(&rt.labels.runtime_tag),
+                pod: rt.labels.pod.as_deref(),
+                core: None,
+                device: None,
+            };
+            if groups.contains(&RuntimeGroup::NeuroncoreCounters)
+                && self.publishes(CloudWatchMetric::NeuroncoreUtilization)
+            {
+                for core in &rt.cores {
+                    if let Some(u) = core.utilization {
+                        let origin = Origin { core: Some(core.index), device: device_of(core.index), ..base };
+                        self.gauge(acc, CloudWatchMetric::NeuroncoreUtilization, origin, None, u);
+                    }
+                }
+            }
+            if groups.contains(&RuntimeGroup::MemoryUsed) {
+                self.sample_memory(acc, rt, base, &device_of);
+            }
+            if groups.contains(&RuntimeGroup::ExecutionStats) {
+                self.sample_execution(acc, rt, base, emit_counts);
+            }
+        }
+        // Forget the counters of applications that left, so a return starts from zero
+        // (as the node state's running sums do).
+        self.errors_seen.retain(|tag, _| seen_tags.contains(&tag.as_str()));
+        self.status_seen.retain(|tag, _| seen_tags.contains(&tag.as_str()));
+
+        self.sample_idle_cores(acc, state, &device_of);
+        if self.node_level && self.publishes(CloudWatchMetric::NeurondeviceHwEccEvents) {
+            for (device, totals) in &state.system.ecc_totals {
+                let origin = Origin { instance, runtime_tag: None, pod: None, core: None, device: Some(*device) };
+                let previous = self.ecc_seen.insert(*device, *totals);
+                let shape = shape_of(CloudWatchMetric::NeurondeviceHwEccEvents);
+                for (i, total) in totals.iter().enumerate() {
+                    let delta = increase(previous.map(|p| p[i]), *total, emit_counts);
+                    let split = shape.split.map(|(name, values)| (name, values[i]));
+                    self.count(acc, shape, origin, split, delta);
+                }
+            }
+        }
+    }
+
+    fn sample_memory(
+        &self,
+        acc: &mut Accumulator,
+        rt: &RuntimeState,
+        base: Origin<'_>,
+        device_of: &dyn Fn(u32) -> Option<u32>,
+    ) {
+        const SLOTS: [CloudWatchMetric; 5] = [
+            CloudWatchMetric::NeuroncoreMemoryUsageConstants,
+            CloudWatchMetric::NeuroncoreMemoryUsageModelCode,
+            CloudWatchMetric::NeuroncoreMemoryUsageModelSharedScratchpad,
+            CloudWatchMetric::NeuroncoreMemoryUsageRuntimeMemory,
+            CloudWatchMetric::NeuroncoreMemoryUsageTensors,
+        ];
+        // Device memory of the runtime: the sum of its cores' memory, per device.
+        let mut per_device: Vec<(Option<u32>, f64)> = Vec::new();
+        for core in &rt.cores {
+            let Some(memory) = core.memory else { continue };
+            let origin = Origin { core: Some(core.index), device: device_of(core.index), ..base };
+            let values = memory.values();
+            for (metric, value) in SLOTS.iter().zip(values) {
+                if let Some(v) = value.filter(|_| self.publishes(*metric)) {
+                    self.gauge(acc, *metric, origin, None, v);
+                }
+            }
+            let total: f64 = values.iter().flatten().sum();
+            match per_device.iter_mut().find(|(d, _)| *d == origin.device) {
+                Some((_, sum)) => *sum += total,
+                None => per_device.push((origin.device, total)),
+            }
+        }
+        if self.publishes(CloudWatchMetric::NeurondeviceRuntimeMemoryUsedBytes) {
+            for (device, bytes) in per_device {
+                let origin = Origin { device, ..base };
+                self.gauge(acc, CloudWatchMetric::NeurondeviceRuntimeMemoryUsedBytes, origin, None, bytes);
+            }
+        }
+    }
+
+    fn sample_execution(&mut self, acc: &mut Accumulator, rt: &RuntimeState, base: Origin<'_>, emit_counts: bool) {
+        let tag = &rt.labels.runtime_tag;
+        let mut increases: Vec<(&'static MetricShape, [f64; 6])> = Vec::with_capacity(2);
+        for (metric, totals, seen) in [
+            (CloudWatchMetric::NeuronExecutionErrors, rt.errors_total, &mut self.errors_seen),
+            (CloudWatchMetric::NeuronExecutionStatus, rt.status_total, &mut self.status_seen),
+        ] {
+            let Some(totals) = totals else { continue };
+            // A runtime first seen after the first sample is new: all its events count.
+            let previous = seen.insert(tag.clone(), totals).or(if emit_counts { Some([0.0; 6]) } else { None });
+            let mut delta = [0.0; 6];
+            for (i, total) in totals.iter().enumerate() {
+                delta[i] = increase(previous.map(|p| p[i]), *total, emit_counts);
+            }
+            increases.push((shape_of(metric), delta));
+        }
+        for (shape, delta) in increases {
+            if !self.publishes(shape.metric) {
+                continue;
+            }
+            for (i, value) in delta.iter().enumerate() {
+                let split = shape.split.map(|(name, values)| (name, values[i]));
+                self.count(acc, shape, base, split, *value);
+            }
+        }
+        if let (Some(latency), true) = (&rt.latency, self.publishes(CloudWatchMetric::NeuronExecutionLatency)) {
+            for p in LATENCY_PERCENTILES {
+                if let Some(v) = percentile(latency, p) {
+                    self.gauge(acc, CloudWatchMetric::NeuronExecutionLatency, base, Some(("Percentile", p)), v);
+                }
+            }
+        }
+    }
+
+    /// Cores no application uses: 0 % for the pod that holds them, or for the node.
+    fn sample_idle_cores(&self, acc: &mut Accumulator, state: &NodeState, device_of: &dyn Fn(u32) -> Option<u32>) {
+        // Idle cores have no tag: only an entry that takes every application covers them.
+        let covered = self
+            .runtimes
+            .iter()
+            .any(|(filter, groups)| filter.is_none() && groups.contains(&RuntimeGroup::NeuroncoreCounters));
+        if !covered || !self.publishes(CloudWatchMetric::NeuroncoreUtilization) {
+            return;
+        }
+        for core in &state.idle_cores {
+            let pod = core.pod.as_deref();
+            if !self.sees_pod(pod) || (pod.is_none() && self.namespace.is_some()) {
+                continue;
+            }
+            let origin = Origin {
+                instance: &state.instance,
+                runtime_tag: None,
+                pod,
+                core: Some(core.index),
+                device: device_of(core.index),
+            };
+            self.gauge(acc, CloudWatchMetric::NeuroncoreUtilization, origin, None, 0.0);
+        }
+    }
+
+    fn gauge(
+        &self,
+        acc: &mut Accumulator,
+        metric: CloudWatchMetric,
+        origin: Origin<'_>,
+        split: Option<(&'static str, &'static str)>,
+        value: f64,
+    ) {
+        let shape = shape_of(metric);
+        for set in &self.dimension_sets {
+            acc.gauge(self.key(shape, set, origin, split), shape.unit, value);
+        }
+    }
+
+    fn count(
+        &self,
+        acc: &mut Accumulator,
+        shape: &'static MetricShape,
+        origin: Origin<'_>,
+        split: Option<(&'static str, &'static str)>,
+        value: f64,
+    ) {
+        for set in &self.dimension_sets {
+            acc.count(self.key(shape, set, origin, split), value);
+        }
+    }
+
+    fn key(
+        &self,
+        shape: &'static MetricShape,
+        set: &[Dimension],
+        o: Origin<'_>,
+        split: Option<(&'static str, &'static str)>,
+    ) -> MetricKey {
+        let mut dimensions = Vec::with_capacity(set.len() + 1);
+        for d in set.iter().copied().filter(|d| applies(*d, shape.level)) {
+            let value = match d {
+                Dimension::ClusterName => self.cluster_name.clone(),
+                Dimension::NodeName => self.node_name.clone(),
+                Dimension::InstanceId => Some(o.instance.instance_id.clone()),
+                Dimension::InstanceType => Some(o.instance.instance_type.clone()),
+                Dimension::AmiId => Some(o.instance.ami_id.clone()),
+                Dimension::AvailabilityZone => Some(o.instance.availability_zone.clone()),
+                Dimension::NeuronCore => o.core.map(|c| c.to_string()),
+                Dimension::NeuronDevice => o.device.map(|d| d.to_string()),
+                Dimension::RuntimeTag => o.runtime_tag.map(str::to_owned),
+                Dimension::Namespace => o.pod.map(|p| p.namespace.clone()),
+                Dimension::PodName => o.pod.map(|p| p.pod.clone()),
+                Dimension::ContainerName => o.pod.map(|p| p.container.clone()),
+            };
+            // CloudWatch takes 1..=1024 characters.
+            if let Some(v) = value.filter(|v| !v.is_empty()) {
+                dimensions.push((dimension_name(d), truncate(v, 1024)));
+            }
+        }
+        if let Some((name, value)) = split {
+            dimensions.push((name, value.to_owned()));
+        }
+        dimensions.truncate(MAX_DIMENSIONS);
+        MetricKey { name: shape.name, dimensions }
+    }
+}
+
+/// Events since the previous running sum; a sum that went down restarted from zero.
+fn increase(previous: Option<f64>, total: f64, emit: bool) -> f64 {
+    match previous {
+        None if !emit => 0.0,
+        None => total,
+        Some(p) if total >= p => total - p,
+        Some(_) => total,
+    }
+}
+
+fn percentile(p: &Percentiles, name: &str) -> Option<f64> {
+    Percentiles::NAMES.iter().position(|n| *n == name).and_then(|i| p.values()[i])
+}
+
+fn truncate(mut s: String, max_chars: usize) -> String {
+    if let Some((i, _)) = s.char_indices().nth(max_chars) {
+        s.truncate(i);
+    }
+    s
+}

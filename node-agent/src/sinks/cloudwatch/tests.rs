@@ -1,0 +1,325 @@
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use api::{
+    cloudwatch_cost::Unit,
+    crd::{CloudWatchMetric, CloudWatchSinkSpec, Dimension},
+    monitor_config::{RuntimeGroup, SystemGroup},
+    node_config::{NodeConfig, Route, RouteRuntimes},
+    report::Report,
+};
+
+use super::{
+    datum::{split, Accumulator, Datum, MetricKey, Values, MAX_DATUMS_PER_REQUEST, MAX_REQUEST_BYTES},
+    publish::{classify_service, to_sdk, Backoff},
+    select::{AgentDimensions, View},
+    valid_namespace, valid_region, Invalid, Settings,
+};
+use crate::{
+    routing::Routing,
+    state::{NodeState, PodRef},
+    testdata::{fixture, TRN1N_32, TRN1_ERRORS},
+};
+
+fn key(name: &'static str, dims: &[(&'static str, &str)]) -> MetricKey {
+    MetricKey { name, dimensions: dims.iter().map(|(n, v)| (*n, (*v).to_owned())).collect() }
+}
+
+fn cw(namespace: &str) -> CloudWatchSinkSpec {
+    CloudWatchSinkSpec { namespace: namespace.to_owned(), ..Default::default() }
+}
+
+fn route(namespace: Option<&str>, filter: Option<&str>, spec: CloudWatchSinkSpec) -> Route {
+    Route {
+        config: "team/config".to_owned(),
+        namespace: namespace.map(str::to_owned),
+        runtimes: vec![RouteRuntimes { tag_filter: filter.map(str::to_owned), groups: RuntimeGroup::ALL.to_vec() }],
+        system_groups: SystemGroup::ALL.to_vec(),
+        prometheus: None,
+        cloudwatch: Some(spec),
+    }
+}
+
+/// Samples `state` once through the sink of `route`; the datums of one flush.
+fn sample(route: Route, state: &NodeState, agent: &AgentDimensions) -> Vec<Datum> {
+    let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![route] }).unwrap();
+    let (route, runtimes) = routing.cloudwatch_routes().next().unwrap();
+    let settings = Settings::from_spec(route.cloudwatch.as_ref().unwrap()).unwrap();
+    let mut view = View::new(route, runtimes, agent, settings.dimension_sets, true);
+    let mut acc = Accumulator::default();
+    view.sample(state, &mut acc);
+    acc.drain(std::time::SystemTime::UNIX_EPOCH, 60)
+}
+
+fn state_of(name: &str) -> NodeState {
+    let mut state = NodeState::default();
+    state.apply(&Report::parse(&fixture(name)).unwrap());
+    state
+}
+
+fn names(datums: &[Datum]) -> BTreeSet<&'static str> {
+    datums.iter().map(|d| d.key.name).collect()
+}
+
+fn dims(d: &Datum) -> Vec<&str> {
+    d.key.dimensions.iter().map(|(n, _)| *n).collect()
+}
+
+#[test]
+fn samples_become_one_datum_per_metric_with_value_counts() {
+    let mut acc = Accumulator::default();
+    let k = key("neuroncore_utilization", &[("NeuronCore", "0")]);
+    for v in [50.0, 50.0, 70.0, f64::NAN] {
+        acc.gauge(k.clone(), Unit::Percent, v);
+    }
+    acc.count(key("neuron_execution_errors", &[("ErrorType", "generic")]), 2.0);
+    acc.count(key("neuron_execution_errors", &[("ErrorType", "generic")]), 3.0);
+    let datums = acc.drain(std::time::SystemTime::UNIX_EPOCH, 60);
+    assert_eq!(datums.len(), 2);
+    let errors = &datums[0];
+    assert_eq!(errors.key.name, "neuron_execution_errors");
+    assert_eq!(errors.values, Values::Distribution(vec![(5.0, 1.0)]));
+    assert_eq!(errors.unit, Unit::Count);
+    let util = &datums[1];
+    assert_eq!(util.values, Values::Distribution(vec![(50.0, 2.0), (70.0, 1.0)]));
+    assert_eq!(util.sample_count(), 3.0);
+    assert!(acc.is_empty(), "a flush starts over");
+}
+
+#[test]
+fn more_than_150_distinct_values_become_a_statistic_set() {
+    let mut acc = Accumulator::default();
+    for i in 0..200 {
+        acc.gauge(key("neuroncore_utilization", &[]), Unit::Percent, f64::from(i));
+    }
+    let datums = acc.drain(std::time::SystemTime::UNIX_EPOCH, 1);
+    assert_eq!(datums[0].values, Values::Statistics { count: 200.0, sum: 19_900.0, min: 0.0, max: 199.0 });
+    assert_eq!(datums[0].storage_resolution, 1);
+}
+
+fn datum(name: &'static str, dims: usize, values: usize) -> Datum {
+    let dimensions = (0..dims).map(|i| ("PodName", format!("pod-{i}-{}", "x".repeat(200)))).collect();
+    Datum {
+        key: Arc::new(MetricKey { name, dimensions }),
+        unit: Unit::Bytes,
+        values: Values::Distribution((0..values).map(|v| (v as f64, 1.0)).collect()),
+        timestamp: std::time::SystemTime::UNIX_EPOCH,
+        storage_resolution: 60,
+    }
+}
+
+#[test]
+fn requests_hold_at_most_1000_datums() {
+    let batches = split((0..2500).map(|_| datum("neuroncore_utilization", 2, 1)).collect(), "Team/Neuron");
+    assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), vec![1000, 1000, 500]);
+}
+
+#[test]
+fn requests_stay_under_1_mb() {
+    // 150 values and 20 long dimensions: ~9 KB each, so ~110 fit in a request.
+    let datums: Vec<Datum> = (0..1000).map(|_| datum("neuroncore_memory_usage_tensors", 20, 150)).collect();
+    let total: usize = datums.iter().map(Datum::encoded_size).sum();
+    let batches = split(datums, "Team/Neuron");
+    assert!(batches.len() >= total.div_ceil(MAX_REQUEST_BYTES));
+    for batch in &batches {
+        assert!(batch.len() <= MAX_DATUMS_PER_REQUEST);
+        assert!(batch.iter().map(Datum::encoded_size).sum::<usize>() < MAX_REQUEST_BYTES);
+    }
+    assert_eq!(batches.iter().map(Vec::len).sum::<usize>(), 1000, "nothing lost in splitting");
+}
+
+#[test]
+fn the_size_estimate_is_above_the_sdk_encoding() {
+    // The real request body (CBOR) must be below the estimate, or requests could pass 1 MB.
+    let d = datum("neuroncore_memory_usage_tensors", 20, 150);
+    let sdk = to_sdk(&d);
+    let cbor_lower_bound: usize =
+        sdk.dimensions().iter().map(|x| x.name().unwrap().len() + x.value().unwrap().len()).sum::<usize>()
+            + sdk.values().len() * 9
+            + sdk.counts().len() * 9;
+    assert!(d.encoded_size() > cbor_lower_bound + 200);
+}
+
+#[test]
+fn sdk_datums_carry_values_and_counts_or_statistics() {
+    let mut d = datum("neuroncore_utilization", 1, 2);
+    let sdk = to_sdk(&d);
+    assert_eq!(sdk.values(), &[0.0, 1.0]);
+    assert_eq!(sdk.counts(), &[1.0, 1.0]);
+    assert_eq!(sdk.storage_resolution(), Some(60));
+    assert_eq!(sdk.unit().map(|u| u.as_str()), Some("Bytes"));
+    d.values = Values::Statistics { count: 3.0, sum: 6.0, min: 1.0, max: 3.0 };
+    let stats = to_sdk(&d).statistic_values().cloned().unwrap();
+    assert_eq!((stats.sample_count(), stats.sum(), stats.minimum(), stats.maximum()), (Some(3.0), Some(6.0), Some(1.0), Some(3.0)));
+}
+
+#[test]
+fn errors_are_sorted_into_retry_and_give_up() {
+    let retried = |status, code| classify_service(status, code);
+    assert_eq!(retried(400, "Throttling").reason, "throttled");
+    assert!(retried(400, "Throttling").retry);
+    assert_eq!(retried(429, "").reason, "throttled");
+    assert_eq!(retried(500, "InternalServiceError").reason, "server_error");
+    assert_eq!(retried(503, "").reason, "server_error");
+    assert_eq!(retried(403, "ExpiredToken").reason, "auth");
+    assert!(retried(403, "ExpiredToken").retry);
+    let rejected = retried(400, "InvalidParameterValue");
+    assert_eq!((rejected.reason, rejected.retry), ("rejected", false));
+}
+
+#[test]
+fn backoff_grows_jittered_and_capped() {
+    let b = Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(2) };
+    for attempt in 0..30 {
+        let cap = (Duration::from_millis(100) * 2u32.saturating_pow(attempt.min(20))).min(Duration::from_secs(2));
+        let d = b.delay(attempt);
+        assert!(d >= cap / 2 && d <= cap, "attempt {attempt}: {d:?} not in [{:?}, {cap:?}]", cap / 2);
+    }
+}
+
+#[test]
+fn settings_are_checked() {
+    assert!(valid_region("us-west-2") && valid_region("ap-southeast-1") && valid_region("us-gov-west-1"));
+    assert!(
+        !valid_region("mars") && !valid_region("US-WEST-2") && !valid_region("us-west-") && !valid_region("u-west-2")
+    );
+    assert!(
+        valid_namespace("Team A/Neuron#1")
+            && !valid_namespace("AWS/Neuron")
+            && !valid_namespace("")
+            && !valid_namespace("a|b")
+    );
+    let s = Settings::from_spec(&cw("Team/Neuron")).unwrap();
+    assert_eq!((s.storage_resolution, s.flush_interval, s.region.clone()), (60, Duration::from_secs(60), None));
+    assert_eq!(s.dimension_sets.len(), 1);
+    let bad = |f: fn(&mut CloudWatchSinkSpec)| {
+        let mut spec = cw("Team/Neuron");
+        f(&mut spec);
+        Settings::from_spec(&spec).unwrap_err()
+    };
+    assert_eq!(bad(|s| s.namespace = "AWS/EC2".into()).reason(), "namespace");
+    assert_eq!(bad(|s| s.region = Some("moon-1".into())).reason(), "region");
+    assert_eq!(bad(|s| s.storage_resolution = Some(5)), Invalid::Resolution(5));
+    assert_eq!(bad(|s| s.flush_interval = Some("500ms".into())).reason(), "flush_interval");
+    assert_eq!(bad(|s| s.flush_interval = Some("soon".into())).reason(), "flush_interval");
+}
+
+#[test]
+fn default_set_on_a_32_runtime_node_fits_one_request() {
+    let state = state_of(TRN1N_32);
+    let agent = AgentDimensions { cluster_name: Some("prod".into()), node_name: Some("ip-10-0-0-1".into()) };
+    let datums = sample(route(None, None, cw("Ops/Neuron")), &state, &agent);
+    // Every metric but ECC (no neuron_hw_counters in this report) and latency (null: the
+    // recording caught no completed execution).
+    assert_eq!(names(&datums).len(), 9, "{:?}", names(&datums));
+    // Per core 6 × 32; device memory per device (no pod: the runtimes of a device share
+    // it) 16; errors and status 6 + 6, all runtimes together.
+    assert_eq!(datums.len(), 6 * 32 + 16 + 12);
+    assert_eq!(split(datums.clone(), "Ops/Neuron").len(), 1);
+    let util: Vec<&Datum> = datums.iter().filter(|d| d.key.name == "neuroncore_utilization").collect();
+    assert_eq!(util.len(), 32, "one per core");
+    assert_eq!(dims(util[0]), vec!["ClusterName", "NodeName", "NeuronCore", "NeuronDevice"]);
+    let core_5 = util.iter().find(|d| d.key.dimensions.contains(&("NeuronCore", "5".into()))).unwrap();
+    assert!(core_5.key.dimensions.contains(&("NeuronDevice", "2".into())));
+    // Without pods, runtime-level metrics of all applications share a metric.
+    let errors: Vec<&Datum> = datums.iter().filter(|d| d.key.name == "neuron_execution_errors").collect();
+    assert_eq!(errors.len(), 6);
+    assert_eq!(dims(errors[0]), vec!["ClusterName", "NodeName", "ErrorType"]);
+}
+
+#[test]
+fn tag_filter_and_dimensions_choose_what_is_sent() {
+    let state = state_of(TRN1N_32);
+    let tag = state.runtimes[3].labels.runtime_tag.clone();
+    let mut spec = cw("Team/Neuron");
+    spec.dimensions = Some(vec![Dimension::RuntimeTag, Dimension::InstanceId, Dimension::AmiId]);
+    spec.metrics = Some(vec![CloudWatchMetric::NeuroncoreUtilization, CloudWatchMetric::NeuronExecutionStatus]);
+    let datums = sample(route(None, Some(&format!("^{tag}$")), spec), &state, &AgentDimensions::default());
+    assert_eq!(names(&datums), BTreeSet::from(["neuroncore_utilization", "neuron_execution_status"]));
+    for d in &datums {
+        assert!(d.key.dimensions.contains(&("RuntimeTag", tag.clone())), "{:?}", d.key);
+        assert!(d.key.dimensions.contains(&("AmiId", "ami-0fd89cf018add6552".into())));
+    }
+    assert_eq!(datums.iter().filter(|d| d.key.name == "neuron_execution_status").count(), 6);
+}
+
+#[test]
+fn rollups_publish_the_same_samples_under_coarser_sets() {
+    let state = state_of(TRN1N_32);
+    let mut spec = cw("Team/Neuron");
+    spec.dimensions = Some(vec![Dimension::NeuronCore]);
+    spec.rollups = Some(vec![vec![Dimension::InstanceType]]);
+    spec.metrics = Some(vec![CloudWatchMetric::NeuroncoreUtilization]);
+    let datums = sample(route(None, None, spec), &state, &AgentDimensions::default());
+    assert_eq!(datums.len(), 32 + 1);
+    let rollup = datums.iter().find(|d| dims(d) == vec!["InstanceType"]).unwrap();
+    assert_eq!(rollup.sample_count(), 32.0, "every core's sample, aggregated");
+}
+
+#[test]
+fn a_namespaced_route_sees_only_its_pods_and_no_node_level_data() {
+    let mut state = state_of(TRN1_ERRORS);
+    let agent = AgentDimensions::default();
+    let team = route(Some("team-a"), None, cw("TeamA/Neuron"));
+    assert!(sample(team.clone(), &state, &agent).is_empty(), "no pod attributed: not the team's");
+    let pod = Arc::new(PodRef {
+        namespace: "team-a".into(),
+        pod: "trainer-0".into(),
+        container: "main".into(),
+        labels: vec![],
+    });
+    for rt in &mut state.runtimes {
+        Arc::make_mut(&mut rt.labels).pod = Some(pod.clone());
+    }
+    let datums = sample(team, &state, &agent);
+    assert!(!datums.is_empty());
+    assert!(datums.iter().all(|d| d.key.dimensions.contains(&("Namespace", "team-a".into()))
+        && d.key.dimensions.contains(&("PodName", "trainer-0".into()))
+        && d.key.name != "neurondevice_hw_ecc_events"));
+    assert!(sample(route(Some("team-b"), None, cw("TeamB/Neuron")), &state, &agent).is_empty());
+}
+
+#[test]
+fn counters_send_increases_since_the_previous_sample() {
+    let line = fixture(TRN1_ERRORS);
+    let mut state = NodeState::default();
+    state.apply(&Report::parse(&line).unwrap());
+    let routing = Routing::compile(&NodeConfig {
+        monitor: Default::default(),
+        routes: vec![route(None, None, {
+            let mut s = cw("Ops/Neuron");
+            s.dimensions = Some(vec![Dimension::RuntimeTag]);
+            s.metrics = Some(vec![CloudWatchMetric::NeuronExecutionErrors]);
+            s
+        })],
+    })
+    .unwrap();
+    let (r, runtimes) = routing.cloudwatch_routes().next().unwrap();
+    let sets = Settings::from_spec(r.cloudwatch.as_ref().unwrap()).unwrap().dimension_sets;
+    let per_report: f64 = state.runtimes.iter().filter_map(|rt| rt.errors_total).map(|t| t.iter().sum::<f64>()).sum();
+    assert!(per_report > 0.0, "the fixture has errors");
+    let sum = |datums: Vec<Datum>| -> f64 {
+        datums
+            .iter()
+            .map(|d| match &d.values {
+                Values::Distribution(v) => v.iter().map(|(x, c)| x * c).sum::<f64>(),
+                Values::Statistics { sum, .. } => *sum,
+            })
+            .sum()
+    };
+    // A sink started with the agent sends everything counted; twice the same report
+    // doubles the running sums.
+    let mut fresh = View::new(r, runtimes, &AgentDimensions::default(), sets.clone(), true);
+    let mut acc = Accumulator::default();
+    fresh.sample(&state, &mut acc);
+    state.apply(&Report::parse(&line).unwrap());
+    fresh.sample(&state, &mut acc);
+    assert_eq!(sum(acc.drain(std::time::SystemTime::UNIX_EPOCH, 60)), 2.0 * per_report);
+    // A sink started later sends only what it saw happen.
+    let mut late = View::new(r, runtimes, &AgentDimensions::default(), sets, false);
+    late.sample(&state, &mut acc);
+    let baseline = acc.drain(std::time::SystemTime::UNIX_EPOCH, 60);
+    assert_eq!(sum(baseline), 0.0);
+    state.apply(&Report::parse(&line).unwrap());
+    late.sample(&state, &mut acc);
+    assert_eq!(sum(acc.drain(std::time::SystemTime::UNIX_EPOCH, 60)), per_report);
+}
