@@ -1,0 +1,472 @@
+//! The CloudWatch sinks of the real agent binary, on the simulator, against a CloudWatch
+//! that speaks the SDK's wire protocol (see `support::cloudwatch`): what is stored is
+//! what the simulator produced, large nodes are split into valid requests, faults are
+//! retried and counted without blocking `/metrics`, SIGTERM sends what is queued.
+
+mod support;
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    time::{Duration, Instant, SystemTime},
+};
+
+use api::{
+    crd::{CloudWatchMetric, CloudWatchSinkSpec, Dimension},
+    duration::Period,
+    monitor_config::{MonitorConfig, RuntimeGroup, SystemGroup},
+    node_config::{NodeConfig, Route, RouteRuntimes},
+};
+use aws_sdk_cloudwatch::{
+    primitives::DateTime,
+    types::{Dimension as CwDimension, DimensionFilter, Metric, MetricDataQuery, MetricStat},
+};
+use support::{
+    cloudwatch::{sdk_client, start_agent, Backend, Fault, FaultProxy},
+    Agent, Metrics,
+};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+}
+
+fn sink(namespace: &str, dimensions: &[Dimension], flush: &str) -> CloudWatchSinkSpec {
+    CloudWatchSinkSpec {
+        namespace: namespace.to_owned(),
+        dimensions: Some(dimensions.to_vec()),
+        flush_interval: Some(flush.to_owned()),
+        ..Default::default()
+    }
+}
+
+fn route(config: &str, namespace: Option<&str>, filter: Option<&str>, cloudwatch: CloudWatchSinkSpec) -> Route {
+    Route {
+        config: config.to_owned(),
+        namespace: namespace.map(str::to_owned),
+        runtimes: vec![RouteRuntimes { tag_filter: filter.map(str::to_owned), groups: RuntimeGroup::ALL.to_vec() }],
+        system_groups: if namespace.is_none() { SystemGroup::ALL.to_vec() } else { vec![] },
+        prometheus: Some(Default::default()),
+        cloudwatch: Some(cloudwatch),
+    }
+}
+
+fn node_config(routes: Vec<Route>) -> serde_json::Value {
+    let period: Period = "500ms".parse().expect("period");
+    serde_json::to_value(NodeConfig { monitor: MonitorConfig::all_groups(period), routes }).expect("json")
+}
+
+/// The agent's counter or gauge for one sink (0 when absent).
+fn sink_value(m: &Metrics, name: &str, sink: &str, extra: &[(&str, &str)]) -> f64 {
+    let mut labels = vec![("sink", sink)];
+    labels.extend_from_slice(extra);
+    m.sum(name, &labels)
+}
+
+/// Waits until the simulator stopped writing (`--hang-after`) and a sink has flushed
+/// everything: no report for a while, queue empty, nothing sent for two flushes.
+fn wait_settled(agent: &Agent, sink: &str, reports: f64) -> Metrics {
+    agent.wait_for("all reports applied", Duration::from_secs(30), |m| {
+        (m.sum("neuron_agent_reports_total", &[]) >= reports).then_some(())
+    });
+    let last = std::cell::Cell::new((-1.0, Instant::now()));
+    agent.wait_for("the sink to send everything", Duration::from_secs(60), |m| {
+        let sent = sink_value(m, "neuron_agent_cloudwatch_datums_sent_total", sink, &[]);
+        let queued = sink_value(m, "neuron_agent_cloudwatch_queue_datums", sink, &[]);
+        if sent != last.get().0 || queued > 0.0 {
+            last.set((sent, Instant::now()));
+            return None;
+        }
+        (sent > 0.0 && last.get().1.elapsed() > Duration::from_millis(2500)).then(|| m.clone())
+    })
+}
+
+fn dims(pairs: &[(&str, &str)]) -> Vec<CwDimension> {
+    pairs.iter().map(|(n, v)| CwDimension::builder().name(*n).value(*v).build()).collect()
+}
+
+/// Every metric of a namespace, through ListMetrics (all pages).
+fn list_metrics(addr: SocketAddr, namespace: &str, filters: &[(&str, &str)]) -> Vec<Metric> {
+    let client = sdk_client(addr);
+    runtime().block_on(async {
+        let mut out = Vec::new();
+        let mut token = None;
+        loop {
+            let mut req = client.list_metrics().namespace(namespace).set_next_token(token);
+            for (n, v) in filters {
+                req = req.dimensions(DimensionFilter::builder().name(*n).value(*v).build());
+            }
+            let page = req.send().await.expect("ListMetrics");
+            out.extend(page.metrics().iter().cloned());
+            token = page.next_token().map(str::to_owned);
+            if token.is_none() {
+                return out;
+            }
+        }
+    })
+}
+
+/// One statistic of one metric over the last hour, through GetMetricData (one period).
+fn statistic(addr: SocketAddr, namespace: &str, name: &str, dimensions: &[(&str, &str)], stat: &str) -> Option<f64> {
+    let client = sdk_client(addr);
+    let now = SystemTime::now();
+    let query = MetricDataQuery::builder()
+        .id("q")
+        .metric_stat(
+            MetricStat::builder()
+                .metric(
+                    Metric::builder()
+                        .namespace(namespace)
+                        .metric_name(name)
+                        .set_dimensions(Some(dims(dimensions)))
+                        .build(),
+                )
+                .period(7200)
+                .stat(stat)
+                .build(),
+        )
+        .build();
+    let out = runtime().block_on(async {
+        client
+            .get_metric_data()
+            .metric_data_queries(query)
+            .start_time(DateTime::from(now - Duration::from_secs(3600)))
+            .end_time(DateTime::from(now + Duration::from_secs(60)))
+            .send()
+            .await
+            .expect("GetMetricData")
+    });
+    let result = out.metric_data_results().first()?;
+    let values = result.values();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+fn names(metrics: &[Metric]) -> std::collections::BTreeSet<String> {
+    metrics.iter().filter_map(|m| m.metric_name().map(str::to_owned)).collect()
+}
+
+fn dimension_map(m: &Metric) -> BTreeMap<String, String> {
+    m.dimensions().iter().map(|d| (d.name().unwrap_or("").to_owned(), d.value().unwrap_or("").to_owned())).collect()
+}
+
+const SIM_SMALL: &[&str] = &[
+    "--instance-type=trn1.2xlarge",
+    "--app=tag=train,cores=0,util=80,rps=50,errors=2",
+    "--app=tag=serve,cores=1,util=25,rps=200",
+    "--ecc-every=1",
+    "--hang-after=6",
+];
+/// Without a silence limit the agent would restart the simulator once it hangs.
+const NO_RESTART: &[&str] = &["--silence-timeout", "1h", "--cluster-name", "prod", "--node-name", "node-a"];
+
+#[test]
+fn what_is_stored_is_what_the_simulator_produced() {
+    let cw = Backend::start();
+    let ops_dims = [Dimension::ClusterName, Dimension::NodeName, Dimension::NeuronCore, Dimension::RuntimeTag];
+    let mut serve = sink("Serve/Neuron", &[Dimension::RuntimeTag], "1s");
+    serve.metrics = Some(vec![
+        CloudWatchMetric::NeuroncoreUtilization,
+        CloudWatchMetric::NeuronExecutionLatency,
+        CloudWatchMetric::NeuronExecutionStatus,
+    ]);
+    let config = node_config(vec![
+        route("ops/all", None, None, sink("Ops/Neuron", &ops_dims, "1s")),
+        route("ops/serve", None, Some("^serve$"), serve),
+    ]);
+    let agent = start_agent(SIM_SMALL, &config, cw.addr(), NO_RESTART);
+    let m = wait_settled(&agent, "ops/all", 6.0);
+    wait_settled(&agent, "ops/serve", 6.0);
+    let addr = cw.addr();
+
+    // Every metric the node produces, with the agent's dimensions.
+    let ops = list_metrics(addr, "Ops/Neuron", &[]);
+    let expected: std::collections::BTreeSet<String> = [
+        "neuroncore_utilization",
+        "neuroncore_memory_usage_constants",
+        "neuroncore_memory_usage_model_code",
+        "neuroncore_memory_usage_model_shared_scratchpad",
+        "neuroncore_memory_usage_runtime_memory",
+        "neuroncore_memory_usage_tensors",
+        "neurondevice_runtime_memory_used_bytes",
+        "neuron_execution_errors",
+        "neuron_execution_status",
+        "neuron_execution_latency",
+        "neurondevice_hw_ecc_events",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    assert_eq!(names(&ops), expected);
+    for metric in &ops {
+        let d = dimension_map(metric);
+        assert_eq!(d.get("ClusterName").map(String::as_str), Some("prod"), "{metric:?}");
+        assert_eq!(d.get("NodeName").map(String::as_str), Some("node-a"), "{metric:?}");
+    }
+
+    // Gauges: the simulator's values.
+    let util = |core: &str, tag: &str| {
+        let d = [("ClusterName", "prod"), ("NodeName", "node-a"), ("NeuronCore", core), ("RuntimeTag", tag)];
+        statistic(addr, "Ops/Neuron", "neuroncore_utilization", &d, "Average")
+    };
+    assert_eq!(util("0", "train"), Some(80.0));
+    assert_eq!(util("1", "serve"), Some(25.0));
+    let p50 = [("ClusterName", "prod"), ("NodeName", "node-a"), ("RuntimeTag", "serve"), ("Percentile", "p50")];
+    assert_eq!(statistic(addr, "Ops/Neuron", "neuron_execution_latency", &p50, "Maximum"), Some(0.01));
+
+    // Counters: the sums of the per-period counts equal the agent's own running sums.
+    let prom =
+        |name: &str, labels: &[(&str, &str)]| m.value(name, labels).unwrap_or_else(|| panic!("{name} {labels:?}"));
+    let completed = prom("execution_status_total", &[("runtime_tag", "serve"), ("status_type", "completed")]);
+    assert!(completed >= 500.0, "six reports of 100 executions each, at least five carrying execution_stats");
+    let d = [("ClusterName", "prod"), ("NodeName", "node-a"), ("RuntimeTag", "serve"), ("StatusType", "completed")];
+    assert_eq!(statistic(addr, "Ops/Neuron", "neuron_execution_status", &d, "Sum"), Some(completed));
+    let errors = prom("execution_errors_total", &[("runtime_tag", "train"), ("error_type", "generic")]);
+    let d = [("ClusterName", "prod"), ("NodeName", "node-a"), ("RuntimeTag", "train"), ("ErrorType", "generic")];
+    assert_eq!(statistic(addr, "Ops/Neuron", "neuron_execution_errors", &d, "Sum"), Some(errors));
+    let d = [("ClusterName", "prod"), ("NodeName", "node-a"), ("RuntimeTag", "train"), ("ErrorType", "hardware")];
+    assert_eq!(statistic(addr, "Ops/Neuron", "neuron_execution_errors", &d, "Sum"), Some(0.0));
+    let ecc = prom("hardware_ecc_events_total", &[("event_type", "mem_ecc_corrected"), ("neuron_device_index", "0")]);
+    let d = [("ClusterName", "prod"), ("NodeName", "node-a"), ("EventType", "mem_ecc_corrected")];
+    assert_eq!(statistic(addr, "Ops/Neuron", "neurondevice_hw_ecc_events", &d, "Sum"), Some(ecc));
+
+    // The tag-filtered sink: only `serve`, only its allow-list, no node-level data.
+    let serve = list_metrics(addr, "Serve/Neuron", &[]);
+    assert_eq!(
+        names(&serve),
+        ["neuron_execution_latency", "neuron_execution_status", "neuroncore_utilization"].map(str::to_owned).into()
+    );
+    assert!(serve.iter().all(|m| dimension_map(m).get("RuntimeTag").map(String::as_str) == Some("serve")));
+    let d = [("RuntimeTag", "serve"), ("StatusType", "completed")];
+    assert_eq!(statistic(addr, "Serve/Neuron", "neuron_execution_status", &d, "Sum"), Some(completed));
+
+    // What went over the wire: one datum per metric and flush, values with counts,
+    // CloudWatch units, the configured resolution.
+    if let Backend::Store(store) = &cw {
+        let datums = store.datums();
+        let flushes = sink_value(&m, "neuron_agent_cloudwatch_flushes_total", "ops/all", &[]);
+        let util: Vec<_> =
+            datums.iter().filter(|d| d.namespace == "Ops/Neuron" && d.name == "neuroncore_utilization").collect();
+        assert!(util.len() as f64 <= 2.0 * flushes, "one datum per core and flush, not per sample");
+        assert!(util.iter().any(|d| d.values.iter().any(|(_, count)| *count > 1.0)), "samples carried as counts");
+        for d in &datums {
+            assert_eq!(d.storage_resolution, Some(60));
+            let unit = match d.name.as_str() {
+                "neuroncore_utilization" => "Percent",
+                "neuron_execution_latency" => "Seconds",
+                n if n.contains("memory") => "Bytes",
+                _ => "Count",
+            };
+            assert_eq!(d.unit.as_deref(), Some(unit), "{}", d.name);
+        }
+        let sent = sink_value(&m, "neuron_agent_cloudwatch_datums_sent_total", "ops/all", &[])
+            + sink_value(&agent.metrics(), "neuron_agent_cloudwatch_datums_sent_total", "ops/serve", &[]);
+        assert_eq!(datums.len() as f64, sent, "every datum the agent counted as sent is stored");
+    }
+}
+
+fn large_node_args(apps: usize) -> Vec<String> {
+    let mut args = vec!["--instance-type=trn1.32xlarge".to_owned(), "--hang-after=4".to_owned()];
+    for i in 0..apps {
+        args.push(format!("--app=tag=app-{i:02},cores={i},util={},rps=10", 10 + i));
+    }
+    args
+}
+
+#[test]
+fn a_large_node_is_split_into_valid_requests() {
+    let cw = Backend::start();
+    let mut spec = sink("Big/Neuron", &[Dimension::NodeName, Dimension::NeuronCore, Dimension::RuntimeTag], "2s");
+    // The same metrics once more per application: well over 1,000 datums per flush.
+    spec.rollups = Some(vec![vec![Dimension::RuntimeTag]]);
+    let config = node_config(vec![route("ops/big", None, None, spec)]);
+    let sim = large_node_args(32);
+    let sim: Vec<&str> = sim.iter().map(String::as_str).collect();
+    let agent = start_agent(&sim, &config, cw.addr(), NO_RESTART);
+    let m = wait_settled(&agent, "ops/big", 4.0);
+    let sent = sink_value(&m, "neuron_agent_cloudwatch_datums_sent_total", "ops/big", &[]);
+    let flushes = sink_value(&m, "neuron_agent_cloudwatch_flushes_total", "ops/big", &[]);
+    let requests = sink_value(&m, "neuron_agent_cloudwatch_requests_total", "ops/big", &[("result", "success")]);
+    assert_eq!(sink_value(&m, "neuron_agent_cloudwatch_requests_total", "ops/big", &[("result", "failure")]), 0.0);
+    assert!(sent / flushes > 1000.0, "{sent} datums in {flushes} flushes");
+    assert!(requests >= 2.0 * flushes, "{requests} requests for {flushes} flushes");
+    if let Some(log) = cw.requests() {
+        assert_eq!(log.len() as f64, requests);
+        for r in &log {
+            assert!(r.datums <= 1000 && r.bytes <= 1_000_000 && r.status == 200, "{r:?}");
+        }
+        assert_eq!(log.iter().map(|r| r.datums).sum::<usize>() as f64, sent);
+        eprintln!(
+            "large node: {} requests, largest {} datums / {} bytes (gzip: {})",
+            log.len(),
+            log.iter().map(|r| r.datums).max().unwrap_or(0),
+            log.iter().map(|r| r.bytes).max().unwrap_or(0),
+            log.iter().any(|r| r.gzip)
+        );
+    }
+    let metrics = list_metrics(cw.addr(), "Big/Neuron", &[]);
+    assert!(metrics.len() > 1000, "{} metrics", metrics.len());
+    let core = [("NodeName", "node-a"), ("NeuronCore", "7"), ("RuntimeTag", "app-07")];
+    assert_eq!(statistic(cw.addr(), "Big/Neuron", "neuroncore_utilization", &core, "Average"), Some(17.0));
+    let rollup = [("RuntimeTag", "app-07")];
+    assert_eq!(statistic(cw.addr(), "Big/Neuron", "neuroncore_utilization", &rollup, "Average"), Some(17.0));
+}
+
+/// Requests per flush for the default metric set on a trn1.32xlarge with 32
+/// applications: one datum per metric per flush whatever the interval, so requests per
+/// flush are requests per node-minute at the default 60 s flush.
+#[test]
+fn default_set_on_a_trn1_32xlarge_takes_at_most_2_requests_per_flush() {
+    let cw = Backend::start();
+    let mut default = sink("Default/Neuron", &[], "2s");
+    default.dimensions = None;
+    // The default set with pods attributed: each application its own series. RuntimeTag
+    // stands in for PodName, which needs attribution.
+    let mut per_app = default.clone();
+    per_app.namespace = "PerApp/Neuron".to_owned();
+    let mut set = api::cloudwatch_cost::DEFAULT_DIMENSIONS.to_vec();
+    set.push(Dimension::RuntimeTag);
+    per_app.dimensions = Some(set);
+    let config =
+        node_config(vec![route("ops/default", None, None, default), route("ops/per-app", None, None, per_app)]);
+    let sim = large_node_args(32);
+    let sim: Vec<&str> = sim.iter().map(String::as_str).collect();
+    let agent = start_agent(&sim, &config, cw.addr(), NO_RESTART);
+    wait_settled(&agent, "ops/default", 4.0);
+    let m = wait_settled(&agent, "ops/per-app", 4.0);
+    for sink in ["ops/default", "ops/per-app"] {
+        let flushes = sink_value(&m, "neuron_agent_cloudwatch_flushes_total", sink, &[]);
+        let requests = sink_value(&m, "neuron_agent_cloudwatch_requests_total", sink, &[("result", "success")]);
+        let datums = sink_value(&m, "neuron_agent_cloudwatch_datums_sent_total", sink, &[]);
+        eprintln!(
+            "{sink}: {flushes} flushes, {requests} requests, {datums} datums: {:.2} requests and {:.0} datums per flush",
+            requests / flushes,
+            datums / flushes
+        );
+        assert!(requests / flushes <= 2.0, "{sink}: {requests} requests in {flushes} flushes");
+    }
+}
+
+#[test]
+fn faults_are_retried_and_counted_and_never_block_metrics() {
+    let cw = Backend::start();
+    let proxy = FaultProxy::start(cw.addr());
+    proxy.plan([
+        Fault::Throttle,
+        Fault::Throttle,
+        Fault::Throttle,
+        Fault::ServerError,
+        Fault::ServerError,
+        Fault::Slow(Duration::from_millis(1500)),
+        // Longer than the agent's attempt time-out: the request is given up and retried.
+        Fault::Stall(Duration::from_secs(4)),
+    ]);
+    let config = node_config(vec![route("ops/all", None, None, sink("Ops/Neuron", &[Dimension::RuntimeTag], "1s"))]);
+    let mut args = NO_RESTART.to_vec();
+    args.extend([
+        "--cloudwatch-retry-initial",
+        "100ms",
+        "--cloudwatch-retry-max",
+        "400ms",
+        "--cloudwatch-request-timeout",
+        "2500ms",
+    ]);
+    let agent = start_agent(SIM_SMALL, &config, proxy.addr, &args);
+
+    // While CloudWatch is slow or stalled, /metrics answers at once.
+    let start = Instant::now();
+    let mut slowest = Duration::ZERO;
+    let mut scrape = || {
+        let t = Instant::now();
+        let (status, _) = agent.get("/metrics").expect("GET /metrics");
+        assert_eq!(status, 200);
+        slowest = slowest.max(t.elapsed());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    while proxy.injected.load(std::sync::atomic::Ordering::Relaxed) < 7 {
+        assert!(start.elapsed() < Duration::from_secs(60), "the faults were not all served");
+        scrape();
+    }
+    // The stall has begun and lasts 4 s.
+    let stalled = Instant::now();
+    let mut scrapes_during_stall = 0;
+    while stalled.elapsed() < Duration::from_secs(2) {
+        scrape();
+        scrapes_during_stall += 1;
+    }
+    assert!(scrapes_during_stall > 10, "{scrapes_during_stall}");
+    assert!(slowest < Duration::from_millis(500), "a scrape took {slowest:?}");
+
+    let m = wait_settled(&agent, "ops/all", 6.0);
+    let failures = |reason| sink_value(&m, "neuron_agent_cloudwatch_failures_total", "ops/all", &[("reason", reason)]);
+    assert_eq!(failures("throttled"), 3.0);
+    assert_eq!(failures("server_error"), 2.0);
+    assert!(failures("timeout") >= 1.0);
+    assert_eq!(sink_value(&m, "neuron_agent_cloudwatch_dropped_datums_total", "ops/all", &[]), 0.0);
+    // Nothing lost: the stored sums are the agent's running sums.
+    let completed = m.value("execution_status_total", &[("runtime_tag", "serve"), ("status_type", "completed")]);
+    let d = [("RuntimeTag", "serve"), ("StatusType", "completed")];
+    assert_eq!(statistic(cw.addr(), "Ops/Neuron", "neuron_execution_status", &d, "Sum"), completed);
+}
+
+#[test]
+fn sigterm_sends_what_is_queued() {
+    let cw = Backend::start();
+    // A flush interval longer than the test: only the shutdown flush sends anything.
+    let config = node_config(vec![route("ops/all", None, None, sink("Ops/Neuron", &[Dimension::RuntimeTag], "1h"))]);
+    let mut agent = start_agent(SIM_SMALL, &config, cw.addr(), NO_RESTART);
+    let m = agent.wait_for("all reports", Duration::from_secs(30), |m| {
+        (m.sum("neuron_agent_reports_total", &[]) >= 6.0).then(|| m.clone())
+    });
+    assert_eq!(sink_value(&m, "neuron_agent_cloudwatch_datums_sent_total", "ops/all", &[]), 0.0);
+    assert!(list_metrics(cw.addr(), "Ops/Neuron", &[]).is_empty());
+    let completed = m.value("execution_status_total", &[("runtime_tag", "train"), ("status_type", "completed")]);
+    agent.signal("TERM");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = agent.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "the agent did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    let d = [("RuntimeTag", "train"), ("StatusType", "completed")];
+    assert_eq!(statistic(cw.addr(), "Ops/Neuron", "neuron_execution_status", &d, "Sum"), completed);
+    assert_eq!(
+        statistic(cw.addr(), "Ops/Neuron", "neuroncore_utilization", &[("RuntimeTag", "train")], "Average"),
+        Some(80.0)
+    );
+}
+
+#[test]
+fn an_invalid_sink_is_left_out_and_the_others_run() {
+    let cw = Backend::start();
+    let mut bad = sink("Bad/Neuron", &[Dimension::RuntimeTag], "1s");
+    bad.region = Some("mars".to_owned());
+    let config = node_config(vec![
+        route("team/bad", None, None, bad),
+        route("ops/all", None, None, sink("Ops/Neuron", &[Dimension::RuntimeTag], "1s")),
+    ]);
+    let agent = start_agent(SIM_SMALL, &config, cw.addr(), NO_RESTART);
+    let m = wait_settled(&agent, "ops/all", 6.0);
+    assert_eq!(sink_value(&m, "neuron_agent_cloudwatch_invalid_sinks", "team/bad", &[("reason", "region")]), 1.0);
+    assert_eq!(sink_value(&m, "neuron_agent_cloudwatch_requests_total", "team/bad", &[]), 0.0);
+    assert!(list_metrics(cw.addr(), "Bad/Neuron", &[]).is_empty());
+    assert!(!list_metrics(cw.addr(), "Ops/Neuron", &[]).is_empty());
+    assert!(m.value("neuroncore_utilization_ratio", &[("runtime_tag", "train"), ("neuroncore", "0")]).is_some());
+}
+
+/// Per-namespace routing by pod. Without pods attributed (no Kubernetes here), a
+/// namespaced route sees nothing, while the operator's route sees everything.
+#[test]
+fn a_namespaced_route_sees_only_applications_of_its_namespace() {
+    let cw = Backend::start();
+    let config = node_config(vec![
+        route("team-a/cw", Some("team-a"), None, sink("TeamA/Neuron", &[Dimension::PodName], "1s")),
+        route("ops/all", None, None, sink("Ops/Neuron", &[Dimension::RuntimeTag], "1s")),
+    ]);
+    let agent = start_agent(SIM_SMALL, &config, cw.addr(), NO_RESTART);
+    let m = wait_settled(&agent, "ops/all", 6.0);
+    assert_eq!(sink_value(&m, "neuron_agent_cloudwatch_datums_sent_total", "team-a/cw", &[]), 0.0);
+    assert!(list_metrics(cw.addr(), "TeamA/Neuron", &[]).is_empty());
+    assert!(!list_metrics(cw.addr(), "Ops/Neuron", &[]).is_empty());
+}
