@@ -1,0 +1,164 @@
+//! Which Node objects are Neuron nodes: those whose kubelet advertises a Neuron device
+//! resource, or whose instance type is a Neuron family (a node can be labelled before
+//! the device plugin reports its devices, or while it is down).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+
+/// Instance-type labels, current and legacy.
+const INSTANCE_TYPE_LABELS: [&str; 2] = ["node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type"];
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+/// A node's labels (empty when it has none).
+pub fn labels(node: &Node) -> &BTreeMap<String, String> {
+    node.metadata.labels.as_ref().unwrap_or(&NO_LABELS)
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NeuronNodePolicy {
+    /// Extended resources that make a node a Neuron node when its capacity or
+    /// allocatable has a non-zero quantity of one.
+    pub resources: Vec<String>,
+    /// Prefixes of the instance type (`node.kubernetes.io/instance-type`, or the legacy
+    /// `beta.` label) that make a node a Neuron node.
+    pub instance_type_prefixes: Vec<String>,
+}
+
+impl Default for NeuronNodePolicy {
+    fn default() -> Self {
+        NeuronNodePolicy {
+            resources: ["aws.amazon.com/neuroncore", "aws.amazon.com/neurondevice", "aws.amazon.com/neuron"]
+                .map(String::from)
+                .to_vec(),
+            instance_type_prefixes: ["inf1.", "inf2.", "trn1.", "trn1n.", "trn2.", "trn2u."].map(String::from).to_vec(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("no Neuron resource and no instance-type prefix: no node would be a Neuron node")]
+    Empty,
+}
+
+impl NeuronNodePolicy {
+    /// A policy from two comma-separated lists (the CLI flags' form); blanks around
+    /// items and empty items are ignored.
+    pub fn from_lists(resources: &str, instance_type_prefixes: &str) -> Result<Self, PolicyError> {
+        let policy = NeuronNodePolicy {
+            resources: split_list(resources),
+            instance_type_prefixes: split_list(instance_type_prefixes),
+        };
+        if policy.resources.is_empty() && policy.instance_type_prefixes.is_empty() {
+            return Err(PolicyError::Empty);
+        }
+        Ok(policy)
+    }
+
+    pub fn is_neuron_node(&self, node: &Node) -> bool {
+        self.has_neuron_resource(node) || self.has_neuron_instance_type(node)
+    }
+
+    fn has_neuron_resource(&self, node: &Node) -> bool {
+        let Some(status) = &node.status else {
+            return false;
+        };
+        [&status.capacity, &status.allocatable].into_iter().flatten().any(|resources| {
+            self.resources.iter().any(|r| resources.get(r).is_some_and(|q| quantity_is_positive(&q.0)))
+        })
+    }
+
+    fn has_neuron_instance_type(&self, node: &Node) -> bool {
+        let labels = labels(node);
+        INSTANCE_TYPE_LABELS
+            .iter()
+            .filter_map(|l| labels.get(*l))
+            .any(|t| self.instance_type_prefixes.iter().any(|p| !p.is_empty() && t.starts_with(p.as_str())))
+    }
+}
+
+/// Comma-separated items, trimmed, empty ones dropped.
+pub fn split_list(list: &str) -> Vec<String> {
+    list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect()
+}
+
+/// Whether a Kubernetes quantity (`"16"`, `"0"`, `"1k"`, `"0.5"`, `"2e3"`) is above
+/// zero: its number, before the suffix, has a non-zero digit and no minus sign. An
+/// unreadable quantity counts as zero.
+fn quantity_is_positive(quantity: &str) -> bool {
+    let q = quantity.trim();
+    let q = q.strip_prefix('+').unwrap_or(q);
+    let number: &str = q.split(|c: char| !(c.is_ascii_digit() || c == '.')).next().unwrap_or_default();
+    number.chars().any(|c| matches!(c, '1'..='9'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::NodeStatus;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    fn node(labels: &[(&str, &str)], capacity: &[(&str, &str)], allocatable: &[(&str, &str)]) -> Node {
+        let map = |kv: &[(&str, &str)]| -> Option<BTreeMap<String, Quantity>> {
+            (!kv.is_empty()).then(|| kv.iter().map(|(k, v)| (k.to_string(), Quantity(v.to_string()))).collect())
+        };
+        let mut n = Node::default();
+        n.metadata.name = Some("n".into());
+        n.metadata.labels =
+            (!labels.is_empty()).then(|| labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        n.status = Some(NodeStatus { capacity: map(capacity), allocatable: map(allocatable), ..Default::default() });
+        n
+    }
+
+    #[test]
+    fn resources_with_a_positive_quantity_make_a_neuron_node() {
+        let p = NeuronNodePolicy::default();
+        assert!(p.is_neuron_node(&node(&[], &[("aws.amazon.com/neuroncore", "2")], &[])));
+        assert!(p.is_neuron_node(&node(&[], &[], &[("aws.amazon.com/neurondevice", "1")])));
+        assert!(p.is_neuron_node(&node(&[], &[("aws.amazon.com/neuron", "16")], &[])));
+        assert!(!p.is_neuron_node(&node(
+            &[],
+            &[("aws.amazon.com/neuroncore", "0"), ("cpu", "8")],
+            &[("aws.amazon.com/neuroncore", "0")]
+        )));
+        assert!(!p.is_neuron_node(&node(&[], &[("nvidia.com/gpu", "8")], &[])));
+        assert!(!p.is_neuron_node(&Node::default()));
+    }
+
+    #[test]
+    fn neuron_instance_types_make_a_neuron_node() {
+        let p = NeuronNodePolicy::default();
+        for t in ["inf1.xlarge", "inf2.48xlarge", "trn1.2xlarge", "trn1n.32xlarge", "trn2.48xlarge", "trn2u.48xlarge"] {
+            assert!(p.is_neuron_node(&node(&[("node.kubernetes.io/instance-type", t)], &[], &[])), "{t}");
+        }
+        assert!(p.is_neuron_node(&node(&[("beta.kubernetes.io/instance-type", "inf2.xlarge")], &[], &[])));
+        for t in ["m5.large", "trn", "inf10.xlarge", "p4d.24xlarge"] {
+            assert!(!p.is_neuron_node(&node(&[("node.kubernetes.io/instance-type", t)], &[], &[])), "{t}");
+        }
+        // The prefix must be on the instance-type label, not any label.
+        assert!(!p.is_neuron_node(&node(&[("team", "inf2.xlarge")], &[], &[])));
+    }
+
+    #[test]
+    fn quantities() {
+        for q in ["1", "16", "0.5", "1k", "2e3", "+3", " 4 "] {
+            assert!(quantity_is_positive(q), "{q}");
+        }
+        for q in ["0", "0.0", "0k", "0e3", "-1", "", "k", "abc"] {
+            assert!(!quantity_is_positive(q), "{q}");
+        }
+    }
+
+    #[test]
+    fn policy_from_flag_lists() {
+        let p = NeuronNodePolicy::from_lists(" example.com/accel , ,", "trn1.,inf2.").unwrap();
+        assert_eq!(p.resources, vec!["example.com/accel"]);
+        assert_eq!(p.instance_type_prefixes, vec!["trn1.", "inf2."]);
+        assert!(p.is_neuron_node(&node(&[], &[("example.com/accel", "1")], &[])));
+        assert!(!p.is_neuron_node(&node(&[], &[("aws.amazon.com/neuron", "1")], &[])));
+        assert_eq!(NeuronNodePolicy::from_lists("", " , "), Err(PolicyError::Empty));
+        assert!(NeuronNodePolicy::from_lists("", "trn2.").is_ok());
+    }
+}

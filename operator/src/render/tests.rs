@@ -1,0 +1,402 @@
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use api::crd::NeuronMonitorConfig;
+use api::duration::Period;
+use api::monitor_config::{RuntimeGroup, SystemGroup};
+use k8s_openapi::api::core::v1::Node;
+use regex::Regex;
+use serde_json::json;
+
+use super::*;
+use crate::validate::validate;
+
+const OPERATOR_NS: &str = "neuron-monitor";
+
+type TestNode = (String, BTreeMap<String, String>);
+
+fn config(namespace: &str, name: &str, spec: serde_json::Value) -> ValidConfig {
+    let mut c = NeuronMonitorConfig::new(name, serde_json::from_value(spec).unwrap());
+    c.metadata.namespace = Some(namespace.to_owned());
+    validate(&c, OPERATOR_NS).unwrap()
+}
+
+fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+    kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn node(name: &str, kv: &[(&str, &str)]) -> (String, BTreeMap<String, String>) {
+    (name.to_owned(), labels(kv))
+}
+
+fn periods<G: Copy>(groups: &[GroupConfig<G>]) -> Vec<(G, String)> {
+    groups.iter().map(|g| (g.kind, g.period.map(|p| p.to_string()).unwrap_or_default())).collect()
+}
+
+fn only(tag_filter: &str, groups: &[&str]) -> serde_json::Value {
+    let metrics: Vec<_> = groups.iter().map(|g| json!({"type": g})).collect();
+    json!({"tagFilter": tag_filter, "metrics": metrics})
+}
+
+#[test]
+fn one_default_config_collects_every_runtime_group_for_every_application() {
+    let c = config("team-a", "c", json!({}));
+    let out = render(&[&c]);
+    assert_eq!(out.monitor.period, None);
+    assert_eq!(out.monitor.neuron_runtimes.len(), 1);
+    let entry = &out.monitor.neuron_runtimes[0];
+    assert_eq!(entry.tag_filter, None);
+    assert_eq!(periods(&entry.metrics), RuntimeGroup::ALL.map(|g| (g, "5s".to_owned())).to_vec());
+    assert!(out.monitor.system_metrics.is_empty());
+    assert_eq!(out.routes, vec![c.route.clone()]);
+    // Every group carries its period, so neuron-monitor reads the same as we merged.
+    for g in &entry.metrics {
+        assert_eq!(out.monitor.group_period(entry, g), Period::from_secs(5));
+    }
+}
+
+#[test]
+fn the_shortest_period_of_any_config_wins_per_group() {
+    let a = config("team-a", "a", json!({"period": "10s"}));
+    let b = config(
+        "team-b",
+        "b",
+        json!({"runtimes": [{"period": "2s", "metrics": [{"type": "neuroncore_counters"}, {"type": "memory_used", "period": "30s"}]}]}),
+    );
+    let c = config(
+        OPERATOR_NS,
+        "c",
+        json!({"period": "1m", "runtimes": [],
+               "systemMetrics": {"metrics": [{"type": "memory_info", "period": "3s"}, {"type": "vcpu_usage"}]}}),
+    );
+    let d = config(OPERATOR_NS, "d", json!({"period": "20s"}));
+    let out = render(&[&a, &b, &c, &d]);
+    let entry = &out.monitor.neuron_runtimes[0];
+    assert_eq!(
+        periods(&entry.metrics),
+        vec![
+            (RuntimeGroup::NeuroncoreCounters, "2s".into()),
+            (RuntimeGroup::MemoryUsed, "10s".into()),
+            (RuntimeGroup::NeuronRuntimeVcpuUsage, "10s".into()),
+            (RuntimeGroup::ExecutionStats, "10s".into()),
+        ]
+    );
+    assert_eq!(
+        periods(&out.monitor.system_metrics),
+        vec![
+            (SystemGroup::VcpuUsage, "20s".into()),
+            (SystemGroup::MemoryInfo, "3s".into()),
+            (SystemGroup::NeuronHwCounters, "20s".into()),
+        ]
+    );
+    assert_eq!(out.monitor.shortest_period(), Period::from_secs(2));
+}
+
+#[test]
+fn tag_filters_merge_into_one_sorted_deduplicated_union() {
+    let a =
+        config("team-a", "a", json!({"runtimes": [only("^a-", &["memory_used"]), only("bert", &["execution_stats"])]}));
+    let b = config(
+        "team-b",
+        "b",
+        json!({"runtimes": [only("^a-", &["neuroncore_counters"]), only("(?i)llama|mistral", &["memory_used"])]}),
+    );
+    let out = render(&[&b, &a]);
+    let entry = &out.monitor.neuron_runtimes[0];
+    let union = entry.tag_filter.as_deref().unwrap();
+    assert_eq!(union, "((?i)llama|mistral)|(^a-)|(bert)");
+    assert_eq!(
+        entry.metrics.iter().map(|g| g.kind).collect::<Vec<_>>(),
+        vec![RuntimeGroup::NeuroncoreCounters, RuntimeGroup::MemoryUsed, RuntimeGroup::ExecutionStats]
+    );
+    // The union takes exactly what one of the filters takes.
+    let re = Regex::new(union).unwrap();
+    for (tag, taken) in
+        [("a-1", true), ("xbertx", true), ("LLAMA-7b", true), ("Mistral", true), ("b-a-", false), ("gpt", false)]
+    {
+        assert_eq!(re.is_match(tag), taken, "{tag}");
+    }
+
+    // One filter stays as written.
+    assert_eq!(render(&[&a]).monitor.neuron_runtimes[0].tag_filter.as_deref(), Some("(^a-)|(bert)"));
+    let single = config("team-c", "c", json!({"runtimes": [only("^c$", &["memory_used"])]}));
+    assert_eq!(render(&[&single]).monitor.neuron_runtimes[0].tag_filter.as_deref(), Some("^c$"));
+
+    // A config taking every application removes the filter altogether.
+    let every = config("team-d", "d", json!({"runtimes": [{"metrics": [{"type": "memory_used"}]}]}));
+    assert_eq!(render(&[&a, &b, &every]).monitor.neuron_runtimes[0].tag_filter, None);
+
+    // A union too long to be worth matching becomes "every application".
+    let wide: Vec<ValidConfig> = (0..200)
+        .map(|i| {
+            config(
+                &format!("team-{i}"),
+                "c",
+                json!({"runtimes": [only(&format!("^team-{i}-serve-[0-9]+-(online|batch|shadow)$"), &["memory_used"])]}),
+            )
+        })
+        .collect();
+    let refs: Vec<&ValidConfig> = wide.iter().collect();
+    let union = render(&refs[..100]).monitor.neuron_runtimes[0].tag_filter.clone().unwrap();
+    assert!(union.len() <= MAX_UNION_FILTER && Regex::new(&union).is_ok());
+    assert_eq!(render(&refs).monitor.neuron_runtimes[0].tag_filter, None);
+
+    // A config without runtime groups does not widen the filter.
+    let system_only = config(OPERATOR_NS, "s", json!({"runtimes": []}));
+    let out = render(&[&single, &system_only]);
+    assert_eq!(out.monitor.neuron_runtimes[0].tag_filter.as_deref(), Some("^c$"));
+    assert_eq!(out.monitor.system_metrics.len(), 3);
+    let out = render(&[&system_only]);
+    assert!(out.monitor.neuron_runtimes.is_empty());
+}
+
+#[test]
+fn routes_are_sorted_by_config_and_scoped_by_namespace() {
+    let team = config("team-a", "z", json!({}));
+    let ops = config(OPERATOR_NS, "cluster", json!({}));
+    let team_b = config("team-b", "a", json!({}));
+    let out = render(&[&team_b, &team, &ops, &team]);
+    let keys: Vec<_> = out.routes.iter().map(|r| r.config.as_str()).collect();
+    assert_eq!(keys, vec!["neuron-monitor/cluster", "team-a/z", "team-b/a"]);
+    assert_eq!(out.routes[0].namespace, None);
+    assert_eq!(out.routes[0].system_groups, SystemGroup::ALL.to_vec());
+    assert_eq!(out.routes[1].namespace.as_deref(), Some("team-a"));
+    assert!(out.routes[1].system_groups.is_empty());
+}
+
+/// A cluster with overlapping selectors: nodes of two instance types in two zones.
+fn cluster() -> (Vec<TestNode>, Vec<ValidConfig>) {
+    let nodes = vec![
+        node("trn-a-1", &[("type", "trn1"), ("zone", "a")]),
+        node("trn-a-2", &[("type", "trn1"), ("zone", "a")]),
+        node("trn-b-1", &[("type", "trn1"), ("zone", "b")]),
+        node("inf-a-1", &[("type", "inf2"), ("zone", "a"), ("spot", "true")]),
+        node("inf-b-1", &[("type", "inf2"), ("zone", "b")]),
+        node("gpu-1", &[("type", "p4d"), ("zone", "a")]),
+    ];
+    let configs = vec![
+        config("team-a", "trn", json!({"nodeSelector": {"matchLabels": {"type": "trn1"}}, "period": "2s"})),
+        config(
+            "team-b",
+            "zone-a",
+            json!({"nodeSelector": {"matchLabels": {"zone": "a"}, "matchExpressions": [{"key": "type", "operator": "NotIn", "values": ["p4d"]}]},
+                                          "runtimes": [only("^b-", &["memory_used"])]}),
+        ),
+        config(
+            "team-c",
+            "on-demand",
+            json!({"nodeSelector": {"matchExpressions": [{"key": "spot", "operator": "DoesNotExist"}, {"key": "type", "operator": "In", "values": ["inf2", "trn1"]}]},
+                                             "runtimes": [only("^c-", &["execution_stats"])]}),
+        ),
+        config(OPERATOR_NS, "inf", json!({"nodeSelector": {"matchLabels": {"type": "inf2"}}})),
+        config("team-d", "nothing", json!({"nodeSelector": {"matchLabels": {"type": "trn2"}}})),
+    ];
+    (nodes, configs)
+}
+
+fn route_keys(config: &NodeConfig) -> Vec<&str> {
+    config.routes.iter().map(|r| r.config.as_str()).collect()
+}
+
+#[test]
+fn each_node_gets_the_configs_whose_selector_matches_it() {
+    let (nodes, configs) = cluster();
+    let out = render_all(&nodes, &configs).unwrap();
+    let get = |n: &str| route_keys(out.get(n).unwrap());
+    assert_eq!(get("trn-a-1"), vec!["team-a/trn", "team-b/zone-a", "team-c/on-demand"]);
+    assert_eq!(get("trn-a-2"), get("trn-a-1"));
+    assert_eq!(get("trn-b-1"), vec!["team-a/trn", "team-c/on-demand"]);
+    assert_eq!(get("inf-a-1"), vec!["neuron-monitor/inf", "team-b/zone-a"]);
+    assert_eq!(get("inf-b-1"), vec!["neuron-monitor/inf", "team-c/on-demand"]);
+    // No config matches the GPU node: it is absent.
+    assert!(out.get("gpu-1").is_none());
+    assert_eq!(out.len(), 5);
+
+    // The merged configuration of trn-a-1: team-a's default entry takes every application.
+    let trn = &out.get("trn-a-1").unwrap().monitor;
+    assert_eq!(trn.neuron_runtimes[0].tag_filter, None);
+    assert!(trn.neuron_runtimes[0].metrics.iter().all(|g| g.period == Some(Period::from_secs(2))));
+    assert!(trn.system_metrics.is_empty());
+    // inf-b-1: the operator's config brings system groups and every application.
+    let inf = &out.get("inf-b-1").unwrap().monitor;
+    assert_eq!(inf.system_metrics.len(), 3);
+    assert_eq!(inf.neuron_runtimes[0].tag_filter, None);
+    // trn-b-1 with only filtered team configs besides team-a... team-a has no filter.
+    // A node with only filtered configs gets their union:
+    let only_filtered = render_all(&nodes, &configs[1..3]).unwrap();
+    assert_eq!(
+        only_filtered.get("trn-a-1").unwrap().monitor.neuron_runtimes[0].tag_filter.as_deref(),
+        Some("(^b-)|(^c-)")
+    );
+
+    // Status counts.
+    let count = |ns: &str, name: &str| out.matched_nodes(&ConfigKey { namespace: ns.into(), name: name.into() });
+    assert_eq!(count("team-a", "trn"), 3);
+    assert_eq!(count("team-b", "zone-a"), 3);
+    assert_eq!(count("team-c", "on-demand"), 4);
+    assert_eq!(count(OPERATOR_NS, "inf"), 2);
+    assert_eq!(count("team-d", "nothing"), 0);
+    assert_eq!(out.matched().len(), 5);
+    let key = ConfigKey { namespace: "team-b".into(), name: "zone-a".into() };
+    let mut names: Vec<_> = out.matched_node_names(&key).collect();
+    names.sort_unstable();
+    assert_eq!(names, vec!["inf-a-1", "trn-a-1", "trn-a-2"]);
+
+    // Counting per config with a predicate on nodes (e.g. "applied").
+    let applied = out.count_matched_where(|node, _| node.starts_with("trn-a"));
+    assert_eq!(applied[&ConfigKey { namespace: "team-a".into(), name: "trn".into() }], 2);
+    assert_eq!(applied[&ConfigKey { namespace: "team-c".into(), name: "on-demand".into() }], 2);
+    assert_eq!(applied[&ConfigKey { namespace: OPERATOR_NS.into(), name: "inf".into() }], 0);
+    assert_eq!(applied.len(), 5);
+    assert_eq!(out.count_matched_where(|_, _| true), *out.matched());
+
+    // Nodes with the same configs share one rendering.
+    assert_eq!(out.groups().len(), 4);
+    let shared = out.groups().iter().find(|g| g.nodes.len() == 2).unwrap();
+    assert_eq!(shared.nodes, vec!["trn-a-1", "trn-a-2"]);
+    assert_eq!(shared.configs.len(), 3);
+    let r = out.rendered("trn-a-2").unwrap();
+    assert_eq!(r.json, serde_json::to_string(&r.config).unwrap());
+    assert_eq!(r.hash, api::node_config::content_hash(r.json.as_bytes()));
+    assert_eq!(out.iter().count(), 5);
+}
+
+#[test]
+fn render_all_agrees_with_rendering_each_node_alone() {
+    let (nodes, configs) = many(300, 120, 7);
+    let out = render_all(&nodes, &configs).unwrap();
+    let mut rendered = 0;
+    for (name, labels) in &nodes {
+        let alone = render_node(labels, &configs);
+        assert_eq!(out.get(name), alone.as_ref(), "{name}");
+        rendered += usize::from(alone.is_some());
+    }
+    assert_eq!(out.len(), rendered);
+    assert!(out.groups().len() > 3 && out.groups().len() < nodes.len());
+    for c in &configs {
+        let by_node = nodes.iter().filter(|(_, l)| c.matches(l)).count();
+        assert_eq!(out.matched_nodes(&c.key), by_node, "{}", c.key);
+        assert_eq!(out.matched_node_names(&c.key).count(), by_node, "{}", c.key);
+    }
+}
+
+#[test]
+fn output_is_byte_identical_whatever_the_input_order() {
+    let (nodes, configs) = many(200, 150, 11);
+    let reference = render_all(&nodes, &configs).unwrap();
+    let json_of =
+        |r: &Rendering| -> Vec<(String, String)> { r.iter().map(|(n, c)| (n.to_owned(), c.json.clone())).collect() };
+    let expected = json_of(&reference);
+    for seed in 1..6u64 {
+        let mut nodes = nodes.clone();
+        let mut configs = configs.clone();
+        shuffle(&mut nodes, seed);
+        shuffle(&mut configs, seed * 31);
+        let again = render_all(&nodes, &configs).unwrap();
+        assert_eq!(json_of(&again), expected, "seed {seed}");
+        assert_eq!(again, reference, "seed {seed}");
+        // The single-node path gives the same bytes too.
+        for (name, labels) in nodes.iter().take(20) {
+            if let Some(alone) = render_node(labels, &configs) {
+                assert_eq!(
+                    serde_json::to_vec(&alone).unwrap(),
+                    serde_json::to_vec(reference.get(name).unwrap()).unwrap()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn nodes_can_be_given_as_node_objects() {
+    let mut n = Node::default();
+    n.metadata.name = Some("trn-1".into());
+    n.metadata.labels = Some(labels(&[("type", "trn1")]));
+    let unnamed = Node::default();
+    let nodes = vec![Arc::new(n), Arc::new(unnamed)];
+    let configs = vec![config("team-a", "a", json!({}))];
+    let out = render_all(&nodes, &configs).unwrap();
+    assert_eq!(out.len(), 1);
+    assert!(out.get("trn-1").is_some());
+    let borrowed: Vec<(&str, &BTreeMap<String, String>)> = vec![("x", nodes::labels(&nodes[0]))];
+    assert_eq!(render_all(&borrowed, &configs).unwrap().len(), 1);
+}
+
+#[test]
+fn duplicate_nodes_and_configs_count_once_and_nothing_renders_nothing() {
+    let (nodes, configs) = cluster();
+    let mut doubled_nodes = nodes.clone();
+    doubled_nodes.extend(nodes.iter().cloned());
+    let mut doubled_configs = configs.clone();
+    doubled_configs.extend(configs.iter().cloned());
+    assert_eq!(render_all(&doubled_nodes, &doubled_configs).unwrap(), render_all(&nodes, &configs).unwrap());
+    assert!(render_all(&nodes, &[]).unwrap().is_empty());
+    let none: Vec<(String, BTreeMap<String, String>)> = Vec::new();
+    let out = render_all(&none, &configs).unwrap();
+    assert!(out.is_empty() && out.matched().values().all(|n| *n == 0));
+    assert_eq!(render_node(&labels(&[("type", "p4d")]), &configs[..1]), None);
+}
+
+// ---- a larger random cluster ---------------------------------------------------------
+
+fn shuffle<T>(items: &mut [T], seed: u64) {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for i in (1..items.len()).rev() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        items.swap(i, (state % (i as u64 + 1)) as usize);
+    }
+}
+
+/// `node_count` nodes and `config_count` configs over 40 namespaces with varied
+/// selectors, filters and periods.
+fn many(node_count: usize, config_count: usize, seed: u64) -> (Vec<TestNode>, Vec<ValidConfig>) {
+    let mut state = seed | 1;
+    let mut next = move |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    let types = ["inf2.xlarge", "trn1.32xlarge", "trn2.48xlarge"];
+    let zones = ["a", "b", "c"];
+    let periods = ["1s", "2s", "5s", "30s", "1m"];
+    let nodes: Vec<_> = (0..node_count)
+        .map(|i| {
+            let mut l = labels(&[("type", types[next(3)]), ("zone", zones[next(3)]), ("host", &format!("h{i}"))]);
+            if next(4) == 0 {
+                l.insert("spot".into(), "true".into());
+            }
+            (format!("node-{i:04}"), l)
+        })
+        .collect();
+    let configs = (0..config_count)
+        .map(|i| {
+            let operator = i % 25 == 0;
+            let ns = if operator { OPERATOR_NS.to_owned() } else { format!("team-{}", i % 40) };
+            let mut spec = json!({"period": periods[next(5)]});
+            match next(6) {
+                0 => spec["nodeSelector"] = json!({"matchLabels": {"type": types[next(3)]}}),
+                1 => spec["nodeSelector"] = json!({"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": [zones[next(3)]]}]}),
+                2 => spec["nodeSelector"] = json!({"matchExpressions": [{"key": "spot", "operator": "Exists"}]}),
+                3 => spec["nodeSelector"] = json!({"matchExpressions": [{"key": "host", "operator": "In", "values": [format!("h{}", next(node_count))]}]}),
+                _ => {}
+            }
+            if next(3) > 0 {
+                let groups = ["neuroncore_counters", "memory_used", "neuron_runtime_vcpu_usage", "execution_stats"];
+                let first = next(4);
+                let entries: Vec<_> = (0..1 + next(2))
+                    .map(|e| json!({"tagFilter": format!("^{ns}-{e}-"), "period": periods[next(5)],
+                                    "metrics": [{"type": groups[(first + e) % 4]}, {"type": groups[(first + e + 1) % 4], "period": periods[next(5)]}]}))
+                    .collect();
+                spec["runtimes"] = json!(entries);
+            }
+            if operator && next(2) == 0 {
+                spec["systemMetrics"] = json!({"metrics": [{"type": "vcpu_usage", "period": periods[next(5)]}]});
+            }
+            config(&ns, &format!("c{i}"), spec)
+        })
+        .collect();
+    (nodes, configs)
+}

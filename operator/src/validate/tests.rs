@@ -1,0 +1,384 @@
+use serde_json::json;
+
+use super::*;
+
+const OPERATOR_NS: &str = "neuron-monitor";
+
+fn nmc(namespace: &str, name: &str, spec: serde_json::Value) -> NeuronMonitorConfig {
+    let mut config = NeuronMonitorConfig::new(name, serde_json::from_value(spec).unwrap());
+    config.metadata.namespace = Some(namespace.to_owned());
+    config
+}
+
+fn valid(namespace: &str, spec: serde_json::Value) -> ValidConfig {
+    validate(&nmc(namespace, "c", spec), OPERATOR_NS).unwrap()
+}
+
+fn invalid(namespace: &str, spec: serde_json::Value) -> Invalid {
+    validate(&nmc(namespace, "c", spec), OPERATOR_NS).unwrap_err()
+}
+
+fn secs(s: u64) -> Period {
+    Period::from_secs(s)
+}
+
+fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+    kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+#[test]
+fn an_empty_spec_in_a_team_namespace_takes_every_application_and_no_system_group() {
+    let v = valid("team-a", json!({}));
+    assert_eq!(v.key.to_string(), "team-a/c");
+    assert_eq!(v.period, secs(5));
+    assert!(v.selector.is_everything());
+    assert_eq!(v.applications, Applications::All);
+    assert_eq!(v.runtime_groups, RuntimeGroup::ALL.map(|g| (g, secs(5))).into_iter().collect());
+    assert!(v.system_groups.is_empty());
+    assert_eq!(
+        v.route,
+        Route {
+            config: "team-a/c".into(),
+            namespace: Some("team-a".into()),
+            runtimes: vec![RouteRuntimes { tag_filter: None, groups: RuntimeGroup::ALL.to_vec() }],
+            system_groups: vec![],
+            prometheus: Some(PrometheusRoute::default()),
+            cloudwatch: None,
+        }
+    );
+}
+
+#[test]
+fn an_empty_spec_in_the_operator_namespace_also_takes_every_system_group() {
+    let v = valid(OPERATOR_NS, json!({"period": "10s"}));
+    assert_eq!(v.route.namespace, None);
+    assert_eq!(v.route.system_groups, SystemGroup::ALL.to_vec());
+    assert_eq!(v.system_groups, SystemGroup::ALL.map(|g| (g, secs(10))).into_iter().collect());
+    assert!(v.runtime_groups.values().all(|p| *p == secs(10)));
+}
+
+#[test]
+fn the_nearest_period_wins_and_entries_merge_at_their_shortest() {
+    let v = valid(
+        OPERATOR_NS,
+        json!({
+            "period": "10s",
+            "runtimes": [
+                {"tagFilter": "^train-", "period": "2s",
+                 "metrics": [{"type": "neuroncore_counters"}, {"type": "memory_used", "period": "1s"}]},
+                {"tagFilter": "bert", "metrics": [{"type": "neuroncore_counters", "period": "3s"}, {"type": "execution_stats"}]}
+            ],
+            "systemMetrics": {"period": "30s", "metrics": [{"type": "vcpu_usage"}, {"type": "memory_info", "period": "1m"}]}
+        }),
+    );
+    let runtime: Vec<_> = v.runtime_groups.iter().map(|(g, p)| (*g, p.to_string())).collect();
+    assert_eq!(
+        runtime,
+        vec![
+            (RuntimeGroup::NeuroncoreCounters, "2s".into()),
+            (RuntimeGroup::MemoryUsed, "1s".into()),
+            (RuntimeGroup::ExecutionStats, "10s".into()),
+        ]
+    );
+    let system: Vec<_> = v.system_groups.iter().map(|(g, p)| (*g, p.to_string())).collect();
+    assert_eq!(system, vec![(SystemGroup::VcpuUsage, "30s".into()), (SystemGroup::MemoryInfo, "1m".into())]);
+    assert_eq!(v.applications, Applications::Matching(vec!["^train-".into(), "bert".into()]));
+    // Entries keep their order in the route (first match wins within a config too).
+    assert_eq!(v.route.runtimes[0].tag_filter.as_deref(), Some("^train-"));
+    assert_eq!(v.route.runtimes[1].groups, vec![RuntimeGroup::NeuroncoreCounters, RuntimeGroup::ExecutionStats]);
+    assert_eq!(v.route.system_groups, vec![SystemGroup::VcpuUsage, SystemGroup::MemoryInfo]);
+}
+
+#[test]
+fn an_entry_without_a_filter_takes_every_application() {
+    let v = valid(
+        "team-a",
+        json!({"runtimes": [{"tagFilter": "a", "metrics": [{"type": "memory_used"}]},
+                            {"metrics": [{"type": "memory_used"}]}]}),
+    );
+    assert_eq!(v.applications, Applications::All);
+}
+
+#[test]
+fn a_tag_filter_that_does_not_compile_names_its_entry() {
+    let e = invalid(
+        "team-a",
+        json!({"runtimes": [{"metrics": [{"type": "memory_used"}]},
+                            {"tagFilter": "(unclosed", "metrics": [{"type": "memory_used"}]}]}),
+    );
+    assert_eq!(e.field, "spec.runtimes[1].tagFilter");
+    let shown = e.to_string();
+    assert!(shown.starts_with("spec.runtimes[1].tagFilter: regex parse error:"), "{shown}");
+    assert!(shown.contains("unclosed group") && !shown.contains('\n'), "{shown}");
+}
+
+#[test]
+fn tag_filters_go_refuses_are_refused() {
+    for filter in [r"(?x)a # comment", r"\<word", r"a\b{start}", "a{1001}", "a{2,5000}", "(?u)x", "(?R)x"] {
+        let e = invalid("team-a", json!({"runtimes": [{"tagFilter": filter, "metrics": [{"type": "memory_used"}]}]}));
+        assert_eq!(e.field, "spec.runtimes[0].tagFilter", "{filter}");
+        assert!(e.reason.contains("Go"), "{filter}: {e}");
+    }
+    for filter in [
+        "(?i)Bert",
+        "(?i:a)|(?-s:b)",
+        "(?P<n>a)(?:b)",
+        "[[:alpha:]]+",
+        "a{2,5}",
+        "a{2,}",
+        r"\p{Greek}",
+        r"\x{41}",
+        r"\(?x",
+        "[(?x)]",
+        "[]{9999}]",
+        "^serve-[0-9]+$",
+    ] {
+        let v = valid("team-a", json!({"runtimes": [{"tagFilter": filter, "metrics": [{"type": "memory_used"}]}]}));
+        assert_eq!(v.applications, Applications::Matching(vec![filter.to_owned()]));
+    }
+}
+
+#[test]
+fn selector_errors_name_the_exact_field() {
+    let cases = [
+        (
+            json!({"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}),
+            "spec.nodeSelector.matchExpressions[0].operator",
+        ),
+        (
+            json!({"matchExpressions": [{"key": "a", "operator": "Exists"}, {"key": "b", "operator": "In"}]}),
+            "spec.nodeSelector.matchExpressions[1].values",
+        ),
+        (
+            json!({"matchExpressions": [{"key": "b", "operator": "NotIn", "values": []}]}),
+            "spec.nodeSelector.matchExpressions[0].values",
+        ),
+        (
+            json!({"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]}),
+            "spec.nodeSelector.matchExpressions[0].values",
+        ),
+        (
+            json!({"matchExpressions": [{"key": "a", "operator": "In", "values": ["ok", "not ok"]}]}),
+            "spec.nodeSelector.matchExpressions[0].values[1]",
+        ),
+        (
+            json!({"matchExpressions": [{"key": "-bad", "operator": "Exists"}]}),
+            "spec.nodeSelector.matchExpressions[0].key",
+        ),
+        (
+            json!({"matchExpressions": [{"key": "Bad_Prefix/x", "operator": "Exists"}]}),
+            "spec.nodeSelector.matchExpressions[0].key",
+        ),
+        (json!({"matchLabels": {"zone": "us east"}}), "spec.nodeSelector.matchLabels[\"zone\"]"),
+    ];
+    for (selector, field) in cases {
+        let e = invalid("team-a", json!({"nodeSelector": selector}));
+        assert_eq!(e.field, field, "{selector}: {e}");
+    }
+    let e = invalid(
+        "team-a",
+        json!({"nodeSelector": {"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}}),
+    );
+    assert!(e.reason.contains("\"Gt\""), "{e}");
+}
+
+#[test]
+fn selectors_follow_kubernetes_semantics() {
+    let v = valid(
+        "team-a",
+        json!({"nodeSelector": {
+        "matchLabels": {"node.kubernetes.io/instance-type": "trn1.32xlarge"},
+        "matchExpressions": [
+            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1b", "us-east-1a"]},
+            {"key": "pool", "operator": "NotIn", "values": ["spot"]},
+            {"key": "neuron", "operator": "Exists"},
+            {"key": "cordoned", "operator": "DoesNotExist"}
+        ]}}),
+    );
+    let base = [
+        ("node.kubernetes.io/instance-type", "trn1.32xlarge"),
+        ("topology.kubernetes.io/zone", "us-east-1a"),
+        ("neuron", ""),
+    ];
+    assert!(v.matches(&labels(&base)));
+    // NotIn holds when the label is absent, and when its value is elsewhere.
+    let mut with = labels(&base);
+    with.insert("pool".into(), "od".into());
+    assert!(v.matches(&with));
+    with.insert("pool".into(), "spot".into());
+    assert!(!v.matches(&with));
+    let mut with = labels(&base);
+    with.insert("cordoned".into(), "true".into());
+    assert!(!v.matches(&with));
+    let mut with = labels(&base);
+    with.remove("neuron");
+    assert!(!v.matches(&with));
+    let mut with = labels(&base);
+    with.insert("topology.kubernetes.io/zone".into(), "us-east-1c".into());
+    assert!(!v.matches(&with));
+    let mut with = labels(&base);
+    with.insert("node.kubernetes.io/instance-type".into(), "inf2.xlarge".into());
+    assert!(!v.matches(&with));
+
+    // An empty selector, like no selector, matches every node.
+    let all = valid("team-a", json!({"nodeSelector": {}}));
+    assert!(all.selector.is_everything() && all.matches(&BTreeMap::new()));
+}
+
+#[test]
+fn system_metrics_outside_the_operator_namespace_are_refused() {
+    let e = invalid("team-a", json!({"systemMetrics": {"metrics": [{"type": "memory_info"}]}}));
+    assert_eq!(e.field, "spec.systemMetrics");
+    assert!(e.reason.contains("operator's namespace (neuron-monitor)"), "{e}");
+}
+
+#[test]
+fn periods_out_of_range_or_unreadable_are_refused_by_field() {
+    let cases = [
+        (json!({"period": "500ms"}), "spec.period"),
+        (json!({"period": "2h"}), "spec.period"),
+        (json!({"period": "fast"}), "spec.period"),
+        (json!({"period": "5"}), "spec.period"),
+        (json!({"runtimes": [{"period": "0s", "metrics": [{"type": "memory_used"}]}]}), "spec.runtimes[0].period"),
+        (
+            json!({"runtimes": [{"metrics": [{"type": "memory_used"}, {"type": "execution_stats", "period": "61m"}]}]}),
+            "spec.runtimes[0].metrics[1].period",
+        ),
+        (json!({"systemMetrics": {"period": "1d", "metrics": [{"type": "memory_info"}]}}), "spec.systemMetrics.period"),
+        (
+            json!({"systemMetrics": {"metrics": [{"type": "memory_info", "period": "999ms"}]}}),
+            "spec.systemMetrics.metrics[0].period",
+        ),
+        (
+            json!({"sinks": {"cloudwatch": {"namespace": "N", "flushInterval": "0.5s"}}}),
+            "spec.sinks.cloudwatch.flushInterval",
+        ),
+    ];
+    for (spec, field) in cases {
+        let e = invalid(OPERATOR_NS, spec.clone());
+        assert_eq!(e.field, field, "{spec}: {e}");
+        assert!(e.reason.contains("1s to 1h"), "{e}");
+    }
+    // The bounds themselves are fine, and decimals are read.
+    let v = valid(
+        OPERATOR_NS,
+        json!({"period": "1.5s", "runtimes": [{"period": "1h", "metrics": [{"type": "memory_used", "period": "1s"}]}]}),
+    );
+    assert_eq!(v.period, Period::from_millis(1500));
+    assert_eq!(v.runtime_groups[&RuntimeGroup::MemoryUsed], secs(1));
+}
+
+#[test]
+fn a_group_listed_twice_or_no_group_is_refused() {
+    let e = invalid(
+        "team-a",
+        json!({"runtimes": [{"metrics": [{"type": "memory_used"}, {"type": "execution_stats"}, {"type": "inference_stats"}]}]}),
+    );
+    assert_eq!(e.field, "spec.runtimes[0].metrics[2].type");
+    assert!(e.reason.contains("execution_stats"), "{e}");
+    let e =
+        invalid(OPERATOR_NS, json!({"systemMetrics": {"metrics": [{"type": "memory_info"}, {"type": "memory_info"}]}}));
+    assert_eq!(e.field, "spec.systemMetrics.metrics[1].type");
+    let e = invalid("team-a", json!({"runtimes": [{"metrics": []}]}));
+    assert_eq!(e.field, "spec.runtimes[0].metrics");
+    let e = invalid(OPERATOR_NS, json!({"systemMetrics": {"metrics": []}}));
+    assert_eq!(e.field, "spec.systemMetrics.metrics");
+    let e = invalid("team-a", json!({"runtimes": vec![json!({"metrics": [{"type": "memory_used"}]}); 17]}));
+    assert_eq!(e.field, "spec.runtimes");
+}
+
+#[test]
+fn runtimes_empty_collects_only_system_groups_and_is_refused_where_that_is_nothing() {
+    let v = valid(OPERATOR_NS, json!({"runtimes": []}));
+    assert_eq!(v.applications, Applications::None);
+    assert!(v.runtime_groups.is_empty() && v.route.runtimes.is_empty());
+    assert_eq!(v.system_groups.len(), 3);
+    let e = invalid("team-a", json!({"runtimes": []}));
+    assert_eq!(e.field, "spec.runtimes");
+}
+
+#[test]
+fn sinks_are_copied_into_the_route_and_checked() {
+    let v = valid(
+        "team-a",
+        json!({"sinks": {
+            "prometheus": {"extraLabels": {"team": "a", "cost_center": "42"}},
+            "cloudwatch": {"namespace": "TeamA/Neuron", "region": "eu-west-1", "dimensions": ["ClusterName", "PodName"],
+                           "storageResolution": 1, "flushInterval": "30s"}
+        }}),
+    );
+    let prometheus = v.route.prometheus.unwrap();
+    assert_eq!(prometheus.extra_labels, labels(&[("team", "a"), ("cost_center", "42")]));
+    let cloudwatch = v.route.cloudwatch.unwrap();
+    assert_eq!(cloudwatch.namespace, "TeamA/Neuron");
+    assert_eq!(cloudwatch.storage_resolution, Some(1));
+
+    let off = valid("team-a", json!({"sinks": {"prometheus": {"enabled": false}}}));
+    assert_eq!(off.route.prometheus, None);
+    let on = valid("team-a", json!({"sinks": {"prometheus": {"enabled": true}}}));
+    assert_eq!(on.route.prometheus, Some(PrometheusRoute::default()));
+
+    let cases = [
+        (json!({"prometheus": {"extraLabels": {"pod": "x"}}}), "spec.sinks.prometheus.extraLabels[\"pod\"]"),
+        (json!({"prometheus": {"extraLabels": {"1st": "x"}}}), "spec.sinks.prometheus.extraLabels[\"1st\"]"),
+        (json!({"prometheus": {"extraLabels": {"__name": "x"}}}), "spec.sinks.prometheus.extraLabels[\"__name\"]"),
+        (
+            json!({"prometheus": {"extraLabels": {"long": "x".repeat(129)}}}),
+            "spec.sinks.prometheus.extraLabels[\"long\"]",
+        ),
+        (json!({"cloudwatch": {"namespace": "AWS/Neuron"}}), "spec.sinks.cloudwatch.namespace"),
+        (json!({"cloudwatch": {"namespace": ""}}), "spec.sinks.cloudwatch.namespace"),
+        (json!({"cloudwatch": {"namespace": "N", "region": "mars"}}), "spec.sinks.cloudwatch.region"),
+        (json!({"cloudwatch": {"namespace": "N", "storageResolution": 5}}), "spec.sinks.cloudwatch.storageResolution"),
+        (
+            json!({"cloudwatch": {"namespace": "N", "dimensions": ["PodName", "NodeName", "PodName"]}}),
+            "spec.sinks.cloudwatch.dimensions[2]",
+        ),
+        (
+            json!({"cloudwatch": {"namespace": "N", "rollups": [["ClusterName"], ["Namespace", "Namespace"]]}}),
+            "spec.sinks.cloudwatch.rollups[1][1]",
+        ),
+    ];
+    for (sinks, field) in cases {
+        let e = invalid("team-a", json!({ "sinks": sinks }));
+        assert_eq!(e.field, field, "{sinks}: {e}");
+    }
+    let e =
+        invalid("team-a", json!({"sinks": {"cloudwatch": {"namespace": "N", "rollups": vec![["ClusterName"]; 11]}}}));
+    assert_eq!(e.field, "spec.sinks.cloudwatch.rollups");
+    let many: BTreeMap<String, String> = (0..17).map(|i| (format!("l{i}"), "v".into())).collect();
+    let e = invalid("team-a", json!({"sinks": {"prometheus": {"extraLabels": many}}}));
+    assert_eq!(e.field, "spec.sinks.prometheus.extraLabels");
+}
+
+#[test]
+fn an_object_without_namespace_is_refused() {
+    let mut config = nmc("team-a", "c", json!({}));
+    config.metadata.namespace = None;
+    assert_eq!(validate(&config, OPERATOR_NS).unwrap_err().field, "metadata.namespace");
+}
+
+#[test]
+fn key_matches_the_object_it_came_from() {
+    let config = nmc("team-a", "c", json!({}));
+    let v = validate(&config, OPERATOR_NS).unwrap();
+    assert!(v.key_matches(&config));
+    assert!(!v.key_matches(&nmc("team-b", "c", json!({}))));
+    assert!(!v.key_matches(&nmc("team-a", "d", json!({}))));
+}
+
+#[test]
+fn region_and_label_checks() {
+    for r in ["us-east-1", "eu-central-2", "us-gov-west-1", "ap-southeast-4"] {
+        assert!(is_region(r), "{r}");
+    }
+    for r in ["", "us-east", "useast-1", "US-east-1", "us--1", "u-east-1"] {
+        assert!(!is_region(r), "{r}");
+    }
+    for k in ["a", "node.kubernetes.io/instance-type", "eks.amazonaws.com/nodegroup", "A_b.c-9"] {
+        assert!(check_label_key(k).is_ok(), "{k}");
+    }
+    for k in ["", "/a", "a/", "-a", "a-", "x.io/b/c", &"a".repeat(64)] {
+        assert!(check_label_key(k).is_err(), "{k}");
+    }
+}
