@@ -470,3 +470,135 @@ fn a_namespaced_route_sees_only_applications_of_its_namespace() {
     assert!(list_metrics(cw.addr(), "TeamA/Neuron", &[]).is_empty());
     assert!(!list_metrics(cw.addr(), "Ops/Neuron", &[]).is_empty());
 }
+
+/// Creates a pod bound to `node`, running `container` as `cid` (what the kubelet would
+/// write, as no kubelet runs here). Returns its UID.
+async fn running_pod(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    node: &str,
+    container: &str,
+    cid: &str,
+) -> String {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "automountServiceAccountToken": false,
+            "containers": [{"name": container, "image": "registry.invalid/neuron-app:1"}]
+        }
+    }))
+    .expect("pod");
+    let created =
+        neuron_e2e::wait_for(Duration::from_secs(30), || async { api.create(&PostParams::default(), &pod).await.ok() })
+            .await
+            .unwrap_or_else(|| panic!("could not create pod {namespace}/{name}"));
+    let status = serde_json::json!({"status": {
+        "phase": "Running",
+        "containerStatuses": [{
+            "name": container, "containerID": format!("containerd://{cid}"),
+            "image": "registry.invalid/neuron-app:1", "imageID": "", "ready": true, "restartCount": 0,
+            "started": true, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+        }]
+    }});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.expect("set the pod's status");
+    created.metadata.uid.expect("pod uid")
+}
+
+/// Two teams' applications on one node, attributed to their pods through the real API
+/// server, a test kubelet and a fake /proc: each team's CloudWatch namespace gets exactly
+/// its pods' metrics, and the node-level metrics go only to the operator's route.
+#[test]
+fn each_namespace_gets_exactly_its_pods_metrics() {
+    use neuron_node_agent::attribution::podresources::{NEURONCORE, NEURONDEVICE};
+    use support::kubelet::{container_id, containerd_cgroup, holding, FakeProc, PodResourcesServer};
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let cp = neuron_e2e::ControlPlane::shared();
+    let node = format!("neuron-node-{:08x}", neuron_e2e::random_u32());
+    let (a, b) = rt.block_on(async { (cp.namespace("cw-a").await, cp.namespace("cw-b").await) });
+    let client = rt.block_on(cp.client());
+    let (cid_a, cid_b) = (container_id(0xa2), container_id(0xb2));
+    let uid_a = rt.block_on(running_pod(&client, &a, "train", &node, "main", &cid_a));
+    let uid_b = rt.block_on(running_pod(&client, &b, "serve", &node, "srv", &cid_b));
+    let proc = FakeProc::new();
+    proc.process(4101, &containerd_cgroup(&uid_a, &cid_a));
+    proc.process(4102, &containerd_cgroup(&uid_b, &cid_b));
+    let dir = support::TempDir::new("kubelet");
+    let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
+    kubelet.set(vec![
+        holding(&a, "train", "main", NEURONDEVICE, &[0, 1]),
+        holding(&b, "serve", "srv", NEURONCORE, &[4, 5]),
+    ]);
+
+    let cw = Backend::start();
+    let team_dims = [Dimension::Namespace, Dimension::PodName, Dimension::ContainerName, Dimension::NeuronCore];
+    let config = node_config(vec![
+        route("a/cw", Some(&a), None, sink("TeamA/Neuron", &team_dims, "1s")),
+        route("b/cw", Some(&b), None, sink("TeamB/Neuron", &team_dims, "1s")),
+        route("ops/all", None, None, sink("Ops/Neuron", &[Dimension::RuntimeTag, Dimension::NeuronDevice], "1s")),
+    ]);
+    let sim = [
+        "--instance-type=trn1.32xlarge",
+        "--app=tag=train,cores=0-2,util=80,rps=20,pid=4101",
+        "--app=tag=serve,cores=4,util=50,rps=40,pid=4102",
+        "--ecc-every=1",
+    ];
+    let args = [
+        "--node-name",
+        node.as_str(),
+        "--proc-root",
+        proc.root().to_str().expect("utf-8 path"),
+        "--pod-resources-socket",
+        kubelet.socket.to_str().expect("utf-8 path"),
+        "--pod-resources-interval",
+        "300ms",
+    ];
+    let kubeconfig = cp.kubeconfig.as_os_str();
+    let agent =
+        support::cloudwatch::start_agent_with_env(&sim, &config, cw.addr(), &args, &[("KUBECONFIG", kubeconfig)]);
+    agent.wait_for("both teams' sinks sending", Duration::from_secs(60), |m| {
+        let sent = |s| sink_value(m, "neuron_agent_cloudwatch_datums_sent_total", s, &[]);
+        (sent("a/cw") > 0.0 && sent("b/cw") > 0.0 && sent("ops/all") > 0.0).then_some(())
+    });
+    // Two more flushes with everything attributed.
+    std::thread::sleep(Duration::from_millis(2500));
+    let addr = cw.addr();
+
+    let team_a = list_metrics(addr, "TeamA/Neuron", &[]);
+    assert!(!team_a.is_empty());
+    for m in &team_a {
+        let d = dimension_map(m);
+        assert_eq!(d.get("Namespace"), Some(&a), "{m:?}");
+        assert_eq!(d.get("PodName").map(String::as_str), Some("train"), "{m:?}");
+        assert_ne!(m.metric_name(), Some("neurondevice_hw_ecc_events"));
+    }
+    let team_b = list_metrics(addr, "TeamB/Neuron", &[]);
+    assert!(!team_b.is_empty());
+    assert!(team_b.iter().all(|m| dimension_map(m).get("PodName").map(String::as_str) == Some("serve")));
+    assert!(team_b.iter().all(|m| dimension_map(m).get("Namespace") == Some(&b)));
+
+    // Values: the team's cores, and the core its pod holds but does not use (idle, 0 %).
+    let util = |ns: &str, pod: &str, container: &str, core: &str, cw_ns: &str| {
+        let d = [("Namespace", ns), ("PodName", pod), ("ContainerName", container), ("NeuronCore", core)];
+        statistic(addr, cw_ns, "neuroncore_utilization", &d, "Maximum")
+    };
+    assert_eq!(util(&a, "train", "main", "0", "TeamA/Neuron"), Some(80.0));
+    assert_eq!(util(&a, "train", "main", "2", "TeamA/Neuron"), Some(80.0));
+    assert_eq!(util(&b, "serve", "srv", "4", "TeamB/Neuron"), Some(50.0));
+    assert_eq!(util(&a, "train", "main", "3", "TeamA/Neuron"), Some(0.0));
+
+    // The operator's route: both applications and the node-level ECC counters.
+    let ops = list_metrics(addr, "Ops/Neuron", &[]);
+    let tags: std::collections::BTreeSet<String> =
+        ops.iter().filter_map(|m| dimension_map(m).get("RuntimeTag").cloned()).collect();
+    assert_eq!(tags, ["serve", "train"].map(str::to_owned).into());
+    assert!(ops.iter().any(|m| m.metric_name() == Some("neurondevice_hw_ecc_events")));
+    assert!(!list_metrics(addr, "TeamA/Neuron", &[])
+        .iter()
+        .any(|m| m.metric_name() == Some("neurondevice_hw_ecc_events")));
+}

@@ -877,6 +877,17 @@ fn forward(upstream: SocketAddr, req: &HttpMessage) -> std::io::Result<HttpMessa
 /// Starts the agent on the simulator with a rendered node configuration and the AWS
 /// settings of a test: static credentials, CloudWatch at `endpoint`, no instance metadata.
 pub fn start_agent(sim_args: &[&str], node_config: &serde_json::Value, endpoint: SocketAddr, args: &[&str]) -> Agent {
+    start_agent_with_env(sim_args, node_config, endpoint, args, &[])
+}
+
+/// [`start_agent`] with more environment (e.g. `KUBECONFIG` for pod attribution).
+pub fn start_agent_with_env(
+    sim_args: &[&str],
+    node_config: &serde_json::Value,
+    endpoint: SocketAddr,
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Agent {
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let state_dir = TempDir::new("agent");
     let config_path = state_dir.0.join("node-config.json");
@@ -906,6 +917,9 @@ pub fn start_agent(sim_args: &[&str], node_config: &serde_json::Value, endpoint:
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
+    for (k, v) in env {
+        command.env(k, v);
+    }
     for arg in sim_args {
         command.arg(format!("--monitor-arg={arg}"));
     }
