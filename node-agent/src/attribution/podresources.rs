@@ -281,6 +281,7 @@ impl KubeletPoller {
         info!(socket = %self.socket.display(), interval = ?self.interval, "polling the kubelet's pod-resources API");
         let mut last_success: Option<Instant> = None;
         let mut failing = false;
+        let mut reported_unreadable: Vec<String> = Vec::new();
         loop {
             let result = match tokio::time::timeout(self.timeout, list(&self.socket)).await {
                 Ok(result) => result,
@@ -289,9 +290,11 @@ impl KubeletPoller {
             match result {
                 Ok(response) => {
                     let (allocations, unreadable) = allocations(&response);
-                    if !unreadable.is_empty() {
+                    // Said once per distinct set, not on every poll.
+                    if !unreadable.is_empty() && unreadable != reported_unreadable {
                         warn!(ids = ?unreadable, "Neuron device ids that are not indices are ignored");
                     }
+                    reported_unreadable = unreadable;
                     if failing {
                         info!("the kubelet's pod-resources API answers again");
                     }
