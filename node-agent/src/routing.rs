@@ -16,6 +16,9 @@ pub struct Routing {
     routes: Vec<CompiledRoute>,
 }
 
+/// One runtime entry of a route, compiled: tag filter (`None`: every application) and groups.
+pub type RuntimeEntry = (Option<Regex>, Vec<RuntimeGroup>);
+
 #[derive(Debug)]
 struct CompiledRoute {
     route: Route,
@@ -97,7 +100,7 @@ impl Routing {
     }
 
     /// Routes with a CloudWatch sink, each with its compiled runtime entries.
-    pub fn cloudwatch_routes(&self) -> impl Iterator<Item = (&Route, &[(Option<Regex>, Vec<RuntimeGroup>)])> {
+    pub fn cloudwatch_routes(&self) -> impl Iterator<Item = (&Route, &[RuntimeEntry])> {
         self.routes.iter().filter(|c| c.route.cloudwatch.is_some()).map(|c| (&c.route, c.runtimes.as_slice()))
     }
 

@@ -23,11 +23,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use api::{
-    cloudwatch_cost::dimension_sets, crd::CloudWatchSinkSpec, duration::Period, monitor_config::RuntimeGroup,
-    node_config::Route,
-};
-use regex::Regex;
+use api::{cloudwatch_cost::dimension_sets, crd::CloudWatchSinkSpec, duration::Period, node_config::Route};
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -38,7 +34,11 @@ use self::{
     publish::{Backoff, Queue, Target},
     select::{AgentDimensions, View},
 };
-use crate::{routing::Routing, sinks::prometheus::SharedRouting, state::NodeState};
+use crate::{
+    routing::{Routing, RuntimeEntry},
+    sinks::prometheus::SharedRouting,
+    state::NodeState,
+};
 
 /// The agent-wide settings of every sink.
 #[derive(Clone, Debug)]
@@ -215,7 +215,7 @@ impl Sinks {
 
     /// Starts the sinks of new or changed routes, stops those of routes that went away.
     async fn reconcile(&self, routing: &Routing, running: &mut Vec<Running>, fresh: bool) {
-        let wanted: Vec<(&Route, &[(Option<Regex>, Vec<RuntimeGroup>)])> = routing.cloudwatch_routes().collect();
+        let wanted: Vec<(&Route, &[RuntimeEntry])> = routing.cloudwatch_routes().collect();
         let (keep, gone): (Vec<Running>, Vec<Running>) =
             std::mem::take(running).into_iter().partition(|r| wanted.iter().any(|(route, _)| **route == r.route));
         *running = keep;
@@ -239,13 +239,7 @@ impl Sinks {
         }
     }
 
-    fn start(
-        &self,
-        route: &Route,
-        runtimes: &[(Option<Regex>, Vec<RuntimeGroup>)],
-        settings: Settings,
-        fresh: bool,
-    ) -> Running {
+    fn start(&self, route: &Route, runtimes: &[RuntimeEntry], settings: Settings, fresh: bool) -> Running {
         let name = route.config.clone();
         let view = View::new(route, runtimes, &self.options.agent, settings.dimension_sets.clone(), fresh);
         let queue = Arc::new(Queue::new(name.clone(), self.options.queue_datums, self.metrics.clone()));

@@ -22,16 +22,18 @@ use api::{
     node_config::Route,
     report::Percentiles,
 };
-use regex::Regex;
 
 use super::datum::{Accumulator, MetricKey, MAX_DIMENSIONS};
-use crate::state::{InstanceLabels, NodeState, PodRef, RuntimeState};
+use crate::{
+    routing::RuntimeEntry,
+    state::{InstanceLabels, NodeState, PodRef, RuntimeState},
+};
 
 /// The sink's selection, and the counter values it last saw.
 #[derive(Debug)]
 pub struct View {
     namespace: Option<String>,
-    runtimes: Vec<(Option<Regex>, Vec<RuntimeGroup>)>,
+    runtimes: Vec<RuntimeEntry>,
     metrics: Vec<&'static MetricShape>,
     node_level: bool,
     dimension_sets: Vec<Vec<Dimension>>,
@@ -68,7 +70,7 @@ impl View {
     /// the sink's to send.
     pub fn new(
         route: &Route,
-        runtimes: &[(Option<Regex>, Vec<RuntimeGroup>)],
+        runtimes: &[RuntimeEntry],
         agent: &AgentDimensions,
         dimension_sets: Vec<Vec<Dimension>>,
         fresh: bool,

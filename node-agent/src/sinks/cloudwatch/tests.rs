@@ -149,7 +149,10 @@ fn sdk_datums_carry_values_and_counts_or_statistics() {
     assert_eq!(sdk.unit().map(|u| u.as_str()), Some("Bytes"));
     d.values = Values::Statistics { count: 3.0, sum: 6.0, min: 1.0, max: 3.0 };
     let stats = to_sdk(&d).statistic_values().cloned().unwrap();
-    assert_eq!((stats.sample_count(), stats.sum(), stats.minimum(), stats.maximum()), (Some(3.0), Some(6.0), Some(1.0), Some(3.0)));
+    assert_eq!(
+        (stats.sample_count(), stats.sum(), stats.minimum(), stats.maximum()),
+        (Some(3.0), Some(6.0), Some(1.0), Some(3.0))
+    );
 }
 
 #[test]
