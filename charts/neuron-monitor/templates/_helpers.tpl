@@ -1,0 +1,124 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "neuron-monitor.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Prefix of every object name: the release name, plus the chart name unless the release name contains it. */}}
+{{- define "neuron-monitor.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Component names; the suffix is kept whole, the prefix shortened (names are at most 63 characters). */}}
+{{- define "neuron-monitor.operator.fullname" -}}
+{{- printf "%s-operator" (include "neuron-monitor.fullname" . | trunc 54 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "neuron-monitor.agent.fullname" -}}
+{{- printf "%s-node-agent" (include "neuron-monitor.fullname" . | trunc 52 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "neuron-monitor.operator.serviceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (include "neuron-monitor.operator.fullname" .) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- required "operator.serviceAccount.name: set it when operator.serviceAccount.create is false" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "neuron-monitor.agent.serviceAccountName" -}}
+{{- if .Values.agent.serviceAccount.create }}
+{{- default (include "neuron-monitor.agent.fullname" .) .Values.agent.serviceAccount.name }}
+{{- else }}
+{{- required "agent.serviceAccount.name: set it when agent.serviceAccount.create is false" .Values.agent.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "neuron-monitor.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "neuron-monitor.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: neuron-monitor
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels: never change them, a Deployment's or DaemonSet's selector is immutable. */}}
+{{- define "neuron-monitor.operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "neuron-monitor.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "neuron-monitor.agent.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "neuron-monitor.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: node-agent
+{{- end }}
+
+{{- define "neuron-monitor.operator.labels" -}}
+{{ include "neuron-monitor.labels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "neuron-monitor.agent.labels" -}}
+{{ include "neuron-monitor.labels" . }}
+app.kubernetes.io/component: node-agent
+{{- end }}
+
+{{/*
+The Prometheus job names the alerts and the dashboard query (job="neuron-node-agent",
+job="neuron-operator"), whatever the release is called: ServiceMonitors and PodMonitors
+take the job from this label (jobLabel).
+*/}}
+{{- define "neuron-monitor.jobLabelKey" -}}neuronmonitor.io/scrape-job{{- end }}
+
+{{/* registry/repository:tag, or @digest when one is given. Arguments: (dict "root" $ "image" .Values.x.image). */}}
+{{- define "neuron-monitor.image" -}}
+{{- $registry := .root.Values.image.registry }}
+{{- $name := .image.repository }}
+{{- if $registry }}{{ $name = printf "%s/%s" (trimSuffix "/" $registry) $name }}{{ end }}
+{{- if .image.digest }}
+{{- printf "%s@%s" $name .image.digest }}
+{{- else }}
+{{- printf "%s:%s" $name (default .root.Chart.AppVersion .image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Whether a monitoring.coreos.com/v1 kind is rendered. Arguments: (dict "root" $ "kind" "ServiceMonitor"). */}}
+{{- define "neuron-monitor.monitoringApi" -}}
+{{- if or .root.Values.monitoring.force (.root.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind)) -}}
+true
+{{- end }}
+{{- end }}
+
+{{/*
+Relabelings of an agent target (ServiceMonitor and PodMonitor alike). The agent's series
+carry the namespace, pod and container of the workload that holds the NeuronCores. The
+target labels of the same names (the agent's own pod) would either push those aside
+(renamed exported_namespace, …) or, on series without them (node-level series, idle
+cores), make the agent look like the user of the node: they are dropped, and the
+agent's node and pod kept under other names.
+*/}}
+{{- define "neuron-monitor.agentRelabelings" -}}
+- action: replace
+  sourceLabels: [__meta_kubernetes_pod_node_name]
+  targetLabel: node
+- action: replace
+  sourceLabels: [__meta_kubernetes_pod_name]
+  targetLabel: agent_pod
+- action: labeldrop
+  regex: (namespace|pod|container)
+{{- end }}
