@@ -190,7 +190,7 @@ impl Sinks {
             if !in_force.as_ref().is_some_and(|r| Arc::ptr_eq(r, &routing)) {
                 // At the agent's first report every event counted so far is new to the sinks.
                 let fresh = in_force.is_none();
-                self.reconcile(&routing, &mut running, fresh).await;
+                self.reconcile(&routing, &mut running, fresh);
                 in_force = Some(routing);
             }
             if running.is_empty() {
@@ -214,12 +214,16 @@ impl Sinks {
     }
 
     /// Starts the sinks of new or changed routes, stops those of routes that went away.
-    async fn reconcile(&self, routing: &Routing, running: &mut Vec<Running>, fresh: bool) {
+    fn reconcile(&self, routing: &Routing, running: &mut Vec<Running>, fresh: bool) {
         let wanted: Vec<(&Route, &[RuntimeEntry])> = routing.cloudwatch_routes().collect();
         let (keep, gone): (Vec<Running>, Vec<Running>) =
             std::mem::take(running).into_iter().partition(|r| wanted.iter().any(|(route, _)| **route == r.route));
         *running = keep;
-        futures::future::join_all(gone.into_iter().map(stop)).await;
+        // Their final flush runs on its own: a CloudWatch that does not answer must not
+        // hold up the sampling of the other sinks for the shutdown time limit.
+        for sink in gone {
+            tokio::spawn(stop(sink));
+        }
         self.metrics.invalid.clear();
         for (route, runtimes) in wanted {
             if running.iter().any(|r| r.route == *route) {
