@@ -247,3 +247,45 @@ fn the_client_reads_the_test_kubelet() {
     assert_eq!(cores, vec![("serve".to_owned(), vec![7]), ("train".to_owned(), vec![6, 7])]);
     assert_eq!(server.calls.load(std::sync::atomic::Ordering::Relaxed), 1);
 }
+
+#[test]
+fn the_last_known_mapping_outlives_the_kubelet_for_a_bounded_time() {
+    use neuron_node_agent::attribution::{
+        podresources::{DeviceOwnership, KubeletPoller},
+        AttributionMetrics,
+    };
+    use std::sync::{Arc, RwLock};
+
+    let dir = TempDir::new("kubelet-keep");
+    let mut server = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
+    server.set(vec![holding("a", "train", "main", NEURONCORE, &[0, 1])]);
+    let devices = Arc::new(RwLock::new(DeviceOwnership::default()));
+    let metrics = AttributionMetrics::default();
+    let poller = KubeletPoller {
+        socket: server.socket.clone(),
+        interval: Duration::from_millis(50),
+        timeout: Duration::from_secs(1),
+        keep_for: Duration::from_millis(1500),
+        devices: devices.clone(),
+        metrics: metrics.clone(),
+    };
+    let rt = runtime();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    rt.spawn(poller.run(shutdown.clone()));
+    let count = || devices.read().expect("lock").allocations().len();
+    let wait = |what: &str, limit: Duration, check: &dyn Fn() -> bool| {
+        let start = std::time::Instant::now();
+        while !check() {
+            assert!(start.elapsed() < limit, "timed out waiting until {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        start.elapsed()
+    };
+    wait("the allocations are read", Duration::from_secs(10), &|| count() == 2 && metrics.kubelet_up.get() == 1);
+    server.stop();
+    wait("the kubelet is seen down", Duration::from_secs(10), &|| metrics.kubelet_up.get() == 0);
+    assert_eq!(count(), 2, "the last known mapping stays while the kubelet is down");
+    let gone_after = wait("the mapping expires", Duration::from_secs(10), &|| count() == 0);
+    assert!(gone_after >= Duration::from_millis(800), "expired too early: {gone_after:?}");
+    shutdown.cancel();
+}
