@@ -225,8 +225,7 @@ pub struct CloudWatchSinkSpec {
     /// Coarser dimension sets under which every metric is also published (as the
     /// CloudWatch agent's aggregation dimensions), e.g. `[[ClusterName], [ClusterName, Namespace]]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 10))]
-    #[x_kube(validation = Rule::new("self.all(set, size(set) <= 30 && set.all(d, set.exists_one(e, e == d)))").message("each roll-up is a set of at most 30 distinct dimensions"))]
+    #[schemars(schema_with = "rollups_schema")]
     pub rollups: Option<Vec<Vec<Dimension>>>,
 
     /// Metrics to publish. Default: all of them.
@@ -244,6 +243,24 @@ pub struct CloudWatchSinkSpec {
     #[schemars(length(max = 16), regex(pattern = PERIOD_PATTERN))]
     #[x_kube(validation = Rule::new(PERIOD_RULE).message(PERIOD_MESSAGE))]
     pub flush_interval: Option<String>,
+}
+
+/// At most 10 roll-ups, each a set of distinct dimensions. Sets (`x-kubernetes-list-type:
+/// set`) rather than a CEL uniqueness rule: a rule over nested lists exceeds the API
+/// server's cost budget.
+fn rollups_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let dimension = generator.subschema_for::<Dimension>();
+    schemars::json_schema!({
+        "type": "array",
+        "nullable": true,
+        "maxItems": 10,
+        "items": {
+            "type": "array",
+            "maxItems": 12,
+            "x-kubernetes-list-type": "set",
+            "items": dimension,
+        },
+    })
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]

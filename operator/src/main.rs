@@ -1,6 +1,238 @@
-//! The operator binary. Its controller arrives with the NeuronMonitorConfig API; until
-//! then it only tells what it is.
+//! `neuron-operator`: renders NeuronMonitorConfigs into per-node neuron-monitor
+//! configurations. `neuron-operator crd` prints the CRD.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use anyhow::Context;
+use axum::{extract::State, http::StatusCode, response::IntoResponse, routing::get, Router};
+use clap::{Args, Parser, Subcommand};
+use kube::{
+    runtime::events::{Recorder, Reporter},
+    Client,
+};
+use neuron_operator::{
+    controller::Controller, crdgen, leader::LeaderElection, nodes::NeuronNodePolicy, telemetry::OperatorMetrics,
+};
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+#[derive(Parser)]
+#[command(version, about = "Renders NeuronMonitorConfigs into per-node neuron-monitor configurations")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the NeuronMonitorConfig CRD (YAML), exactly as committed in crds/.
+    Crd,
+    /// Run the controller (the default).
+    Run(RunArgs),
+}
+
+/// Every flag can also be set by the environment variable in its help.
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// The operator's namespace: node ConfigMaps and the leader lease live here, and
+    /// configs here see every application and the node-level groups.
+    #[arg(long, env = "OPERATOR_NAMESPACE", default_value = "neuron-monitor")]
+    namespace: String,
+
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "NEURON_OPERATOR_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+
+    /// Elect a leader through a Lease (off only for a single replica in development).
+    #[arg(long, env = "NEURON_OPERATOR_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+
+    /// Name of the Lease.
+    #[arg(long, env = "NEURON_OPERATOR_LEASE", default_value = "neuron-operator")]
+    lease_name: String,
+
+    /// This replica's identity in the Lease. Default: the pod name (`POD_NAME`) or host name.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+
+    /// Extended resources that make a node a Neuron node (comma-separated).
+    #[arg(
+        long,
+        env = "NEURON_NODE_RESOURCES",
+        value_delimiter = ',',
+        default_value = "aws.amazon.com/neuroncore,aws.amazon.com/neurondevice,aws.amazon.com/neuron"
+    )]
+    neuron_resources: Vec<String>,
+
+    /// Instance-type prefixes (label node.kubernetes.io/instance-type) that make a node a
+    /// Neuron node (comma-separated).
+    #[arg(
+        long,
+        env = "NEURON_NODE_INSTANCE_TYPES",
+        value_delimiter = ',',
+        default_value = "inf1.,inf2.,trn1.,trn1n.,trn2.,trn2u."
+    )]
+    neuron_instance_types: Vec<String>,
+
+    /// Log format.
+    #[arg(long, env = "NEURON_OPERATOR_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+
+    /// Log filter, in tracing's EnvFilter syntax.
+    #[arg(long, env = "NEURON_OPERATOR_LOG", default_value = "info")]
+    log: String,
+}
 
 fn main() -> anyhow::Result<()> {
-    anyhow::bail!("neuron-operator: the controller is not implemented yet")
+    // `neuron-operator` alone, or with flags only, means `run`.
+    let mut args: Vec<String> = std::env::args().collect();
+    let explicit =
+        matches!(args.get(1).map(String::as_str), Some("crd" | "run" | "help" | "-h" | "--help" | "-V" | "--version"));
+    if !explicit {
+        args.insert(1, "run".to_owned());
+    }
+    match Cli::parse_from(args).command {
+        Command::Crd => {
+            print!("{}", crdgen::crd_yaml()?);
+            Ok(())
+        }
+        Command::Run(run_args) => {
+            init_logs(&run_args)?;
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?
+                .block_on(run(run_args))
+        }
+    }
+}
+
+fn init_logs(args: &RunArgs) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log).context("parsing --log")?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if args.log_format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+    Ok(())
+}
+
+struct HttpState {
+    registry: Registry,
+    controller: Arc<Controller>,
+    synced: Arc<std::sync::atomic::AtomicBool>,
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let client = Client::try_default().await.context("connecting to Kubernetes (in-cluster or KUBECONFIG)")?;
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "neuron-operator".to_owned())
+    });
+    let mut registry = Registry::default();
+    let metrics = OperatorMetrics::register(&mut registry);
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter { controller: "neuron-operator".to_owned(), instance: Some(identity.clone()) },
+    );
+    let policy = NeuronNodePolicy {
+        resources: args.neuron_resources.clone(),
+        instance_type_prefixes: args.neuron_instance_types.clone(),
+    };
+    let controller = Controller::start(client.clone(), &args.namespace, policy, metrics.clone(), recorder);
+    let shutdown = CancellationToken::new();
+
+    let (leading_tx, leading_rx) = watch::channel(!args.leader_election);
+    let election = if args.leader_election {
+        let election = LeaderElection::new(client.clone(), &args.namespace, &args.lease_name, &identity);
+        Some(tokio::spawn(election.run(leading_tx, shutdown.clone())))
+    } else {
+        drop(leading_tx);
+        None
+    };
+    {
+        let metrics = metrics.clone();
+        let mut leading = leading_rx.clone();
+        tokio::spawn(async move {
+            loop {
+                metrics.leader.set(i64::from(*leading.borrow_and_update()));
+                if leading.changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+
+    let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let controller = controller.clone();
+        let synced = synced.clone();
+        tokio::spawn(async move {
+            controller.wait_until_synced().await;
+            synced.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+    }
+    let http_state = Arc::new(HttpState { registry, controller: controller.clone(), synced });
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready_handler))
+        .with_state(http_state);
+    let listener =
+        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    info!(listen = %listener.local_addr()?, namespace = %args.namespace, %identity, "neuron-operator started");
+    let server = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
+        })
+    };
+    let reconciler = tokio::spawn(controller.run(leading_rx, shutdown.clone()));
+
+    wait_for_signal().await?;
+    info!("shutting down");
+    shutdown.cancel();
+    let _ = reconciler.await;
+    if let Some(election) = election {
+        let _ = election.await;
+    }
+    if let Ok(Err(e)) = server.await {
+        error!(error = %e, "HTTP server failed");
+    }
+    Ok(())
+}
+
+async fn metrics_handler(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
+        Ok(()) => {
+            (StatusCode::OK, [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+        }
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, [("content-type", "text/plain")], String::new()),
+    }
+}
+
+async fn ready_handler(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
+    let _ = &state.controller;
+    if state.synced.load(std::sync::atomic::Ordering::Relaxed) {
+        (StatusCode::OK, "ok\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "watch caches are not synced yet\n")
+    }
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
 }

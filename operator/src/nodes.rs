@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use api::cloudwatch_cost::NodeFacts;
 use k8s_openapi::api::core::v1::Node;
 
 /// Instance-type labels, current and legacy.
@@ -76,6 +77,24 @@ impl NeuronNodePolicy {
             .iter()
             .filter_map(|l| labels.get(*l))
             .any(|t| self.instance_type_prefixes.iter().any(|p| !p.is_empty() && t.starts_with(p.as_str())))
+    }
+}
+
+/// What the CloudWatch cost estimate needs of a node: its cores and devices from the
+/// device plugin's capacity, else from its instance type; its type and zone.
+pub fn facts(node: &Node) -> NodeFacts {
+    let labels = labels(node);
+    let instance_type = INSTANCE_TYPE_LABELS.iter().find_map(|l| labels.get(*l)).cloned();
+    let table = instance_type.as_deref().and_then(NodeFacts::from_instance_type).unwrap_or_default();
+    let capacity = |resource: &str| {
+        let quantity = node.status.as_ref()?.capacity.as_ref()?.get(resource)?;
+        quantity.0.parse::<u32>().ok().filter(|n| *n > 0)
+    };
+    NodeFacts {
+        cores: capacity("aws.amazon.com/neuroncore").unwrap_or(table.cores),
+        devices: capacity("aws.amazon.com/neurondevice").unwrap_or(table.devices),
+        instance_type,
+        availability_zone: labels.get("topology.kubernetes.io/zone").cloned(),
     }
 }
 

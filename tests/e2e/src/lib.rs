@@ -10,6 +10,8 @@
 //! started from a thread that lives as long as the process, with the parent-death
 //! signal set, and is stopped gracefully (SIGTERM) so it cleans up after itself.
 
+pub mod prometheus;
+
 use std::{
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
@@ -231,4 +233,127 @@ pub fn random_u32() -> u32 {
         let _ = f.read_exact(&mut bytes);
     }
     u32::from_ne_bytes(bytes) ^ std::process::id()
+}
+
+/// A process of the project's own, killed (and reaped) on drop.
+pub struct Process {
+    pub child: Child,
+    pub name: String,
+}
+
+impl Process {
+    /// Starts a workspace binary with `args` and `env`, talking to `control_plane`.
+    pub fn start(binary: &str, args: &[String], env: &[(&str, String)], control_plane: &ControlPlane) -> Process {
+        let mut command = Command::new(workspace_bin(binary));
+        command
+            .args(args)
+            .env("KUBECONFIG", &control_plane.kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let child = command.spawn().unwrap_or_else(|e| panic!("starting {binary}: {e}"));
+        Process { child, name: binary.to_owned() }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// PIDs of this process's children.
+    pub fn children(&self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid())) {
+            for task in tasks.flatten() {
+                if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
+                    pids.extend(text.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+                }
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    /// Sends SIGTERM and waits up to `limit` for the exit status.
+    pub fn terminate(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        // SAFETY: signalling our own child, not yet reaped.
+        unsafe {
+            libc::kill(self.pid() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The command line of a process, as its arguments.
+pub fn cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|raw| {
+            raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Runs kubectl against the control plane, with `stdin` piped in; returns
+/// (success, stdout, stderr).
+pub fn kubectl(control_plane: &ControlPlane, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    use std::io::Write;
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&control_plane.kubeconfig)
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl is installed");
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(input.as_bytes()).expect("write to kubectl");
+    }
+    let out = child.wait_with_output().expect("kubectl output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A free TCP port on the loopback interface.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+/// A minimal HTTP/1.1 GET on loopback: (status, body), or `None` when nothing answers.
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+/// The value of an unlabelled sample `name` in an exposition, if present.
+pub fn sample(exposition: &str, name: &str) -> Option<f64> {
+    exposition.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }

@@ -1,0 +1,447 @@
+//! The controller: watches NeuronMonitorConfigs (all namespaces), Nodes and its own
+//! node ConfigMaps, and on any change reconciles everything at once: validate every
+//! config, render every Neuron node, write the ConfigMaps whose content changed, delete
+//! those of nodes nothing applies to any more, and update each config's status.
+//!
+//! A full, level-triggered pass is simple and always correct: a config change can
+//! touch thousands of nodes anyway, and rendering 5,000 nodes takes milliseconds.
+//! Only the leader writes; every replica keeps its caches warm to take over at once.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use api::{
+    cloudwatch_cost::{self, CostEstimate, NodeFacts},
+    crd::{NeuronMonitorConfig, NeuronMonitorConfigStatus},
+    node_config::{
+        configmap_name, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION, MANAGED_LABEL, MONITOR_CONFIG_KEY,
+        NODE_ANNOTATION, NODE_CONFIG_KEY,
+    },
+};
+use futures::{Stream, TryStreamExt};
+use k8s_openapi::{
+    api::core::v1::{ConfigMap, Node},
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+    jiff::Timestamp,
+};
+use kube::{
+    api::{DeleteParams, Patch, PatchParams},
+    runtime::{
+        events::{Event, EventType, Recorder},
+        reflector::{self, Store},
+        watcher, WatchStreamExt,
+    },
+    Api, Client, Resource, ResourceExt,
+};
+use serde_json::json;
+use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::{
+    nodes::{self, NeuronNodePolicy},
+    render::{self, RenderedNode, Rendering},
+    telemetry::{ErrorLabel, OperatorMetrics},
+    validate::{self, ConfigKey, Invalid, ValidConfig},
+};
+
+/// Field manager of everything the operator writes (server-side apply).
+pub const MANAGER: &str = "neuron-operator";
+/// A full pass at least this often, whatever the watches say.
+const RESYNC: Duration = Duration::from_secs(300);
+/// Changes arriving together (a rollout touching many nodes) are handled in one pass.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("encoding a node configuration: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+impl Error {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "kube",
+            Error::Encode(_) => "encode",
+        }
+    }
+}
+
+pub struct Controller {
+    client: Client,
+    namespace: String,
+    policy: NeuronNodePolicy,
+    metrics: OperatorMetrics,
+    recorder: Recorder,
+    configs: Store<NeuronMonitorConfig>,
+    nodes: Store<Node>,
+    configmaps: Store<ConfigMap>,
+    /// Last accepted version of each config (by uid): an invalid update keeps the nodes
+    /// on it, as the API promises ("never a half-applied config").
+    last_good: Mutex<HashMap<String, ValidConfig>>,
+    /// Accepted state last announced by an Event, by uid.
+    announced: Mutex<HashMap<String, bool>>,
+    changed: Arc<Notify>,
+}
+
+impl Controller {
+    /// Starts the watches; their caches fill in the background.
+    pub fn start(
+        client: Client,
+        namespace: &str,
+        policy: NeuronNodePolicy,
+        metrics: OperatorMetrics,
+        recorder: Recorder,
+    ) -> Arc<Controller> {
+        let changed = Arc::new(Notify::new());
+        let (configs, configs_writer) = reflector::store();
+        let (nodes, nodes_writer) = reflector::store();
+        let (configmaps, configmaps_writer) = reflector::store();
+        let config_api: Api<NeuronMonitorConfig> = Api::all(client.clone());
+        let node_api: Api<Node> = Api::all(client.clone());
+        let configmap_api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+        let label = format!("{MANAGED_LABEL}=true");
+        spawn_watch(
+            "neuronmonitorconfigs",
+            changed.clone(),
+            reflector::reflector(configs_writer, watcher(config_api, watcher::Config::default()).default_backoff()),
+        );
+        spawn_watch(
+            "nodes",
+            changed.clone(),
+            reflector::reflector(
+                nodes_writer,
+                watcher(node_api, watcher::Config::default())
+                    .default_backoff()
+                    // Node objects are large; keep what deciding and rendering need.
+                    .modify(|node: &mut Node| {
+                        node.managed_fields_mut().clear();
+                        if let Some(status) = node.status.as_mut() {
+                            status.images = None;
+                            status.conditions = None;
+                            status.volumes_attached = None;
+                            status.volumes_in_use = None;
+                        }
+                    }),
+            ),
+        );
+        spawn_watch(
+            "configmaps",
+            changed.clone(),
+            reflector::reflector(
+                configmaps_writer,
+                watcher(configmap_api, watcher::Config::default().labels(&label)).default_backoff(),
+            ),
+        );
+        Arc::new(Controller {
+            client,
+            namespace: namespace.to_owned(),
+            policy,
+            metrics,
+            recorder,
+            configs,
+            nodes,
+            configmaps,
+            last_good: Mutex::default(),
+            announced: Mutex::default(),
+            changed,
+        })
+    }
+
+    /// True once every watch has listed its objects.
+    pub async fn wait_until_synced(&self) {
+        let _ = self.configs.wait_until_ready().await;
+        let _ = self.nodes.wait_until_ready().await;
+        let _ = self.configmaps.wait_until_ready().await;
+    }
+
+    /// Reconciles on every change while this replica leads, until `shutdown`.
+    pub async fn run(self: Arc<Self>, mut leading: watch::Receiver<bool>, shutdown: CancellationToken) {
+        self.wait_until_synced().await;
+        info!("caches synced");
+        let mut retry = Duration::from_millis(500);
+        loop {
+            if *leading.borrow_and_update() {
+                match self.reconcile().await {
+                    Ok(()) => retry = Duration::from_millis(500),
+                    Err(e) => {
+                        warn!(error = %e, retry_in_ms = retry.as_millis() as u64, "reconcile failed");
+                        self.metrics.reconcile_errors.get_or_create(&ErrorLabel { error: e.label() }).inc();
+                        tokio::select! {
+                            _ = tokio::time::sleep(retry) => {}
+                            _ = shutdown.cancelled() => return,
+                        }
+                        retry = (retry * 2).min(Duration::from_secs(30));
+                        continue;
+                    }
+                }
+            }
+            tokio::select! {
+                _ = self.changed.notified() => tokio::time::sleep(DEBOUNCE).await,
+                _ = leading.changed() => {}
+                _ = tokio::time::sleep(RESYNC) => {}
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// One full pass.
+    pub async fn reconcile(&self) -> Result<(), Error> {
+        let started = Instant::now();
+        let configs = self.configs.state();
+        let nodes: Vec<Arc<Node>> = self.nodes.state().into_iter().filter(|n| self.policy.is_neuron_node(n)).collect();
+        self.metrics.configs.set(configs.len() as i64);
+        self.metrics.nodes.set(nodes.len() as i64);
+
+        // Validate; an invalid config keeps its last accepted version on the nodes.
+        let mut verdicts: Vec<(Arc<NeuronMonitorConfig>, Result<(), Invalid>)> = Vec::with_capacity(configs.len());
+        let mut usable: Vec<ValidConfig> = Vec::with_capacity(configs.len());
+        {
+            let mut last_good = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
+            let live: HashSet<String> = configs.iter().filter_map(|c| c.uid()).collect();
+            last_good.retain(|uid, _| live.contains(uid));
+            for config in &configs {
+                let uid = config.uid().unwrap_or_default();
+                match validate::validate(config, &self.namespace) {
+                    Ok(valid) => {
+                        last_good.insert(uid, valid.clone());
+                        usable.push(valid);
+                        verdicts.push((config.clone(), Ok(())));
+                    }
+                    Err(invalid) => {
+                        if let Some(previous) = last_good.get(&uid) {
+                            usable.push(previous.clone());
+                        }
+                        verdicts.push((config.clone(), Err(invalid)));
+                    }
+                }
+            }
+        }
+        self.metrics.invalid_configs.set(verdicts.iter().filter(|(_, v)| v.is_err()).count() as i64);
+
+        // Render and write what changed.
+        let rendering = render::render_all(nodes.iter(), &usable)?;
+        for node in &nodes {
+            if let Some(rendered) = rendering.rendered(&node.name_any()) {
+                self.apply_configmap(node, rendered).await?;
+            }
+        }
+        self.delete_stale_configmaps(&rendering).await?;
+
+        // Per config, the matched nodes whose agent acknowledged their current content.
+        let applied = rendering.count_matched_where(|node, rendered| {
+            let configmap =
+                self.configmaps.get(&reflector::ObjectRef::new(&configmap_name(node)).within(&self.namespace));
+            configmap.as_ref().and_then(|cm| cm.annotations().get(APPLIED_HASH_ANNOTATION)) == Some(&rendered.hash)
+        });
+        let facts: HashMap<String, NodeFacts> = nodes.iter().map(|n| (n.name_any(), nodes::facts(n))).collect();
+        for (config, verdict) in verdicts {
+            let Ok(key) = ConfigKey::of(&config) else { continue };
+            // What an accepted config with a CloudWatch sink will cost on its nodes.
+            let has_cloudwatch = config.spec.sinks.as_ref().is_some_and(|s| s.cloudwatch.is_some());
+            let estimate = (verdict.is_ok() && has_cloudwatch)
+                .then(|| {
+                    let matched: Vec<NodeFacts> =
+                        rendering.matched_node_names(&key).filter_map(|n| facts.get(n).cloned()).collect();
+                    cloudwatch_cost::estimate(&config.spec, key.namespace == self.namespace, &matched)
+                })
+                .flatten();
+            let outcome = Outcome {
+                verdict,
+                matched: rendering.matched_nodes(&key),
+                applied: applied.get(&key).copied().unwrap_or(0),
+                estimate,
+            };
+            self.update_status(&config, outcome).await?;
+        }
+        self.metrics.reconciles.inc();
+        self.metrics.reconcile_seconds.observe(started.elapsed().as_secs_f64());
+        debug!(
+            nodes = nodes.len(),
+            configs = configs.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "reconciled"
+        );
+        Ok(())
+    }
+
+    /// Writes a node's ConfigMap if its content changed.
+    async fn apply_configmap(&self, node: &Node, rendered: &RenderedNode) -> Result<(), Error> {
+        let node_name = node.name_any();
+        let name = configmap_name(&node_name);
+        let current = self.configmaps.get(&reflector::ObjectRef::new(&name).within(&self.namespace));
+        if current.as_ref().and_then(|cm| cm.annotations().get(CONFIG_HASH_ANNOTATION)) == Some(&rendered.hash) {
+            return Ok(());
+        }
+        let monitor = serde_json::to_string_pretty(&rendered.config.monitor)?;
+        let configmap = json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": { MANAGED_LABEL: "true", "app.kubernetes.io/managed-by": MANAGER },
+                "annotations": { CONFIG_HASH_ANNOTATION: rendered.hash, NODE_ANNOTATION: node_name },
+                // Owned by its Node: deleted with it by the garbage collector.
+                "ownerReferences": [{
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "name": node_name,
+                    "uid": node.uid().unwrap_or_default(),
+                }],
+            },
+            "data": { NODE_CONFIG_KEY: rendered.json, MONITOR_CONFIG_KEY: monitor },
+        });
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&configmap)).await?;
+        self.metrics.wrote("configmap", "apply");
+        info!(node = %node_name, configmap = %name, hash = %rendered.hash, "wrote node configuration");
+        Ok(())
+    }
+
+    async fn delete_stale_configmaps(&self, rendering: &Rendering) -> Result<(), Error> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        for cm in self.configmaps.state() {
+            let node = cm.annotations().get(NODE_ANNOTATION).cloned().unwrap_or_default();
+            if rendering.rendered(&node).is_some() {
+                continue;
+            }
+            match api.delete(&cm.name_any(), &DeleteParams::default()).await {
+                Ok(_) => {
+                    self.metrics.wrote("configmap", "delete");
+                    info!(configmap = %cm.name_any(), node = %node, "deleted the configuration of a node nothing applies to");
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    async fn update_status(&self, config: &NeuronMonitorConfig, outcome: Outcome) -> Result<(), Error> {
+        let Outcome { verdict, matched, applied, estimate } = outcome;
+        let previous = config.status.clone().unwrap_or_default();
+        let generation = config.metadata.generation;
+        let (accepted, accepted_reason, accepted_message) = match &verdict {
+            Err(invalid) => (false, "InvalidSpec", invalid.to_string()),
+            Ok(()) if matched == 0 => {
+                (false, "NoMatchingNodes", "spec.nodeSelector: matches no Neuron node".to_owned())
+            }
+            Ok(()) => (true, "Valid", format!("rendered for {matched} node(s)")),
+        };
+        let (ready, ready_reason, ready_message) = if !accepted {
+            (false, "NotAccepted", "see the Accepted condition".to_owned())
+        } else if applied == matched {
+            (true, "Applied", format!("all {matched} node(s) run the current configuration"))
+        } else {
+            (false, "Applying", format!("{applied} of {matched} node(s) run the current configuration"))
+        };
+        let conditions = vec![
+            condition(&previous, "Accepted", accepted, accepted_reason, &accepted_message, generation),
+            condition(&previous, "Ready", ready, ready_reason, &ready_message, generation),
+        ];
+        let status = NeuronMonitorConfigStatus {
+            observed_generation: generation,
+            conditions,
+            matched_nodes: matched as i32,
+            applied_nodes: applied as i32,
+            estimated_cloud_watch_metrics: estimate.as_ref().map(|e| e.metrics as i64),
+            estimated_monthly_cost_usd: estimate.as_ref().map(CostEstimate::monthly_usd_text),
+        };
+        self.announce(config, accepted, accepted_reason, &accepted_message).await;
+        if status == previous {
+            return Ok(());
+        }
+        let api: Api<NeuronMonitorConfig> =
+            Api::namespaced(self.client.clone(), &config.namespace().unwrap_or_default());
+        let patch = json!({
+            "apiVersion": NeuronMonitorConfig::api_version(&()),
+            "kind": NeuronMonitorConfig::kind(&()),
+            "status": status,
+        });
+        api.patch_status(&config.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await?;
+        self.metrics.wrote("status", "apply");
+        Ok(())
+    }
+
+    /// An Event when a config's Accepted state is first seen or changes.
+    async fn announce(&self, config: &NeuronMonitorConfig, accepted: bool, reason: &str, message: &str) {
+        let uid = config.uid().unwrap_or_default();
+        {
+            let mut announced = self.announced.lock().unwrap_or_else(|p| p.into_inner());
+            if announced.get(&uid) == Some(&accepted) {
+                return;
+            }
+            announced.insert(uid, accepted);
+        }
+        let event = Event {
+            type_: if accepted { EventType::Normal } else { EventType::Warning },
+            reason: if accepted { "Accepted".to_owned() } else { reason.to_owned() },
+            note: Some(message.chars().take(1000).collect()),
+            action: "Render".to_owned(),
+            secondary: None,
+        };
+        match self.recorder.publish(&event, &config.object_ref(&())).await {
+            Ok(()) => self.metrics.wrote("event", "create"),
+            Err(e) => warn!(error = %e, config = %config.name_any(), "could not publish an event"),
+        }
+    }
+}
+
+/// What a pass found for one config.
+struct Outcome {
+    verdict: Result<(), Invalid>,
+    matched: usize,
+    applied: usize,
+    /// CloudWatch metrics and monthly cost, for an accepted config with a CloudWatch sink.
+    estimate: Option<CostEstimate>,
+}
+
+/// A condition, keeping its transition time when its status did not change.
+fn condition(
+    previous: &NeuronMonitorConfigStatus,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) -> Condition {
+    let status = if status { "True" } else { "False" }.to_owned();
+    let last_transition_time = previous
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(Timestamp::now()));
+    Condition {
+        type_: type_.to_owned(),
+        status,
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+fn spawn_watch<K, S>(what: &'static str, changed: Arc<Notify>, stream: S)
+where
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    K: Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            match stream.try_next().await {
+                Ok(Some(_)) => changed.notify_one(),
+                Ok(None) => break,
+                // The backoff inside the stream retries; say what is failing.
+                Err(e) => warn!(watch = what, error = %e, "watch failed; retrying"),
+            }
+        }
+    });
+}

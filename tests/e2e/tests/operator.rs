@@ -1,0 +1,397 @@
+//! The operator and the node agent on the real control plane: `kubectl apply` of
+//! NeuronMonitorConfigs, fake Neuron nodes, node ConfigMaps, status, agent reload.
+//!
+//! Operators watch configs cluster-wide, so the tests of this binary run one at a
+//! time; each has its own operator namespace and nodes labelled for it alone.
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use api::{
+    crd::NeuronMonitorConfig,
+    node_config::{configmap_name, NodeConfig, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION, NODE_CONFIG_KEY},
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kube::{
+    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
+    Api, Client, ResourceExt,
+};
+use neuron_e2e::{
+    cmdline, free_port, http_get, kubectl, random_u32, sample, wait_for, workspace_bin, ControlPlane, Process,
+};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+struct Scenario {
+    cp: &'static ControlPlane,
+    client: Client,
+    /// The operator's namespace.
+    ns: String,
+    /// Label value that marks this test's nodes (`e2e-run=<run>`).
+    run: String,
+}
+
+impl Scenario {
+    async fn new(prefix: &str) -> Scenario {
+        let cp = ControlPlane::shared();
+        cp.install_crds().await;
+        let ns = cp.namespace(prefix).await;
+        Scenario { cp, client: cp.client().await, ns, run: format!("{prefix}-{:x}", random_u32()) }
+    }
+
+    fn operator(&self) -> (Process, SocketAddr) {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let args = vec!["--namespace".into(), self.ns.clone(), "--listen".into(), addr.to_string()];
+        (Process::start("neuron-operator", &args, &[("NEURON_OPERATOR_LOG", "info".into())], self.cp), addr)
+    }
+
+    /// A fake Node of `instance_type`, labelled for this test.
+    async fn node(&self, name: &str, instance_type: &str) -> Node {
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                labels: Some(BTreeMap::from([
+                    ("node.kubernetes.io/instance-type".to_owned(), instance_type.to_owned()),
+                    ("e2e-run".to_owned(), self.run.clone()),
+                ])),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Node>::all(self.client.clone()).create(&PostParams::default(), &node).await.unwrap()
+    }
+
+    async fn team_namespace(&self, prefix: &str) -> String {
+        self.cp.namespace(prefix).await
+    }
+
+    fn apply(&self, yaml: &str) -> (bool, String) {
+        let (ok, out, err) = kubectl(self.cp, &["apply", "-f", "-"], Some(yaml));
+        (ok, format!("{out}{err}"))
+    }
+
+    async fn configmap(&self, node: &str) -> Option<ConfigMap> {
+        Api::<ConfigMap>::namespaced(self.client.clone(), &self.ns).get_opt(&configmap_name(node)).await.ok().flatten()
+    }
+
+    async fn node_config(&self, node: &str) -> Option<NodeConfig> {
+        let cm = self.configmap(node).await?;
+        serde_json::from_str(cm.data?.get(NODE_CONFIG_KEY)?).ok()
+    }
+
+    async fn config(&self, namespace: &str, name: &str) -> Option<NeuronMonitorConfig> {
+        Api::<NeuronMonitorConfig>::namespaced(self.client.clone(), namespace).get_opt(name).await.ok().flatten()
+    }
+
+    async fn condition(&self, namespace: &str, name: &str, type_: &str) -> Option<(String, String, String)> {
+        let config = self.config(namespace, name).await?;
+        let status = config.status?;
+        let c = status.conditions.into_iter().find(|c| c.type_ == type_)?;
+        Some((c.status, c.reason, c.message))
+    }
+
+    async fn wait<T, F, Fut>(&self, what: &str, check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        wait_for(Duration::from_secs(30), check).await.unwrap_or_else(|| panic!("timed out waiting for {what}"))
+    }
+}
+
+fn config_yaml(namespace: &str, name: &str, run: &str, spec_extra: &str) -> String {
+    format!(
+        "apiVersion: neuronmonitor.io/v1alpha1\nkind: NeuronMonitorConfig\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  nodeSelector:\n    matchLabels:\n      e2e-run: {run}\n{spec_extra}"
+    )
+}
+
+#[tokio::test]
+async fn configs_render_into_node_configmaps_with_status_and_clean_up() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-render").await;
+    let (_operator, _) = s.operator();
+    let trn = format!("{}-trn", s.run);
+    let inf = format!("{}-inf", s.run);
+    let cpu = format!("{}-cpu", s.run);
+    s.node(&trn, "trn1.32xlarge").await;
+    s.node(&inf, "inf2.xlarge").await;
+    s.node(&cpu, "m5.large").await;
+    let team = s.team_namespace("team-a").await;
+
+    let (ok, out) = s.apply(&config_yaml(&s.ns, "cluster", &s.run, "  period: 10s\n"));
+    assert!(ok, "{out}");
+    // Only the trn node: a second label under matchLabels.
+    let team_spec = "      node.kubernetes.io/instance-type: trn1.32xlarge\n  runtimes:\n  - tagFilter: '^serve'\n    \
+                     period: 1s\n    metrics:\n    - type: neuroncore_counters\n  sinks:\n    cloudwatch:\n      \
+                     namespace: TeamA/Neuron\n";
+    let (ok, out) = s.apply(&config_yaml(&team, "serving", &s.run, team_spec));
+    assert!(ok, "{out}");
+
+    // Both Neuron nodes get a configuration; the CPU node does not.
+    let trn_config = s
+        .wait("the trn node's configuration with both routes", || async {
+            s.node_config(&trn).await.filter(|c| c.routes.len() == 2)
+        })
+        .await;
+    let routes: Vec<&str> = trn_config.routes.iter().map(|r| r.config.as_str()).collect();
+    assert_eq!(routes, vec![format!("{}/cluster", s.ns).as_str(), format!("{team}/serving").as_str()]);
+    assert_eq!(trn_config.routes[0].namespace, None, "the operator namespace's config sees everything");
+    assert_eq!(trn_config.routes[1].namespace.as_deref(), Some(team.as_str()));
+    // One merged runtime entry; the counters group at the shortest period asked for it.
+    let monitor = serde_json::to_value(&trn_config.monitor).unwrap();
+    let metrics = monitor["neuron_runtimes"][0]["metrics"].as_array().unwrap();
+    let counters = metrics.iter().find(|m| m["type"] == "neuroncore_counters").unwrap();
+    assert_eq!(counters["period"], "1s");
+    assert!(!monitor["system_metrics"].as_array().unwrap().is_empty(), "the cluster config collects node groups");
+    s.wait("the inf node's configuration", || async { s.node_config(&inf).await }).await;
+    assert!(s.configmap(&cpu).await.is_none(), "a non-Neuron node gets nothing");
+    let cm = s.configmap(&trn).await.unwrap();
+    let owner = &cm.owner_references()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Node", trn.as_str()), "owned by its node");
+
+    // Status: matched nodes, accepted, not ready (no agent runs).
+    s.wait("the team config's status", || async {
+        let c = s.config(&team, "serving").await?;
+        let status = c.status?;
+        (status.matched_nodes == 1 && status.observed_generation == c.metadata.generation).then_some(())
+    })
+    .await;
+    assert_eq!(s.condition(&team, "serving", "Accepted").await.unwrap().0, "True");
+    let ready = s.condition(&team, "serving", "Ready").await.unwrap();
+    assert_eq!((ready.0.as_str(), ready.1.as_str()), ("False", "Applying"));
+    let cluster_status = s.config(&s.ns, "cluster").await.unwrap().status.unwrap();
+    assert_eq!(cluster_status.matched_nodes, 2);
+    assert_eq!(cluster_status.estimated_cloud_watch_metrics, None, "no CloudWatch sink, no estimate");
+    // The team sees its CloudWatch bill before it arrives: 32 cores of one trn1.32xlarge.
+    let team_status = s.config(&team, "serving").await.unwrap().status.unwrap();
+    let metrics = team_status.estimated_cloud_watch_metrics.unwrap_or(0);
+    assert!(metrics >= 32, "estimate {metrics}");
+    let cost: f64 = team_status.estimated_monthly_cost_usd.as_deref().unwrap_or("").parse().unwrap();
+    assert!((cost - metrics as f64 * 0.30).abs() < 0.01, "{cost} for {metrics} metrics at $0.30");
+    let (ok, table, err) = kubectl(s.cp, &["get", "nmc", "-n", &team, "--no-headers"], None);
+    assert!(ok, "{err}");
+    let columns: Vec<&str> = table.split_whitespace().collect();
+    assert_eq!(&columns[..5], &["serving", "1", "0", "True", "False"], "kubectl get nmc: {table}");
+
+    // Deleting a config takes its route away; deleting a node takes its ConfigMap.
+    Api::<NeuronMonitorConfig>::namespaced(s.client.clone(), &team)
+        .delete("serving", &DeleteParams::default())
+        .await
+        .unwrap();
+    s.wait("the team route gone", || async { s.node_config(&trn).await.filter(|c| c.routes.len() == 1) }).await;
+    Api::<Node>::all(s.client.clone()).delete(&inf, &DeleteParams::default()).await.unwrap();
+    s.wait("the deleted node's ConfigMap gone", || async { s.configmap(&inf).await.is_none().then_some(()) }).await;
+    Api::<NeuronMonitorConfig>::namespaced(s.client.clone(), &s.ns)
+        .delete("cluster", &DeleteParams::default())
+        .await
+        .unwrap();
+    s.wait("no configuration left", || async { s.configmap(&trn).await.is_none().then_some(()) }).await;
+    Api::<Node>::all(s.client.clone()).delete(&trn, &DeleteParams::default()).await.unwrap();
+    Api::<Node>::all(s.client.clone()).delete(&cpu, &DeleteParams::default()).await.unwrap();
+}
+
+#[tokio::test]
+async fn invalid_configs_are_refused_at_admission_naming_the_field() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-admission").await;
+    let cases: [(&str, &str); 7] = [
+        ("  period: 500ms\n", "spec.period"),
+        ("  period: 2h\n", "spec.period"),
+        ("  runtimes:\n  - metrics:\n    - type: gpu_counters\n", "spec.runtimes[0].metrics[0].type"),
+        ("  runtimes:\n  - metrics:\n    - type: memory_used\n    - type: memory_used\n", "spec.runtimes[0].metrics"),
+        ("  sinks:\n    cloudwatch:\n      namespace: AWS/Neuron\n", "spec.sinks.cloudwatch.namespace"),
+        (
+            "  sinks:\n    cloudwatch:\n      namespace: Team\n      storageResolution: 30\n",
+            "spec.sinks.cloudwatch.storageResolution",
+        ),
+        ("  sinks:\n    cloudwatch:\n      namespace: ''\n", "spec.sinks.cloudwatch.namespace"),
+    ];
+    for (i, (spec, field)) in cases.iter().enumerate() {
+        let (ok, out) = s.apply(&config_yaml(&s.ns, &format!("bad-{i}"), &s.run, spec));
+        assert!(!ok, "case {i} ({field}) was accepted:\n{spec}");
+        assert!(out.contains(field), "case {i}: the refusal names {field}: {out}");
+    }
+    let (ok, out) = s.apply(&config_yaml(
+        &s.ns,
+        "duplicate-dims",
+        &s.run,
+        "  sinks:\n    cloudwatch:\n      namespace: Team\n      dimensions: [PodName, PodName]\n",
+    ));
+    assert!(!ok && out.contains("spec.sinks.cloudwatch.dimensions"), "{out}");
+}
+
+#[tokio::test]
+async fn what_admission_cannot_check_is_reported_and_changes_nothing() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-status").await;
+    let (_operator, _) = s.operator();
+    let node = format!("{}-trn", s.run);
+    s.node(&node, "trn1.2xlarge").await;
+    let team = s.team_namespace("team-b").await;
+
+    let good = "  runtimes:\n  - tagFilter: '^serve-'\n    metrics:\n    - type: memory_used\n";
+    assert!(s.apply(&config_yaml(&team, "serving", &s.run, good)).0);
+    let before = s
+        .wait("a rendered configuration", || async {
+            let cm = s.configmap(&node).await?;
+            cm.annotations().get(CONFIG_HASH_ANNOTATION).cloned()
+        })
+        .await;
+    // A regex that does not compile: accepted by the schema, refused by the operator.
+    let bad = "  runtimes:\n  - tagFilter: 'serve-(('\n    metrics:\n    - type: memory_used\n";
+    assert!(s.apply(&config_yaml(&team, "serving", &s.run, bad)).0);
+    let accepted = s
+        .wait("Accepted=False", || async { s.condition(&team, "serving", "Accepted").await.filter(|c| c.0 == "False") })
+        .await;
+    assert_eq!(accepted.1, "InvalidSpec");
+    assert!(accepted.2.contains("spec.runtimes[0].tagFilter"), "{accepted:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = s.configmap(&node).await.unwrap().annotations().get(CONFIG_HASH_ANNOTATION).cloned();
+    assert_eq!(after.as_deref(), Some(before.as_str()), "the node keeps its last good configuration");
+
+    // Node-level groups from a team namespace, and a selector that matches nothing.
+    let system = "  systemMetrics:\n    metrics:\n    - type: memory_info\n";
+    assert!(s.apply(&config_yaml(&team, "greedy", &s.run, system)).0);
+    let greedy = s
+        .wait("greedy rejected", || async { s.condition(&team, "greedy", "Accepted").await.filter(|c| c.0 == "False") })
+        .await;
+    assert!(greedy.2.contains("spec.systemMetrics"), "{greedy:?}");
+    assert!(s.apply(&config_yaml(&team, "nowhere", "no-such-run", "")).0);
+    let nowhere = s
+        .wait("no matching nodes", || async {
+            s.condition(&team, "nowhere", "Accepted").await.filter(|c| c.0 == "False")
+        })
+        .await;
+    assert_eq!(nowhere.1, "NoMatchingNodes");
+    assert!(nowhere.2.contains("spec.nodeSelector"), "{nowhere:?}");
+    Api::<Node>::all(s.client.clone()).delete(&node, &DeleteParams::default()).await.unwrap();
+}
+
+/// The running simulator's configuration file and its content.
+fn monitor_config_of(agent: &Process) -> Option<(u32, String, String)> {
+    let child = *agent.children().first()?;
+    let args = cmdline(child);
+    let file = args.iter().skip_while(|a| *a != "-c").nth(1)?.clone();
+    let content = std::fs::read_to_string(&file).ok()?;
+    Some((child, file, content))
+}
+
+#[tokio::test]
+async fn the_agent_reloads_a_changed_config_within_a_second() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-reload").await;
+    let (_operator, operator_addr) = s.operator();
+    let node = format!("{}-trn", s.run);
+    s.node(&node, "trn1.2xlarge").await;
+    assert!(s.apply(&config_yaml(&s.ns, "cluster", &s.run, "  period: 2s\n")).0);
+
+    let state_dir = std::env::temp_dir().join(format!("nm-agent-{}", s.run));
+    let agent_addr = format!("127.0.0.1:{}", free_port());
+    let agent = Process::start(
+        "neuron-node-agent",
+        &[
+            "--node-name".into(),
+            node.clone(),
+            "--config-namespace".into(),
+            s.ns.clone(),
+            "--monitor-command".into(),
+            workspace_bin("neuron-monitor-sim").display().to_string(),
+            "--listen".into(),
+            agent_addr.clone(),
+            "--state-dir".into(),
+            state_dir.display().to_string(),
+            "--stop-grace".into(),
+            "1s".into(),
+        ],
+        &[],
+        s.cp,
+    );
+    // The agent runs the rendered configuration and acknowledges it; status follows.
+    s.wait("the agent on the rendered configuration", || async {
+        monitor_config_of(&agent).filter(|(_, _, content)| content.contains("\"2s\""))
+    })
+    .await;
+    s.wait("the acknowledgement", || async {
+        let cm = s.configmap(&node).await?;
+        let a = cm.annotations();
+        (a.get(APPLIED_HASH_ANNOTATION) == a.get(CONFIG_HASH_ANNOTATION)).then_some(())
+    })
+    .await;
+    s.wait("Ready with one applied node", || async {
+        let status = s.config(&s.ns, "cluster").await?.status?;
+        let ready = status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+        (ready && status.applied_nodes == 1).then_some(())
+    })
+    .await;
+
+    // 20 changes: time from the API write to neuron-monitor running the new file.
+    let api: Api<NeuronMonitorConfig> = Api::namespaced(s.client.clone(), &s.ns);
+    let mut latencies = Vec::new();
+    for i in 0..20u64 {
+        let period = format!("{}s", 3 + i % 2 + 2 * (i % 5));
+        let (old_pid, old_file, _) = monitor_config_of(&agent).expect("a running monitor");
+        let expected = format!("\"{period}\"");
+        let started = Instant::now();
+        api.patch("cluster", &PatchParams::default(), &Patch::Merge(json!({ "spec": { "period": period } })))
+            .await
+            .unwrap();
+        loop {
+            if let Some((pid, file, content)) = monitor_config_of(&agent) {
+                if (pid != old_pid || file != old_file) && content.contains(&expected) {
+                    break;
+                }
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "change {i} ({period}) never reached neuron-monitor");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        latencies.push(started.elapsed());
+    }
+    latencies.sort();
+    let p50 = latencies[latencies.len() / 2];
+    let p95 = latencies[latencies.len() * 95 / 100];
+    println!(
+        "config change → neuron-monitor restarted on it: p50 {p50:?}, p95 {p95:?}, max {:?}",
+        latencies.last().unwrap()
+    );
+    assert!(p50 < Duration::from_secs(1), "p50 {p50:?}");
+
+    let agent_metrics = http_get(agent_addr.parse().unwrap(), "/metrics").unwrap().1;
+    assert!(sample(&agent_metrics, "neuron_agent_reports_total").is_some());
+    let operator_metrics = http_get(operator_addr, "/metrics").unwrap().1;
+    assert_eq!(sample(&operator_metrics, "neuron_operator_leader"), Some(1.0));
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&state_dir);
+    Api::<Node>::all(s.client.clone()).delete(&node, &DeleteParams::default()).await.unwrap();
+}
+
+#[tokio::test]
+async fn two_replicas_elect_one_leader_and_hand_over_on_shutdown() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-leader").await;
+    let mut replicas = vec![s.operator(), s.operator()];
+    let leads =
+        |addr: SocketAddr| http_get(addr, "/metrics").and_then(|(_, body)| sample(&body, "neuron_operator_leader"));
+    let addrs = [replicas[0].1, replicas[1].1];
+    let leader = s
+        .wait("exactly one leader", || async {
+            let (a, b) = (leads(addrs[0])?, leads(addrs[1])?);
+            match (a, b) {
+                (1.0, 0.0) => Some(0),
+                (0.0, 1.0) => Some(1),
+                _ => None,
+            }
+        })
+        .await;
+    let status = replicas[leader].0.terminate(Duration::from_secs(10)).expect("the leader stops on SIGTERM");
+    assert!(status.success(), "{status}");
+    let started = Instant::now();
+    let follower = addrs[1 - leader];
+    s.wait("the other replica takes over", || async { (leads(follower)? == 1.0).then_some(()) }).await;
+    // The lease was released on shutdown: no wait for it to expire (15 s).
+    assert!(started.elapsed() < Duration::from_secs(10), "hand-over took {:?}", started.elapsed());
+}
