@@ -73,6 +73,24 @@ fn label<'m>(m: &'m Metrics, name: &str, tag: &str, key: &str) -> Option<&'m str
     sample.labels.get(key).map(String::as_str)
 }
 
+/// `promtool check metrics` finds nothing but the one accepted compatibility name.
+fn promtool_accepts(exposition: &str) {
+    use std::io::Write;
+    let mut child = std::process::Command::new(support::tool("promtool"))
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    child.stdin.take().expect("stdin").write_all(exposition.as_bytes()).expect("write to promtool");
+    let output = child.wait_with_output().expect("promtool output");
+    let report = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let complaints: Vec<&str> =
+        report.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with("system_vcpu_count ")).collect();
+    assert!(complaints.is_empty(), "promtool output:\n{report}");
+}
+
 struct Scene {
     node: String,
     a: String,
@@ -160,6 +178,8 @@ fn every_application_and_core_carries_its_pod_and_prometheus_sums_by_namespace()
     assert_eq!(m.value("neuron_agent_kubelet_up", &[]), Some(1.0));
     assert_eq!(m.value("neuron_agent_attribution_disagreements_total", &[]), Some(0.0));
     assert_eq!(m.value("neuron_agent_pods", &[]), Some(2.0));
+
+    promtool_accepts(&m.text);
 
     // A real Prometheus: each namespace gets exactly its load.
     let prometheus = Prometheus::start(&[agent.addr]);
