@@ -107,11 +107,7 @@ pub struct CoreMemory {
 
 impl CoreMemory {
     fn total(&self) -> u64 {
-        self.constants
-            + self.model_code
-            + self.model_shared_scratchpad
-            + self.runtime_memory
-            + self.tensors
+        self.constants + self.model_code + self.model_shared_scratchpad + self.runtime_memory + self.tensors
     }
 }
 
@@ -371,31 +367,20 @@ impl Generator {
         }
     }
 
-    fn runtime_group(
-        &self,
-        report: &mut RuntimeReport,
-        app: &App,
-        group: RuntimeGroup,
-        r: &Refresh,
-    ) {
-        let error = self
-            .scenario
-            .group_fails(GroupName::Runtime(group))
-            .then(|| match group {
-                // What neuron-monitor says in a container without the host PID namespace.
-                RuntimeGroup::NeuronRuntimeVcpuUsage => {
-                    format!("open /proc/{}/stat: no such file or directory", app.pid)
-                }
-                _ => injected_error(group.as_str()),
-            });
+    fn runtime_group(&self, report: &mut RuntimeReport, app: &App, group: RuntimeGroup, r: &Refresh) {
+        let error = self.scenario.group_fails(GroupName::Runtime(group)).then(|| match group {
+            // What neuron-monitor says in a container without the host PID namespace.
+            RuntimeGroup::NeuronRuntimeVcpuUsage => {
+                format!("open /proc/{}/stat: no such file or directory", app.pid)
+            }
+            _ => injected_error(group.as_str()),
+        });
         let seconds = r.nominal.as_millis() as f64 / 1000.0;
         match group {
             RuntimeGroup::NeuroncoreCounters => {
                 report.neuroncore_counters = Some(wrap(r, error, || self.neuroncore_counters(app)))
             }
-            RuntimeGroup::MemoryUsed => {
-                report.memory_used = Some(wrap(r, error, || self.memory_used(app)))
-            }
+            RuntimeGroup::MemoryUsed => report.memory_used = Some(wrap(r, error, || self.memory_used(app))),
             RuntimeGroup::NeuronRuntimeVcpuUsage => {
                 report.neuron_runtime_vcpu_usage = Some(wrap(r, error, || runtime_vcpu_usage(app)))
             }
@@ -406,25 +391,17 @@ impl Generator {
     }
 
     fn system_group(&mut self, system: &mut SystemData, group: SystemGroup, r: &Refresh) {
-        let error = self
-            .scenario
-            .group_fails(GroupName::System(group))
-            .then(|| injected_error(group.as_str()));
+        let error = self.scenario.group_fails(GroupName::System(group)).then(|| injected_error(group.as_str()));
         let seconds = r.nominal.as_millis() as f64 / 1000.0;
         match group {
             SystemGroup::VcpuUsage => {
                 let vcpus = self.scenario.instance.vcpus;
                 system.vcpu_usage = Some(wrap(r, error, || system_vcpu_usage(vcpus, seconds)))
             }
-            SystemGroup::MemoryInfo => {
-                system.memory_info = Some(wrap(r, error, || self.memory_info()))
-            }
+            SystemGroup::MemoryInfo => system.memory_info = Some(wrap(r, error, || self.memory_info())),
             SystemGroup::NeuronHwCounters => {
                 self.hw_refreshes += 1;
-                let ecc = self
-                    .scenario
-                    .ecc_every
-                    .is_some_and(|n| self.hw_refreshes % n == 0);
+                let ecc = self.scenario.ecc_every.is_some_and(|n| self.hw_refreshes % n == 0);
                 let devices = self.scenario.instance.devices;
                 system.neuron_hw_counters = Some(wrap(r, error, || hw_counters(devices, ecc)))
             }
@@ -434,18 +411,10 @@ impl Generator {
     fn neuroncore_counters(&self, app: &App) -> NeuroncoreCounters {
         let neuroncores_in_use = (0..self.scenario.instance.core_count())
             .map(|core| {
-                let util = if app.cores.contains(&core) {
-                    app.util
-                } else {
-                    0.0
-                };
+                let util = if app.cores.contains(&core) { app.util } else { 0.0 };
                 // 10 TFLOPS per core at full use; 80% of it effective.
                 let flops = (util * 1e11).round() as u64;
-                let counters = CoreCounters {
-                    neuroncore_utilization: util,
-                    flops,
-                    effective_flops: flops / 5 * 4,
-                };
+                let counters = CoreCounters { neuroncore_utilization: util, flops, effective_flops: flops / 5 * 4 };
                 (core, counters)
             })
             .collect();
@@ -463,12 +432,7 @@ impl Generator {
             })
             .collect();
         let dma_buffers = (MIB * app.cores.len() as u64).min(app.host_mem);
-        let loaded_models = app
-            .cores
-            .iter()
-            .enumerate()
-            .map(|(local, &core)| self.model(app, local, core))
-            .collect();
+        let loaded_models = app.cores.iter().enumerate().map(|(local, &core)| self.model(app, local, core)).collect();
         MemoryUsed {
             neuron_runtime_used_bytes: RuntimeUsedBytes {
                 host: app.host_mem,
@@ -490,26 +454,14 @@ impl Generator {
     /// One model per core of the app, its single subgraph placed on that core.
     fn model(&self, app: &App, local: usize, core: u32) -> LoadedModel {
         let memory = core_memory(local);
-        let host = HostMemory {
-            application_memory: 20_480,
-            constants: 0,
-            dma_buffers: 524_288,
-            tensors: 0,
-        };
-        let device = DeviceMemory {
-            constants: memory.constants,
-            model_code: memory.model_code,
-            runtime_memory: 0,
-            tensors: 0,
-        };
+        let host = HostMemory { application_memory: 20_480, constants: 0, dma_buffers: 524_288, tensors: 0 };
+        let device =
+            DeviceMemory { constants: memory.constants, model_code: memory.model_code, runtime_memory: 0, tensors: 0 };
         let subgraph = Subgraph {
             memory_used_bytes: SubgraphMemory {
                 host: host.application_memory + host.dma_buffers,
                 neuron_device: device.constants + device.model_code,
-                usage_breakdown: SubgraphBreakdown {
-                    host,
-                    neuron_device: device,
-                },
+                usage_breakdown: SubgraphBreakdown { host, neuron_device: device },
             },
             neuroncore_index: local as u32,
             neuron_device_index: self.scenario.instance.device_of(core),
@@ -517,11 +469,7 @@ impl Generator {
         let seed = format!("{}/{}/{local}", app.pid, app.tag);
         LoadedModel {
             name: format!("/tmp/neuron-sim/{}/model-{local}.neff", app.tag),
-            uuid: format!(
-                "{:016x}{:016x}",
-                fnv1a(seed.as_bytes()),
-                fnv1a(app.tag.as_bytes())
-            ),
+            uuid: format!("{:016x}{:016x}", fnv1a(seed.as_bytes()), fnv1a(app.tag.as_bytes())),
             model_id: 10_001 + local as u64,
             is_running: app.util > 0.0,
             subgraphs: BTreeMap::from([("sg_00".to_owned(), subgraph)]),
@@ -542,16 +490,8 @@ impl Generator {
 
 fn wrap<T>(r: &Refresh, error: Option<String>, data: impl FnOnce() -> T) -> Group<T> {
     match error {
-        Some(error) => Group {
-            period: r.covered,
-            data: None,
-            error,
-        },
-        None => Group {
-            period: r.covered,
-            data: Some(data()),
-            error: String::new(),
-        },
+        Some(error) => Group { period: r.covered, data: None, error },
+        None => Group { period: r.covered, data: Some(data()), error: String::new() },
     }
 }
 
@@ -572,23 +512,13 @@ fn core_memory(local: usize) -> CoreMemory {
 
 fn runtime_vcpu_usage(app: &App) -> RuntimeVcpuUsage {
     RuntimeVcpuUsage {
-        vcpu_usage: UserSystem {
-            user: round2(5.0 + app.util / 10.0),
-            system: round2(1.0 + app.util / 50.0),
-        },
+        vcpu_usage: UserSystem { user: round2(5.0 + app.util / 10.0), system: round2(1.0 + app.util / 50.0) },
     }
 }
 
 /// Total latency percentiles; device latency is 80% of them.
-const TOTAL_LATENCY: Percentiles = Percentiles {
-    p0: 0.005,
-    p1: 0.006,
-    p25: 0.009,
-    p50: 0.01,
-    p75: 0.012,
-    p99: 0.02,
-    p100: 0.03,
-};
+const TOTAL_LATENCY: Percentiles =
+    Percentiles { p0: 0.005, p1: 0.006, p25: 0.009, p50: 0.01, p75: 0.012, p99: 0.02, p100: 0.03 };
 
 fn execution_stats(app: &App, seconds: f64) -> ExecutionStats {
     let completed = (app.rps * seconds).round() as u64;
@@ -606,18 +536,9 @@ fn execution_stats(app: &App, seconds: f64) -> ExecutionStats {
         })
     };
     ExecutionStats {
-        error_summary: ErrorSummary {
-            generic: (app.errors * seconds).round() as u64,
-            ..ErrorSummary::default()
-        },
-        execution_summary: ExecutionSummary {
-            completed,
-            ..ExecutionSummary::default()
-        },
-        latency_stats: LatencyStats {
-            total_latency: latency(1.0),
-            device_latency: latency(0.8),
-        },
+        error_summary: ErrorSummary { generic: (app.errors * seconds).round() as u64, ..ErrorSummary::default() },
+        execution_summary: ExecutionSummary { completed, ..ExecutionSummary::default() },
+        latency_stats: LatencyStats { total_latency: latency(1.0), device_latency: latency(0.8) },
     }
 }
 
@@ -625,12 +546,7 @@ fn system_vcpu_usage(vcpus: u32, seconds: f64) -> SystemVcpuUsage {
     let usage = |cpu: u32| {
         let user = 10.0 + f64::from(cpu % 4) * 2.5;
         let system = 3.0;
-        CpuUsage {
-            user,
-            system,
-            idle: 100.0 - user - system,
-            ..CpuUsage::default()
-        }
+        CpuUsage { user, system, idle: 100.0 - user - system, ..CpuUsage::default() }
     };
     let usage_data: BTreeMap<u32, CpuUsage> = (0..vcpus).map(|c| (c, usage(c))).collect();
     let n = f64::from(vcpus.max(1));
@@ -691,13 +607,9 @@ mod tests {
         ecc_every: Option<u64>,
     ) -> Generator {
         let specs = apps.iter().map(|s| parse_app_spec(s).unwrap()).collect();
-        let errors = errors
-            .iter()
-            .map(|g| GroupName::parse(g).unwrap())
-            .collect();
+        let errors = errors.iter().map(|g| GroupName::parse(g).unwrap()).collect();
         let instance = InstanceType::lookup(instance).unwrap();
-        let scenario =
-            Scenario::new(instance, "us-west-2".into(), specs, errors, ecc_every).unwrap();
+        let scenario = Scenario::new(instance, "us-west-2".into(), specs, errors, ecc_every).unwrap();
         let config: MonitorConfig = serde_json::from_str(config).unwrap();
         Generator::new(scenario, Plan::new(&config).unwrap())
     }
@@ -712,11 +624,7 @@ mod tests {
             .plan()
             .due_at(t_ms)
             .into_iter()
-            .map(|(key, nominal)| Refresh {
-                key,
-                nominal,
-                covered: nominal.as_millis() as f64 / 1000.0,
-            })
+            .map(|(key, nominal)| Refresh { key, nominal, covered: nominal.as_millis() as f64 / 1000.0 })
             .collect();
         serde_json::to_string(&g.document(&refreshes)).unwrap()
     }
@@ -736,10 +644,7 @@ mod tests {
     fn every_instance_type_writes_documents_the_parser_reads_fully() {
         for t in INSTANCE_TYPES {
             let last = t.core_count() - 1;
-            let apps = [
-                "tag=a,cores=0,util=50,rps=100".to_owned(),
-                format!("tag=,cores={last},util=20,rps=0"),
-            ];
+            let apps = ["tag=a,cores=0,util=50,rps=100".to_owned(), format!("tag=,cores={last},util=20,rps=0")];
             let apps: Vec<&str> = apps.iter().map(String::as_str).collect();
             let mut g = generator(t.name, &apps, ALL, &[]);
             let line = line_at(&mut g, 1000);
@@ -750,54 +655,34 @@ mod tests {
             for rt in &rts {
                 let groups = rt.report.as_ref().unwrap();
                 assert!(matches!(groups.neuroncore_counters, Some(G::Ok(_))));
-                let G::Ok(mem) = groups.memory_used.as_ref().unwrap() else {
-                    panic!()
-                };
+                let G::Ok(mem) = groups.memory_used.as_ref().unwrap() else { panic!() };
                 assert_eq!(mem.loaded_models().unwrap().len(), 1);
                 assert!(matches!(groups.neuron_runtime_vcpu_usage, Some(G::Ok(_))));
                 assert!(matches!(groups.execution_stats, Some(G::Ok(_))));
             }
             assert_eq!(rts[1].neuron_runtime_tag.as_deref(), Some("1001"));
             let system = report.system_data.as_ref().unwrap();
-            let G::Ok(vcpu) = system.vcpu_usage.as_ref().unwrap() else {
-                panic!()
-            };
+            let G::Ok(vcpu) = system.vcpu_usage.as_ref().unwrap() else { panic!() };
             assert_eq!(vcpu.usage_data.as_ref().unwrap().len(), t.vcpus as usize);
             assert!(matches!(system.memory_info, Some(G::Ok(_))));
-            let G::Ok(hw) = system.neuron_hw_counters.as_ref().unwrap() else {
-                panic!()
-            };
-            assert_eq!(
-                hw.neuron_devices.as_ref().unwrap().len(),
-                t.devices as usize
-            );
-            let G::Ok(info) = report.neuron_hardware_info.as_ref().unwrap() else {
-                panic!()
-            };
+            let G::Ok(hw) = system.neuron_hw_counters.as_ref().unwrap() else { panic!() };
+            assert_eq!(hw.neuron_devices.as_ref().unwrap().len(), t.devices as usize);
+            let G::Ok(info) = report.neuron_hardware_info.as_ref().unwrap() else { panic!() };
             assert_eq!(info.core_count(), Some(t.core_count()));
-            let G::Ok(inst) = report.instance_info.as_ref().unwrap() else {
-                panic!()
-            };
+            let G::Ok(inst) = report.instance_info.as_ref().unwrap() else { panic!() };
             assert_eq!(inst.instance_type.as_deref(), Some(t.name));
         }
     }
 
     #[test]
     fn each_runtime_lists_every_host_core_with_zeros_on_the_others() {
-        let mut g = generator(
-            "trn1.32xlarge",
-            &["tag=a,cores=2-3,util=40", "tag=b,cores=7,util=90"],
-            ALL,
-            &[],
-        );
+        let mut g = generator("trn1.32xlarge", &["tag=a,cores=2-3,util=40", "tag=b,cores=7,util=90"], ALL, &[]);
         let line = line_at(&mut g, 1000);
         let report = Report::parse(&line).unwrap();
         let expected: [(&[u32], f64); 2] = [(&[2, 3], 40.0), (&[7], 90.0)];
         for (rt, (own, util)) in runtimes(&report).into_iter().zip(expected) {
             let groups = rt.report.as_ref().unwrap();
-            let G::Ok(nc) = groups.neuroncore_counters.as_ref().unwrap() else {
-                panic!()
-            };
+            let G::Ok(nc) = groups.neuroncore_counters.as_ref().unwrap() else { panic!() };
             let cores = nc.neuroncores_in_use.as_ref().unwrap();
             assert_eq!(cores.len(), 32);
             for (core, c) in cores.iter() {
@@ -805,17 +690,9 @@ mod tests {
                 assert_eq!(c.neuroncore_utilization, Some(expect), "core {core}");
                 assert_eq!(c.flops.unwrap() > 0.0, own.contains(&core));
             }
-            let G::Ok(mem) = groups.memory_used.as_ref().unwrap() else {
-                panic!()
-            };
+            let G::Ok(mem) = groups.memory_used.as_ref().unwrap() else { panic!() };
             let usage = mem.neuron_runtime_used_bytes.as_ref().unwrap();
-            let per_core = usage
-                .usage_breakdown
-                .as_ref()
-                .unwrap()
-                .neuroncore_memory_usage
-                .as_ref()
-                .unwrap();
+            let per_core = usage.usage_breakdown.as_ref().unwrap().neuroncore_memory_usage.as_ref().unwrap();
             assert_eq!(per_core.len(), 32);
             for (core, m) in per_core.iter() {
                 assert_eq!(m.is_held(), own.contains(&core), "core {core}");
@@ -829,16 +706,7 @@ mod tests {
         let line = line_at(&mut g, 1000);
         let report = Report::parse(&line).unwrap();
         let rts = runtimes(&report);
-        let G::Ok(mem) = rts[0]
-            .report
-            .as_ref()
-            .unwrap()
-            .memory_used
-            .as_ref()
-            .unwrap()
-        else {
-            panic!()
-        };
+        let G::Ok(mem) = rts[0].report.as_ref().unwrap().memory_used.as_ref().unwrap() else { panic!() };
         let placed: Vec<(Option<u32>, Option<u32>)> = mem
             .loaded_models()
             .unwrap()
@@ -852,45 +720,23 @@ mod tests {
 
     #[test]
     fn execution_counts_follow_rps_and_the_period() {
-        let config =
-            r#"{"period":"2s","neuron_runtimes":[{"metrics":[{"type":"execution_stats"}]}]}"#;
+        let config = r#"{"period":"2s","neuron_runtimes":[{"metrics":[{"type":"execution_stats"}]}]}"#;
         let mut g = generator(
             "trn1.2xlarge",
-            &[
-                "tag=busy,cores=0,util=50,rps=12.5,errors=0.5",
-                "tag=idle,cores=1,util=0",
-            ],
+            &["tag=busy,cores=0,util=50,rps=12.5,errors=0.5", "tag=idle,cores=1,util=0"],
             config,
             &[],
         );
         let line = line_at(&mut g, 2000);
         let report = Report::parse(&line).unwrap();
         let rts = runtimes(&report);
-        let G::Ok(busy) = rts[0]
-            .report
-            .as_ref()
-            .unwrap()
-            .execution_stats
-            .as_ref()
-            .unwrap()
-        else {
-            panic!()
-        };
+        let G::Ok(busy) = rts[0].report.as_ref().unwrap().execution_stats.as_ref().unwrap() else { panic!() };
         assert_eq!(busy.execution_summary.unwrap().completed, Some(25.0));
         assert_eq!(busy.error_summary.unwrap().generic, Some(1.0));
         let latency = busy.latency_stats.unwrap();
         assert_eq!(latency.total_latency.unwrap().p50, Some(0.01));
         assert_eq!(latency.device_latency.unwrap().p50, Some(0.008));
-        let G::Ok(idle) = rts[1]
-            .report
-            .as_ref()
-            .unwrap()
-            .execution_stats
-            .as_ref()
-            .unwrap()
-        else {
-            panic!()
-        };
+        let G::Ok(idle) = rts[1].report.as_ref().unwrap().execution_stats.as_ref().unwrap() else { panic!() };
         assert_eq!(idle.execution_summary.unwrap().completed, Some(0.0));
         assert_eq!(idle.latency_stats.unwrap().total_latency, None);
         // Only the configured group is written.
@@ -906,11 +752,7 @@ mod tests {
             "system_metrics":[{"type":"memory_info","period":"2s"}]}"#;
         let mut g = generator(
             "trn1.32xlarge",
-            &[
-                "tag=a,cores=0,util=1",
-                "tag=b,cores=1,util=1",
-                "tag=c,cores=2,util=1",
-            ],
+            &["tag=a,cores=0,util=1", "tag=b,cores=1,util=1", "tag=c,cores=2,util=1"],
             config,
             &[],
         );
@@ -923,11 +765,7 @@ mod tests {
                     format!(
                         "{}:{}{}",
                         r.neuron_runtime_tag.as_deref().unwrap(),
-                        if g.neuroncore_counters.is_some() {
-                            "nc"
-                        } else {
-                            ""
-                        },
+                        if g.neuroncore_counters.is_some() { "nc" } else { "" },
                         if g.memory_used.is_some() { "mem" } else { "" }
                     )
                 })
@@ -935,18 +773,9 @@ mod tests {
             let sys = report.system_data.as_ref().unwrap().memory_info.is_some();
             (rts, sys)
         };
-        assert_eq!(
-            shape(&line_at(&mut g, 500)),
-            (vec!["a:nc".to_owned()], false)
-        );
-        assert_eq!(
-            shape(&line_at(&mut g, 1000)),
-            (vec!["a:nc".to_owned(), "b:mem".to_owned()], false)
-        );
-        assert_eq!(
-            shape(&line_at(&mut g, 2000)),
-            (vec!["a:nc".to_owned(), "b:mem".to_owned()], true)
-        );
+        assert_eq!(shape(&line_at(&mut g, 500)), (vec!["a:nc".to_owned()], false));
+        assert_eq!(shape(&line_at(&mut g, 1000)), (vec!["a:nc".to_owned(), "b:mem".to_owned()], false));
+        assert_eq!(shape(&line_at(&mut g, 2000)), (vec!["a:nc".to_owned(), "b:mem".to_owned()], true));
     }
 
     #[test]
@@ -960,10 +789,7 @@ mod tests {
         let line = line_at(&mut g, 1000);
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();
         let vcpu = &value["neuron_runtime_data"][0]["report"]["neuron_runtime_vcpu_usage"];
-        assert_eq!(
-            vcpu["error"],
-            "open /proc/4321/stat: no such file or directory"
-        );
+        assert_eq!(vcpu["error"], "open /proc/4321/stat: no such file or directory");
         assert!(vcpu.get("vcpu_usage").is_none());
         assert_eq!(vcpu["period"], 1.0);
         let hw = &value["system_data"]["neuron_hw_counters"];
@@ -973,15 +799,9 @@ mod tests {
         let report = Report::parse(&line).unwrap();
         let rts = runtimes(&report);
         let groups = rts[0].report.as_ref().unwrap();
-        assert!(matches!(
-            groups.neuron_runtime_vcpu_usage,
-            Some(G::Error(_))
-        ));
+        assert!(matches!(groups.neuron_runtime_vcpu_usage, Some(G::Error(_))));
         assert!(matches!(groups.neuroncore_counters, Some(G::Ok(_))));
-        assert!(matches!(
-            report.system_data.unwrap().neuron_hw_counters,
-            Some(G::Error(_))
-        ));
+        assert!(matches!(report.system_data.unwrap().neuron_hw_counters, Some(G::Error(_))));
     }
 
     #[test]
@@ -990,10 +810,7 @@ mod tests {
         let mut seen = Vec::new();
         for t in [1000, 2000, 3000, 4000] {
             let value: serde_json::Value = serde_json::from_str(&line_at(&mut g, t)).unwrap();
-            let devices = value["system_data"]["neuron_hw_counters"]["neuron_devices"]
-                .as_array()
-                .unwrap()
-                .clone();
+            let devices = value["system_data"]["neuron_hw_counters"]["neuron_devices"].as_array().unwrap().clone();
             assert_eq!(devices[1]["mem_ecc_corrected"], 0);
             seen.push((
                 devices[0]["mem_ecc_corrected"].as_u64().unwrap(),
@@ -1006,19 +823,14 @@ mod tests {
 
     #[test]
     fn values_are_the_same_every_tick() {
-        let mut g = generator(
-            "inf2.24xlarge",
-            &["tag=a,cores=0-3,util=33,rps=7"],
-            ALL,
-            &[],
-        );
+        let mut g = generator("inf2.24xlarge", &["tag=a,cores=0-3,util=33,rps=7"], ALL, &[]);
         let first = line_at(&mut g, 1000);
         let second = line_at(&mut g, 2000);
         assert_eq!(first, second);
         let value: serde_json::Value = serde_json::from_str(&first).unwrap();
         assert_eq!(
-            value["neuron_runtime_data"][0]["report"]["neuroncore_counters"]["neuroncores_in_use"]
-                ["3"]["neuroncore_utilization"],
+            value["neuron_runtime_data"][0]["report"]["neuroncore_counters"]["neuroncores_in_use"]["3"]
+                ["neuroncore_utilization"],
             33.0
         );
     }

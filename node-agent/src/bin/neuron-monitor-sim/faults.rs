@@ -109,11 +109,7 @@ pub struct Emitter<W> {
 
 impl<W: Write> Emitter<W> {
     pub fn new(out: W, faults: Faults) -> Self {
-        Emitter {
-            out,
-            faults,
-            written: 0,
-        }
+        Emitter { out, faults, written: 0 }
     }
 
     /// What to do before anything is written (`--exit-after 0` and the like).
@@ -165,10 +161,7 @@ mod tests {
 
     #[test]
     fn garbage_comes_before_every_nth_document() {
-        let faults = Faults {
-            garbage_every: Some(2),
-            ..Faults::default()
-        };
+        let faults = Faults { garbage_every: Some(2), ..Faults::default() };
         let (lines, _) = run(faults, 4);
         assert_eq!(lines.len(), 6);
         assert_eq!(lines[0], DOC);
@@ -181,10 +174,7 @@ mod tests {
 
     #[test]
     fn every_nth_document_is_cut_in_half() {
-        let faults = Faults {
-            truncate_every: Some(3),
-            ..Faults::default()
-        };
+        let faults = Faults { truncate_every: Some(3), ..Faults::default() };
         let (lines, _) = run(faults, 6);
         assert_eq!(lines.len(), 6);
         for (i, line) in lines.iter().enumerate() {
@@ -200,19 +190,12 @@ mod tests {
 
     #[test]
     fn one_oversized_line_precedes_the_nth_document() {
-        let faults = Faults {
-            oversized_at: Some(2),
-            oversized_bytes: 1000,
-            ..Faults::default()
-        };
+        let faults = Faults { oversized_at: Some(2), oversized_bytes: 1000, ..Faults::default() };
         let (lines, _) = run(faults, 3);
         assert_eq!(lines.len(), 4);
         assert_eq!(lines[1].len(), 1000);
         assert!(is_json(&lines[1]));
-        assert_eq!(
-            (lines[0].as_str(), lines[2].as_str(), lines[3].as_str()),
-            (DOC, DOC, DOC)
-        );
+        assert_eq!((lines[0].as_str(), lines[2].as_str(), lines[3].as_str()), (DOC, DOC, DOC));
         assert_eq!(padding_line(4 << 20).len(), 4 << 20);
     }
 
@@ -233,32 +216,18 @@ mod tests {
 
     #[test]
     fn exit_hang_and_max_documents_stop_after_their_count() {
-        let exit = Faults {
-            exit_after: Some(2),
-            ..Faults::default()
-        };
+        let exit = Faults { exit_after: Some(2), ..Faults::default() };
         assert_eq!(run(exit.clone(), 2).1, vec![Next::Continue, Next::Exit(3)]);
         assert_eq!(exit.after(0), Next::Continue);
 
-        let hang = Faults {
-            hang_after: Some(1),
-            ..Faults::default()
-        };
+        let hang = Faults { hang_after: Some(1), ..Faults::default() };
         assert_eq!(run(hang, 1).1, vec![Next::Hang]);
 
-        let max = Faults {
-            max_documents: Some(0),
-            ..Faults::default()
-        };
+        let max = Faults { max_documents: Some(0), ..Faults::default() };
         assert_eq!(Emitter::new(Vec::new(), max).start(), Next::Exit(0));
 
         // The crash wins over a clean stop or a hang at the same count.
-        let all = Faults {
-            exit_after: Some(2),
-            max_documents: Some(2),
-            hang_after: Some(1),
-            ..Faults::default()
-        };
+        let all = Faults { exit_after: Some(2), max_documents: Some(2), hang_after: Some(1), ..Faults::default() };
         assert_eq!(all.after(1), Next::Hang);
         assert_eq!(all.after(2), Next::Exit(3));
     }
@@ -274,9 +243,7 @@ mod tests {
                 Ok(())
             }
         }
-        let err = Emitter::new(Closed, Faults::default())
-            .emit(DOC)
-            .unwrap_err();
+        let err = Emitter::new(Closed, Faults::default()).emit(DOC).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
     }
 }

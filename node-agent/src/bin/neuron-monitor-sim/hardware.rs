@@ -64,10 +64,7 @@ impl InstanceType {
             Some(t) => Ok(*t),
             None => {
                 let known: Vec<&str> = INSTANCE_TYPES.iter().map(|t| t.name).collect();
-                bail!(
-                    "unknown instance type {name:?}; known types: {}",
-                    known.join(", ")
-                )
+                bail!("unknown instance type {name:?}; known types: {}", known.join(", "))
             }
         }
     }
@@ -145,9 +142,7 @@ fn region_code(region: &str) -> String {
 
 /// FNV-1a: a stable hash (std's hasher is not guaranteed stable across releases).
 pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 #[cfg(test)]
@@ -172,23 +167,16 @@ mod tests {
 
     #[test]
     fn unknown_type_lists_the_known_ones() {
-        let err = InstanceType::lookup("p4d.24xlarge")
-            .unwrap_err()
-            .to_string();
+        let err = InstanceType::lookup("p4d.24xlarge").unwrap_err().to_string();
         assert!(err.contains("p4d.24xlarge"), "{err}");
-        assert!(
-            err.contains("trn1.2xlarge") && err.contains("inf2.48xlarge"),
-            "{err}"
-        );
+        assert!(err.contains("trn1.2xlarge") && err.contains("inf2.48xlarge"), "{err}");
     }
 
     #[test]
     fn newer_types_describe_their_devices() {
         let inf1 = InstanceType::lookup("inf1.xlarge").unwrap().hardware_info();
         assert_eq!(inf1.neuron_device_type, None);
-        let trn2 = InstanceType::lookup("trn2.48xlarge")
-            .unwrap()
-            .hardware_info();
+        let trn2 = InstanceType::lookup("trn2.48xlarge").unwrap().hardware_info();
         assert_eq!(trn2.neuron_device_type.as_deref(), Some("trainium2"));
         assert_eq!(trn2.logical_neuroncore_config, Some(2));
         let inf2 = InstanceType::lookup("inf2.xlarge").unwrap().hardware_info();

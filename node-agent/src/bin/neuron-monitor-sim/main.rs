@@ -97,12 +97,7 @@ struct Args {
 
     /// A simulated application (repeatable; see App spec below). In the environment,
     /// several specs are separated by ';'. Default: tag=sim-app,cores=0,util=50,rps=100.
-    #[arg(
-        long = "app",
-        value_name = "SPEC",
-        env = "NEURON_SIM_APPS",
-        value_delimiter = ';'
-    )]
+    #[arg(long = "app", value_name = "SPEC", env = "NEURON_SIM_APPS", value_delimiter = ';')]
     apps: Vec<String>,
 
     /// Exit with code 3 after N documents (0: before the first).
@@ -153,33 +148,18 @@ struct Args {
     ecc_every: Option<u64>,
 
     /// Write N lines to stderr at start (to exercise log forwarding).
-    #[arg(
-        long,
-        value_name = "N",
-        env = "NEURON_SIM_STDERR_LINES",
-        default_value_t = 0
-    )]
+    #[arg(long, value_name = "N", env = "NEURON_SIM_STDERR_LINES", default_value_t = 0)]
     stderr_lines: u64,
 
     /// Replay recorded reports (pretty-printed or NDJSON) in a loop instead of
     /// simulating, written compact, the first at once and then one per --interval
     /// (repeatable; ';' separates several in the environment). The scenario options
     /// (--app, --instance-type, --group-error, --ecc-every, -c) do not apply.
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "NEURON_SIM_REPLAY",
-        value_delimiter = ';'
-    )]
+    #[arg(long, value_name = "FILE", env = "NEURON_SIM_REPLAY", value_delimiter = ';')]
     replay: Vec<PathBuf>,
 
     /// Time between replayed documents ("500ms", "1s", "2m").
-    #[arg(
-        long,
-        value_name = "DURATION",
-        env = "NEURON_SIM_INTERVAL",
-        default_value = "1s"
-    )]
+    #[arg(long, value_name = "DURATION", env = "NEURON_SIM_INTERVAL", default_value = "1s")]
     interval: Period,
 }
 
@@ -201,33 +181,21 @@ impl Args {
         let Some(path) = &self.config else {
             return Ok(MonitorConfig::all_groups(DEFAULT_PERIOD));
         };
-        let text = fs::read_to_string(path)
-            .with_context(|| format!("cannot read configuration file {}", path.display()))?;
-        serde_json::from_str(&text)
-            .with_context(|| format!("configuration file {} is invalid", path.display()))
+        let text =
+            fs::read_to_string(path).with_context(|| format!("cannot read configuration file {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("configuration file {} is invalid", path.display()))
     }
 
     fn scenario(&self) -> Result<Scenario> {
         let instance = InstanceType::lookup(&self.instance_type)?;
         let mut specs = Vec::new();
-        for (i, spec) in self
-            .apps
-            .iter()
-            .filter(|s| !s.trim().is_empty())
-            .enumerate()
-        {
+        for (i, spec) in self.apps.iter().filter(|s| !s.trim().is_empty()).enumerate() {
             specs.push(parse_app_spec(spec).with_context(|| format!("--app #{}", i + 1))?);
         }
         if specs.is_empty() {
             specs.push(parse_app_spec(DEFAULT_APP)?);
         }
-        Scenario::new(
-            instance,
-            self.region.clone(),
-            specs,
-            self.group_error.clone(),
-            self.ecc_every,
-        )
+        Scenario::new(instance, self.region.clone(), specs, self.group_error.clone(), self.ecc_every)
     }
 }
 
@@ -259,10 +227,7 @@ fn run(args: &Args) -> Result<ExitCode> {
     };
 
     for i in 1..=args.stderr_lines {
-        eprintln!(
-            "level=info msg=\"neuron-monitor-sim stderr line {i} of {}\"",
-            args.stderr_lines
-        );
+        eprintln!("level=info msg=\"neuron-monitor-sim stderr line {i} of {}\"", args.stderr_lines);
     }
 
     let emitter = Emitter::new(io::stdout().lock(), args.faults());
@@ -288,9 +253,7 @@ fn generate(mut generator: Generator, mut emitter: Emitter<impl Write>) -> Resul
     let mut written = 0;
     loop {
         let Some(next) = generator.plan().next_tick_after(t_ms) else {
-            eprintln!(
-                "neuron-monitor-sim: the configuration selects no metric group; nothing to report"
-            );
+            eprintln!("neuron-monitor-sim: the configuration selects no metric group; nothing to report");
             hang();
         };
         sleep_until(start + Duration::from_millis(next));
@@ -301,11 +264,7 @@ fn generate(mut generator: Generator, mut emitter: Emitter<impl Write>) -> Resul
             .into_iter()
             .map(|(key, nominal)| {
                 let since = last_refresh.insert(key, now).unwrap_or(start);
-                Refresh {
-                    key,
-                    nominal,
-                    covered: now.duration_since(since).as_secs_f64(),
-                }
+                Refresh { key, nominal, covered: now.duration_since(since).as_secs_f64() }
             })
             .collect();
         let document = serde_json::to_string(&generator.document(&refreshes))?;
@@ -318,11 +277,7 @@ fn generate(mut generator: Generator, mut emitter: Emitter<impl Write>) -> Resul
     }
 }
 
-fn replay_loop(
-    lines: &[String],
-    interval: Period,
-    mut emitter: Emitter<impl Write>,
-) -> Result<ExitCode> {
+fn replay_loop(lines: &[String], interval: Period, mut emitter: Emitter<impl Write>) -> Result<ExitCode> {
     let start = Instant::now();
     let mut written = 0;
     for line in lines.iter().cycle() {
@@ -427,10 +382,7 @@ mod tests {
         assert_eq!(args.group_error.len(), 2);
         let faults = args.faults();
         assert_eq!(faults.oversized_bytes, 100);
-        assert_eq!(
-            (faults.exit_after, faults.truncate_every),
-            (Some(3), Some(3))
-        );
+        assert_eq!((faults.exit_after, faults.truncate_every), (Some(3), Some(3)));
         assert_eq!(args.interval, Period::from_secs(1));
     }
 
@@ -441,14 +393,8 @@ mod tests {
         let scenario = args.scenario().unwrap();
         assert_eq!(scenario.instance.name, "trn1.2xlarge");
         assert_eq!(scenario.apps.len(), 1);
-        assert_eq!(
-            (scenario.apps[0].tag.as_str(), scenario.apps[0].util),
-            ("sim-app", 50.0)
-        );
-        assert_eq!(
-            args.config().unwrap(),
-            MonitorConfig::all_groups(DEFAULT_PERIOD)
-        );
+        assert_eq!((scenario.apps[0].tag.as_str(), scenario.apps[0].util), ("sim-app", 50.0));
+        assert_eq!(args.config().unwrap(), MonitorConfig::all_groups(DEFAULT_PERIOD));
     }
 
     #[test]
@@ -457,37 +403,19 @@ mod tests {
         assert!(parse(&["--garbage-every", "0"]).is_err());
         assert!(parse(&["--group-error", "gpu_usage"]).is_err());
         assert!(parse(&["--interval", "soon"]).is_err());
-        let err = parse(&["--instance-type", "m5.large"])
-            .unwrap()
-            .scenario()
-            .unwrap_err();
+        let err = parse(&["--instance-type", "m5.large"]).unwrap().scenario().unwrap_err();
         assert!(err.to_string().contains("m5.large"));
-        let err = parse(&["--app", "tag=a,cores=9,util=1"])
-            .unwrap()
-            .scenario()
-            .unwrap_err();
+        let err = parse(&["--app", "tag=a,cores=9,util=1"]).unwrap().scenario().unwrap_err();
         assert!(format!("{err:#}").contains("core 9"));
-        let err = parse(&["--app", "tag=a,cores=0,util=1,speed=2"])
-            .unwrap()
-            .scenario()
-            .unwrap_err();
+        let err = parse(&["--app", "tag=a,cores=0,util=1,speed=2"]).unwrap().scenario().unwrap_err();
         assert!(format!("{err:#}").contains("--app #1") && format!("{err:#}").contains("speed"));
-        let err = parse(&["-c", "/nonexistent/monitor.json"])
-            .unwrap()
-            .config()
-            .unwrap_err();
+        let err = parse(&["-c", "/nonexistent/monitor.json"]).unwrap().config().unwrap_err();
         assert!(format!("{err:#}").contains("/nonexistent/monitor.json"));
     }
 
     #[test]
     fn generates_parseable_documents_on_the_clock_until_max_documents() {
-        let args = parse(&[
-            "--app",
-            "tag=a,cores=1,util=25,rps=1000",
-            "--max-documents",
-            "3",
-        ])
-        .unwrap();
+        let args = parse(&["--app", "tag=a,cores=1,util=25,rps=1000", "--max-documents", "3"]).unwrap();
         let config: MonitorConfig = serde_json::from_str(
             r#"{"period":"5ms","neuron_runtimes":[{"metrics":[{"type":"execution_stats"}]}],
                 "system_metrics":[{"type":"memory_info","period":"10ms"}]}"#,
@@ -502,19 +430,9 @@ mod tests {
         assert_eq!(lines.len(), 3);
         for line in lines {
             let report = api::report::Report::parse(line).unwrap();
-            let api::report::Item::Ok(rt) = &report.neuron_runtime_data[0] else {
-                panic!()
-            };
-            let stats = rt
-                .report
-                .as_ref()
-                .unwrap()
-                .execution_stats
-                .as_ref()
-                .unwrap();
-            let api::report::Group::Ok(stats) = stats else {
-                panic!()
-            };
+            let api::report::Item::Ok(rt) = &report.neuron_runtime_data[0] else { panic!() };
+            let stats = rt.report.as_ref().unwrap().execution_stats.as_ref().unwrap();
+            let api::report::Group::Ok(stats) = stats else { panic!() };
             assert!(stats.period.unwrap() > 0.0);
             assert_eq!(stats.execution_summary.unwrap().completed, Some(5.0));
         }
@@ -522,23 +440,12 @@ mod tests {
 
     #[test]
     fn replays_in_a_loop_until_max_documents() {
-        let faults = Faults {
-            max_documents: Some(5),
-            ..Faults::default()
-        };
+        let faults = Faults { max_documents: Some(5), ..Faults::default() };
         let mut out = Vec::new();
         let lines = vec!["{\"a\":1}".to_owned(), "{\"b\":2}".to_owned()];
-        let code = replay_loop(
-            &lines,
-            Period::from_millis(1),
-            Emitter::new(&mut out, faults),
-        )
-        .unwrap();
+        let code = replay_loop(&lines, Period::from_millis(1), Emitter::new(&mut out, faults)).unwrap();
         assert_eq!(code, ExitCode::SUCCESS);
         let text = String::from_utf8(out).unwrap();
-        assert_eq!(
-            text,
-            "{\"a\":1}\n{\"b\":2}\n{\"a\":1}\n{\"b\":2}\n{\"a\":1}\n"
-        );
+        assert_eq!(text, "{\"a\":1}\n{\"b\":2}\n{\"a\":1}\n{\"b\":2}\n{\"a\":1}\n");
     }
 }

@@ -21,27 +21,14 @@ pub fn load(paths: &[PathBuf]) -> Result<Vec<String>> {
 }
 
 fn load_file(path: &Path) -> Result<Vec<String>> {
-    let text = fs::read_to_string(path)
-        .with_context(|| format!("cannot read replay file {}", path.display()))?;
+    let text = fs::read_to_string(path).with_context(|| format!("cannot read replay file {}", path.display()))?;
     let mut lines = Vec::new();
     // A file holds one or more JSON documents, separated by whitespace.
-    for (i, value) in serde_json::Deserializer::from_str(&text)
-        .into_iter::<&RawValue>()
-        .enumerate()
-    {
-        let value = value.with_context(|| {
-            format!(
-                "replay file {}: document {} is not valid JSON",
-                path.display(),
-                i + 1
-            )
-        })?;
+    for (i, value) in serde_json::Deserializer::from_str(&text).into_iter::<&RawValue>().enumerate() {
+        let value =
+            value.with_context(|| format!("replay file {}: document {} is not valid JSON", path.display(), i + 1))?;
         if !value.get().starts_with('{') {
-            bail!(
-                "replay file {}: document {} is not a JSON object",
-                path.display(),
-                i + 1
-            );
+            bail!("replay file {}: document {} is not a JSON object", path.display(), i + 1);
         }
         lines.push(compact(value.get()));
     }
@@ -82,8 +69,7 @@ mod tests {
 
     impl Scratch {
         fn new(name: &str) -> Scratch {
-            let dir = std::env::temp_dir()
-                .join(format!("neuron-monitor-sim-{name}-{}", std::process::id()));
+            let dir = std::env::temp_dir().join(format!("neuron-monitor-sim-{name}-{}", std::process::id()));
             fs::create_dir_all(&dir).unwrap();
             Scratch(dir)
         }
@@ -104,22 +90,13 @@ mod tests {
     #[test]
     fn pretty_documents_come_back_compact_and_in_order() {
         let dir = Scratch::new("replay-ok");
-        let pretty = dir.file(
-            "a.json",
-            "{\n  \"neuron_runtime_data\": [],\n  \"n\": 1\n}\n",
-        );
+        let pretty = dir.file("a.json", "{\n  \"neuron_runtime_data\": [],\n  \"n\": 1\n}\n");
         let ndjson = dir.file("b.json", "{\"n\": 2}\n{\"n\": 3}\n");
         let lines = load(&[pretty, ndjson]).unwrap();
         assert_eq!(lines.len(), 3);
         assert!(lines.iter().all(|l| !l.contains('\n')));
-        let ns: Vec<i64> = lines
-            .iter()
-            .map(|l| {
-                serde_json::from_str::<Value>(l).unwrap()["n"]
-                    .as_i64()
-                    .unwrap()
-            })
-            .collect();
+        let ns: Vec<i64> =
+            lines.iter().map(|l| serde_json::from_str::<Value>(l).unwrap()["n"].as_i64().unwrap()).collect();
         assert_eq!(ns, vec![1, 2, 3]);
         assert!(api::report::Report::parse(&lines[0]).is_ok());
     }
@@ -129,10 +106,7 @@ mod tests {
         let text = "{\n  \"z\": 1.50e-05,\n  \"a\": \"x \\\" y\\\\\",\n  \"m\": [ 1, {} ]\n}";
         let compacted = compact(text);
         assert_eq!(compacted, r#"{"z":1.50e-05,"a":"x \" y\\","m":[1,{}]}"#);
-        assert_eq!(
-            serde_json::from_str::<Value>(&compacted).unwrap(),
-            serde_json::from_str::<Value>(text).unwrap()
-        );
+        assert_eq!(serde_json::from_str::<Value>(&compacted).unwrap(), serde_json::from_str::<Value>(text).unwrap());
     }
 
     #[test]

@@ -54,25 +54,16 @@ impl GroupName {
     pub fn parse(name: &str) -> Result<GroupName, String> {
         let runtime = RuntimeGroup::ALL
             .into_iter()
-            .find(|g| {
-                g.as_str() == name
-                    || (name == "inference_stats" && *g == RuntimeGroup::ExecutionStats)
-            })
+            .find(|g| g.as_str() == name || (name == "inference_stats" && *g == RuntimeGroup::ExecutionStats))
             .map(GroupName::Runtime);
-        let system = SystemGroup::ALL
-            .into_iter()
-            .find(|g| g.as_str() == name)
-            .map(GroupName::System);
+        let system = SystemGroup::ALL.into_iter().find(|g| g.as_str() == name).map(GroupName::System);
         runtime.or(system).ok_or_else(|| {
             let known: Vec<&str> = RuntimeGroup::ALL
                 .iter()
                 .map(|g| g.as_str())
                 .chain(SystemGroup::ALL.iter().map(|g| g.as_str()))
                 .collect();
-            format!(
-                "unknown metric group {name:?}; known groups: {}",
-                known.join(", ")
-            )
+            format!("unknown metric group {name:?}; known groups: {}", known.join(", "))
         })
     }
 }
@@ -117,24 +108,14 @@ impl Scenario {
             }
             for &core in &spec.cores {
                 if core >= host_cores {
-                    bail!(
-                        "app {n}: core {core} does not exist on {} (cores 0-{})",
-                        instance.name,
-                        host_cores - 1
-                    );
+                    bail!("app {n}: core {core} does not exist on {} (cores 0-{})", instance.name, host_cores - 1);
                 }
                 if let Some(other) = apps.iter().position(|a| a.cores.contains(&core)) {
                     bail!("app {n}: core {core} is already held by app {}", other + 1);
                 }
             }
-            let tag = if spec.tag.is_empty() {
-                pid.to_string()
-            } else {
-                spec.tag
-            };
-            let host_mem = spec
-                .host_mem
-                .unwrap_or(512 * MIB + 64 * MIB * spec.cores.len() as u64);
+            let tag = if spec.tag.is_empty() { pid.to_string() } else { spec.tag };
+            let host_mem = spec.host_mem.unwrap_or(512 * MIB + 64 * MIB * spec.cores.len() as u64);
             apps.push(App {
                 pid,
                 tag,
@@ -145,13 +126,7 @@ impl Scenario {
                 host_mem,
             });
         }
-        Ok(Scenario {
-            instance,
-            region,
-            apps,
-            group_errors,
-            ecc_every,
-        })
+        Ok(Scenario { instance, region, apps, group_errors, ecc_every })
     }
 
     pub fn group_fails(&self, group: GroupName) -> bool {
@@ -231,23 +206,13 @@ pub fn parse_app_spec(spec: &str) -> Result<AppSpec> {
     if tag.len() > 255 {
         bail!("app spec {spec:?}: tag is longer than 255 characters");
     }
-    Ok(AppSpec {
-        tag,
-        cores,
-        util,
-        rps: rps.unwrap_or(0.0),
-        pid,
-        errors: errors.unwrap_or(0.0),
-        host_mem,
-    })
+    Ok(AppSpec { tag, cores, util, rps: rps.unwrap_or(0.0), pid, errors: errors.unwrap_or(0.0), host_mem })
 }
 
 /// `3` or `0-3`.
 fn parse_cores(item: &str) -> Result<Vec<u32>> {
     let index = |s: &str| {
-        s.trim()
-            .parse::<u32>()
-            .map_err(|_| anyhow::anyhow!("cores: {item:?} is not a core index or range like 0-3"))
+        s.trim().parse::<u32>().map_err(|_| anyhow::anyhow!("cores: {item:?} is not a core index or range like 0-3"))
     };
     match item.split_once('-') {
         None => Ok(vec![index(item)?]),
@@ -288,9 +253,7 @@ mod tests {
         assert_eq!(a.util, 75.0);
         assert_eq!((a.rps, a.errors, a.pid, a.host_mem), (0.0, 0.0, None, None));
 
-        let b =
-            parse_app_spec("tag=x,cores=0,2,5,util=12.5,rps=30,pid=4242,errors=2,host_mem=1048576")
-                .unwrap();
+        let b = parse_app_spec("tag=x,cores=0,2,5,util=12.5,rps=30,pid=4242,errors=2,host_mem=1048576").unwrap();
         assert_eq!(b.cores, vec![0, 2, 5]);
         assert_eq!((b.util, b.rps, b.errors), (12.5, 30.0, 2.0));
         assert_eq!((b.pid, b.host_mem), (Some(4242), Some(1_048_576)));
@@ -337,38 +300,21 @@ mod tests {
         let on = |specs: &[&str], t: &str| {
             let specs = specs.iter().map(|s| parse_app_spec(s).unwrap()).collect();
             let instance = InstanceType::lookup(t).unwrap();
-            Scenario::new(instance, "us-west-2".into(), specs, vec![], None)
-                .map(|_| ())
-                .map_err(|e| e.to_string())
+            Scenario::new(instance, "us-west-2".into(), specs, vec![], None).map(|_| ()).map_err(|e| e.to_string())
         };
         let err = on(&["tag=a,cores=2,util=5"], "trn1.2xlarge").unwrap_err();
-        assert!(
-            err.contains("core 2") && err.contains("trn1.2xlarge"),
-            "{err}"
-        );
+        assert!(err.contains("core 2") && err.contains("trn1.2xlarge"), "{err}");
         assert!(on(&["tag=a,cores=31,util=5"], "trn1.32xlarge").is_ok());
-        let err = on(
-            &["tag=a,cores=0-1,util=5", "tag=b,cores=1,util=5"],
-            "trn1.32xlarge",
-        );
+        let err = on(&["tag=a,cores=0-1,util=5", "tag=b,cores=1,util=5"], "trn1.32xlarge");
         assert!(err.unwrap_err().contains("core 1 is already held by app 1"));
-        let err = on(
-            &["tag=a,cores=0,util=5,pid=9", "tag=b,cores=1,util=5,pid=9"],
-            "trn1.32xlarge",
-        );
+        let err = on(&["tag=a,cores=0,util=5,pid=9", "tag=b,cores=1,util=5,pid=9"], "trn1.32xlarge");
         assert!(err.unwrap_err().contains("pid 9"));
     }
 
     #[test]
     fn group_names_parse_including_the_old_alias() {
-        assert_eq!(
-            GroupName::parse("inference_stats"),
-            Ok(GroupName::Runtime(RuntimeGroup::ExecutionStats))
-        );
-        assert_eq!(
-            GroupName::parse("neuron_hw_counters"),
-            Ok(GroupName::System(SystemGroup::NeuronHwCounters))
-        );
+        assert_eq!(GroupName::parse("inference_stats"), Ok(GroupName::Runtime(RuntimeGroup::ExecutionStats)));
+        assert_eq!(GroupName::parse("neuron_hw_counters"), Ok(GroupName::System(SystemGroup::NeuronHwCounters)));
         let err = GroupName::parse("gpu").unwrap_err();
         assert!(err.contains("\"gpu\"") && err.contains("memory_used"));
     }

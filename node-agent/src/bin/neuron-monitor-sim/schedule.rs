@@ -14,10 +14,7 @@ use regex::Regex;
 /// configuration (by position), since each entry has its own groups and periods.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GroupKey {
-    Runtime {
-        selector: usize,
-        group: RuntimeGroup,
-    },
+    Runtime { selector: usize, group: RuntimeGroup },
     System(SystemGroup),
 }
 
@@ -42,9 +39,7 @@ impl Plan {
             let filter = match &runtime.tag_filter {
                 None => None,
                 Some(re) => Some(Regex::new(re).with_context(|| {
-                    format!(
-                        "neuron_runtimes[{i}].tag_filter {re:?} is not a valid regular expression"
-                    )
+                    format!("neuron_runtimes[{i}].tag_filter {re:?} is not a valid regular expression")
                 })?),
             };
             let mut groups: Vec<(RuntimeGroup, Period)> = Vec::new();
@@ -68,17 +63,13 @@ impl Plan {
     /// The runtime entry an application is reported under: the first whose filter
     /// matches its tag (unanchored, as neuron-monitor's Go regexp does).
     pub fn selector_for(&self, tag: &str) -> Option<usize> {
-        self.selectors
-            .iter()
-            .position(|s| s.filter.as_ref().is_none_or(|re| re.is_match(tag)))
+        self.selectors.iter().position(|s| s.filter.as_ref().is_none_or(|re| re.is_match(tag)))
     }
 
     /// Every group with its resolved period.
     pub fn groups(&self) -> impl Iterator<Item = (GroupKey, Period)> + '_ {
         let runtime = self.selectors.iter().enumerate().flat_map(|(selector, s)| {
-            s.groups
-                .iter()
-                .map(move |&(group, p)| (GroupKey::Runtime { selector, group }, p))
+            s.groups.iter().map(move |&(group, p)| (GroupKey::Runtime { selector, group }, p))
         });
         let system = self.system.iter().map(|&(g, p)| (GroupKey::System(g), p));
         runtime.chain(system)
@@ -89,17 +80,13 @@ impl Plan {
         if t_ms == 0 {
             return Vec::new();
         }
-        self.groups()
-            .filter(|(_, p)| t_ms % p.as_millis() == 0)
-            .collect()
+        self.groups().filter(|(_, p)| t_ms % p.as_millis() == 0).collect()
     }
 
     /// The first moment after `t_ms` at which some group is due; `None` when the
     /// configuration selects no group at all.
     pub fn next_tick_after(&self, t_ms: u64) -> Option<u64> {
-        self.groups()
-            .map(|(_, p)| (t_ms / p.as_millis() + 1) * p.as_millis())
-            .min()
+        self.groups().map(|(_, p)| (t_ms / p.as_millis() + 1) * p.as_millis()).min()
     }
 }
 
@@ -147,29 +134,18 @@ mod tests {
             (500, vec!["0:neuroncore_counters"]),
             (1000, vec!["0:neuroncore_counters", "memory_info"]),
             (1500, vec!["0:neuroncore_counters", "neuron_hw_counters"]),
-            (
-                2000,
-                vec!["0:neuroncore_counters", "0:execution_stats", "memory_info"],
-            ),
+            (2000, vec!["0:neuroncore_counters", "0:execution_stats", "memory_info"]),
             (2500, vec!["0:neuroncore_counters"]),
-            (
-                3000,
-                vec!["0:neuroncore_counters", "memory_info", "neuron_hw_counters"],
-            ),
+            (3000, vec!["0:neuroncore_counters", "memory_info", "neuron_hw_counters"]),
         ];
-        let expect: Vec<(u64, Vec<String>)> = expect
-            .into_iter()
-            .map(|(t, g)| (t, g.into_iter().map(String::from).collect()))
-            .collect();
+        let expect: Vec<(u64, Vec<String>)> =
+            expect.into_iter().map(|(t, g)| (t, g.into_iter().map(String::from).collect())).collect();
         assert_eq!(got, expect);
     }
 
     #[test]
     fn without_configuration_everything_is_due_every_five_seconds() {
-        let p = Plan::new(&MonitorConfig::all_groups(
-            api::monitor_config::DEFAULT_PERIOD,
-        ))
-        .unwrap();
+        let p = Plan::new(&MonitorConfig::all_groups(api::monitor_config::DEFAULT_PERIOD)).unwrap();
         assert_eq!(p.next_tick_after(0), Some(5000));
         assert_eq!(p.due_at(5000).len(), 7);
         assert!(p.due_at(4999).is_empty());
@@ -203,22 +179,15 @@ mod tests {
 
     #[test]
     fn a_bad_tag_filter_is_a_startup_error() {
-        let config: MonitorConfig = serde_json::from_str(
-            r#"{"neuron_runtimes":[{"tag_filter":"(unclosed","metrics":[]}]}"#,
-        )
-        .unwrap();
+        let config: MonitorConfig =
+            serde_json::from_str(r#"{"neuron_runtimes":[{"tag_filter":"(unclosed","metrics":[]}]}"#).unwrap();
         let err = format!("{:#}", Plan::new(&config).unwrap_err());
-        assert!(
-            err.contains("neuron_runtimes[0].tag_filter") && err.contains("(unclosed"),
-            "{err}"
-        );
+        assert!(err.contains("neuron_runtimes[0].tag_filter") && err.contains("(unclosed"), "{err}");
     }
 
     #[test]
     fn a_group_listed_twice_is_refreshed_once() {
-        let p = plan(
-            r#"{"system_metrics":[{"type":"memory_info","period":"1s"},{"type":"memory_info"}]}"#,
-        );
+        let p = plan(r#"{"system_metrics":[{"type":"memory_info","period":"1s"},{"type":"memory_info"}]}"#);
         assert_eq!(p.due_at(5000).len(), 1);
         assert_eq!(p.next_tick_after(0), Some(1000));
     }
