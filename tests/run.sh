@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The project's test command: installs the test tools (cached by version), then builds
-# and runs every test of the workspace, benchmarks included in test mode.
+# The project's test command: installs the test tools (cached by version), builds the
+# binaries the end-to-end tests start, then runs every test of the workspace
+# (benchmarks included, in test mode: each runs once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$SECONDS
 tests/tools/install.sh
 # shellcheck source=tools/env.sh
 . tests/tools/env.sh
 cargo fmt --all -- --check
+cargo build --workspace --bins --locked
 cargo test --workspace --locked --all-targets --no-fail-fast
+echo "tests/run.sh: done in $((SECONDS - started))s"
