@@ -233,7 +233,7 @@ pub fn allocations(response: &proto::ListPodResourcesResponse) -> (Vec<Allocatio
             }
         }
     }
-    out.sort_by(|a, b| (a.unit == Unit::Device, a.id).cmp(&(b.unit == Unit::Device, b.id)));
+    out.sort_by_key(|a| (a.unit == Unit::Device, a.id));
     (out, unreadable)
 }
 
