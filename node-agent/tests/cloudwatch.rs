@@ -602,3 +602,260 @@ fn each_namespace_gets_exactly_its_pods_metrics() {
         .iter()
         .any(|m| m.metric_name() == Some("neurondevice_hw_ecc_events")));
 }
+
+/// A NeuronMonitorConfig selecting the nodes labelled `e2e-run=<run>`, every runtime
+/// group at 1 s, with a CloudWatch sink flushed every second.
+fn monitor_config(
+    namespace: &str,
+    name: &str,
+    run: &str,
+    cloudwatch: CloudWatchSinkSpec,
+) -> api::crd::NeuronMonitorConfig {
+    use api::crd::{NeuronMonitorConfig, NeuronMonitorConfigSpec, SinksSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    let mut config = NeuronMonitorConfig::new(
+        name,
+        NeuronMonitorConfigSpec {
+            node_selector: Some(LabelSelector {
+                match_labels: Some([("e2e-run".to_owned(), run.to_owned())].into()),
+                ..Default::default()
+            }),
+            period: Some("1s".to_owned()),
+            sinks: Some(SinksSpec { cloudwatch: Some(cloudwatch), ..Default::default() }),
+            ..Default::default()
+        },
+    );
+    config.metadata.namespace = Some(namespace.to_owned());
+    config
+}
+
+/// The whole chain of issue 6: the real operator renders three NeuronMonitorConfigs
+/// (two teams' and one in its own namespace) into the node's ConfigMap; the agent
+/// follows it, attributes the simulator's two applications to the teams' pods (real API
+/// server, test kubelet, fake /proc) and publishes each team's pods to that team's
+/// CloudWatch namespace only, the node-level metrics only to the operator namespace's.
+#[test]
+fn the_operator_gives_each_team_its_own_cloudwatch_namespace() {
+    use api::{
+        crd::NeuronMonitorConfig,
+        node_config::{configmap_name, NodeConfig, NODE_CONFIG_KEY},
+    };
+    use k8s_openapi::api::core::v1::{ConfigMap, Node};
+    use kube::api::{Api, DeleteParams, PostParams};
+    use neuron_node_agent::attribution::podresources::NEURONCORE;
+    use support::kubelet::{container_id, containerd_cgroup, holding, FakeProc, PodResourcesServer};
+
+    const REPORTS: f64 = 6.0;
+    let started = Instant::now();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let cp = neuron_e2e::ControlPlane::shared();
+    rt.block_on(cp.install_crds());
+    let client = rt.block_on(cp.client());
+    let (ops, a, b) = rt.block_on(async {
+        (cp.namespace("cw-ops").await, cp.namespace("cw-team-a").await, cp.namespace("cw-team-b").await)
+    });
+    let run = format!("cw-op-{:08x}", neuron_e2e::random_u32());
+    let node = format!("{run}-trn");
+
+    // A Neuron node of its own, and the operator watching the configs.
+    let node_object: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": node, "labels": {
+            "node.kubernetes.io/instance-type": "trn1.2xlarge", "e2e-run": run,
+        }}
+    }))
+    .expect("node");
+    let nodes: Api<Node> = Api::all(client.clone());
+    rt.block_on(nodes.create(&PostParams::default(), &node_object)).expect("create the node");
+    let operator_addr = format!("127.0.0.1:{}", support::free_port());
+    let _operator = neuron_e2e::Process::start(
+        "neuron-operator",
+        &["--namespace".into(), ops.clone(), "--listen".into(), operator_addr],
+        &[("NEURON_OPERATOR_LOG", "info".into())],
+        cp,
+    );
+
+    // Each team's pod on the node, running one application of the simulator.
+    let (cid_a, cid_b) = (container_id(0xa3), container_id(0xb3));
+    let uid_a = rt.block_on(running_pod(&client, &a, "train", &node, "main", &cid_a));
+    let uid_b = rt.block_on(running_pod(&client, &b, "serve", &node, "srv", &cid_b));
+    let proc = FakeProc::new();
+    proc.process(4201, &containerd_cgroup(&uid_a, &cid_a));
+    proc.process(4202, &containerd_cgroup(&uid_b, &cid_b));
+    let dir = support::TempDir::new("kubelet");
+    let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
+    kubelet.set(vec![holding(&a, "train", "main", NEURONCORE, &[0]), holding(&b, "serve", "srv", NEURONCORE, &[1])]);
+
+    // The three configs, through the API.
+    let team_dims = [Dimension::Namespace, Dimension::PodName, Dimension::ContainerName, Dimension::NeuronCore];
+    let cluster_dims = [Dimension::NodeName, Dimension::Namespace, Dimension::PodName, Dimension::RuntimeTag];
+    let configs = [
+        monitor_config(&a, "team", &run, sink("TeamA/Neuron", &team_dims, "1s")),
+        monitor_config(&b, "team", &run, sink("TeamB/Neuron", &team_dims, "2s")),
+        monitor_config(&ops, "cluster", &run, sink("Cluster/Neuron", &cluster_dims, "1s")),
+    ];
+    for config in &configs {
+        let namespace = config.metadata.namespace.as_deref().expect("namespace");
+        let api: Api<NeuronMonitorConfig> = Api::namespaced(client.clone(), namespace);
+        rt.block_on(api.create(&PostParams::default(), config)).expect("create the NeuronMonitorConfig");
+    }
+    let (route_a, route_b, route_ops) = (format!("{a}/team"), format!("{b}/team"), format!("{ops}/cluster"));
+
+    // The operator renders the three routes into the node's ConfigMap.
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ops);
+    let rendered = rt
+        .block_on(neuron_e2e::wait_for(Duration::from_secs(30), || async {
+            let cm = configmaps.get_opt(&configmap_name(&node)).await.ok()??;
+            let config: NodeConfig = serde_json::from_str(cm.data?.get(NODE_CONFIG_KEY)?).ok()?;
+            (config.routes.len() == 3).then_some(config)
+        }))
+        .expect("the node's ConfigMap with the three routes within 30s");
+    let mut routes: Vec<_> =
+        rendered.routes.iter().map(|r| (r.config.clone(), r.namespace.clone(), !r.system_groups.is_empty())).collect();
+    routes.sort();
+    let mut expected = vec![
+        (route_a.clone(), Some(a.clone()), false),
+        (route_b.clone(), Some(b.clone()), false),
+        (route_ops.clone(), None, true),
+    ];
+    expected.sort();
+    assert_eq!(routes, expected, "routes: (config, namespace, node-level groups)");
+
+    // The agent, following the operator's ConfigMap.
+    let cw = Backend::start();
+    let sim = [
+        "--instance-type=trn1.2xlarge",
+        "--app=tag=train,cores=0,util=80,rps=20,pid=4201",
+        "--app=tag=serve,cores=1,util=30,rps=40,pid=4202",
+        "--ecc-every=1",
+        "--hang-after=6",
+    ];
+    let args = [
+        "--node-name",
+        node.as_str(),
+        "--config-namespace",
+        ops.as_str(),
+        "--proc-root",
+        proc.root().to_str().expect("utf-8 path"),
+        "--pod-resources-socket",
+        kubelet.socket.to_str().expect("utf-8 path"),
+        "--pod-resources-interval",
+        "300ms",
+        // The simulator stops writing after six reports: no restart for that.
+        "--silence-timeout",
+        "1h",
+    ];
+    let agent = support::cloudwatch::start_agent_following_operator(
+        &sim,
+        cw.addr(),
+        &args,
+        &[("KUBECONFIG", cp.kubeconfig.as_os_str())],
+    );
+
+    // Status: every config applied by the agent, with a CloudWatch estimate.
+    for config in &configs {
+        let namespace = config.metadata.namespace.as_deref().expect("namespace");
+        let name = config.metadata.name.as_deref().expect("name");
+        let api: Api<NeuronMonitorConfig> = Api::namespaced(client.clone(), namespace);
+        let status = rt
+            .block_on(neuron_e2e::wait_for(Duration::from_secs(30), || async {
+                let status = api.get_opt(name).await.ok()??.status?;
+                (status.applied_nodes == 1 && status.estimated_cloud_watch_metrics.is_some()).then_some(status)
+            }))
+            .unwrap_or_else(|| {
+                panic!("{namespace}/{name}: no status with the agent's acknowledgement and an estimate")
+            });
+        let estimate = status.estimated_cloud_watch_metrics.unwrap_or(0);
+        assert!(estimate > 0, "{namespace}/{name}: estimated {estimate} CloudWatch metrics");
+        assert_eq!(status.matched_nodes, 1, "{namespace}/{name}");
+        eprintln!(
+            "{namespace}/{name}: {estimate} CloudWatch metrics, ${} a month",
+            status.estimated_monthly_cost_usd.as_deref().unwrap_or("?")
+        );
+    }
+
+    // Everything the simulator produced is stored.
+    wait_settled(&agent, &route_a, REPORTS);
+    wait_settled(&agent, &route_b, REPORTS);
+    let m = wait_settled(&agent, &route_ops, REPORTS);
+    let addr = cw.addr();
+
+    // Each team's namespace: its pod's series only, no node-level metric.
+    for (cw_ns, ns, pod, container, core, util) in
+        [("TeamA/Neuron", &a, "train", "main", "0", 80.0), ("TeamB/Neuron", &b, "serve", "srv", "1", 30.0)]
+    {
+        let metrics = list_metrics(addr, cw_ns, &[]);
+        assert!(names(&metrics).contains("neuroncore_utilization"), "{cw_ns}: {:?}", names(&metrics));
+        assert!(names(&metrics).contains("neuron_execution_status"), "{cw_ns}: {:?}", names(&metrics));
+        assert!(!names(&metrics).contains("neurondevice_hw_ecc_events"), "{cw_ns}: node-level metric");
+        for metric in &metrics {
+            let d = dimension_map(metric);
+            assert_eq!(d.get("Namespace"), Some(ns), "{cw_ns}: {metric:?}");
+            assert_eq!(d.get("PodName").map(String::as_str), Some(pod), "{cw_ns}: {metric:?}");
+            assert_eq!(d.get("ContainerName").map(String::as_str), Some(container), "{cw_ns}: {metric:?}");
+            if let Some(c) = d.get("NeuronCore") {
+                assert_eq!(c, core, "{cw_ns}: only the pod's core: {metric:?}");
+            }
+        }
+        // The application's utilization, every sample of it: minimum = maximum.
+        let d = [("Namespace", ns.as_str()), ("PodName", pod), ("ContainerName", container), ("NeuronCore", core)];
+        for stat in ["Minimum", "Maximum", "Average"] {
+            assert_eq!(statistic(addr, cw_ns, "neuroncore_utilization", &d, stat), Some(util), "{cw_ns} {stat}");
+        }
+        // Counters: the team's sum is the agent's running sum of its application.
+        let tag = pod; // the simulator's tag of each team's application is its pod's name
+        let completed = m.sum("execution_status_total", &[("runtime_tag", tag), ("status_type", "completed")]);
+        assert!(completed > 0.0, "{tag}: no completed executions");
+        let d =
+            [("Namespace", ns.as_str()), ("PodName", pod), ("ContainerName", container), ("StatusType", "completed")];
+        assert_eq!(statistic(addr, cw_ns, "neuron_execution_status", &d, "Sum"), Some(completed), "{cw_ns}");
+    }
+
+    // The operator namespace's config: both applications, attributed, and the node-level
+    // ECC counters, whose sums are the agent's.
+    let cluster = list_metrics(addr, "Cluster/Neuron", &[]);
+    let pods: std::collections::BTreeSet<(String, String, String)> = cluster
+        .iter()
+        .filter(|m| m.metric_name() == Some("neuroncore_utilization"))
+        .map(dimension_map)
+        .map(|d| {
+            let get = |k: &str| d.get(k).cloned().unwrap_or_default();
+            (get("Namespace"), get("PodName"), get("RuntimeTag"))
+        })
+        .collect();
+    assert_eq!(
+        pods,
+        [(a.clone(), "train".to_owned(), "train".to_owned()), (b.clone(), "serve".to_owned(), "serve".to_owned())]
+            .into()
+    );
+    for (ns, pod, util) in [(&a, "train", 80.0), (&b, "serve", 30.0)] {
+        let d = [("NodeName", node.as_str()), ("Namespace", ns.as_str()), ("PodName", pod), ("RuntimeTag", pod)];
+        assert_eq!(statistic(addr, "Cluster/Neuron", "neuroncore_utilization", &d, "Maximum"), Some(util));
+        assert_eq!(statistic(addr, "Cluster/Neuron", "neuroncore_utilization", &d, "Minimum"), Some(util));
+    }
+    let ecc: Vec<_> = cluster.iter().filter(|m| m.metric_name() == Some("neurondevice_hw_ecc_events")).collect();
+    assert!(!ecc.is_empty(), "no ECC metric in Cluster/Neuron: {:?}", names(&cluster));
+    for metric in &ecc {
+        let d = dimension_map(metric);
+        assert_eq!(d.get("NodeName"), Some(&node), "{metric:?}");
+        assert!(!d.contains_key("PodName") && !d.contains_key("Namespace"), "node-level, not a pod's: {metric:?}");
+    }
+    let corrected = m.sum("hardware_ecc_events_total", &[("event_type", "mem_ecc_corrected")]);
+    assert!(corrected > 0.0, "the simulator reported ECC events");
+    let d = [("NodeName", node.as_str()), ("EventType", "mem_ecc_corrected")];
+    assert_eq!(statistic(addr, "Cluster/Neuron", "neurondevice_hw_ecc_events", &d, "Sum"), Some(corrected));
+    for cw_ns in ["TeamA/Neuron", "TeamB/Neuron"] {
+        assert!(list_metrics(addr, cw_ns, &[("EventType", "mem_ecc_corrected")]).is_empty(), "{cw_ns}");
+    }
+    for cw_ns in ["TeamA/Neuron", "TeamB/Neuron", "Cluster/Neuron"] {
+        eprintln!("{cw_ns}: {} metrics created", list_metrics(addr, cw_ns, &[]).len());
+    }
+    // Nothing else was written anywhere.
+    if let Backend::Store(store) = &cw {
+        let namespaces: std::collections::BTreeSet<String> = store.datums().into_iter().map(|d| d.namespace).collect();
+        assert_eq!(namespaces, ["Cluster/Neuron", "TeamA/Neuron", "TeamB/Neuron"].map(str::to_owned).into());
+    }
+
+    drop(agent);
+    rt.block_on(nodes.delete(&node, &DeleteParams::default())).expect("delete the node");
+    eprintln!("operator → agent → CloudWatch per namespace: {:?}", started.elapsed());
+}

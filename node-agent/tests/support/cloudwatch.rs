@@ -888,10 +888,29 @@ pub fn start_agent_with_env(
     args: &[&str],
     env: &[(&str, &std::ffi::OsStr)],
 ) -> Agent {
+    spawn_agent(sim_args, Some(node_config), endpoint, args, env)
+}
+
+/// The agent following the node ConfigMap the operator renders (no configuration file):
+/// `args` name the node and the operator's namespace, `env` carries `KUBECONFIG`.
+pub fn start_agent_following_operator(
+    sim_args: &[&str],
+    endpoint: SocketAddr,
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Agent {
+    spawn_agent(sim_args, None, endpoint, args, env)
+}
+
+fn spawn_agent(
+    sim_args: &[&str],
+    node_config: Option<&serde_json::Value>,
+    endpoint: SocketAddr,
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Agent {
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let state_dir = TempDir::new("agent");
-    let config_path = state_dir.0.join("node-config.json");
-    std::fs::write(&config_path, serde_json::to_vec_pretty(node_config).expect("json")).expect("write node config");
     let mut command = Command::new(AGENT);
     command
         .arg("--monitor-command")
@@ -899,9 +918,13 @@ pub fn start_agent_with_env(
         .arg("--listen")
         .arg(addr.to_string())
         .arg("--state-dir")
-        .arg(&state_dir.0)
-        .arg("--node-config-file")
-        .arg(&config_path)
+        .arg(&state_dir.0);
+    if let Some(node_config) = node_config {
+        let config_path = state_dir.0.join("node-config.json");
+        std::fs::write(&config_path, serde_json::to_vec_pretty(node_config).expect("json")).expect("write node config");
+        command.arg("--node-config-file").arg(&config_path);
+    }
+    command
         .args(args)
         .env("NEURON_AGENT_LOG", "info,aws_config=warn,aws_smithy_runtime=warn")
         .env("AWS_ACCESS_KEY_ID", "AKIDTEST")
