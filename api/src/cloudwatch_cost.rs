@@ -248,9 +248,12 @@ pub fn published_metrics(spec: &NeuronMonitorConfigSpec, sees_node_level: bool) 
         None => RuntimeGroup::ALL.into_iter().collect(),
         Some(entries) => entries.iter().flat_map(|e| e.metrics.iter().map(|g| g.kind)).collect(),
     };
+    // As the operator's validation decides: a config that sees the node-level groups
+    // collects all of them unless it lists its own.
     let system_groups: BTreeSet<SystemGroup> = match &spec.system_metrics {
-        Some(system) if sees_node_level => system.metrics.iter().map(|g| g.kind).collect(),
-        _ => BTreeSet::new(),
+        _ if !sees_node_level => BTreeSet::new(),
+        Some(system) => system.metrics.iter().map(|g| g.kind).collect(),
+        None => SystemGroup::ALL.into_iter().collect(),
     };
     CATALOGUE
         .iter()
@@ -525,6 +528,10 @@ mod tests {
         let namespaced = estimate(&s, false, &[trn1_32()]).unwrap().metrics;
         let ops = estimate(&s, true, &[trn1_32()]).unwrap().metrics;
         assert_eq!(ops - namespaced, 4 * 16);
+        // Without `systemMetrics`, a config in the operator's namespace collects every
+        // node-level group (as validation decides), ECC included.
+        let default_ops = estimate(&spec(sink(None)), true, &[trn1_32()]).unwrap().metrics;
+        assert_eq!(default_ops, ops);
     }
 
     #[test]

@@ -752,6 +752,7 @@ fn the_operator_gives_each_team_its_own_cloudwatch_namespace() {
     );
 
     // Status: every config applied by the agent, with a CloudWatch estimate.
+    let mut estimates: BTreeMap<String, i64> = BTreeMap::new();
     for config in &configs {
         let namespace = config.metadata.namespace.as_deref().expect("namespace");
         let name = config.metadata.name.as_deref().expect("name");
@@ -766,6 +767,8 @@ fn the_operator_gives_each_team_its_own_cloudwatch_namespace() {
             });
         let estimate = status.estimated_cloud_watch_metrics.unwrap_or(0);
         assert!(estimate > 0, "{namespace}/{name}: estimated {estimate} CloudWatch metrics");
+        let cw_namespace = config.spec.sinks.as_ref().and_then(|s| s.cloudwatch.as_ref()).map(|c| c.namespace.clone());
+        estimates.insert(cw_namespace.expect("a CloudWatch sink"), estimate);
         assert_eq!(status.matched_nodes, 1, "{namespace}/{name}");
         eprintln!(
             "{namespace}/{name}: {estimate} CloudWatch metrics, ${} a month",
@@ -846,8 +849,12 @@ fn the_operator_gives_each_team_its_own_cloudwatch_namespace() {
     for cw_ns in ["TeamA/Neuron", "TeamB/Neuron"] {
         assert!(list_metrics(addr, cw_ns, &[("EventType", "mem_ecc_corrected")]).is_empty(), "{cw_ns}");
     }
+    // The operator's estimate is an upper bound of what the sink creates.
     for cw_ns in ["TeamA/Neuron", "TeamB/Neuron", "Cluster/Neuron"] {
-        eprintln!("{cw_ns}: {} metrics created", list_metrics(addr, cw_ns, &[]).len());
+        let created = list_metrics(addr, cw_ns, &[]).len() as i64;
+        let estimate = estimates.get(cw_ns).copied().unwrap_or(0);
+        eprintln!("{cw_ns}: {created} metrics created, {estimate} estimated");
+        assert!(created <= estimate, "{cw_ns}: {created} metrics created, more than the {estimate} estimated");
     }
     // Nothing else was written anywhere.
     if let Backend::Store(store) = &cw {
