@@ -1,0 +1,1015 @@
+//! The Helm chart (charts/neuron-monitor) against the real tools and the real API server:
+//! `helm lint`/`helm template` on every values file, every rendered object accepted by
+//! kube-apiserver (with the Prometheus Operator's real CRDs), `helm install`, the
+//! operator and an agent doing their whole job as the chart's ServiceAccounts with its
+//! RBAC and nothing more, the alert rules under promtool, the dashboard's queries on a
+//! real Prometheus scraping simulated agents, and the values schema.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
+
+use api::node_config::{configmap_name, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION};
+use k8s_openapi::{
+    api::{
+        authorization::v1::{SelfSubjectRulesReview, SelfSubjectRulesReviewSpec},
+        coordination::v1::Lease,
+        core::v1::{ConfigMap, Node, Pod, Secret},
+        events::v1::Event,
+    },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    Api, Client, ResourceExt,
+};
+use neuron_e2e::{
+    free_port, http_get, kubectl, prometheus::Prometheus, random_u32, repo_root, sample, spawn_tied, tool, wait_for,
+    workspace_bin, ControlPlane, Process,
+};
+use serde::Deserialize;
+use serde_json::json;
+use serde_yaml::Value;
+
+const RELEASE: &str = "nm";
+/// The monitoring.coreos.com kinds the chart renders when the cluster serves them.
+const MONITORING_KINDS: [&str; 3] = ["ServiceMonitor", "PodMonitor", "PrometheusRule"];
+
+fn chart_dir() -> PathBuf {
+    repo_root().join("charts/neuron-monitor")
+}
+
+/// The realistic values files (charts/neuron-monitor/ci/), sorted.
+fn values_files() -> Vec<PathBuf> {
+    let dir = chart_dir().join("ci");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 5, "expected the realistic values files in {}", dir.display());
+    files
+}
+
+fn run(mut command: Command) -> (bool, String, String) {
+    let out =
+        command.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("running {:?}: {e}", command.get_program()));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// helm, with its configuration and caches in a directory of this test binary's own.
+fn helm(args: &[&str]) -> (bool, String, String) {
+    static HOME: OnceLock<PathBuf> = OnceLock::new();
+    let home = HOME.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("neuron-e2e-helm-{:08x}", random_u32()));
+        std::fs::create_dir_all(&dir).expect("helm home");
+        dir
+    });
+    let mut command = Command::new(tool("helm"));
+    command
+        .args(args)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    run(command)
+}
+
+/// `helm template` of the chart as release [`RELEASE`]; panics with helm's message when
+/// it fails.
+fn template(namespace: &str, values: Option<&Path>, extra: &[&str]) -> String {
+    template_as(RELEASE, namespace, values, extra)
+}
+
+fn template_as(release: &str, namespace: &str, values: Option<&Path>, extra: &[&str]) -> String {
+    let chart = chart_dir();
+    let mut args = vec!["template", release, chart.to_str().unwrap(), "--namespace", namespace];
+    let values = values.map(|v| v.display().to_string());
+    if let Some(v) = &values {
+        args.extend(["--values", v]);
+    }
+    args.extend_from_slice(extra);
+    let (ok, out, err) = helm(&args);
+    assert!(ok, "helm {}: {err}", args.join(" "));
+    out
+}
+
+/// `--api-versions` flags that make helm render every monitoring.coreos.com kind.
+fn monitoring_api_flags() -> Vec<String> {
+    MONITORING_KINDS
+        .iter()
+        .flat_map(|k| ["--api-versions".to_owned(), format!("monitoring.coreos.com/v1/{k}")])
+        .collect()
+}
+
+fn documents(yaml: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|d| Value::deserialize(d).expect("rendered YAML parses"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn kind(doc: &Value) -> &str {
+    doc["kind"].as_str().unwrap_or_default()
+}
+
+fn find<'a>(docs: &'a [Value], k: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| kind(d) == k).collect()
+}
+
+fn one<'a>(docs: &'a [Value], k: &str) -> &'a Value {
+    match find(docs, k).as_slice() {
+        [d] => d,
+        other => panic!("expected one {k}, found {}", other.len()),
+    }
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_sequence().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect()
+}
+
+/// The Prometheus Operator's CRDs (ServiceMonitor, PodMonitor, PrometheusRule), from the
+/// shared fixtures, applied and established.
+async fn install_monitoring_crds(cp: &ControlPlane) {
+    let dir = repo_root().join("../shared/fixtures/crds");
+    assert!(dir.is_dir(), "the Prometheus Operator CRDs are missing: {}", dir.display());
+    let dir = dir.display().to_string();
+    let (ok, out, err) = kubectl(cp, &["apply", "--server-side", "--force-conflicts", "-f", &dir], None);
+    assert!(ok, "applying {dir}: {out}{err}");
+    let crds: Api<CustomResourceDefinition> = Api::all(cp.client().await);
+    for plural in ["servicemonitors", "podmonitors", "prometheusrules"] {
+        let name = format!("{plural}.monitoring.coreos.com");
+        wait(&format!("{name} established"), Duration::from_secs(60), || async {
+            let conditions = crds.get(&name).await.ok()?.status?.conditions?;
+            conditions.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
+        })
+        .await;
+    }
+}
+
+async fn install_all_crds(cp: &ControlPlane) {
+    cp.install_crds().await;
+    install_monitoring_crds(cp).await;
+}
+
+#[test]
+fn the_chart_holds_the_generated_crds() {
+    let generated = repo_root().join("crds");
+    let in_chart = chart_dir().join("crds");
+    let list = |dir: &Path| -> BTreeSet<String> {
+        std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    assert_eq!(list(&in_chart), list(&generated), "charts/neuron-monitor/crds/ and crds/ hold different files");
+    for name in list(&generated) {
+        let a = std::fs::read(generated.join(&name)).unwrap();
+        let b = std::fs::read(in_chart.join(&name)).unwrap();
+        assert!(
+            a == b,
+            "charts/neuron-monitor/crds/{name} differs from crds/{name}: cp crds/{name} charts/neuron-monitor/crds/"
+        );
+    }
+}
+
+#[test]
+fn helm_lint_passes_with_the_default_and_every_values_file() {
+    let chart = chart_dir().display().to_string();
+    let (ok, out, err) = helm(&["lint", "--strict", &chart]);
+    assert!(ok, "helm lint (default values): {out}{err}");
+    for file in values_files() {
+        let file = file.display().to_string();
+        let (ok, out, err) = helm(&["lint", "--strict", &chart, "--values", &file]);
+        assert!(ok, "helm lint --values {file}: {out}{err}");
+    }
+}
+
+#[test]
+fn templates_render_what_the_chart_promises() {
+    let api = monitoring_api_flags();
+    let api: Vec<&str> = api.iter().map(String::as_str).collect();
+    let docs = documents(&template("neuron-monitor", None, &api));
+
+    // Operator: two replicas electing a leader, probes, locked down, downward API, JSON logs.
+    let deploy = one(&docs, "Deployment");
+    assert_eq!(deploy["spec"]["replicas"].as_i64(), Some(2));
+    let pod = &deploy["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let args = strings(&c["args"]);
+    assert!(args.contains(&"--leader-election=true".to_owned()), "{args:?}");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"].as_str(), Some("/healthz"));
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"].as_str(), Some("/readyz"));
+    assert_eq!(c["ports"][0]["containerPort"].as_i64(), Some(8080));
+    assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+    assert_eq!(pod["securityContext"]["seccompProfile"]["type"].as_str(), Some("RuntimeDefault"));
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"].as_bool(), Some(true));
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"].as_bool(), Some(false));
+    assert_eq!(strings(&c["securityContext"]["capabilities"]["drop"]), vec!["ALL"]);
+    assert!(c["resources"]["requests"]["memory"].is_string() && c["resources"]["limits"]["memory"].is_string());
+    let env: BTreeMap<String, String> = c["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let v = e["valueFrom"]["fieldRef"]["fieldPath"].as_str().or(e["value"].as_str()).unwrap_or_default();
+            (e["name"].as_str().unwrap().to_owned(), v.to_owned())
+        })
+        .collect();
+    assert_eq!(env["OPERATOR_NAMESPACE"], "metadata.namespace");
+    assert_eq!(env["POD_NAME"], "metadata.name");
+    assert_eq!(env["NEURON_OPERATOR_LOG_FORMAT"], "json");
+    assert_eq!(one(&docs, "PodDisruptionBudget")["spec"]["minAvailable"].as_i64(), Some(1));
+
+    // Agent: Neuron nodes only, tolerations, priority, host PID, socket read-only, NODE_NAME.
+    let ds = one(&docs, "DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    let term = &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        [0]["matchExpressions"][0];
+    assert_eq!(term["key"].as_str(), Some("node.kubernetes.io/instance-type"));
+    assert_eq!(term["operator"].as_str(), Some("In"));
+    let types = strings(&term["values"]);
+    for family in ["inf1.", "inf2.", "trn1.", "trn1n.", "trn2."] {
+        assert!(types.iter().any(|t| t.starts_with(family)), "no {family} type in {types:?}");
+    }
+    let tolerations: Vec<&str> =
+        pod["tolerations"].as_sequence().unwrap().iter().filter_map(|t| t["key"].as_str()).collect();
+    assert_eq!(tolerations, vec!["aws.amazon.com/neuron", "CriticalAddonsOnly"]);
+    assert_eq!(pod["priorityClassName"].as_str(), Some("system-node-critical"));
+    assert_eq!(pod["hostPID"].as_bool(), Some(true));
+    assert_eq!(ds["spec"]["updateStrategy"]["type"].as_str(), Some("RollingUpdate"));
+    assert!(!ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"].is_null());
+    let c = &pod["containers"][0];
+    let args = strings(&c["args"]);
+    assert!(args.contains(&"--config-namespace=neuron-monitor".to_owned()), "{args:?}");
+    assert!(args.contains(&"--monitor-command=/opt/aws/neuron/bin/neuron-monitor".to_owned()), "{args:?}");
+    assert_eq!(c["env"][0]["name"].as_str(), Some("NODE_NAME"));
+    assert_eq!(c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"].as_str(), Some("spec.nodeName"));
+    let mounts = c["volumeMounts"].as_sequence().unwrap();
+    let socket = mounts.iter().find(|m| m["mountPath"] == "/var/lib/kubelet/pod-resources").expect("socket mount");
+    assert_eq!(socket["readOnly"].as_bool(), Some(true));
+    let state = mounts.iter().find(|m| m["name"] == "state").unwrap();
+    assert!(args.contains(&format!("--state-dir={}", state["mountPath"].as_str().unwrap())));
+    let volumes = pod["volumes"].as_sequence().unwrap();
+    assert!(volumes.iter().any(|v| v["name"] == "state" && v["emptyDir"].is_mapping()));
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"].as_bool(), Some(true));
+    assert_eq!(c["securityContext"]["privileged"].as_bool(), Some(true), "the default device access");
+
+    // Monitoring objects with the API, none without it, all of them when forced.
+    let kinds = |docs: &[Value]| -> BTreeSet<String> { docs.iter().map(|d| kind(d).to_owned()).collect() };
+    let with_api = kinds(&docs);
+    assert!(with_api.contains("ServiceMonitor") && with_api.contains("PrometheusRule"), "{with_api:?}");
+    assert!(!with_api.contains("PodMonitor"), "PodMonitor is off by default");
+    let without = kinds(&documents(&template("neuron-monitor", None, &[])));
+    assert!(MONITORING_KINDS.iter().all(|k| !without.contains(*k)), "{without:?}");
+    let forced = kinds(&documents(&template("neuron-monitor", None, &["--set", "monitoring.force=true"])));
+    assert!(forced.contains("ServiceMonitor") && forced.contains("PrometheusRule"), "{forced:?}");
+
+    // The agents' ServiceMonitor gives the job name the alerts and dashboard expect.
+    let sm = find(&docs, "ServiceMonitor")
+        .into_iter()
+        .find(|s| s["metadata"]["name"].as_str().unwrap().ends_with("node-agent"));
+    let sm = sm.expect("the agents' ServiceMonitor");
+    let service = find(&docs, "Service")
+        .into_iter()
+        .find(|s| s["metadata"]["name"] == sm["metadata"]["name"])
+        .expect("the agents' Service");
+    let job_label = sm["spec"]["jobLabel"].as_str().unwrap();
+    assert_eq!(service["metadata"]["labels"][job_label].as_str(), Some("neuron-node-agent"));
+    assert_eq!(service["spec"]["ports"][0]["port"].as_i64(), Some(9010));
+
+    // The PrometheusRule is files/alerts.yaml, rule for rule.
+    let file: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(chart_dir().join("files/alerts.yaml")).unwrap()).unwrap();
+    assert_eq!(one(&docs, "PrometheusRule")["spec"]["groups"], file["groups"]);
+    // ... with ruleLabels added to every alert, and disabled alerts left out.
+    let irsa = documents(&template("ns", Some(&chart_dir().join("ci/irsa-cloudwatch-values.yaml")), &api));
+    let rules = &one(&irsa, "PrometheusRule")["spec"]["groups"];
+    let all: Vec<&Value> =
+        rules.as_sequence().unwrap().iter().flat_map(|g| g["rules"].as_sequence().unwrap()).collect();
+    assert!(all.iter().all(|r| r["labels"]["team"] == "ml-platform" && r["labels"]["severity"].is_string()));
+    let pm = documents(&template("ns", Some(&chart_dir().join("ci/podmonitor-values.yaml")), &api));
+    let text = serde_yaml::to_string(&one(&pm, "PrometheusRule")["spec"]).unwrap();
+    assert!(!text.contains("NeuronMonitorOutputRejected") && text.contains("NeuronAgentDown"));
+    assert_eq!(find(&pm, "PodMonitor").len(), 2, "agents and operator");
+    assert!(find(&pm, "ServiceMonitor").is_empty());
+
+    // The dashboard ConfigMap carries files/dashboard.json and the sidecar's label.
+    let dashboard =
+        find(&docs, "ConfigMap").into_iter().find(|c| c["metadata"]["name"].as_str().unwrap().ends_with("dashboard"));
+    let dashboard = dashboard.expect("dashboard ConfigMap");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"].as_str(), Some("1"));
+    let embedded: serde_json::Value =
+        serde_json::from_str(dashboard["data"]["neuron-monitor.json"].as_str().unwrap()).unwrap();
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(chart_dir().join("files/dashboard.json")).unwrap()).unwrap();
+    assert_eq!(embedded, file);
+
+    // The default NeuronMonitorConfig lives in the release namespace.
+    let nmc = one(&docs, "NeuronMonitorConfig");
+    assert_eq!(nmc["metadata"]["namespace"].as_str(), Some("neuron-monitor"));
+}
+
+/// What this control plane says of a privileged container: its kube-apiserver runs with
+/// the default `--allow-privileged=false`, where EKS (like kubeadm) allows them.
+const PRIVILEGED_REFUSED: &str = "securityContext.privileged: Forbidden: disallowed by cluster policy";
+
+/// Every object of the default and of every values file, accepted by kube-apiserver
+/// (`kubectl apply --dry-run=server`): schemas, CEL rules, the Prometheus Operator's CRDs.
+#[tokio::test]
+async fn every_rendered_object_is_accepted_by_the_api_server() {
+    let cp = ControlPlane::shared();
+    install_all_crds(cp).await;
+    let api = monitoring_api_flags();
+    let api: Vec<&str> = api.iter().map(String::as_str).collect();
+    let mut cases: Vec<Option<PathBuf>> = vec![None];
+    cases.extend(values_files().into_iter().map(Some));
+    let mut accepted = 0;
+    let mut kinds_seen = BTreeSet::new();
+    for values in &cases {
+        // A release of its own: cluster-scoped names (ClusterRoles) derive from it.
+        let ns = cp.namespace("nm-dry").await;
+        let rendered = template_as(&ns, &ns, values.as_deref(), &api);
+        let mut docs = documents(&rendered);
+        // Objects may go to another namespace (the dashboard): it must exist.
+        for other in docs.iter().filter_map(|d| d["metadata"]["namespace"].as_str()).collect::<BTreeSet<_>>() {
+            if other != ns {
+                let _ = kubectl(cp, &["create", "namespace", other], None);
+            }
+        }
+        let dry_run = |yaml: &str| kubectl(cp, &["apply", "--dry-run=server", "-f", "-"], Some(yaml));
+        let (mut ok, mut out, mut err) = dry_run(&rendered);
+        if !ok && err.contains(PRIVILEGED_REFUSED) {
+            // The privileged agent: that policy must be the only objection, and the
+            // DaemonSet is checked field by field without it.
+            assert_eq!(err.lines().count(), 1, "values {values:?}: more than the privileged policy refused:\n{err}");
+            for doc in docs.iter_mut().filter(|d| kind(d) == "DaemonSet") {
+                doc["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] = Value::Bool(false);
+            }
+            let yaml: Vec<String> = docs.iter().map(|d| serde_yaml::to_string(d).unwrap()).collect();
+            (ok, out, err) = dry_run(&yaml.join("---\n"));
+            println!("values {values:?}: the privileged DaemonSet checked without privileged (control-plane policy)");
+        }
+        assert!(ok, "values {values:?}: the API server refused:\n{err}\n{out}");
+        let lines = out.lines().filter(|l| l.ends_with("(server dry run)")).count();
+        assert_eq!(lines, docs.len(), "values {values:?}: every object accepted:\n{out}");
+        accepted += lines;
+        kinds_seen.extend(docs.iter().map(|d| kind(d).to_owned()));
+    }
+    for k in MONITORING_KINDS.iter().chain(&["DaemonSet", "Deployment", "NeuronMonitorConfig", "PodDisruptionBudget"]) {
+        assert!(kinds_seen.contains(*k), "no {k} was checked: {kinds_seen:?}");
+    }
+    println!("{accepted} objects of {} values sets accepted by the API server", cases.len());
+}
+
+#[tokio::test]
+async fn wrong_values_are_refused_naming_the_field() {
+    let cases: [(&[&str], &str); 9] = [
+        (&["--set", "operator.replicas=two"], "/operator/replicas"),
+        (&["--set", "agent.deviceAccess=root"], "/agent/deviceAccess"),
+        (&["--set", "agent.neuronMonitor.source=usr"], "/agent/neuronMonitor/source"),
+        (&["--set", "agent.period=5"], "/agent/period"),
+        (&["--set", "agent.tolerationz[0].key=x"], "tolerationz"),
+        (&["--set", "monitoring.serviceMonitor.interval=often"], "/monitoring/serviceMonitor/interval"),
+        (&["--set", "operator.image.digest=latest"], "/operator/image/digest"),
+        // Rules between fields, said by the templates.
+        (&["--set", "operator.leaderElection.enabled=false"], "operator.leaderElection.enabled"),
+        (&["--set", "monitoring.podMonitor.enabled=true"], "monitoring.podMonitor.enabled"),
+    ];
+    let chart = chart_dir().display().to_string();
+    for (set, field) in cases {
+        let mut args = vec!["template", RELEASE, &chart];
+        args.extend_from_slice(set);
+        let (ok, _, err) = helm(&args);
+        assert!(!ok, "{set:?} was accepted");
+        assert!(err.contains(field), "{set:?}: the error names {field}: {err}");
+    }
+    // The same check at install, on a real cluster: nothing is installed.
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace("nm-bad").await;
+    let kubeconfig = cp.kubeconfig.display().to_string();
+    let (ok, _, err) = helm(&[
+        "install",
+        RELEASE,
+        &chart,
+        "--namespace",
+        &ns,
+        "--kubeconfig",
+        &kubeconfig,
+        "--set",
+        "agent.deviceAccess=root",
+    ]);
+    assert!(!ok && err.contains("/agent/deviceAccess"), "{err}");
+    let (ok, out, err) = helm(&["list", "--namespace", &ns, "--kubeconfig", &kubeconfig, "--short"]);
+    assert!(ok && out.trim().is_empty(), "nothing installed: {out}{err}");
+}
+
+/// A kubeconfig acting as the ServiceAccount `namespace/name` (impersonation by the
+/// control plane's administrator), as a pod with that ServiceAccount would.
+fn impersonating_kubeconfig(cp: &ControlPlane, namespace: &str, name: &str, path: &Path) {
+    let mut config: Value = serde_yaml::from_str(&std::fs::read_to_string(&cp.kubeconfig).unwrap()).unwrap();
+    for user in config["users"].as_sequence_mut().expect("kubeconfig users") {
+        let user = user["user"].as_mapping_mut().expect("user");
+        user.insert("as".into(), format!("system:serviceaccount:{namespace}:{name}").into());
+        user.insert(
+            "as-groups".into(),
+            serde_yaml::to_value([
+                "system:serviceaccounts",
+                &format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated",
+            ])
+            .unwrap(),
+        );
+    }
+    std::fs::write(path, serde_yaml::to_string(&config).unwrap()).unwrap();
+}
+
+/// The rules a ServiceAccount has in `namespace`, as `group/resource[/name]:verb`,
+/// without the self-review rules every authenticated user has.
+async fn rules_of(client: Client, namespace: &str) -> BTreeSet<String> {
+    let review = SelfSubjectRulesReview {
+        spec: SelfSubjectRulesReviewSpec { namespace: Some(namespace.to_owned()) },
+        ..Default::default()
+    };
+    let review = Api::<SelfSubjectRulesReview>::all(client).create(&PostParams::default(), &review).await.unwrap();
+    let status = review.status.expect("rules review status");
+    assert!(!status.incomplete, "the rules review is complete: {:?}", status.evaluation_error);
+    let mut rules = BTreeSet::new();
+    for rule in status.resource_rules {
+        let groups = rule.api_groups.unwrap_or_default();
+        if groups.iter().any(|g| g == "authorization.k8s.io" || g == "authentication.k8s.io") {
+            continue;
+        }
+        let names = rule.resource_names.filter(|n| !n.is_empty()).unwrap_or_else(|| vec![String::new()]);
+        for group in &groups {
+            for resource in rule.resources.iter().flatten() {
+                for name in &names {
+                    for verb in &rule.verbs {
+                        let name = if name.is_empty() { String::new() } else { format!("/{name}") };
+                        rules.insert(format!("{group}/{resource}{name}:{verb}"));
+                    }
+                }
+            }
+        }
+    }
+    rules
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn api_code(result: Result<impl Sized, kube::Error>) -> u16 {
+    match result {
+        Ok(_) => 200,
+        Err(kube::Error::Api(e)) => e.code,
+        Err(e) => panic!("not an API answer: {e}"),
+    }
+}
+
+/// Container args of the chart with some flags' values replaced (the chart's own are
+/// paths inside the pod); every other flag is passed as rendered, so that a flag the
+/// binary does not know fails the test.
+fn chart_args(container: &Value, replace: &[(&str, String)]) -> Vec<String> {
+    strings(&container["args"])
+        .into_iter()
+        .map(|arg| {
+            for (flag, value) in replace {
+                if arg == *flag || arg.starts_with(&format!("{flag}=")) {
+                    return format!("{flag}={value}");
+                }
+            }
+            arg
+        })
+        .collect()
+}
+
+/// The environment of a container: plain values, and downward-API fields from `fields`.
+fn chart_env(container: &Value, fields: &[(&str, String)]) -> Vec<(String, String)> {
+    container["env"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let name = e["name"].as_str().unwrap().to_owned();
+            let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some(path) => fields
+                    .iter()
+                    .find(|(f, _)| *f == path)
+                    .unwrap_or_else(|| panic!("no test value for the downward-API field {path}"))
+                    .1
+                    .clone(),
+                None => e["value"].as_str().unwrap_or_default().to_owned(),
+            };
+            (name, value)
+        })
+        .collect()
+}
+
+fn start(binary: &str, args: Vec<String>, env: Vec<(String, String)>, cp: &ControlPlane) -> Process {
+    let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    Process::start(binary, &args, &env, cp)
+}
+
+async fn wait<T, F, Fut>(what: &str, limit: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    wait_for(limit, check).await.unwrap_or_else(|| panic!("timed out after {limit:?} waiting for {what}"))
+}
+
+/// `helm install` on the control plane; then the operator (two replicas) and an agent,
+/// run from the installed manifests as the chart's ServiceAccounts, do their whole job
+/// with exactly the chart's RBAC, and nothing outside it.
+#[tokio::test]
+async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
+    let cp = ControlPlane::shared();
+    install_all_crds(cp).await;
+    let admin = cp.client().await;
+    let ns = cp.namespace("nm-install").await;
+    let team = cp.namespace("team").await;
+    let kubeconfig = cp.kubeconfig.display().to_string();
+    let chart = chart_dir().display().to_string();
+    // The least-privilege values: this control plane refuses privileged containers (see
+    // PRIVILEGED_REFUSED); the device access changes nothing the binaries do with the API.
+    let values = chart_dir().join("ci/least-privilege-values.yaml").display().to_string();
+    let started = Instant::now();
+    let (ok, out, err) =
+        helm(&["install", RELEASE, &chart, "--namespace", &ns, "--kubeconfig", &kubeconfig, "--values", &values]);
+    assert!(ok, "helm install: {out}{err}");
+    println!("helm install: {:?}", started.elapsed());
+    assert!(out.contains("STATUS: deployed") && out.contains("neuron-monitor"), "{out}");
+
+    // What helm installed, as installed: the monitors too (the API is served).
+    let (ok, manifest, err) = helm(&["get", "manifest", RELEASE, "--namespace", &ns, "--kubeconfig", &kubeconfig]);
+    assert!(ok, "{err}");
+    let docs = documents(&manifest);
+    for k in ["ServiceMonitor", "PrometheusRule", "NeuronMonitorConfig", "DaemonSet", "Deployment"] {
+        assert!(!find(&docs, k).is_empty(), "helm installed no {k}");
+    }
+    let operator_sa =
+        one(&docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap().to_owned();
+    let agent_sa =
+        one(&docs, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap().to_owned();
+    let operator_container = one(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0].clone();
+    let agent_container = one(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0].clone();
+    let default_config = one(&docs, "NeuronMonitorConfig")["metadata"]["name"].as_str().unwrap().to_owned();
+
+    // Exactly these rules, in the release namespace and elsewhere.
+    let operator_client = cp.service_account_client(&ns, &operator_sa).await;
+    let agent_client = cp.service_account_client(&ns, &agent_sa).await;
+    let operator_cluster = [
+        "neuronmonitor.io/neuronmonitorconfigs:list",
+        "neuronmonitor.io/neuronmonitorconfigs:watch",
+        "neuronmonitor.io/neuronmonitorconfigs/status:patch",
+        "/nodes:list",
+        "/nodes:watch",
+        "events.k8s.io/events:create",
+        "events.k8s.io/events:patch",
+    ];
+    let mut operator_here = set(&operator_cluster);
+    operator_here.extend(set(&[
+        "/configmaps:list",
+        "/configmaps:watch",
+        "/configmaps:create",
+        "/configmaps:patch",
+        "/configmaps:delete",
+        "coordination.k8s.io/leases:create",
+        "coordination.k8s.io/leases/neuron-operator:get",
+        "coordination.k8s.io/leases/neuron-operator:update",
+    ]));
+    assert_eq!(rules_of(operator_client.clone(), &ns).await, operator_here);
+    assert_eq!(rules_of(operator_client.clone(), &team).await, set(&operator_cluster));
+    assert_eq!(
+        rules_of(agent_client.clone(), &ns).await,
+        set(&["/pods:list", "/pods:watch", "/configmaps:list", "/configmaps:watch", "/configmaps:patch"])
+    );
+    assert_eq!(rules_of(agent_client.clone(), &team).await, set(&["/pods:list", "/pods:watch"]));
+
+    // A Neuron node (no kubelet runs here: a Node object is enough for both binaries).
+    let node_name = format!("ip-10-0-{}-7.ec2.internal", random_u32() % 250);
+    let node: Node = serde_json::from_value(json!({
+        "metadata": { "name": node_name, "labels": { "node.kubernetes.io/instance-type": "trn1.2xlarge" } }
+    }))
+    .unwrap();
+    Api::<Node>::all(admin.clone()).create(&PostParams::default(), &node).await.unwrap();
+
+    // Two operator replicas, as the Deployment runs them, authenticated as its ServiceAccount.
+    let dir = std::env::temp_dir().join(format!("neuron-e2e-chart-{:08x}", random_u32()));
+    std::fs::create_dir_all(dir.join("proc")).unwrap();
+    let operator_kubeconfig = dir.join("operator.kubeconfig");
+    let agent_kubeconfig = dir.join("agent.kubeconfig");
+    impersonating_kubeconfig(cp, &ns, &operator_sa, &operator_kubeconfig);
+    impersonating_kubeconfig(cp, &ns, &agent_sa, &agent_kubeconfig);
+    let operator = |pod: &str| -> (Process, SocketAddr) {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let args = chart_args(&operator_container, &[("--listen", addr.to_string())]);
+        let mut env =
+            chart_env(&operator_container, &[("metadata.namespace", ns.clone()), ("metadata.name", pod.to_owned())]);
+        env.push(("KUBECONFIG".into(), operator_kubeconfig.display().to_string()));
+        env.push(("NEURON_OPERATOR_LOG_FORMAT".into(), "text".into()));
+        (start("neuron-operator", args, env, cp), addr)
+    };
+    let mut replicas = vec![("nm-operator-a", operator("nm-operator-a")), ("nm-operator-b", operator("nm-operator-b"))];
+
+    // The default config is rendered for the node, its status written, an Event published.
+    let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
+    let cm_name = configmap_name(&node_name);
+    let first_hash = wait("the node's ConfigMap", Duration::from_secs(60), || async {
+        configmaps.get_opt(&cm_name).await.ok().flatten()?.annotations().get(CONFIG_HASH_ANNOTATION).cloned()
+    })
+    .await;
+    let configs: Api<api::crd::NeuronMonitorConfig> = Api::namespaced(admin.clone(), &ns);
+    wait("Accepted=True on the default config", Duration::from_secs(30), || async {
+        let status = configs.get(&default_config).await.ok()?.status?;
+        let accepted = status.conditions.iter().any(|c| c.type_ == "Accepted" && c.status == "True");
+        (accepted && status.matched_nodes == 1).then_some(())
+    })
+    .await;
+    let events: Api<Event> = Api::namespaced(admin.clone(), &ns);
+    wait("the operator's Event on the config", Duration::from_secs(30), || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.reporting_controller.as_deref() == Some("neuron-operator")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(default_config.as_str())
+            })
+            .then_some(())
+    })
+    .await;
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), &ns);
+    let holder = || async {
+        leases.get_opt("neuron-operator").await.ok().flatten()?.spec?.holder_identity.filter(|h| !h.is_empty())
+    };
+    let leader = wait("a leader", Duration::from_secs(30), holder).await;
+    assert!(replicas.iter().any(|(name, _)| *name == leader), "leader {leader}");
+
+    // The agent, as the DaemonSet runs it: it follows and acknowledges its ConfigMap.
+    let agent_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut agent_args = chart_args(
+        &agent_container,
+        &[
+            ("--listen", agent_addr.to_string()),
+            ("--monitor-command", workspace_bin("neuron-monitor-sim").display().to_string()),
+            ("--state-dir", dir.join("state").display().to_string()),
+            ("--pod-resources-socket", dir.join("kubelet.sock").display().to_string()),
+            ("--log-format", "text".into()),
+        ],
+    );
+    // No host to attribute on: an empty proc root.
+    agent_args.push(format!("--proc-root={}", dir.join("proc").display()));
+    let mut agent_env = chart_env(&agent_container, &[("spec.nodeName", node_name.clone())]);
+    agent_env.push(("KUBECONFIG".into(), agent_kubeconfig.display().to_string()));
+    let agent = start("neuron-node-agent", agent_args, agent_env, cp);
+    wait("the agent's acknowledgement", Duration::from_secs(60), || async {
+        let cm = configmaps.get_opt(&cm_name).await.ok().flatten()?;
+        let a = cm.annotations();
+        (a.get(APPLIED_HASH_ANNOTATION) == Some(&first_hash)).then_some(())
+    })
+    .await;
+    wait("Ready with the node applied", Duration::from_secs(30), || async {
+        let status = configs.get(&default_config).await.ok()?.status?;
+        let ready = status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+        (ready && status.applied_nodes == 1).then_some(())
+    })
+    .await;
+
+    // The agent watches this node's pods, whatever their namespace.
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "train", "namespace": team },
+        "spec": { "nodeName": node_name, "containers": [{ "name": "main", "image": "trainer:1" }] }
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(admin.clone(), &team).create(&PostParams::default(), &pod).await.unwrap();
+    let agent_metrics = wait("the agent to see the node's pod", Duration::from_secs(30), || async {
+        let (status, body) = http_get(agent_addr, "/metrics")?;
+        (status == 200 && sample(&body, "neuron_agent_pods") == Some(1.0)).then_some(body)
+    })
+    .await;
+    assert!(agent_metrics.contains("neuron_agent_config{source=\"configmap\""), "runs the ConfigMap's configuration");
+    assert!(sample(&agent_metrics, "neuron_agent_pod_watch_errors_total").unwrap_or(0.0) == 0.0);
+
+    // The leader steps down (SIGTERM releases the lease); the other replica takes over and
+    // renders the next change, which the agent applies and acknowledges.
+    let index = replicas.iter().position(|(name, _)| *name == leader).unwrap();
+    let (_, (mut stopped, _)) = replicas.remove(index);
+    assert!(stopped.terminate(Duration::from_secs(10)).is_some_and(|s| s.success()), "the leader exits cleanly");
+    let successor = replicas[0].0;
+    let takeover = Instant::now();
+    wait("the standby to take the lease", Duration::from_secs(30), || async {
+        holder().await.filter(|h| h == successor)
+    })
+    .await;
+    println!("leader hand-over after SIGTERM: {:?}", takeover.elapsed());
+    configs
+        .patch(&default_config, &PatchParams::default(), &Patch::Merge(json!({ "spec": { "period": "10s" } })))
+        .await
+        .unwrap();
+    let second_hash = wait("the new leader's rendering", Duration::from_secs(30), || async {
+        let hash =
+            configmaps.get_opt(&cm_name).await.ok().flatten()?.annotations().get(CONFIG_HASH_ANNOTATION).cloned()?;
+        (hash != first_hash).then_some(hash)
+    })
+    .await;
+    wait("the agent's acknowledgement of the change", Duration::from_secs(30), || async {
+        let cm = configmaps.get_opt(&cm_name).await.ok().flatten()?;
+        (cm.annotations().get(APPLIED_HASH_ANNOTATION) == Some(&second_hash)).then_some(())
+    })
+    .await;
+    let (_, operator_addr) = &replicas[0].1;
+    let operator_metrics = http_get(*operator_addr, "/metrics").unwrap().1;
+    assert_eq!(sample(&operator_metrics, "neuron_operator_leader"), Some(1.0));
+    assert!(
+        !operator_metrics.contains("neuron_operator_reconcile_errors_total{"),
+        "no reconcile failed:\n{operator_metrics}"
+    );
+
+    // Outside their job: denied.
+    let agent_cms: Api<ConfigMap> = Api::namespaced(agent_client.clone(), &ns);
+    assert_eq!(api_code(agent_cms.delete(&cm_name, &DeleteParams::default()).await), 403, "agent deletes a ConfigMap");
+    let fresh: ConfigMap = serde_json::from_value(json!({ "metadata": { "name": "agent-made" } })).unwrap();
+    assert_eq!(api_code(agent_cms.create(&PostParams::default(), &fresh).await), 403, "agent creates a ConfigMap");
+    assert_eq!(api_code(Api::<Secret>::namespaced(agent_client.clone(), &ns).list(&ListParams::default()).await), 403);
+    assert_eq!(api_code(Api::<Node>::all(agent_client.clone()).list(&ListParams::default()).await), 403);
+    assert_eq!(
+        api_code(Api::<Secret>::namespaced(operator_client.clone(), &ns).list(&ListParams::default()).await),
+        403
+    );
+    assert_eq!(
+        api_code(Api::<Secret>::namespaced(operator_client.clone(), &team).list(&ListParams::default()).await),
+        403
+    );
+    let label = Patch::Merge(json!({ "metadata": { "labels": { "owned": "yes" } } }));
+    assert_eq!(
+        api_code(Api::<Node>::all(operator_client.clone()).patch(&node_name, &PatchParams::default(), &label).await),
+        403
+    );
+    let operator_configs: Api<api::crd::NeuronMonitorConfig> = Api::namespaced(operator_client.clone(), &ns);
+    assert_eq!(api_code(operator_configs.delete(&default_config, &DeleteParams::default()).await), 403);
+    assert_eq!(api_code(Api::<Pod>::all(operator_client.clone()).list(&ListParams::default()).await), 403);
+    assert_eq!(
+        api_code(
+            Api::<ConfigMap>::namespaced(operator_client.clone(), &team)
+                .patch("x", &PatchParams::apply("t"), &label)
+                .await
+        ),
+        403,
+        "the operator writes ConfigMaps in its namespace only"
+    );
+
+    drop(agent);
+    drop(replicas);
+
+    // Upgrade with a changed value; uninstall keeps the CRD (and so every config).
+    let (ok, out, err) = helm(&[
+        "upgrade",
+        RELEASE,
+        &chart,
+        "--namespace",
+        &ns,
+        "--kubeconfig",
+        &kubeconfig,
+        "--reuse-values",
+        "--set",
+        "agent.neuronMonitor.source=hostPath",
+    ]);
+    assert!(ok, "helm upgrade: {out}{err}");
+    let (ok, ds, err) = kubectl(cp, &["get", "daemonset", "-n", &ns, "-o", "yaml"], None);
+    assert!(ok && ds.contains("path: /opt/aws/neuron"), "the upgrade reached the DaemonSet: {err}");
+    let (ok, out, err) = helm(&["uninstall", RELEASE, "--namespace", &ns, "--kubeconfig", &kubeconfig]);
+    assert!(ok, "helm uninstall: {out}{err}");
+    let (_, roles, _) = kubectl(
+        cp,
+        &["get", "clusterroles", "-l", &format!("app.kubernetes.io/instance={RELEASE}"), "-o", "name"],
+        None,
+    );
+    assert!(roles.trim().is_empty(), "cluster roles left: {roles}");
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    assert!(crds.get_opt("neuronmonitorconfigs.neuronmonitor.io").await.unwrap().is_some(), "helm keeps crds/");
+    Api::<Node>::all(admin.clone()).delete(&node_name, &DeleteParams::default()).await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn alert_rules_pass_promtool_checks_and_unit_tests() {
+    let chart = chart_dir();
+    let (ok, out, err) = run({
+        let mut c = Command::new(tool("promtool"));
+        c.args(["check", "rules", "files/alerts.yaml"]).current_dir(&chart);
+        c
+    });
+    assert!(ok, "promtool check rules: {out}{err}");
+    let (ok, out, err) = run({
+        let mut c = Command::new(tool("promtool"));
+        c.args(["test", "rules", "tests/alerts_test.yaml"]).current_dir(&chart);
+        c
+    });
+    assert!(ok, "promtool test rules: {out}{err}");
+
+    // The rules as the chart renders them (labels added) are valid too.
+    let api = monitoring_api_flags();
+    let api: Vec<&str> = api.iter().map(String::as_str).collect();
+    let docs = documents(&template("ns", Some(&chart.join("ci/irsa-cloudwatch-values.yaml")), &api));
+    let rendered = std::env::temp_dir().join(format!("neuron-e2e-rules-{:08x}.yaml", random_u32()));
+    std::fs::write(&rendered, serde_yaml::to_string(&one(&docs, "PrometheusRule")["spec"]).unwrap()).unwrap();
+    let (ok, out, err) = run({
+        let mut c = Command::new(tool("promtool"));
+        c.arg("check").arg("rules").arg(&rendered);
+        c
+    });
+    let _ = std::fs::remove_file(&rendered);
+    assert!(ok, "promtool check rules on the rendered PrometheusRule: {out}{err}");
+
+    // Every alert has a unit test, and every metric an alert reads is one the binaries
+    // export (a typo would pass a unit test written with the same typo).
+    let file: Value = serde_yaml::from_str(&std::fs::read_to_string(chart.join("files/alerts.yaml")).unwrap()).unwrap();
+    let tests = std::fs::read_to_string(chart.join("tests/alerts_test.yaml")).unwrap();
+    let sources = source_text(&[repo_root().join("node-agent/src"), repo_root().join("operator/src")]);
+    let mut alerts = 0;
+    for rule in file["groups"].as_sequence().unwrap().iter().flat_map(|g| g["rules"].as_sequence().unwrap()) {
+        let alert = rule["alert"].as_str().unwrap();
+        alerts += 1;
+        assert!(tests.contains(&format!("alertname: {alert}\n")), "{alert} has no unit test in tests/alerts_test.yaml");
+        for metric in metric_names(rule["expr"].as_str().unwrap()) {
+            let family = metric.strip_suffix("_total").unwrap_or(&metric);
+            assert!(
+                metric == "up" || sources.contains(&format!("\"{family}\"")),
+                "{alert} reads {metric}, which neither binary registers"
+            );
+        }
+    }
+    assert!(alerts >= 10, "{alerts} alerts");
+}
+
+/// The text of every .rs file under `dirs`.
+fn source_text(dirs: &[PathBuf]) -> String {
+    let mut text = String::new();
+    let mut stack: Vec<PathBuf> = dirs.to_vec();
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|x| x == "rs") {
+                text.push_str(&std::fs::read_to_string(&path).unwrap());
+            }
+        }
+    }
+    text
+}
+
+/// Metric names selected in a PromQL expression: identifiers followed by `{`.
+fn metric_names(promql: &str) -> BTreeSet<String> {
+    let bytes = promql.as_bytes();
+    let mut names = BTreeSet::new();
+    for (i, _) in promql.match_indices('{') {
+        let start =
+            promql[..i].rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')).map_or(0, |p| p + 1);
+        if start < i && !bytes[start].is_ascii_digit() {
+            names.insert(promql[start..i].to_owned());
+        }
+    }
+    names
+}
+
+/// A process of this test started with [`spawn_tied`], stopped with SIGTERM on drop.
+struct Tied(u32);
+
+impl Drop for Tied {
+    fn drop(&mut self) {
+        // SAFETY: signalling a child this test started.
+        unsafe {
+            libc::kill(self.0 as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Path::new(&format!("/proc/{}", self.0)).exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A standalone agent on the simulator (no Kubernetes), serving on a free port.
+fn standalone_agent(state_dir: &Path, sim_args: &[&str]) -> (Tied, SocketAddr) {
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut command = Command::new(workspace_bin("neuron-node-agent"));
+    command
+        .arg("--monitor-command")
+        .arg(workspace_bin("neuron-monitor-sim"))
+        .arg(format!("--listen={addr}"))
+        .arg(format!("--state-dir={}", state_dir.display()))
+        .arg("--period=1s")
+        .arg("--restart-backoff-initial=200ms")
+        .arg("--restart-backoff-max=1s")
+        .args(sim_args.iter().map(|a| format!("--monitor-arg={a}")))
+        .env("NEURON_AGENT_LOG", "warn")
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit());
+    let (pid, _stdout) = spawn_tied(command, libc::SIGTERM).expect("start the agent");
+    (Tied(pid), addr)
+}
+
+/// Replaces the dashboard's variables with values that select everything.
+fn expand(expr: &str) -> String {
+    expr.replace("$__rate_interval", "1m")
+        .replace("$__interval", "5s")
+        .replace("$__range", "5m")
+        .replace("$instance_type", ".*")
+        .replace("$namespace", ".*")
+        .replace("$pod", ".*")
+}
+
+#[test]
+fn every_dashboard_query_returns_data_from_a_real_prometheus() {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(chart_dir().join("files/dashboard.json")).unwrap()).unwrap();
+    // Its shape, as Grafana's sidecar loads it.
+    assert!(dashboard["uid"].is_string() && dashboard["title"].is_string());
+    let mut queries: Vec<(String, String)> = Vec::new();
+    let mut ids = BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        assert!(ids.insert(panel["id"].as_i64().unwrap()), "panel ids are unique");
+        if panel["type"] == "row" {
+            continue;
+        }
+        assert_eq!(panel["datasource"]["uid"], "${datasource}", "{} uses the datasource variable", panel["title"]);
+        let targets = panel["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "{} has a query", panel["title"]);
+        for t in targets {
+            queries.push((panel["title"].as_str().unwrap().to_owned(), t["expr"].as_str().unwrap().to_owned()));
+        }
+    }
+    // Variables: label_values(<selector>, label): the selector must have data.
+    for var in dashboard["templating"]["list"].as_array().unwrap() {
+        if var["type"] == "query" {
+            let q = var["query"]["query"].as_str().unwrap();
+            let inner = q.strip_prefix("label_values(").and_then(|r| r.rsplit_once(',')).map(|(s, _)| s).unwrap();
+            queries.push((format!("variable {}", var["name"].as_str().unwrap()), inner.to_owned()));
+        }
+    }
+    assert!(queries.len() >= 20, "{} queries", queries.len());
+
+    // Two simulated nodes: a healthy trn1 with ECC events, and an inf2 whose
+    // neuron-monitor crashes, writes garbage and has a group in error.
+    let dir = std::env::temp_dir().join(format!("neuron-e2e-dashboard-{:08x}", random_u32()));
+    let healthy = standalone_agent(
+        &dir.join("a"),
+        &["--instance-type=trn1.2xlarge", "--app=tag=serve,cores=0,util=60,rps=50,errors=2", "--ecc-every=2"],
+    );
+    let faulty = standalone_agent(
+        &dir.join("b"),
+        &[
+            "--instance-type=inf2.8xlarge",
+            "--app=tag=train,cores=0-1,util=90,rps=10",
+            "--group-error=neuron_runtime_vcpu_usage",
+            "--garbage-every=3",
+            "--exit-after=6",
+        ],
+    );
+    let scrape = format!(
+        "  - job_name: neuron-node-agent\n    static_configs:\n      - targets: ['{}']\n        labels: {{node: sim-a}}\n      - targets: ['{}']\n        labels: {{node: sim-b}}\n",
+        healthy.1, faulty.1
+    );
+    let prometheus = Prometheus::start(&scrape).expect("prometheus");
+    prometheus
+        .wait_for("count(up{job=\"neuron-node-agent\"} == 1)", Duration::from_secs(60), |r| {
+            (r.first().map(|s| s.1) == Some(2.0)).then_some(())
+        })
+        .unwrap();
+    // Enough scrapes for rates, and a restart of the faulty neuron-monitor.
+    prometheus
+        .wait_for("neuron_agent_monitor_restarts_total", Duration::from_secs(60), |r| (!r.is_empty()).then_some(()))
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+
+    let started = Instant::now();
+    let mut empty = Vec::new();
+    for (title, expr) in &queries {
+        let promql = expand(expr);
+        assert!(!promql.contains('$'), "{title}: unknown variable in {expr}");
+        let found = prometheus.wait_for(&promql, Duration::from_secs(20), |r| (!r.is_empty()).then_some(r.len()));
+        match found {
+            Ok(n) => println!("{n:>3} series  {title}: {promql}"),
+            Err(e) => empty.push(format!("{title}: {e}")),
+        }
+    }
+    assert!(empty.is_empty(), "queries without data:\n{}", empty.join("\n"));
+    println!("{} dashboard queries answered in {:?}", queries.len(), started.elapsed());
+    drop(prometheus);
+    drop(healthy);
+    drop(faulty);
+    let _ = std::fs::remove_dir_all(&dir);
+}
