@@ -10,7 +10,7 @@ pub mod kubelet;
 use std::{
     collections::BTreeMap,
     io::{Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{SocketAddr, TcpStream},
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -25,9 +25,7 @@ pub fn fixture_path(name: &str) -> PathBuf {
     PathBuf::from(dir).join(name)
 }
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free loopback port")
-}
+pub use neuron_e2e::free_port;
 
 /// A temporary directory removed on drop.
 pub struct TempDir(pub PathBuf);
@@ -301,94 +299,24 @@ fn parse_sample(line: &str) -> Option<Sample> {
     Some(Sample { name: name.to_owned(), labels, value })
 }
 
-/// A test tool installed by `tests/tools/install.sh` (in `$NEURON_TOOLS_DIR/bin` or on
-/// PATH). A missing tool fails the test: these tests must never pass by skipping.
-pub fn tool(name: &str) -> PathBuf {
-    let tools_dir = std::env::var("NEURON_TOOLS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/tools")));
-    let candidates = std::iter::once(tools_dir.join("bin"))
-        .chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths).collect::<Vec<_>>());
-    for dir in candidates {
-        let path = dir.join(name);
-        if path.is_file() {
-            return path;
-        }
-    }
-    panic!("{name} not found in $NEURON_TOOLS_DIR/bin or PATH: run tests/tools/install.sh first");
-}
+pub use neuron_e2e::tool;
 
-/// Percent-encodes a query parameter.
-pub fn url_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// A real Prometheus server scraping `targets` every second.
-pub struct Prometheus {
-    child: Child,
-    pub addr: SocketAddr,
-    _dir: TempDir,
-}
+/// A real Prometheus server scraping `targets` every second (the e2e crate's launcher).
+pub struct Prometheus(neuron_e2e::prometheus::Prometheus);
 
 impl Prometheus {
     pub fn start(targets: &[SocketAddr]) -> Prometheus {
-        let dir = TempDir::new("prometheus");
         let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
-        let config = format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: neuron-node-agent\n    static_configs:\n      - targets: [{}]\n",
+        let scrape = format!(
+            "  - job_name: neuron-node-agent\n    static_configs:\n      - targets: [{}]\n",
             targets.join(", ")
         );
-        let config_path = dir.0.join("prometheus.yml");
-        std::fs::write(&config_path, config).expect("write prometheus.yml");
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-        let child = Command::new(tool("prometheus"))
-            .arg(format!("--config.file={}", config_path.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.0.join("data").display()))
-            .arg(format!("--web.listen-address={addr}"))
-            .arg("--log.level=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start prometheus");
-        let prometheus = Prometheus { child, addr, _dir: dir };
-        let start = Instant::now();
-        while http_get(addr, "/-/ready", None).map(|r| r.0) != Some(200) {
-            assert!(start.elapsed() < Duration::from_secs(30), "prometheus did not become ready");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        prometheus
+        Prometheus(neuron_e2e::prometheus::Prometheus::start(&scrape).unwrap_or_else(|e| panic!("{e:#}")))
     }
 
     /// Runs an instant query; returns the result vector as (labels, value).
     pub fn query(&self, promql: &str) -> Vec<(BTreeMap<String, String>, f64)> {
-        let path = format!("/api/v1/query?query={}", url_encode(promql));
-        let Some((200, body)) = http_get(self.addr, &path, None) else {
-            return Vec::new();
-        };
-        let json: serde_json::Value = serde_json::from_str(&body).expect("query response is JSON");
-        json["data"]["result"]
-            .as_array()
-            .map(|results| {
-                results
-                    .iter()
-                    .filter_map(|r| {
-                        let labels = r["metric"]
-                            .as_object()?
-                            .iter()
-                            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
-                            .collect();
-                        let value = r["value"][1].as_str()?.parse().ok()?;
-                        Some((labels, value))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.0.query(promql).unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// Polls `promql` until `check` accepts the result, or panics after `limit`.
@@ -398,22 +326,6 @@ impl Prometheus {
         limit: Duration,
         check: impl Fn(&[(BTreeMap<String, String>, f64)]) -> Option<T>,
     ) -> T {
-        let start = Instant::now();
-        let mut last = Vec::new();
-        while start.elapsed() < limit {
-            last = self.query(promql);
-            if let Some(found) = check(&last) {
-                return found;
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
-        panic!("timed out after {limit:?} on {promql}; last result: {last:?}");
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.wait_for(promql, limit, check).unwrap_or_else(|e| panic!("{e:#}"))
     }
 }
