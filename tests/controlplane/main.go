@@ -92,10 +92,11 @@ func run(o *options) (err error) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
+	tempDir := ""
 	if o.stateDir == "" {
-		dir, err := os.MkdirTemp("", "controlplane-")
-		if err != nil {
-			return err
+		dir, mkErr := os.MkdirTemp("", "controlplane-")
+		if mkErr != nil {
+			return mkErr
 		}
 		// Kept after a failure, for its log.
 		defer func() {
@@ -103,7 +104,7 @@ func run(o *options) (err error) {
 				os.RemoveAll(dir)
 			}
 		}()
-		o.stateDir = dir
+		o.stateDir, tempDir = dir, dir
 	}
 	if err := os.MkdirAll(o.stateDir, 0o700); err != nil {
 		return err
@@ -118,6 +119,11 @@ func run(o *options) (err error) {
 		if err := redirectStderr(o.logFile); err != nil {
 			return err
 		}
+	}
+
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", o.port))
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
 	}
 
 	pki, err := writePKI(filepath.Join(o.stateDir, "pki"))
@@ -139,10 +145,6 @@ func run(o *options) (err error) {
 	}
 	defer etcd.Close()
 
-	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", o.port))
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
 	server := "https://" + ln.Addr().String()
 	if err := writeKubeconfig(o.kubeconfigOut, server, pki); err != nil {
 		return err
@@ -153,6 +155,21 @@ func run(o *options) (err error) {
 	apiDone := make(chan error, 1)
 	go func() { apiDone <- runAPIServer(apiCtx, ln, etcdURL, pki, o.verbosity) }()
 
+	kcmCtx, kcmCancel := context.WithCancel(context.Background())
+	defer kcmCancel()
+	var kcmDone chan error // nil (never ready to receive) until the controllers start
+
+	// stopAll shuts down in reverse order: controllers, API server; etcd is
+	// closed by its defer.
+	stopAll := func() {
+		kcmCancel()
+		if kcmDone != nil {
+			waitOrTimeout(kcmDone, 15*time.Second)
+		}
+		apiCancel()
+		waitOrTimeout(apiDone, 30*time.Second)
+	}
+
 	client, err := newClient(o.kubeconfigOut)
 	if err != nil {
 		return err
@@ -160,22 +177,24 @@ func run(o *options) (err error) {
 	readyCtx, readyCancel := context.WithTimeout(ctx, o.readyTimeout)
 	defer readyCancel()
 	if err := waitReady(readyCtx, client, apiDone); err != nil {
+		if ctx.Err() != nil {
+			exitBeforeReady(tempDir)
+		}
 		return fmt.Errorf("kube-apiserver not ready: %w (log: %s)", err, o.logFile)
 	}
 	apiReady := time.Since(start)
 
-	kcmCtx, kcmCancel := context.WithCancel(context.Background())
-	defer kcmCancel()
-	kcmDone := make(chan error, 1)
 	if o.controllers {
+		kcmDone = make(chan error, 1)
 		go func() { kcmDone <- runControllers(kcmCtx, o.kubeconfigOut, pki, o.verbosity) }()
 		// The service-account controller creating "default" in "default"
 		// shows the controllers are running.
 		if err := waitDefaultServiceAccount(readyCtx, client, kcmDone); err != nil {
+			if ctx.Err() != nil {
+				exitBeforeReady(tempDir)
+			}
 			return fmt.Errorf("controllers not running: %w (log: %s)", err, o.logFile)
 		}
-	} else {
-		kcmDone <- nil
 	}
 
 	line, _ := json.Marshal(map[string]any{
@@ -197,20 +216,21 @@ func run(o *options) (err error) {
 	case err := <-apiDone:
 		return fmt.Errorf("kube-apiserver stopped: %v", err)
 	case err := <-kcmDone:
-		if o.controllers {
-			return fmt.Errorf("controllers stopped: %v", err)
-		}
-		<-ctx.Done()
+		return fmt.Errorf("controllers stopped: %v", err)
 	}
-
-	// Shut down in reverse order: controllers, API server, then etcd (deferred).
-	kcmCancel()
-	if o.controllers {
-		waitOrTimeout(kcmDone, 15*time.Second)
-	}
-	apiCancel()
-	waitOrTimeout(apiDone, 30*time.Second)
+	stopAll()
 	return nil
+}
+
+// exitBeforeReady ends the process at once on SIGTERM/SIGINT before it was
+// ready: cancelling kube-apiserver while its post-start hooks still run makes
+// it exit 255 (klog.Fatal), and nothing has used it yet, so there is nothing
+// to shut down gracefully.
+func exitBeforeReady(tempDir string) {
+	if tempDir != "" {
+		os.RemoveAll(tempDir)
+	}
+	os.Exit(0)
 }
 
 func waitOrTimeout(done <-chan error, d time.Duration) {
@@ -318,6 +338,8 @@ func runAPIServer(ctx context.Context, ln net.Listener, etcdURL string, pki *pki
 		// The kubernetes Service would point at 127.0.0.1, which Endpoints
 		// validation rejects; nothing needs it.
 		"--endpoint-reconciler-type=none",
+		// As real clusters: the node agent's DaemonSet is privileged.
+		"--allow-privileged=true",
 		"--profiling=false",
 	}
 	if err := parseFlags(s.Flags(), args); err != nil {

@@ -105,7 +105,7 @@ install_kumo() {
     else
         # Not fatal: the rest of the suite must still run. Tests that need kumo
         # fail on their own with "kumo not found".
-        step kumo "NOT INSTALLED: go install $mod/cmd/kumo@$KUMO_VERSION failed: $(tail -1 <<<"$err" | tr -s "[:space:]" " ")"
+        step kumo "NOT INSTALLED: go install $mod/cmd/kumo@$KUMO_VERSION failed: $(tail -1 <<<"$err" | tr -s '[:space:]' ' ' | sed 's/^ //; s/ $//')"
     fi
 }
 
