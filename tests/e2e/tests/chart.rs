@@ -324,10 +324,6 @@ fn templates_render_what_the_chart_promises() {
     assert_eq!(nmc["metadata"]["namespace"].as_str(), Some("neuron-monitor"));
 }
 
-/// What this control plane says of a privileged container: its kube-apiserver runs with
-/// the default `--allow-privileged=false`, where EKS (like kubeadm) allows them.
-const PRIVILEGED_REFUSED: &str = "securityContext.privileged: Forbidden: disallowed by cluster policy";
-
 /// Every object of the default and of every values file, accepted by kube-apiserver
 /// (`kubectl apply --dry-run=server`): schemas, CEL rules, the Prometheus Operator's CRDs.
 #[tokio::test]
@@ -344,30 +340,14 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
         // A release of its own: cluster-scoped names (ClusterRoles) derive from it.
         let ns = cp.namespace("nm-dry").await;
         let rendered = template_as(&ns, &ns, values.as_deref(), &api);
-        let mut docs = documents(&rendered);
+        let docs = documents(&rendered);
         // Objects may go to another namespace (the dashboard): it must exist.
         for other in docs.iter().filter_map(|d| d["metadata"]["namespace"].as_str()).collect::<BTreeSet<_>>() {
             if other != ns {
                 let _ = kubectl(cp, &["create", "namespace", other], None);
             }
         }
-        let dry_run = |yaml: &str| kubectl(cp, &["apply", "--dry-run=server", "-f", "-"], Some(yaml));
-        let (mut ok, mut out, mut err) = dry_run(&rendered);
-        if !ok && err.contains(PRIVILEGED_REFUSED) {
-            // The privileged agent: that policy must be the only objection, and the
-            // DaemonSet is checked field by field without it.
-            let objections: Vec<&str> = err.lines().filter(|l| l.starts_with("Error")).collect();
-            assert!(
-                objections.iter().all(|l| l.contains(PRIVILEGED_REFUSED)),
-                "values {values:?}: more than the privileged policy refused:\n{err}"
-            );
-            for doc in docs.iter_mut().filter(|d| kind(d) == "DaemonSet") {
-                doc["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] = Value::Bool(false);
-            }
-            let yaml: Vec<String> = docs.iter().map(|d| serde_yaml::to_string(d).unwrap()).collect();
-            (ok, out, err) = dry_run(&yaml.join("---\n"));
-            println!("values {values:?}: the privileged DaemonSet checked without privileged (control-plane policy)");
-        }
+        let (ok, out, err) = kubectl(cp, &["apply", "--dry-run=server", "-f", "-"], Some(&rendered));
         assert!(ok, "values {values:?}: the API server refused:\n{err}\n{out}");
         let lines = out.lines().filter(|l| l.ends_with("(server dry run)")).count();
         assert_eq!(lines, docs.len(), "values {values:?}: every object accepted:\n{out}");
@@ -549,12 +529,8 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     let team = cp.namespace("team").await;
     let kubeconfig = cp.kubeconfig.display().to_string();
     let chart = chart_dir().display().to_string();
-    // The least-privilege values: this control plane refuses privileged containers (see
-    // PRIVILEGED_REFUSED); the device access changes nothing the binaries do with the API.
-    let values = chart_dir().join("ci/least-privilege-values.yaml").display().to_string();
     let started = Instant::now();
-    let (ok, out, err) =
-        helm(&["install", RELEASE, &chart, "--namespace", &ns, "--kubeconfig", &kubeconfig, "--values", &values]);
+    let (ok, out, err) = helm(&["install", RELEASE, &chart, "--namespace", &ns, "--kubeconfig", &kubeconfig]);
     assert!(ok, "helm install: {out}{err}");
     println!("helm install: {:?}", started.elapsed());
     assert!(out.contains("STATUS: deployed") && out.contains("neuron-monitor"), "{out}");
