@@ -162,8 +162,11 @@ impl Controller {
 
     /// Reconciles on every change while this replica leads, until `shutdown`.
     pub async fn run(self: Arc<Self>, mut leading: watch::Receiver<bool>, shutdown: CancellationToken) {
-        self.wait_until_synced().await;
-        info!("caches synced");
+        // A shutdown must not wait for watches that have not listed yet.
+        tokio::select! {
+            _ = self.wait_until_synced() => info!("caches synced"),
+            _ = shutdown.cancelled() => return,
+        }
         let mut retry = Duration::from_millis(500);
         loop {
             if *leading.borrow_and_update() {

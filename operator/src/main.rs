@@ -129,10 +129,11 @@ struct HttpState {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = Client::try_default().await.context("connecting to Kubernetes (in-cluster or KUBECONFIG)")?;
+    // In a cluster POD_NAME names the replica; elsewhere the host name and PID do, so that
+    // two replicas on one machine never share an identity (and both lead).
     let identity = args.identity.clone().unwrap_or_else(|| {
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_owned())
-            .unwrap_or_else(|_| "neuron-operator".to_owned())
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
     });
     let mut registry = Registry::default();
     let metrics = OperatorMetrics::register(&mut registry);

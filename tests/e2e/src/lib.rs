@@ -178,8 +178,15 @@ impl ControlPlane {
         name
     }
 
-    /// Applies the project's CRDs from `crds/` and waits until they are served.
+    /// Applies the project's CRDs from `crds/` once per test binary and waits until they
+    /// are served. Once: every update of a CRD makes the API server rebuild its storage,
+    /// which can stall other tests' watches of it.
     pub async fn install_crds(&self) {
+        static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+        INSTALLED.get_or_init(|| self.apply_crds()).await;
+    }
+
+    async fn apply_crds(&self) {
         let client = self.client().await;
         let api: Api<CustomResourceDefinition> = Api::all(client);
         let dir = repo_root().join("crds");
