@@ -9,51 +9,16 @@ mod support;
 use std::{collections::BTreeMap, ffi::OsStr, path::Path, time::Duration};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::{
-    api::{DeleteParams, Patch, PatchParams, PostParams},
-    Api, Client,
-};
+use kube::{api::DeleteParams, Api};
 use neuron_e2e::{random_u32, ControlPlane};
 use neuron_node_agent::attribution::podresources::{self, NEURONCORE, NEURONDEVICE};
-use serde_json::json;
 use support::{
-    kubelet::{container_id, containerd_cgroup, holding, FakeProc, PodResourcesServer},
+    kubelet::{container_id, containerd_cgroup, holding, running_pod, FakeProc, PodResourcesServer},
     Agent, Metrics, Prometheus, TempDir,
 };
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime")
-}
-
-/// Creates a pod bound to `node` and marks it running with `container` as `cid`
-/// (what the kubelet would write). Returns its UID.
-async fn running_pod(client: &Client, namespace: &str, name: &str, node: &str, container: &str, cid: &str) -> String {
-    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {
-            "nodeName": node,
-            "automountServiceAccountToken": false,
-            "containers": [{"name": container, "image": "registry.invalid/neuron-app:1"}]
-        }
-    }))
-    .expect("pod");
-    // The namespace's default ServiceAccount, which admission wants, appears a moment
-    // after the namespace.
-    let created =
-        neuron_e2e::wait_for(Duration::from_secs(30), || async { api.create(&PostParams::default(), &pod).await.ok() })
-            .await
-            .unwrap_or_else(|| panic!("could not create pod {namespace}/{name}"));
-    let status = json!({"status": {
-        "phase": "Running",
-        "containerStatuses": [{
-            "name": container, "containerID": format!("containerd://{cid}"),
-            "image": "registry.invalid/neuron-app:1", "imageID": "", "ready": true, "restartCount": 0,
-            "started": true, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
-        }]
-    }});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.expect("set the pod's status");
-    created.metadata.uid.expect("pod uid")
 }
 
 /// Core series of `tag` (or of idle cores when `None`) as (core, namespace).

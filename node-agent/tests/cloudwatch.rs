@@ -23,6 +23,7 @@ use aws_sdk_cloudwatch::{
 };
 use support::{
     cloudwatch::{sdk_client, start_agent, Backend, Fault, FaultProxy},
+    kubelet::running_pod,
     Agent, Metrics,
 };
 
@@ -469,44 +470,6 @@ fn a_namespaced_route_sees_only_applications_of_its_namespace() {
     assert_eq!(sink_value(&m, "neuron_agent_cloudwatch_datums_sent_total", "team-a/cw", &[]), 0.0);
     assert!(list_metrics(cw.addr(), "TeamA/Neuron", &[]).is_empty());
     assert!(!list_metrics(cw.addr(), "Ops/Neuron", &[]).is_empty());
-}
-
-/// Creates a pod bound to `node`, running `container` as `cid` (what the kubelet would
-/// write, as no kubelet runs here). Returns its UID.
-async fn running_pod(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
-    node: &str,
-    container: &str,
-    cid: &str,
-) -> String {
-    use k8s_openapi::api::core::v1::Pod;
-    use kube::api::{Api, Patch, PatchParams, PostParams};
-    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let pod: Pod = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name},
-        "spec": {
-            "nodeName": node,
-            "automountServiceAccountToken": false,
-            "containers": [{"name": container, "image": "registry.invalid/neuron-app:1"}]
-        }
-    }))
-    .expect("pod");
-    let created =
-        neuron_e2e::wait_for(Duration::from_secs(30), || async { api.create(&PostParams::default(), &pod).await.ok() })
-            .await
-            .unwrap_or_else(|| panic!("could not create pod {namespace}/{name}"));
-    let status = serde_json::json!({"status": {
-        "phase": "Running",
-        "containerStatuses": [{
-            "name": container, "containerID": format!("containerd://{cid}"),
-            "image": "registry.invalid/neuron-app:1", "imageID": "", "ready": true, "restartCount": 0,
-            "started": true, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
-        }]
-    }});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.expect("set the pod's status");
-    created.metadata.uid.expect("pod uid")
 }
 
 /// Two teams' applications on one node, attributed to their pods through the real API

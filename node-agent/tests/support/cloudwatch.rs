@@ -22,7 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{free_port, tool, Agent, TempDir, AGENT, SIM};
+use super::{free_port, tool, Agent, TempDir, SIM};
 
 // --- CBOR ---------------------------------------------------------------------------
 
@@ -909,47 +909,30 @@ fn spawn_agent(
     args: &[&str],
     env: &[(&str, &std::ffi::OsStr)],
 ) -> Agent {
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let state_dir = TempDir::new("agent");
-    let mut command = Command::new(AGENT);
-    command
-        .arg("--monitor-command")
-        .arg(SIM)
-        .arg("--listen")
-        .arg(addr.to_string())
-        .arg("--state-dir")
-        .arg(&state_dir.0);
-    if let Some(node_config) = node_config {
-        let config_path = state_dir.0.join("node-config.json");
-        std::fs::write(&config_path, serde_json::to_vec_pretty(node_config).expect("json")).expect("write node config");
-        command.arg("--node-config-file").arg(&config_path);
-    }
-    command
-        .args(args)
-        .env("NEURON_AGENT_LOG", "info,aws_config=warn,aws_smithy_runtime=warn")
-        .env("AWS_ACCESS_KEY_ID", "AKIDTEST")
-        .env("AWS_SECRET_ACCESS_KEY", "test-secret")
-        .env_remove("AWS_SESSION_TOKEN")
-        .env_remove("AWS_PROFILE")
-        .env("AWS_CONFIG_FILE", "/nonexistent/aws-config")
-        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("AWS_ENDPOINT_URL_CLOUDWATCH", format!("http://{endpoint}"))
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    for arg in sim_args {
-        command.arg(format!("--monitor-arg={arg}"));
-    }
-    let child = command.spawn().expect("start the agent");
-    let agent = Agent { child, addr, state_dir };
-    agent.wait_until("the HTTP endpoint answers", Duration::from_secs(20), |a| a.get("/healthz").is_some());
-    agent
+    Agent::start_configured(SIM, sim_args, args, |command, state_dir| {
+        if let Some(node_config) = node_config {
+            let config_path = state_dir.join("node-config.json");
+            std::fs::write(&config_path, serde_json::to_vec_pretty(node_config).expect("json"))
+                .expect("write node config");
+            command.arg("--node-config-file").arg(&config_path);
+        }
+        // Static test credentials and nothing else of the machine's AWS or Kubernetes setup.
+        command
+            .env("NEURON_AGENT_LOG", "info,aws_config=warn,aws_smithy_runtime=warn")
+            .env("AWS_ACCESS_KEY_ID", "AKIDTEST")
+            .env("AWS_SECRET_ACCESS_KEY", "test-secret")
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("AWS_PROFILE")
+            .env("AWS_CONFIG_FILE", "/nonexistent/aws-config")
+            .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("AWS_ENDPOINT_URL_CLOUDWATCH", format!("http://{endpoint}"))
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST");
+        for (k, v) in env {
+            command.env(k, v);
+        }
+    })
 }
 
 /// An SDK client of the CloudWatch at `addr`, as a user would read their metrics.

@@ -194,3 +194,44 @@ pub fn containerd_cgroup(pod_uid: &str, container_id: &str) -> String {
 pub fn container_id(seed: u32) -> String {
     format!("{seed:016x}").repeat(4)
 }
+
+/// Creates a pod bound to `node` and marks it running with `container` as `cid`
+/// (what the kubelet would write). Returns its UID.
+pub async fn running_pod(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    node: &str,
+    container: &str,
+    cid: &str,
+) -> String {
+    let api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(client.clone(), namespace);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "nodeName": node,
+            "automountServiceAccountToken": false,
+            "containers": [{"name": container, "image": "registry.invalid/neuron-app:1"}]
+        }
+    }))
+    .expect("pod");
+    // The namespace's default ServiceAccount, which admission wants, appears a moment
+    // after the namespace.
+    let created = neuron_e2e::wait_for(std::time::Duration::from_secs(30), || async {
+        api.create(&kube::api::PostParams::default(), &pod).await.ok()
+    })
+    .await
+    .unwrap_or_else(|| panic!("could not create pod {namespace}/{name}"));
+    let status = serde_json::json!({"status": {
+        "phase": "Running",
+        "containerStatuses": [{
+            "name": container, "containerID": format!("containerd://{cid}"),
+            "image": "registry.invalid/neuron-app:1", "imageID": "", "ready": true, "restartCount": 0,
+            "started": true, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+        }]
+    }});
+    api.patch_status(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&status))
+        .await
+        .expect("set the pod's status");
+    created.metadata.uid.expect("pod uid")
+}

@@ -68,6 +68,21 @@ impl Agent {
         args: &[&str],
         env: &[(&str, &std::ffi::OsStr)],
     ) -> Agent {
+        Self::start_configured(monitor, monitor_args, args, |command, _| {
+            for (key, value) in env {
+                command.env(key, value);
+            }
+        })
+    }
+
+    /// Starts the agent; `configure` adds to its command (it gets the state directory,
+    /// e.g. to write a node configuration file there).
+    pub fn start_configured(
+        monitor: &str,
+        monitor_args: &[&str],
+        args: &[&str],
+        configure: impl FnOnce(&mut Command, &std::path::Path),
+    ) -> Agent {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let state_dir = TempDir::new("agent");
         let mut command = Command::new(AGENT);
@@ -86,9 +101,7 @@ impl Agent {
         for arg in monitor_args {
             command.arg(format!("--monitor-arg={arg}"));
         }
-        for (key, value) in env {
-            command.env(key, value);
-        }
+        configure(&mut command, &state_dir.0);
         let child = command.spawn().expect("start the agent");
         let agent = Agent { child, addr, state_dir };
         agent.wait_until("the HTTP endpoint answers", Duration::from_secs(20), |a| a.get("/healthz").is_some());
