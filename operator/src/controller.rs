@@ -21,7 +21,7 @@ use api::{
         NODE_ANNOTATION, NODE_CONFIG_KEY,
     },
 };
-use futures::{Stream, TryStreamExt};
+use futures::{FutureExt, Stream, TryStreamExt};
 use k8s_openapi::{
     api::core::v1::{ConfigMap, Node},
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
@@ -52,6 +52,9 @@ use crate::{
 pub const MANAGER: &str = "neuron-operator";
 /// A full pass at least this often, whatever the watches say.
 const RESYNC: Duration = Duration::from_secs(300);
+/// Server-side duration of each watch call; below the client's read timeout, so a quiet
+/// watch ends normally and is resumed from its resource version.
+pub const WATCH_SECONDS: u32 = 20;
 /// Changes arriving together (a rollout touching many nodes) are handled in one pass.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
@@ -109,14 +112,17 @@ impl Controller {
         spawn_watch(
             "neuronmonitorconfigs",
             changed.clone(),
-            reflector::reflector(configs_writer, watcher(config_api, watcher::Config::default()).default_backoff()),
+            reflector::reflector(
+                configs_writer,
+                watcher(config_api, watcher::Config::default().timeout(WATCH_SECONDS)).default_backoff(),
+            ),
         );
         spawn_watch(
             "nodes",
             changed.clone(),
             reflector::reflector(
                 nodes_writer,
-                watcher(node_api, watcher::Config::default())
+                watcher(node_api, watcher::Config::default().timeout(WATCH_SECONDS))
                     .default_backoff()
                     // Node objects are large; keep what deciding and rendering need.
                     .modify(|node: &mut Node| {
@@ -135,7 +141,8 @@ impl Controller {
             changed.clone(),
             reflector::reflector(
                 configmaps_writer,
-                watcher(configmap_api, watcher::Config::default().labels(&label)).default_backoff(),
+                watcher(configmap_api, watcher::Config::default().labels(&label).timeout(WATCH_SECONDS))
+                    .default_backoff(),
             ),
         );
         Arc::new(Controller {
@@ -162,11 +169,22 @@ impl Controller {
 
     /// Reconciles on every change while this replica leads, until `shutdown`.
     pub async fn run(self: Arc<Self>, mut leading: watch::Receiver<bool>, shutdown: CancellationToken) {
-        // A shutdown must not wait for watches that have not listed yet.
-        tokio::select! {
-            _ = self.wait_until_synced() => info!("caches synced"),
-            _ = shutdown.cancelled() => return,
+        // A shutdown must not wait for watches that have not listed yet; a long wait is said.
+        let synced = self.wait_until_synced();
+        tokio::pin!(synced);
+        loop {
+            tokio::select! {
+                _ = &mut synced => break,
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(10)) => warn!(
+                    configs = listed(&self.configs),
+                    nodes = listed(&self.nodes),
+                    configmaps = listed(&self.configmaps),
+                    "watch caches not synced yet; nothing is written until they are"
+                ),
+            }
         }
+        info!("caches synced");
         let mut retry = Duration::from_millis(500);
         loop {
             if *leading.borrow_and_update() {
@@ -429,6 +447,14 @@ fn condition(
         observed_generation: generation,
         last_transition_time,
     }
+}
+
+/// Whether a store has completed its first listing.
+fn listed<K: kube::Resource + Clone + 'static>(store: &Store<K>) -> bool
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store.wait_until_ready().now_or_never().is_some()
 }
 
 fn spawn_watch<K, S>(what: &'static str, changed: Arc<Notify>, stream: S)

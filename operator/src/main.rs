@@ -128,7 +128,13 @@ struct HttpState {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let client = Client::try_default().await.context("connecting to Kubernetes (in-cluster or KUBECONFIG)")?;
+    let mut config =
+        kube::Config::infer().await.context("reading the Kubernetes configuration (in-cluster or KUBECONFIG)")?;
+    // No request may hang forever: a LIST the API server never answers (seen right after
+    // a CRD is created or changed) would otherwise stall a watch silently. Watches are
+    // renewed well within this bound (controller::WATCH_SECONDS).
+    config.read_timeout = Some(std::time::Duration::from_secs(30));
+    let client = Client::try_from(config).context("connecting to Kubernetes")?;
     // In a cluster POD_NAME names the replica; elsewhere the host name and PID do, so that
     // two replicas on one machine never share an identity (and both lead).
     let identity = args.identity.clone().unwrap_or_else(|| {
