@@ -275,7 +275,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let mut standalone_spec = Some(spec_tx);
     if let (Some(node), Some(spec_tx)) = (&args.node_name, standalone_spec.take_if(|_| args.node_name.is_some())) {
-        let client = match kube::Client::try_default().await {
+        let client = match kube_client().await {
             Ok(client) => Some(client),
             // With a configuration file, Kubernetes only serves pod attribution.
             Err(e) if args.node_config_file.is_some() => {
@@ -364,6 +364,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     info!("stopped");
     Ok(())
+}
+
+/// A Kubernetes client whose requests cannot hang forever (kube sets no read timeout):
+/// 5 minutes, above the API server's default watch duration, so thousands of agents
+/// keep their usual watch rate.
+async fn kube_client() -> Result<kube::Client, kube::Error> {
+    let mut config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
+    config.read_timeout = Some(Duration::from_secs(300));
+    kube::Client::try_from(config)
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {
