@@ -615,14 +615,14 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     })
     .await;
     let configs: Api<api::crd::NeuronMonitorConfig> = Api::namespaced(admin.clone(), &ns);
-    wait("Accepted=True on the default config", Duration::from_secs(30), || async {
+    wait("Accepted=True on the default config", Duration::from_secs(60), || async {
         let status = configs.get(&default_config).await.ok()?.status?;
         let accepted = status.conditions.iter().any(|c| c.type_ == "Accepted" && c.status == "True");
         (accepted && status.matched_nodes == 1).then_some(())
     })
     .await;
     let events: Api<Event> = Api::namespaced(admin.clone(), &ns);
-    wait("the operator's Event on the config", Duration::from_secs(30), || async {
+    wait("the operator's Event on the config", Duration::from_secs(60), || async {
         let list = events.list(&ListParams::default()).await.ok()?;
         list.items
             .iter()
@@ -637,7 +637,7 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     let holder = || async {
         leases.get_opt("neuron-operator").await.ok().flatten()?.spec?.holder_identity.filter(|h| !h.is_empty())
     };
-    let leader = wait("a leader", Duration::from_secs(30), holder).await;
+    let leader = wait("a leader", Duration::from_secs(60), holder).await;
     assert!(replicas.iter().any(|(name, _)| *name == leader), "leader {leader}");
 
     // The agent, as the DaemonSet runs it: it follows and acknowledges its ConfigMap.
@@ -663,7 +663,7 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         (a.get(APPLIED_HASH_ANNOTATION) == Some(&first_hash)).then_some(())
     })
     .await;
-    wait("Ready with the node applied", Duration::from_secs(30), || async {
+    wait("Ready with the node applied", Duration::from_secs(60), || async {
         let status = configs.get(&default_config).await.ok()?.status?;
         let ready = status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
         (ready && status.applied_nodes == 1).then_some(())
@@ -677,7 +677,7 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     }))
     .unwrap();
     Api::<Pod>::namespaced(admin.clone(), &team).create(&PostParams::default(), &pod).await.unwrap();
-    let agent_metrics = wait("the agent to see the node's pod", Duration::from_secs(30), || async {
+    let agent_metrics = wait("the agent to see the node's pod", Duration::from_secs(60), || async {
         let (status, body) = http_get(agent_addr, "/metrics")?;
         (status == 200 && sample(&body, "neuron_agent_pods") == Some(1.0)).then_some(body)
     })
@@ -692,7 +692,7 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     assert!(stopped.terminate(Duration::from_secs(10)).is_some_and(|s| s.success()), "the leader exits cleanly");
     let successor = replicas[0].0;
     let takeover = Instant::now();
-    wait("the standby to take the lease", Duration::from_secs(30), || async {
+    wait("the standby to take the lease", Duration::from_secs(60), || async {
         holder().await.filter(|h| h == successor)
     })
     .await;
@@ -701,13 +701,13 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         .patch(&default_config, &PatchParams::default(), &Patch::Merge(json!({ "spec": { "period": "10s" } })))
         .await
         .unwrap();
-    let second_hash = wait("the new leader's rendering", Duration::from_secs(30), || async {
+    let second_hash = wait("the new leader's rendering", Duration::from_secs(60), || async {
         let hash =
             configmaps.get_opt(&cm_name).await.ok().flatten()?.annotations().get(CONFIG_HASH_ANNOTATION).cloned()?;
         (hash != first_hash).then_some(hash)
     })
     .await;
-    wait("the agent's acknowledgement of the change", Duration::from_secs(30), || async {
+    wait("the agent's acknowledgement of the change", Duration::from_secs(60), || async {
         let cm = configmaps.get_opt(&cm_name).await.ok().flatten()?;
         (cm.annotations().get(APPLIED_HASH_ANNOTATION) == Some(&second_hash)).then_some(())
     })

@@ -100,7 +100,7 @@ impl Scenario {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Option<T>>,
     {
-        wait_for(Duration::from_secs(30), check).await.unwrap_or_else(|| panic!("timed out waiting for {what}"))
+        wait_for(Duration::from_secs(60), check).await.unwrap_or_else(|| panic!("timed out waiting for {what}"))
     }
 }
 
