@@ -40,20 +40,8 @@ fn label<'m>(m: &'m Metrics, name: &str, tag: &str, key: &str) -> Option<&'m str
 
 /// `promtool check metrics` finds nothing but the one accepted compatibility name.
 fn promtool_accepts(exposition: &str) {
-    use std::io::Write;
-    let mut child = std::process::Command::new(support::tool("promtool"))
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run promtool");
-    child.stdin.take().expect("stdin").write_all(exposition.as_bytes()).expect("write to promtool");
-    let output = child.wait_with_output().expect("promtool output");
-    let report = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    let complaints: Vec<&str> =
-        report.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with("system_vcpu_count ")).collect();
-    assert!(complaints.is_empty(), "promtool output:\n{report}");
+    let complaints = support::promtool_complaints(exposition);
+    assert!(complaints.iter().all(|c| c == support::ACCEPTED_LINT), "promtool: {complaints:#?}");
 }
 
 struct Scene {
@@ -187,7 +175,7 @@ fn without_the_kubelet_the_agent_keeps_running_and_says_so() {
     let agent = start_agent(cp, &scene, &missing);
 
     // Processes are still attributed; cores no runtime uses are not.
-    let m = agent.wait_for("attribution by process without the kubelet", Duration::from_secs(30), |m| {
+    let m = agent.wait_for("attribution by process without the kubelet", Duration::from_secs(60), |m| {
         let reports = m.sum("neuron_agent_reports_total", &[]);
         let done =
             reports >= 3.0 && label(m, "neuroncore_utilization_ratio", "train", "namespace") == Some(scene.a.as_str());

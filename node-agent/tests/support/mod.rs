@@ -314,6 +314,27 @@ fn parse_sample(line: &str) -> Option<Sample> {
 
 pub use neuron_e2e::tool;
 
+/// promtool's one expected complaint: the compatibility name `system_vcpu_count`
+/// (AWS's dashboards query it) ends in `_count` without being a histogram or summary.
+pub const ACCEPTED_LINT: &str =
+    "system_vcpu_count non-histogram and non-summary metrics should not have \"_count\" suffix";
+
+/// What `promtool check metrics` says of an exposition, a complaint a line.
+pub fn promtool_complaints(exposition: &str) -> Vec<String> {
+    use std::io::Write;
+    let mut child = Command::new(tool("promtool"))
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    child.stdin.take().expect("stdin").write_all(exposition.as_bytes()).expect("write to promtool");
+    let output = child.wait_with_output().expect("promtool output");
+    let report = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    report.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned).collect()
+}
+
 /// A real Prometheus server scraping `targets` every second (the e2e crate's launcher).
 pub struct Prometheus(neuron_e2e::prometheus::Prometheus);
 
