@@ -26,6 +26,8 @@ const UNIQUE_TYPES: &str = "self.all(x, self.exists_one(y, y.type == x.type))";
 /// One number and one unit, as neuron-monitor reads them.
 const PERIOD_PATTERN: &str = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$";
 
+// Several `printcolumn`s are one attribute each, as kube's derive wants them.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "neuronmonitor.io",

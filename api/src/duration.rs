@@ -91,7 +91,7 @@ impl fmt::Display for Period {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.as_millis();
         for (unit, size) in [("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
-            if ms % size == 0 {
+            if ms.is_multiple_of(size) {
                 return write!(f, "{}{unit}", ms / size);
             }
         }

@@ -648,7 +648,7 @@ pub struct HardwareInfo<'a> {
 impl HardwareInfo<'_> {
     /// NeuronCores on the host, when both counts are known.
     pub fn core_count(&self) -> Option<u32> {
-        Some(self.neuron_device_count?.checked_mul(self.neuroncore_per_device_count?)?)
+        self.neuron_device_count?.checked_mul(self.neuroncore_per_device_count?)
     }
 }
 

@@ -30,7 +30,7 @@ enum Command {
     /// Print the NeuronMonitorConfig CRD (YAML), exactly as committed in crds/.
     Crd,
     /// Run the controller (the default).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 /// Every flag can also be set by the environment variable in its help.
@@ -105,7 +105,7 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?
-                .block_on(run(run_args))
+                .block_on(run(*run_args))
         }
     }
 }

@@ -308,7 +308,7 @@ fn parse_sample(line: &str) -> Option<Sample> {
         }
         labels.insert(key, value);
     }
-    let value = rest[end? + 1..].trim().split_whitespace().next()?.parse().ok()?;
+    let value = rest[end? + 1..].split_whitespace().next()?.parse().ok()?;
     Some(Sample { name: name.to_owned(), labels, value })
 }
 

@@ -373,7 +373,7 @@ async fn the_agent_reloads_a_changed_config_within_a_second() {
 async fn two_replicas_elect_one_leader_and_hand_over_on_shutdown() {
     let _serial = SERIAL.lock().await;
     let s = Scenario::new("nm-leader").await;
-    let mut replicas = vec![s.operator(), s.operator()];
+    let mut replicas = [s.operator(), s.operator()];
     let leads =
         |addr: SocketAddr| http_get(addr, "/metrics").and_then(|(_, body)| sample(&body, "neuron_operator_leader"));
     let addrs = [replicas[0].1, replicas[1].1];

@@ -401,7 +401,7 @@ impl Generator {
             SystemGroup::MemoryInfo => system.memory_info = Some(wrap(r, error, || self.memory_info())),
             SystemGroup::NeuronHwCounters => {
                 self.hw_refreshes += 1;
-                let ecc = self.scenario.ecc_every.is_some_and(|n| self.hw_refreshes % n == 0);
+                let ecc = self.scenario.ecc_every.is_some_and(|n| self.hw_refreshes.is_multiple_of(n));
                 let devices = self.scenario.instance.devices;
                 system.neuron_hw_counters = Some(wrap(r, error, || hw_counters(devices, ecc)))
             }

@@ -39,7 +39,7 @@ pub enum Next {
 pub const CRASH_EXIT_CODE: u8 = 3;
 
 fn every(n: u64, every: Option<u64>) -> bool {
-    every.is_some_and(|e| e > 0 && n % e == 0)
+    every.is_some_and(|e| e > 0 && n.is_multiple_of(e))
 }
 
 impl Faults {

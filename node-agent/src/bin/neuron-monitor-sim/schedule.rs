@@ -80,7 +80,7 @@ impl Plan {
         if t_ms == 0 {
             return Vec::new();
         }
-        self.groups().filter(|(_, p)| t_ms % p.as_millis() == 0).collect()
+        self.groups().filter(|(_, p)| t_ms.is_multiple_of(p.as_millis())).collect()
     }
 
     /// The first moment after `t_ms` at which some group is due; `None` when the
