@@ -21,7 +21,7 @@ use api::{
         NODE_ANNOTATION, NODE_CONFIG_KEY,
     },
 };
-use futures::{FutureExt, Stream, TryStreamExt};
+use futures::{Stream, TryStreamExt};
 use k8s_openapi::{
     api::core::v1::{ConfigMap, Node},
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
@@ -90,6 +90,24 @@ pub struct Controller {
     /// Accepted state last announced by an Event, by uid.
     announced: Mutex<HashMap<String, bool>>,
     changed: Arc<Notify>,
+    /// Which watches have listed everything (see [`Listed`]).
+    listed: watch::Receiver<Listed>,
+}
+
+/// Which watches have completed their first listing. Kept here rather than asked of the
+/// reflector stores: a store's `wait_until_ready` wakes only the last task that polled it,
+/// so `/readyz` and the reconcile loop waiting at once left one of them asleep for good.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Listed {
+    pub configs: bool,
+    pub nodes: bool,
+    pub configmaps: bool,
+}
+
+impl Listed {
+    pub fn all(&self) -> bool {
+        self.configs && self.nodes && self.configmaps
+    }
 }
 
 impl Controller {
@@ -102,6 +120,8 @@ impl Controller {
         recorder: Recorder,
     ) -> Arc<Controller> {
         let changed = Arc::new(Notify::new());
+        let (listed_tx, listed) = watch::channel(Listed::default());
+        let listed_tx = Arc::new(listed_tx);
         let (configs, configs_writer) = reflector::store();
         let (nodes, nodes_writer) = reflector::store();
         let (configmaps, configmaps_writer) = reflector::store();
@@ -112,6 +132,7 @@ impl Controller {
         spawn_watch(
             "neuronmonitorconfigs",
             changed.clone(),
+            mark_listed(&listed_tx, |l| l.configs = true),
             reflector::reflector(
                 configs_writer,
                 watcher(config_api, watcher::Config::default().timeout(WATCH_SECONDS)).default_backoff(),
@@ -120,6 +141,7 @@ impl Controller {
         spawn_watch(
             "nodes",
             changed.clone(),
+            mark_listed(&listed_tx, |l| l.nodes = true),
             reflector::reflector(
                 nodes_writer,
                 watcher(node_api, watcher::Config::default().timeout(WATCH_SECONDS))
@@ -139,6 +161,7 @@ impl Controller {
         spawn_watch(
             "configmaps",
             changed.clone(),
+            mark_listed(&listed_tx, |l| l.configmaps = true),
             reflector::reflector(
                 configmaps_writer,
                 watcher(configmap_api, watcher::Config::default().labels(&label).timeout(WATCH_SECONDS))
@@ -157,14 +180,22 @@ impl Controller {
             last_good: Mutex::default(),
             announced: Mutex::default(),
             changed,
+            listed,
         })
     }
 
-    /// True once every watch has listed its objects.
+    /// Returns once every watch has listed its objects; any number of tasks may wait.
     pub async fn wait_until_synced(&self) {
-        let _ = self.configs.wait_until_ready().await;
-        let _ = self.nodes.wait_until_ready().await;
-        let _ = self.configmaps.wait_until_ready().await;
+        let mut listed = self.listed.clone();
+        // An error means the watch tasks are gone: nothing will ever sync.
+        if listed.wait_for(Listed::all).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Whether every watch has listed its objects (what `/readyz` answers).
+    pub fn is_synced(&self) -> bool {
+        self.listed.borrow().all()
     }
 
     /// Reconciles on every change while this replica leads, until `shutdown`.
@@ -176,12 +207,15 @@ impl Controller {
             tokio::select! {
                 _ = &mut synced => break,
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_secs(10)) => warn!(
-                    configs = listed(&self.configs),
-                    nodes = listed(&self.nodes),
-                    configmaps = listed(&self.configmaps),
-                    "watch caches not synced yet; nothing is written until they are"
-                ),
+                _ = tokio::time::sleep(Duration::from_secs(10)) => {
+                    let listed = *self.listed.borrow();
+                    warn!(
+                        configs = listed.configs,
+                        nodes = listed.nodes,
+                        configmaps = listed.configmaps,
+                        "watch caches not synced yet; nothing is written until they are"
+                    );
+                }
             }
         }
         info!("caches synced");
@@ -449,15 +483,15 @@ fn condition(
     }
 }
 
-/// Whether a store has completed its first listing.
-fn listed<K: kube::Resource + Clone + 'static>(store: &Store<K>) -> bool
-where
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    store.wait_until_ready().now_or_never().is_some()
+/// A callback that records one watch's first complete listing.
+fn mark_listed(tx: &Arc<watch::Sender<Listed>>, mark: fn(&mut Listed)) -> impl Fn() + Send + 'static {
+    let tx = tx.clone();
+    move || tx.send_modify(mark)
 }
 
-fn spawn_watch<K, S>(what: &'static str, changed: Arc<Notify>, stream: S)
+/// Drives a reflector's stream: every event wakes the reconcile loop, and the end of the
+/// first listing (`InitDone`, after the reflector has filled its store) calls `on_listed`.
+fn spawn_watch<K, S>(what: &'static str, changed: Arc<Notify>, on_listed: impl Fn() + Send + 'static, stream: S)
 where
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     K: Send + 'static,
@@ -466,7 +500,12 @@ where
         let mut stream = std::pin::pin!(stream);
         loop {
             match stream.try_next().await {
-                Ok(Some(_)) => changed.notify_one(),
+                Ok(Some(event)) => {
+                    if matches!(event, watcher::Event::InitDone) {
+                        on_listed();
+                    }
+                    changed.notify_one();
+                }
                 Ok(None) => break,
                 // The backoff inside the stream retries; say what is failing.
                 Err(e) => warn!(watch = what, error = %e, "watch failed; retrying"),

@@ -124,7 +124,6 @@ fn init_logs(args: &RunArgs) -> anyhow::Result<()> {
 struct HttpState {
     registry: Registry,
     controller: Arc<Controller>,
-    synced: Arc<std::sync::atomic::AtomicBool>,
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -175,16 +174,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         });
     }
 
-    let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    {
-        let controller = controller.clone();
-        let synced = synced.clone();
-        tokio::spawn(async move {
-            controller.wait_until_synced().await;
-            synced.store(true, std::sync::atomic::Ordering::Relaxed);
-        });
-    }
-    let http_state = Arc::new(HttpState { registry, controller: controller.clone(), synced });
+    let http_state = Arc::new(HttpState { registry, controller: controller.clone() });
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -225,8 +215,7 @@ async fn metrics_handler(State(state): State<Arc<HttpState>>) -> impl IntoRespon
 }
 
 async fn ready_handler(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
-    let _ = &state.controller;
-    if state.synced.load(std::sync::atomic::Ordering::Relaxed) {
+    if state.controller.is_synced() {
         (StatusCode::OK, "ok\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "watch caches are not synced yet\n")

@@ -517,6 +517,51 @@ where
     wait_for(limit, check).await.unwrap_or_else(|| panic!("timed out after {limit:?} waiting for {what}"))
 }
 
+/// The HTTP probes a container declares, as (probe, path). Each probe's port must be the
+/// one the binary serves on: a named port is resolved through the container's ports and
+/// must equal the port of its `--listen` flag, as the kubelet would resolve it.
+fn http_probes(container: &Value) -> Vec<(&'static str, String)> {
+    let listen_port: u64 = strings(&container["args"])
+        .iter()
+        .find_map(|a| a.strip_prefix("--listen=")?.rsplit_once(':')?.1.parse().ok())
+        .expect("the container's args set --listen=<host>:<port>");
+    let mut probes = Vec::new();
+    for kind in ["livenessProbe", "readinessProbe", "startupProbe"] {
+        let probe = &container[kind];
+        if probe.is_null() {
+            continue;
+        }
+        let get = &probe["httpGet"];
+        let port = match &get["port"] {
+            Value::Number(n) => n.as_u64().unwrap(),
+            Value::String(name) => container["ports"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .find(|p| p["name"].as_str() == Some(name))
+                .and_then(|p| p["containerPort"].as_u64())
+                .unwrap_or_else(|| panic!("{kind}: the container has no port named {name}")),
+            other => panic!("{kind}: not an HTTP probe with a port: {other:?}"),
+        };
+        assert_eq!(port, listen_port, "{kind} probes port {port}; the binary listens on {listen_port}");
+        probes.push((kind, get["path"].as_str().expect("an httpGet path").to_owned()));
+    }
+    let kinds: Vec<&str> = probes.iter().map(|(k, _)| *k).collect();
+    assert!(kinds.contains(&"livenessProbe") && kinds.contains(&"readinessProbe"), "probes: {kinds:?}");
+    probes
+}
+
+/// Every probe the chart declares for `container` answers 200 from the binary at `addr`
+/// (the binary runs as the chart runs it, its `--listen` moved to `addr`).
+async fn assert_probes_pass(what: &str, container: &Value, addr: SocketAddr) {
+    for (kind, path) in http_probes(container) {
+        wait(&format!("{what}: the chart's {kind} ({path}) to answer 200"), Duration::from_secs(60), || async {
+            (http_get(addr, &path)?.0 == 200).then_some(())
+        })
+        .await;
+    }
+}
+
 /// `helm install` on the control plane; then the operator (two replicas) and an agent,
 /// run from the installed manifests as the chart's ServiceAccounts, do their whole job
 /// with exactly the chart's RBAC, and nothing outside it.
@@ -639,6 +684,11 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     };
     let leader = wait("a leader", Duration::from_secs(60), holder).await;
     assert!(replicas.iter().any(|(name, _)| *name == leader), "leader {leader}");
+    // Every replica, leader or standby, passes the probes the kubelet will run: without
+    // that, `helm install --wait` hangs and the PodDisruptionBudget blocks node drains.
+    for (name, (_, addr)) in &replicas {
+        assert_probes_pass(&format!("operator {name}"), &operator_container, *addr).await;
+    }
 
     // The agent, as the DaemonSet runs it: it follows and acknowledges its ConfigMap.
     let agent_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
@@ -663,6 +713,7 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         (a.get(APPLIED_HASH_ANNOTATION) == Some(&first_hash)).then_some(())
     })
     .await;
+    assert_probes_pass("agent", &agent_container, agent_addr).await;
     wait("Ready with the node applied", Duration::from_secs(60), || async {
         let status = configs.get(&default_config).await.ok()?.status?;
         let ready = status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
