@@ -44,6 +44,7 @@ use std::collections::BTreeSet;
 
 use crate::{
     crd::{CloudWatchMetric, Dimension, NeuronMonitorConfigSpec},
+    hardware::InstanceType,
     monitor_config::{RuntimeGroup, SystemGroup},
 };
 
@@ -317,21 +318,9 @@ impl NodeFacts {
     }
 }
 
-/// (devices, cores per device as neuron-monitor counts them) of the Neuron instance types.
+/// (devices, cores per device as neuron-monitor counts them) of a Neuron instance type.
 pub fn instance_type_layout(instance_type: &str) -> Option<(u32, u32)> {
-    Some(match instance_type {
-        "inf1.xlarge" | "inf1.2xlarge" => (1, 4),
-        "inf1.6xlarge" => (4, 4),
-        "inf1.24xlarge" => (16, 4),
-        "inf2.xlarge" | "inf2.8xlarge" => (1, 2),
-        "inf2.24xlarge" => (6, 2),
-        "inf2.48xlarge" => (12, 2),
-        "trn1.2xlarge" => (1, 2),
-        "trn1.32xlarge" | "trn1n.32xlarge" => (16, 2),
-        // Logical cores (the default LNC=2 pairs the 8 physical cores of a device).
-        "trn2.48xlarge" | "trn2u.48xlarge" => (16, 4),
-        _ => return None,
-    })
+    InstanceType::lookup(instance_type).map(|t| (t.devices, t.cores_per_device))
 }
 
 /// NeuronCores of an instance type, from the table.

@@ -1,5 +1,6 @@
 //! Types shared by the operator and the node agent. No I/O lives here.
 //!
+//! - [`hardware`]: the Neuron instance types and the device plugin's resources.
 //! - [`duration`]: the `"500ms"` / `"5s"` / `"2m"` strings neuron-monitor uses.
 //! - [`monitor_config`]: the neuron-monitor configuration file (`neuron-monitor -c FILE`).
 //! - [`report`]: one NDJSON document that neuron-monitor writes per refresh.
@@ -8,6 +9,7 @@
 pub mod cloudwatch_cost;
 pub mod crd;
 pub mod duration;
+pub mod hardware;
 pub mod monitor_config;
 pub mod node_config;
 pub mod report;

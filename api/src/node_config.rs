@@ -40,12 +40,12 @@ pub fn configmap_name(node: &str) -> String {
 
 /// A stable 64-bit FNV-1a hash, hex: identifies rendered content, not a security measure.
 pub fn content_hash(bytes: &[u8]) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        hash ^= u64::from(*b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    format!("{hash:016x}")
+    format!("{:016x}", fnv1a(bytes))
+}
+
+/// FNV-1a, 64 bits: stable across releases and platforms (std's hasher is not).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

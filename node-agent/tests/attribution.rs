@@ -96,7 +96,7 @@ fn start_agent(cp: &ControlPlane, scene: &Scene, socket: &Path) -> Agent {
         "--pod-label",
         "app",
     ];
-    Agent::start_with_env(support::SIM, APPS, &args, &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))])
+    Agent::start_with_env(support::sim(), APPS, &args, &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))])
 }
 
 #[test]

@@ -22,7 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{free_port, tool, Agent, TempDir, SIM};
+use super::{free_port, sim, tool, Agent, TempDir};
 
 // --- CBOR ---------------------------------------------------------------------------
 
@@ -909,7 +909,7 @@ fn spawn_agent(
     args: &[&str],
     env: &[(&str, &std::ffi::OsStr)],
 ) -> Agent {
-    Agent::start_configured(SIM, sim_args, args, |command, state_dir| {
+    Agent::start_configured(sim(), sim_args, args, |command, state_dir| {
         if let Some(node_config) = node_config {
             let config_path = state_dir.join("node-config.json");
             std::fs::write(&config_path, serde_json::to_vec_pretty(node_config).expect("json"))

@@ -17,7 +17,13 @@ use std::{
 };
 
 pub const AGENT: &str = env!("CARGO_BIN_EXE_neuron-node-agent");
-pub const SIM: &str = env!("CARGO_BIN_EXE_neuron-monitor-sim");
+
+/// The simulator binary. It is a crate of its own, so cargo does not build it for these
+/// tests: `cargo build --workspace --bins` (as tests/run.sh does) first.
+pub fn sim() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| neuron_e2e::workspace_bin("neuron-monitor-sim").display().to_string())
+}
 
 pub fn fixture_path(name: &str) -> PathBuf {
     let dir = std::env::var("NEURON_FIXTURES")
@@ -54,7 +60,7 @@ pub struct Agent {
 impl Agent {
     /// Starts the agent on the simulator with `sim_args` and the extra agent `args`.
     pub fn start(sim_args: &[&str], args: &[&str]) -> Agent {
-        Self::start_with(SIM, sim_args, args)
+        Self::start_with(sim(), sim_args, args)
     }
 
     pub fn start_with(monitor: &str, monitor_args: &[&str], args: &[&str]) -> Agent {

@@ -3,9 +3,11 @@
 //! applications and injectable faults. See `--help`.
 //!
 //! - [`scenario`]: the `--app` specs and the simulated host's applications.
-//! - [`hardware`]: instance types, `instance_info` and `neuron_hardware_info`.
+//! - [`hardware`]: the instance type (from `api`'s table), `instance_info` and
+//!   `neuron_hardware_info`.
 //! - [`schedule`]: the `-c` configuration as a schedule of groups over time.
-//! - [`document`]: the report format and the values written into it.
+//! - [`wire`]: the report document as neuron-monitor writes it.
+//! - [`document`]: the values written into it, tick by tick.
 //! - [`faults`]: garbage, truncated and oversized lines, exit and hang.
 //! - [`replay`]: `--replay FILE` instead of generated documents.
 
@@ -15,6 +17,7 @@ mod hardware;
 mod replay;
 mod scenario;
 mod schedule;
+mod wire;
 
 use std::collections::HashMap;
 use std::fs;
@@ -31,7 +34,6 @@ use clap::Parser;
 
 use crate::document::{Generator, Refresh};
 use crate::faults::{Emitter, Faults, Next};
-use crate::hardware::InstanceType;
 use crate::scenario::{parse_app_spec, GroupName, Scenario, DEFAULT_APP};
 use crate::schedule::Plan;
 
@@ -187,7 +189,7 @@ impl Args {
     }
 
     fn scenario(&self) -> Result<Scenario> {
-        let instance = InstanceType::lookup(&self.instance_type)?;
+        let instance = hardware::lookup(&self.instance_type)?;
         let mut specs = Vec::new();
         for (i, spec) in self.apps.iter().filter(|s| !s.trim().is_empty()).enumerate() {
             specs.push(parse_app_spec(spec).with_context(|| format!("--app #{}", i + 1))?);

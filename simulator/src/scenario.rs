@@ -98,7 +98,7 @@ impl Scenario {
         group_errors: Vec<GroupName>,
         ecc_every: Option<u64>,
     ) -> Result<Scenario> {
-        let host_cores = instance.core_count();
+        let host_cores = instance.cores();
         let mut apps: Vec<App> = Vec::with_capacity(specs.len());
         for (i, spec) in specs.into_iter().enumerate() {
             let n = i + 1;
@@ -236,9 +236,10 @@ fn parse_number(key: &str, value: &str) -> Result<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hardware;
 
     fn trn1_32() -> InstanceType {
-        InstanceType::lookup("trn1.32xlarge").unwrap()
+        hardware::lookup("trn1.32xlarge").unwrap()
     }
 
     fn error_of(spec: &str) -> String {
@@ -299,7 +300,7 @@ mod tests {
     fn refuses_cores_the_host_does_not_have_or_shares() {
         let on = |specs: &[&str], t: &str| {
             let specs = specs.iter().map(|s| parse_app_spec(s).unwrap()).collect();
-            let instance = InstanceType::lookup(t).unwrap();
+            let instance = hardware::lookup(t).unwrap();
             Scenario::new(instance, "us-west-2".into(), specs, vec![], None).map(|_| ()).map_err(|e| e.to_string())
         };
         let err = on(&["tag=a,cores=2,util=5"], "trn1.2xlarge").unwrap_err();

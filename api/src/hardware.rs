@@ -1,0 +1,109 @@
+//! Neuron hardware facts shared by the operator, the agent and the simulator: the
+//! device plugin's extended resources and the Neuron instance types. One table: the
+//! cost estimate, the simulator and the bounds on what a report may claim all read it.
+
+/// The Neuron device plugin's extended resources: host cores, devices, and devices
+/// again under the older name.
+pub const NEURONCORE_RESOURCE: &str = "aws.amazon.com/neuroncore";
+pub const NEURONDEVICE_RESOURCE: &str = "aws.amazon.com/neurondevice";
+pub const NEURON_RESOURCE: &str = "aws.amazon.com/neuron";
+pub const NEURON_RESOURCES: [&str; 3] = [NEURONCORE_RESOURCE, NEURONDEVICE_RESOURCE, NEURON_RESOURCE];
+
+/// Chip generation of an instance type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Generation {
+    Inferentia,
+    Inferentia2,
+    Trainium,
+    Trainium2,
+}
+
+/// One EC2 instance type with Neuron devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InstanceType {
+    pub name: &'static str,
+    pub devices: u32,
+    /// Cores per device as neuron-monitor counts them: logical cores on trn2, whose
+    /// default (LNC=2) pairs the 8 physical cores of a device into 4.
+    pub cores_per_device: u32,
+    pub vcpus: u32,
+    pub memory_gib: u64,
+    pub generation: Generation,
+}
+
+impl InstanceType {
+    /// The table's entry for an instance type name (`node.kubernetes.io/instance-type`).
+    pub fn lookup(name: &str) -> Option<&'static InstanceType> {
+        INSTANCE_TYPES.iter().find(|t| t.name == name)
+    }
+
+    pub const fn cores(&self) -> u32 {
+        self.devices * self.cores_per_device
+    }
+
+    /// The device holding a host core index.
+    pub const fn device_of(&self, core: u32) -> u32 {
+        core / self.cores_per_device
+    }
+}
+
+const fn instance(
+    name: &'static str,
+    devices: u32,
+    cores_per_device: u32,
+    vcpus: u32,
+    memory_gib: u64,
+    generation: Generation,
+) -> InstanceType {
+    InstanceType { name, devices, cores_per_device, vcpus, memory_gib, generation }
+}
+
+use Generation::{Inferentia, Inferentia2, Trainium, Trainium2};
+
+/// The Neuron instance types (the reference's hardware table), with their EC2 vCPUs and memory.
+pub const INSTANCE_TYPES: [InstanceType; 13] = [
+    instance("inf1.xlarge", 1, 4, 4, 8, Inferentia),
+    instance("inf1.2xlarge", 1, 4, 8, 16, Inferentia),
+    instance("inf1.6xlarge", 4, 4, 24, 48, Inferentia),
+    instance("inf1.24xlarge", 16, 4, 96, 192, Inferentia),
+    instance("inf2.xlarge", 1, 2, 4, 16, Inferentia2),
+    instance("inf2.8xlarge", 1, 2, 32, 128, Inferentia2),
+    instance("inf2.24xlarge", 6, 2, 96, 384, Inferentia2),
+    instance("inf2.48xlarge", 12, 2, 192, 768, Inferentia2),
+    instance("trn1.2xlarge", 1, 2, 8, 32, Trainium),
+    instance("trn1.32xlarge", 16, 2, 128, 512, Trainium),
+    instance("trn1n.32xlarge", 16, 2, 128, 512, Trainium),
+    instance("trn2.48xlarge", 16, 4, 192, 2048, Trainium2),
+    instance("trn2u.48xlarge", 16, 4, 192, 2048, Trainium2),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_matches_the_reference() {
+        let shape = |n: &str| {
+            let t = InstanceType::lookup(n).unwrap();
+            (t.devices, t.cores_per_device, t.vcpus)
+        };
+        assert_eq!(shape("inf1.xlarge"), (1, 4, 4));
+        assert_eq!(shape("inf1.24xlarge"), (16, 4, 96));
+        assert_eq!(shape("inf2.xlarge"), (1, 2, 4));
+        assert_eq!(shape("inf2.48xlarge"), (12, 2, 192));
+        assert_eq!(shape("trn1.2xlarge"), (1, 2, 8));
+        assert_eq!(shape("trn1.32xlarge"), (16, 2, 128));
+        assert_eq!(shape("trn1n.32xlarge"), (16, 2, 128));
+        assert_eq!(shape("trn2.48xlarge"), (16, 4, 192));
+        assert_eq!(shape("trn2u.48xlarge"), (16, 4, 192));
+        assert_eq!(InstanceType::lookup("p4d.24xlarge"), None);
+    }
+
+    #[test]
+    fn names_are_unique() {
+        let mut names: Vec<&str> = INSTANCE_TYPES.iter().map(|t| t.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), INSTANCE_TYPES.len());
+    }
+}
