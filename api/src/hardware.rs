@@ -9,6 +9,10 @@ pub const NEURONDEVICE_RESOURCE: &str = "aws.amazon.com/neurondevice";
 pub const NEURON_RESOURCE: &str = "aws.amazon.com/neuron";
 pub const NEURON_RESOURCES: [&str; 3] = [NEURONCORE_RESOURCE, NEURONDEVICE_RESOURCE, NEURON_RESOURCE];
 
+/// Instance-type prefixes of the Neuron families (every type of [`INSTANCE_TYPES`]
+/// starts with one; a test checks it).
+pub const NEURON_INSTANCE_FAMILIES: [&str; 6] = ["inf1.", "inf2.", "trn1.", "trn1n.", "trn2.", "trn2u."];
+
 /// Chip generation of an instance type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Generation {
@@ -97,6 +101,13 @@ mod tests {
         assert_eq!(shape("trn2.48xlarge"), (16, 4, 192));
         assert_eq!(shape("trn2u.48xlarge"), (16, 4, 192));
         assert_eq!(InstanceType::lookup("p4d.24xlarge"), None);
+    }
+
+    #[test]
+    fn every_type_is_of_a_listed_family() {
+        for t in INSTANCE_TYPES {
+            assert!(NEURON_INSTANCE_FAMILIES.iter().any(|f| t.name.starts_with(f)), "{}", t.name);
+        }
     }
 
     #[test]

@@ -62,7 +62,7 @@ struct RunArgs {
         long,
         env = "NEURON_NODE_RESOURCES",
         value_delimiter = ',',
-        default_value = "aws.amazon.com/neuroncore,aws.amazon.com/neurondevice,aws.amazon.com/neuron"
+        default_values_t = api::hardware::NEURON_RESOURCES.map(String::from)
     )]
     neuron_resources: Vec<String>,
 
@@ -72,7 +72,7 @@ struct RunArgs {
         long,
         env = "NEURON_NODE_INSTANCE_TYPES",
         value_delimiter = ',',
-        default_value = "inf1.,inf2.,trn1.,trn1n.,trn2.,trn2u."
+        default_values_t = api::hardware::NEURON_INSTANCE_FAMILIES.map(String::from)
     )]
     neuron_instance_types: Vec<String>,
 

@@ -4,7 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use api::cloudwatch_cost::NodeFacts;
+use api::{
+    cloudwatch_cost::NodeFacts,
+    hardware::{NEURONCORE_RESOURCE, NEURONDEVICE_RESOURCE, NEURON_INSTANCE_FAMILIES, NEURON_RESOURCES},
+};
 use k8s_openapi::api::core::v1::Node;
 
 /// Instance-type labels, current and legacy.
@@ -30,10 +33,8 @@ pub struct NeuronNodePolicy {
 impl Default for NeuronNodePolicy {
     fn default() -> Self {
         NeuronNodePolicy {
-            resources: ["aws.amazon.com/neuroncore", "aws.amazon.com/neurondevice", "aws.amazon.com/neuron"]
-                .map(String::from)
-                .to_vec(),
-            instance_type_prefixes: ["inf1.", "inf2.", "trn1.", "trn1n.", "trn2.", "trn2u."].map(String::from).to_vec(),
+            resources: NEURON_RESOURCES.map(String::from).to_vec(),
+            instance_type_prefixes: NEURON_INSTANCE_FAMILIES.map(String::from).to_vec(),
         }
     }
 }
@@ -91,8 +92,8 @@ pub fn facts(node: &Node) -> NodeFacts {
         quantity.0.parse::<u32>().ok().filter(|n| *n > 0)
     };
     NodeFacts {
-        cores: capacity("aws.amazon.com/neuroncore").unwrap_or(table.cores),
-        devices: capacity("aws.amazon.com/neurondevice").unwrap_or(table.devices),
+        cores: capacity(NEURONCORE_RESOURCE).unwrap_or(table.cores),
+        devices: capacity(NEURONDEVICE_RESOURCE).unwrap_or(table.devices),
         instance_type,
         availability_zone: labels.get("topology.kubernetes.io/zone").cloned(),
     }

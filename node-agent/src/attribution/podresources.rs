@@ -67,9 +67,9 @@ pub mod proto {
 }
 
 /// Extended resources of the Neuron device plugin.
-pub const NEURONCORE: &str = "aws.amazon.com/neuroncore";
-pub const NEURONDEVICE: &str = "aws.amazon.com/neurondevice";
-pub const NEURON: &str = "aws.amazon.com/neuron";
+pub use api::hardware::{
+    NEURONCORE_RESOURCE as NEURONCORE, NEURONDEVICE_RESOURCE as NEURONDEVICE, NEURON_RESOURCE as NEURON,
+};
 
 /// A response larger than this is refused (a node with hundreds of pods and CPU sets
 /// stays far below).
