@@ -1,12 +1,16 @@
-//! Types shared by the operator and the node agent. No I/O lives here.
+//! Types and rules shared by the operator, the node agent and the simulator. No I/O lives
+//! here. In the order the data flows:
 //!
+//! - [`crd`]: the NeuronMonitorConfig resource users apply (spec, status, schema rules).
 //! - [`hardware`]: the Neuron instance types and the device plugin's resources.
 //! - [`duration`]: the `"500ms"` / `"5s"` / `"2m"` strings neuron-monitor uses.
 //! - [`monitor_config`]: the neuron-monitor configuration file (`neuron-monitor -c FILE`).
+//! - [`node_config`]: what the operator renders for one node (the monitor configuration and
+//!   the routes), its ConfigMap's names and the content hash.
 //! - [`report`]: one NDJSON document that neuron-monitor writes per refresh.
-//! - [`cloudwatch_cost`]: the CloudWatch metric catalogue and the cost estimate of a config.
+//! - [`cloudwatch`]: the CloudWatch metric catalogue, the sink rules, the cost estimate.
 
-pub mod cloudwatch_cost;
+pub mod cloudwatch;
 pub mod crd;
 pub mod duration;
 pub mod hardware;

@@ -323,7 +323,7 @@ fn default_set_on_a_trn1_32xlarge_takes_at_most_2_requests_per_flush() {
     // stands in for PodName, which needs attribution.
     let mut per_app = default.clone();
     per_app.namespace = "PerApp/Neuron".to_owned();
-    let mut set = api::cloudwatch_cost::DEFAULT_DIMENSIONS.to_vec();
+    let mut set = api::cloudwatch::catalogue::DEFAULT_DIMENSIONS.to_vec();
     set.push(Dimension::RuntimeTag);
     per_app.dimensions = Some(set);
     let config =

@@ -14,7 +14,7 @@ use std::{
 };
 
 use api::{
-    cloudwatch_cost::{self, CostEstimate, NodeFacts},
+    cloudwatch::cost::{self, CostEstimate, NodeFacts},
     crd::{NeuronMonitorConfig, NeuronMonitorConfigStatus},
     node_config::{
         configmap_name, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION, MANAGED_LABEL, MONITOR_CONFIG_KEY,
@@ -303,7 +303,7 @@ impl Controller {
                 .then(|| {
                     let matched: Vec<NodeFacts> =
                         rendering.matched_node_names(&key).filter_map(|n| facts.get(n).cloned()).collect();
-                    cloudwatch_cost::estimate(&config.spec, key.namespace == self.namespace, &matched)
+                    cost::estimate(&config.spec, key.namespace == self.namespace, &matched)
                 })
                 .flatten();
             let outcome = Outcome {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use api::{
-    cloudwatch_cost::NodeFacts,
+    cloudwatch::cost::NodeFacts,
     hardware::{NEURONCORE_RESOURCE, NEURONDEVICE_RESOURCE, NEURON_INSTANCE_FAMILIES, NEURON_RESOURCES},
 };
 use k8s_openapi::api::core::v1::Node;

@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Mutex, PoisonError};
 
+use api::cloudwatch::sink::SinkSettings;
 use api::crd::{CloudWatchSinkSpec, NeuronMonitorConfig, PrometheusSinkSpec, SystemMetricsSpec};
 use api::duration::Period;
 use api::monitor_config::{RuntimeGroup, SystemGroup, DEFAULT_PERIOD};
@@ -541,36 +542,9 @@ fn prometheus_route(spec: Option<&PrometheusSinkSpec>) -> Result<Option<Promethe
 
 fn check_cloudwatch(spec: &CloudWatchSinkSpec) -> Result<(), Invalid> {
     let field = "spec.sinks.cloudwatch";
-    let ns = &spec.namespace;
-    let ns_chars_ok =
-        ns.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '/' | '#' | ':' | ' ' | '-'));
-    if ns.is_empty() || ns.len() > 255 || !ns_chars_ok {
-        return Err(Invalid::new(
-            format!("{field}.namespace"),
-            "must be 1 to 255 characters of A-Z a-z 0-9 . _ / # : - and space",
-        ));
-    }
-    if ns.starts_with("AWS/") {
-        return Err(Invalid::new(
-            format!("{field}.namespace"),
-            "namespaces starting with AWS/ are reserved for AWS services",
-        ));
-    }
-    if let Some(region) = &spec.region {
-        if !is_region(region) {
-            return Err(Invalid::new(
-                format!("{field}.region"),
-                format!("{region:?} is not an AWS region name such as us-east-1"),
-            ));
-        }
-    }
-    if let Some(resolution) = spec.storage_resolution {
-        if resolution != 1 && resolution != 60 {
-            return Err(Invalid::new(format!("{field}.storageResolution"), "storage resolution is 1 or 60 seconds"));
-        }
-    }
-    parse_period(spec.flush_interval.as_deref(), &format!("{field}.flushInterval"))?;
-    // CloudWatch refuses a datum with a dimension twice or more than 30 dimensions.
+    // The rules the agent applies too; then what only a list in the spec can get wrong.
+    SinkSettings::check(spec).map_err(|e| Invalid::new(format!("{field}.{}", e.field), e.reason))?;
+    // A dimension listed twice, or more than CloudWatch takes.
     if let Some(dimensions) = &spec.dimensions {
         check_set(dimensions, 30, &format!("{field}.dimensions"))?;
     }
@@ -598,17 +572,6 @@ fn check_set<T: Ord + fmt::Debug>(items: &[T], max: usize, field: &str) -> Resul
         }
     }
     Ok(())
-}
-
-/// `^[a-z]{2}(-[a-z]+)+-[0-9]+$`, as the schema says.
-fn is_region(region: &str) -> bool {
-    let parts: Vec<&str> = region.split('-').collect();
-    let lower = |s: &&str| !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase());
-    region.len() <= 32
-        && parts.len() >= 3
-        && parts[0].len() == 2
-        && parts[..parts.len() - 1].iter().all(lower)
-        && parts.last().is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
 }
 
 /// A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63

@@ -23,13 +23,16 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use api::{cloudwatch_cost::dimension_sets, crd::CloudWatchSinkSpec, duration::Period, node_config::Route};
+use api::{
+    cloudwatch::sink::{valid_region, SinkSettings},
+    node_config::Route,
+};
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use self::{
-    datum::{Accumulator, MAX_DIMENSIONS},
+    datum::Accumulator,
     metrics::{CloudWatchMetrics, SinkLabel, SinkReasonLabels},
     publish::{Backoff, Queue, Target},
     select::{AgentDimensions, View},
@@ -51,103 +54,6 @@ pub struct Options {
     pub request_timeout: Duration,
     /// Time the final flush gets on shutdown.
     pub shutdown_timeout: Duration,
-}
-
-/// A sink's settings, checked.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Settings {
-    pub namespace: String,
-    /// `None`: the instance's region, from the reports.
-    pub region: Option<String>,
-    pub dimension_sets: Vec<Vec<api::crd::Dimension>>,
-    pub storage_resolution: i32,
-    pub flush_interval: Duration,
-}
-
-/// Why a sink is left out; the `reason` label.
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum Invalid {
-    #[error("namespace {0:?} is not a CloudWatch namespace (1-255 of A-Z a-z 0-9 . _ / # : - and space, not AWS/…)")]
-    Namespace(String),
-    #[error("region {0:?} is not a region name such as us-west-2")]
-    Region(String),
-    #[error("storage resolution {0} is neither 1 nor 60")]
-    Resolution(i32),
-    #[error("flush interval {0:?}: {1}")]
-    FlushInterval(String, String),
-    #[error("a dimension set has {0} dimensions, more than 29 (one is kept for the metric's own split)")]
-    Dimensions(usize),
-}
-
-impl Invalid {
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Invalid::Namespace(_) => "namespace",
-            Invalid::Region(_) => "region",
-            Invalid::Resolution(_) => "resolution",
-            Invalid::FlushInterval(..) => "flush_interval",
-            Invalid::Dimensions(_) => "dimensions",
-        }
-    }
-}
-
-impl Settings {
-    pub const DEFAULT_FLUSH: Duration = Duration::from_secs(60);
-
-    pub fn from_spec(spec: &CloudWatchSinkSpec) -> Result<Settings, Invalid> {
-        if !valid_namespace(&spec.namespace) {
-            return Err(Invalid::Namespace(spec.namespace.clone()));
-        }
-        if let Some(region) = spec.region.as_deref().filter(|r| !valid_region(r)) {
-            return Err(Invalid::Region(region.to_owned()));
-        }
-        let storage_resolution = spec.storage_resolution.unwrap_or(60);
-        if storage_resolution != 1 && storage_resolution != 60 {
-            return Err(Invalid::Resolution(storage_resolution));
-        }
-        let flush_interval = match &spec.flush_interval {
-            None => Self::DEFAULT_FLUSH,
-            Some(text) => {
-                let period: Period = text
-                    .parse()
-                    .map_err(|e: api::duration::PeriodError| Invalid::FlushInterval(text.clone(), e.to_string()))?;
-                let d = period.as_duration();
-                if d < Duration::from_secs(1) || d > Duration::from_secs(3600) {
-                    return Err(Invalid::FlushInterval(text.clone(), "must be from 1s to 1h".to_owned()));
-                }
-                d
-            }
-        };
-        let sets = dimension_sets(spec.dimensions.as_deref(), spec.rollups.as_deref());
-        if let Some(big) = sets.iter().map(Vec::len).find(|n| *n >= MAX_DIMENSIONS) {
-            return Err(Invalid::Dimensions(big));
-        }
-        Ok(Settings {
-            namespace: spec.namespace.clone(),
-            region: spec.region.clone(),
-            dimension_sets: sets,
-            storage_resolution,
-            flush_interval,
-        })
-    }
-}
-
-/// CloudWatch's namespace rule (and the CRD's): 1-255 characters of `A-Za-z0-9._/#:-`
-/// and space, not starting with `AWS/`.
-pub fn valid_namespace(ns: &str) -> bool {
-    (1..=255).contains(&ns.len())
-        && !ns.starts_with("AWS/")
-        && ns.chars().all(|c| c.is_ascii_alphanumeric() || "._/#: -".contains(c))
-}
-
-/// A region name as the CRD accepts it: `^[a-z]{2}(-[a-z]+)+-[0-9]+$`.
-pub fn valid_region(region: &str) -> bool {
-    let parts: Vec<&str> = region.split('-').collect();
-    parts.len() >= 3
-        && region.len() <= 32
-        && parts[0].len() == 2
-        && parts[..parts.len() - 1].iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase()))
-        && parts.last().is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// What the sampling side and the sending side of one sink share.
@@ -230,10 +136,10 @@ impl Sinks {
                 continue;
             }
             let Some(spec) = &route.cloudwatch else { continue };
-            let settings = match Settings::from_spec(spec) {
+            let settings = match SinkSettings::check(spec) {
                 Ok(s) => s,
                 Err(e) => {
-                    let labels = SinkReasonLabels { sink: route.config.clone(), reason: e.reason() };
+                    let labels = SinkReasonLabels { sink: route.config.clone(), reason: e.field };
                     self.metrics.invalid.get_or_create(&labels).set(1);
                     warn!(sink = %route.config, error = %e, "CloudWatch sink left out: invalid settings");
                     continue;
@@ -243,7 +149,7 @@ impl Sinks {
         }
     }
 
-    fn start(&self, route: &Route, runtimes: &[RuntimeEntry], settings: Settings, fresh: bool) -> Running {
+    fn start(&self, route: &Route, runtimes: &[RuntimeEntry], settings: SinkSettings, fresh: bool) -> Running {
         let name = route.config.clone();
         let view = View::new(route, runtimes, &self.options.agent, settings.dimension_sets.clone(), fresh);
         let queue = Arc::new(Queue::new(name.clone(), self.options.queue_datums, self.metrics.clone()));
@@ -270,7 +176,7 @@ async fn stop(sink: Running) {
 }
 
 /// Moves what was collected into the queue.
-fn flush(shared: &Shared, settings: &Settings, metrics: &CloudWatchMetrics) {
+fn flush(shared: &Shared, settings: &SinkSettings, metrics: &CloudWatchMetrics) {
     let datums = {
         let mut collect = shared.collect.lock().unwrap_or_else(|p| p.into_inner());
         if collect.1.is_empty() {
@@ -285,7 +191,7 @@ fn flush(shared: &Shared, settings: &Settings, metrics: &CloudWatchMetrics) {
 /// Flushes every interval; sends from a task of its own once the region is known.
 async fn run_sink(
     shared: Arc<Shared>,
-    settings: Settings,
+    settings: SinkSettings,
     options: Options,
     metrics: CloudWatchMetrics,
     stop: CancellationToken,
@@ -326,7 +232,7 @@ async fn run_sink(
 /// The sending task, once the region is known; `None` until then (the data waits).
 async fn start_sender(
     shared: &Arc<Shared>,
-    settings: &Settings,
+    settings: &SinkSettings,
     options: &Options,
     metrics: &CloudWatchMetrics,
     stop: &CancellationToken,

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 
 use api::{
-    cloudwatch_cost::{applies, dimension_name, shape_of, MetricShape, LATENCY_PERCENTILES},
+    cloudwatch::catalogue::{applies, dimension_name, shape_of, MetricShape, LATENCY_PERCENTILES},
     crd::{CloudWatchMetric, Dimension},
     monitor_config::{RuntimeGroup, SystemGroup},
     node_config::Route,
@@ -76,7 +76,7 @@ impl View {
         fresh: bool,
     ) -> Self {
         let allowed = route.cloudwatch.as_ref().and_then(|c| c.metrics.clone());
-        let metrics = api::cloudwatch_cost::CATALOGUE
+        let metrics = api::cloudwatch::catalogue::CATALOGUE
             .iter()
             .filter(|s| allowed.as_ref().is_none_or(|a| a.contains(&s.metric)))
             .collect();

@@ -1,7 +1,7 @@
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use api::{
-    cloudwatch_cost::Unit,
+    cloudwatch::catalogue::Unit,
     crd::{CloudWatchMetric, CloudWatchSinkSpec, Dimension},
     monitor_config::{RuntimeGroup, SystemGroup},
     node_config::{NodeConfig, Route, RouteRuntimes},
@@ -12,7 +12,7 @@ use super::{
     datum::{split, Accumulator, Datum, MetricKey, Values, MAX_DATUMS_PER_REQUEST, MAX_REQUEST_BYTES},
     publish::{classify_service, to_sdk, Backoff},
     select::{AgentDimensions, View},
-    valid_namespace, valid_region, Invalid, Settings,
+    SinkSettings,
 };
 use crate::{
     routing::Routing,
@@ -43,7 +43,7 @@ fn route(namespace: Option<&str>, filter: Option<&str>, spec: CloudWatchSinkSpec
 fn sample(route: Route, state: &NodeState, agent: &AgentDimensions) -> Vec<Datum> {
     let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![route] }).unwrap();
     let (route, runtimes) = routing.cloudwatch_routes().next().unwrap();
-    let settings = Settings::from_spec(route.cloudwatch.as_ref().unwrap()).unwrap();
+    let settings = SinkSettings::check(route.cloudwatch.as_ref().unwrap()).unwrap();
     let mut view = View::new(route, runtimes, agent, settings.dimension_sets, true);
     let mut acc = Accumulator::default();
     view.sample(state, &mut acc);
@@ -180,33 +180,6 @@ fn backoff_grows_jittered_and_capped() {
 }
 
 #[test]
-fn settings_are_checked() {
-    assert!(valid_region("us-west-2") && valid_region("ap-southeast-1") && valid_region("us-gov-west-1"));
-    assert!(
-        !valid_region("mars") && !valid_region("US-WEST-2") && !valid_region("us-west-") && !valid_region("u-west-2")
-    );
-    assert!(
-        valid_namespace("Team A/Neuron#1")
-            && !valid_namespace("AWS/Neuron")
-            && !valid_namespace("")
-            && !valid_namespace("a|b")
-    );
-    let s = Settings::from_spec(&cw("Team/Neuron")).unwrap();
-    assert_eq!((s.storage_resolution, s.flush_interval, s.region.clone()), (60, Duration::from_secs(60), None));
-    assert_eq!(s.dimension_sets.len(), 1);
-    let bad = |f: fn(&mut CloudWatchSinkSpec)| {
-        let mut spec = cw("Team/Neuron");
-        f(&mut spec);
-        Settings::from_spec(&spec).unwrap_err()
-    };
-    assert_eq!(bad(|s| s.namespace = "AWS/EC2".into()).reason(), "namespace");
-    assert_eq!(bad(|s| s.region = Some("moon-1".into())).reason(), "region");
-    assert_eq!(bad(|s| s.storage_resolution = Some(5)), Invalid::Resolution(5));
-    assert_eq!(bad(|s| s.flush_interval = Some("500ms".into())).reason(), "flush_interval");
-    assert_eq!(bad(|s| s.flush_interval = Some("soon".into())).reason(), "flush_interval");
-}
-
-#[test]
 fn default_set_on_a_32_runtime_node_fits_one_request() {
     let state = state_of(TRN1N_32);
     let agent = AgentDimensions { cluster_name: Some("prod".into()), node_name: Some("ip-10-0-0-1".into()) };
@@ -297,7 +270,7 @@ fn counters_send_increases_since_the_previous_sample() {
     })
     .unwrap();
     let (r, runtimes) = routing.cloudwatch_routes().next().unwrap();
-    let sets = Settings::from_spec(r.cloudwatch.as_ref().unwrap()).unwrap().dimension_sets;
+    let sets = SinkSettings::check(r.cloudwatch.as_ref().unwrap()).unwrap().dimension_sets;
     let per_report: f64 = state.runtimes.iter().filter_map(|rt| rt.errors_total).map(|t| t.iter().sum::<f64>()).sum();
     assert!(per_report > 0.0, "the fixture has errors");
     let sum = |datums: Vec<Datum>| -> f64 {

@@ -1,5 +1,4 @@
-//! What a CloudWatch sink publishes, metric by metric, and what that costs: the catalogue
-//! the node agent builds its datums from, and the estimate the operator writes to
+//! What a config's CloudWatch sink costs: the estimate the operator writes to
 //! `status.estimatedCloudWatchMetrics` / `status.estimatedMonthlyCostUsd`. Pure: no I/O.
 //!
 //! # The estimate
@@ -40,248 +39,11 @@
 //! account's total, so a config priced alone from the first tier is priced at the
 //! highest rate — again an upper bound.
 
-use std::collections::BTreeSet;
-
+use super::catalogue::{applies, dimension_sets, published_metrics, Level};
 use crate::{
-    crd::{CloudWatchMetric, Dimension, NeuronMonitorConfigSpec},
+    crd::{Dimension, NeuronMonitorConfigSpec},
     hardware::InstanceType,
-    monitor_config::{RuntimeGroup, SystemGroup},
 };
-
-/// What a datum's value measures, as CloudWatch names the unit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unit {
-    Percent,
-    Bytes,
-    Seconds,
-    Count,
-}
-
-impl Unit {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Unit::Percent => "Percent",
-            Unit::Bytes => "Bytes",
-            Unit::Seconds => "Seconds",
-            Unit::Count => "Count",
-        }
-    }
-}
-
-/// The entity one series of a metric belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Level {
-    /// One series per core an application holds (NeuronCore, NeuronDevice apply).
-    Core,
-    /// One series per application and device it uses (NeuronDevice applies).
-    RuntimeDevice,
-    /// One series per application (neither NeuronCore nor NeuronDevice applies).
-    Runtime,
-    /// One series per device of the node, no application (node-level configs only).
-    NodeDevice,
-}
-
-/// How one CloudWatch metric is built.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MetricShape {
-    pub metric: CloudWatchMetric,
-    /// The name CloudWatch users of Neuron already see (Container Insights).
-    pub name: &'static str,
-    pub unit: Unit,
-    pub level: Level,
-    /// A dimension of the metric itself and the values it takes, e.g. `ErrorType`.
-    pub split: Option<(&'static str, &'static [&'static str])>,
-    /// The metric group it is read from; `None`: the system group below.
-    pub runtime_group: Option<RuntimeGroup>,
-    pub system_group: Option<SystemGroup>,
-}
-
-pub const ERROR_TYPES: [&str; 6] = ["generic", "numerical", "transient", "model", "runtime", "hardware"];
-pub const STATUS_TYPES: [&str; 6] =
-    ["completed", "completed_with_err", "completed_with_num_err", "timed_out", "incorrect_input", "failed_to_queue"];
-/// The latency percentiles published (of the 7 neuron-monitor reports): the median and the
-/// tail. Each one is a metric of its own, so each costs as much as any other metric.
-pub const LATENCY_PERCENTILES: [&str; 2] = ["p50", "p99"];
-pub const ECC_EVENT_TYPES: [&str; 4] =
-    ["mem_ecc_corrected", "mem_ecc_uncorrected", "sram_ecc_corrected", "sram_ecc_uncorrected"];
-
-const fn shape(
-    metric: CloudWatchMetric,
-    name: &'static str,
-    unit: Unit,
-    level: Level,
-    split: Option<(&'static str, &'static [&'static str])>,
-    runtime_group: Option<RuntimeGroup>,
-) -> MetricShape {
-    let system_group = if runtime_group.is_none() { Some(SystemGroup::NeuronHwCounters) } else { None };
-    MetricShape { metric, name, unit, level, split, runtime_group, system_group }
-}
-
-/// Every metric a sink can publish, in a fixed order.
-pub const CATALOGUE: [MetricShape; 11] = {
-    use CloudWatchMetric as M;
-    use Level::*;
-    use Unit::*;
-    let counters = Some(RuntimeGroup::NeuroncoreCounters);
-    let memory = Some(RuntimeGroup::MemoryUsed);
-    let stats = Some(RuntimeGroup::ExecutionStats);
-    [
-        shape(M::NeuroncoreUtilization, "neuroncore_utilization", Percent, Core, None, counters),
-        shape(M::NeuroncoreMemoryUsageConstants, "neuroncore_memory_usage_constants", Bytes, Core, None, memory),
-        shape(M::NeuroncoreMemoryUsageModelCode, "neuroncore_memory_usage_model_code", Bytes, Core, None, memory),
-        shape(
-            M::NeuroncoreMemoryUsageModelSharedScratchpad,
-            "neuroncore_memory_usage_model_shared_scratchpad",
-            Bytes,
-            Core,
-            None,
-            memory,
-        ),
-        shape(
-            M::NeuroncoreMemoryUsageRuntimeMemory,
-            "neuroncore_memory_usage_runtime_memory",
-            Bytes,
-            Core,
-            None,
-            memory,
-        ),
-        shape(M::NeuroncoreMemoryUsageTensors, "neuroncore_memory_usage_tensors", Bytes, Core, None, memory),
-        shape(
-            M::NeurondeviceRuntimeMemoryUsedBytes,
-            "neurondevice_runtime_memory_used_bytes",
-            Bytes,
-            RuntimeDevice,
-            None,
-            memory,
-        ),
-        shape(
-            M::NeuronExecutionErrors,
-            "neuron_execution_errors",
-            Count,
-            Runtime,
-            Some(("ErrorType", &ERROR_TYPES)),
-            stats,
-        ),
-        shape(
-            M::NeuronExecutionStatus,
-            "neuron_execution_status",
-            Count,
-            Runtime,
-            Some(("StatusType", &STATUS_TYPES)),
-            stats,
-        ),
-        shape(
-            M::NeuronExecutionLatency,
-            "neuron_execution_latency",
-            Seconds,
-            Runtime,
-            Some(("Percentile", &LATENCY_PERCENTILES)),
-            stats,
-        ),
-        shape(
-            M::NeurondeviceHwEccEvents,
-            "neurondevice_hw_ecc_events",
-            Count,
-            NodeDevice,
-            Some(("EventType", &ECC_EVENT_TYPES)),
-            None,
-        ),
-    ]
-};
-
-/// The shape of one metric.
-pub fn shape_of(metric: CloudWatchMetric) -> &'static MetricShape {
-    // Every variant is in the catalogue (a unit test checks it); the fallback is never used.
-    CATALOGUE.iter().find(|s| s.metric == metric).unwrap_or(&CATALOGUE[0])
-}
-
-/// The dimensions when the spec names none (the doc of `CloudWatchSinkSpec::dimensions`).
-pub const DEFAULT_DIMENSIONS: [Dimension; 7] = [
-    Dimension::ClusterName,
-    Dimension::NodeName,
-    Dimension::NeuronCore,
-    Dimension::NeuronDevice,
-    Dimension::Namespace,
-    Dimension::PodName,
-    Dimension::ContainerName,
-];
-
-/// CloudWatch's dimension name of a [`Dimension`].
-pub fn dimension_name(d: Dimension) -> &'static str {
-    match d {
-        Dimension::ClusterName => "ClusterName",
-        Dimension::NodeName => "NodeName",
-        Dimension::InstanceId => "InstanceId",
-        Dimension::InstanceType => "InstanceType",
-        Dimension::AmiId => "AmiId",
-        Dimension::AvailabilityZone => "AvailabilityZone",
-        Dimension::NeuronCore => "NeuronCore",
-        Dimension::NeuronDevice => "NeuronDevice",
-        Dimension::RuntimeTag => "RuntimeTag",
-        Dimension::Namespace => "Namespace",
-        Dimension::PodName => "PodName",
-        Dimension::ContainerName => "ContainerName",
-    }
-}
-
-/// Whether a dimension applies to a metric of `level` (one that does not is left out of
-/// that metric's datums, as a dimension without a value cannot be sent).
-pub fn applies(d: Dimension, level: Level) -> bool {
-    match d {
-        Dimension::NeuronCore => level == Level::Core,
-        Dimension::NeuronDevice => level != Level::Runtime,
-        Dimension::RuntimeTag | Dimension::Namespace | Dimension::PodName | Dimension::ContainerName => {
-            level != Level::NodeDevice
-        }
-        _ => true,
-    }
-}
-
-/// The metrics a config publishes: its allow-list (default: all) restricted to the groups
-/// it collects. ECC counters need the node-level group, which only configs that see the
-/// node-level groups (those in the operator's namespace) get.
-pub fn published_metrics(spec: &NeuronMonitorConfigSpec, sees_node_level: bool) -> Vec<&'static MetricShape> {
-    let Some(cloudwatch) = spec.sinks.as_ref().and_then(|s| s.cloudwatch.as_ref()) else {
-        return Vec::new();
-    };
-    let runtime_groups: BTreeSet<RuntimeGroup> = match &spec.runtimes {
-        // No `runtimes`: every application, every runtime group.
-        None => RuntimeGroup::ALL.into_iter().collect(),
-        Some(entries) => entries.iter().flat_map(|e| e.metrics.iter().map(|g| g.kind)).collect(),
-    };
-    // As the operator's validation decides: a config that sees the node-level groups
-    // collects all of them unless it lists its own.
-    let system_groups: BTreeSet<SystemGroup> = match &spec.system_metrics {
-        _ if !sees_node_level => BTreeSet::new(),
-        Some(system) => system.metrics.iter().map(|g| g.kind).collect(),
-        None => SystemGroup::ALL.into_iter().collect(),
-    };
-    CATALOGUE
-        .iter()
-        .filter(|s| cloudwatch.metrics.as_ref().is_none_or(|allowed| allowed.contains(&s.metric)))
-        .filter(|s| match (s.runtime_group, s.system_group) {
-            (Some(g), _) => runtime_groups.contains(&g),
-            (None, Some(g)) => system_groups.contains(&g),
-            (None, None) => false,
-        })
-        .collect()
-}
-
-/// The dimension sets a sink publishes under: the spec's set (or the default), then each
-/// roll-up, each set once.
-pub fn dimension_sets(dimensions: Option<&[Dimension]>, rollups: Option<&[Vec<Dimension>]>) -> Vec<Vec<Dimension>> {
-    let mut sets: Vec<Vec<Dimension>> = Vec::new();
-    let main: Vec<Dimension> = dimensions.map(<[Dimension]>::to_vec).unwrap_or_else(|| DEFAULT_DIMENSIONS.to_vec());
-    for set in std::iter::once(main).chain(rollups.into_iter().flatten().cloned()) {
-        let mut set = set;
-        set.sort();
-        set.dedup();
-        if !sets.contains(&set) {
-            sets.push(set);
-        }
-    }
-    sets
-}
 
 /// What the operator knows of one matched node, without I/O.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -458,8 +220,10 @@ pub fn monthly_requests(nodes: u64, requests_per_flush: u64, flush_seconds: u64)
 mod tests {
     use super::*;
     use crate::crd::{
-        CloudWatchSinkSpec, RuntimeMetricGroup, RuntimeSelectorSpec, SinksSpec, SystemMetricGroup, SystemMetricsSpec,
+        CloudWatchMetric, CloudWatchSinkSpec, RuntimeMetricGroup, RuntimeSelectorSpec, SinksSpec, SystemMetricGroup,
+        SystemMetricsSpec,
     };
+    use crate::monitor_config::{RuntimeGroup, SystemGroup};
 
     fn spec(cloudwatch: CloudWatchSinkSpec) -> NeuronMonitorConfigSpec {
         NeuronMonitorConfigSpec {
@@ -474,17 +238,6 @@ mod tests {
 
     fn trn1_32() -> NodeFacts {
         NodeFacts::from_instance_type("trn1.32xlarge").unwrap()
-    }
-
-    #[test]
-    fn catalogue_covers_every_metric_once() {
-        let mut names: Vec<&str> = CATALOGUE.iter().map(|s| s.name).collect();
-        names.sort();
-        names.dedup();
-        assert_eq!(names.len(), 11);
-        for s in &CATALOGUE {
-            assert_eq!(shape_of(s.metric), s);
-        }
     }
 
     #[test]

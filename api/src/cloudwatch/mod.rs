@@ -1,0 +1,7 @@
+//! CloudWatch, without I/O: what a sink publishes ([`catalogue`]), the rules a sink's
+//! settings obey, checked once for the operator and the agent ([`sink`]), and what a
+//! config costs ([`cost`]).
+
+pub mod catalogue;
+pub mod cost;
+pub mod sink;
