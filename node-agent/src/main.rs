@@ -18,7 +18,7 @@ use neuron_node_agent::{
     },
     config::{load_node_config_file, Launcher, Reloader},
     http::{self, HttpState},
-    monitor::{Supervisor, SupervisorConfig},
+    monitor::{group, Supervisor, SupervisorConfig},
     pipeline::Pipeline,
     sinks::{
         cloudwatch::{self, metrics::CloudWatchMetrics, publish::Backoff, select::AgentDimensions},
@@ -181,6 +181,10 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // The monitor's group guard is this binary too (see monitor::group).
+    if let Some(code) = group::run_guard_if_requested() {
+        std::process::exit(code);
+    }
     let args = Args::parse();
     init_logs(&args)?;
     // Two worker threads at most: the agent shares the node with the workloads it watches.

@@ -18,6 +18,8 @@ use std::{
 
 pub const AGENT: &str = env!("CARGO_BIN_EXE_neuron-node-agent");
 pub const SIM: &str = env!("CARGO_BIN_EXE_neuron-monitor-sim");
+/// The argument that makes the agent binary a monitor group guard.
+pub const GUARD_ARG: &str = neuron_node_agent::monitor::group::GUARD_ARG;
 
 pub fn fixture_path(name: &str) -> PathBuf {
     let dir = std::env::var("NEURON_FIXTURES")
@@ -148,8 +150,18 @@ impl Agent {
         panic!("timed out after {limit:?} waiting for {what}; last /metrics:\n{}", last.unwrap_or_default());
     }
 
-    /// PIDs of the agent's child processes (neuron-monitor).
+    /// PIDs of the agent's child processes running neuron-monitor (not its group guards).
     pub fn children(&self) -> Vec<u32> {
+        let mut pids = self.all_children();
+        pids.retain(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            !String::from_utf8_lossy(&cmdline).contains(GUARD_ARG)
+        });
+        pids
+    }
+
+    /// PIDs of every child process of the agent.
+    pub fn all_children(&self) -> Vec<u32> {
         let mut pids: Vec<u32> = Vec::new();
         // Children may be started by any thread of the agent.
         if let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.child.id())) {
