@@ -16,7 +16,7 @@ use neuron_node_agent::{
         pods::{PodIndex, PodLabelKeys, PodWatcher},
         Attribution, AttributionMetrics,
     },
-    config::{load_node_config_file, Launcher, Reloader},
+    config::{load_node_config_file, open_state_dir, Launcher, Reloader},
     http::{self, HttpState},
     monitor::{group, Supervisor, SupervisorConfig},
     pipeline::Pipeline,
@@ -56,7 +56,9 @@ struct Args {
     period: Period,
 
     /// Directory for the rendered neuron-monitor configuration (a writable emptyDir in
-    /// Kubernetes). Default: <temp dir>/neuron-node-agent.
+    /// Kubernetes). Default: <temp dir>/neuron-node-agent. Created (mode 0700) when
+    /// missing; refused when it is a symbolic link or owned by another user than the
+    /// agent's or root.
     #[arg(long, env = "NEURON_AGENT_STATE_DIR")]
     state_dir: Option<PathBuf>,
 
@@ -209,16 +211,18 @@ fn init_logs(args: &Args) -> anyhow::Result<()> {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let state_dir = args.state_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("neuron-node-agent"));
-    tokio::fs::create_dir_all(&state_dir)
-        .await
-        .with_context(|| format!("creating state directory {}", state_dir.display()))?;
+    open_state_dir(&state_dir).await?;
 
+    let mut registry = Registry::default();
+    let metrics = AgentMetrics::register(&mut registry);
+    let cloudwatch_metrics = CloudWatchMetrics::register(&mut registry);
     let builtin = MonitorConfig::all_groups(args.period);
     let launcher = Launcher {
         program: args.monitor_command.clone(),
         args: args.monitor_args.clone(),
         state_dir: state_dir.clone(),
         silence_timeout: args.silence_timeout,
+        refused_files: metrics.state_files_refused.clone(),
     };
     let builtin_spec = launcher
         .prepare(&builtin)
@@ -226,10 +230,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("writing the neuron-monitor configuration in {}", state_dir.display()))?;
     let (spec_tx, spec_rx) = watch::channel(builtin_spec);
     let routing = SharedRouting::default();
-
-    let mut registry = Registry::default();
-    let metrics = AgentMetrics::register(&mut registry);
-    let cloudwatch_metrics = CloudWatchMetrics::register(&mut registry);
     if let Some(path) = &args.node_config_file {
         spec_tx.send_replace(load_node_config_file(path, &launcher, &routing, &metrics).await?);
     }

@@ -43,6 +43,7 @@ pub struct AgentMetrics {
     pub monitor_up: Gauge,
     pub monitor_orphans: Counter,
     pub monitor_kills: Counter,
+    pub state_files_refused: Counter,
     pub monitor_backoff_seconds: Gauge<f64, AtomicU64>,
     pub reports: Counter,
     pub lines_rejected: Family<ReasonLabel, Counter>,
@@ -62,6 +63,7 @@ impl AgentMetrics {
             monitor_up: Gauge::default(),
             monitor_orphans: Counter::default(),
             monitor_kills: Counter::default(),
+            state_files_refused: Counter::default(),
             monitor_backoff_seconds: Gauge::default(),
             reports: Counter::default(),
             lines_rejected: Family::default(),
@@ -91,6 +93,11 @@ impl AgentMetrics {
             "neuron_agent_monitor_kills",
             "Stops of neuron-monitor's process group that needed SIGKILL after the SIGTERM grace",
             metrics.monitor_kills.clone(),
+        );
+        r.register(
+            "neuron_agent_state_files_refused",
+            "Files in the state directory left alone: symbolic links, not regular files, or owned by another user",
+            metrics.state_files_refused.clone(),
         );
         r.register(
             "neuron_agent_monitor_backoff_seconds",
