@@ -258,9 +258,18 @@ pub async fn load_node_config_file(
     Ok(spec)
 }
 
+/// Server-side duration of each call of the agent's watches (its ConfigMap, its pods),
+/// by default. A quiet call ends normally and is resumed from its resource version (no
+/// new listing); a call that stays silent 5 s longer is taken for a dead connection and
+/// renewed. Each node then makes 2 watch requests per period: 100 per second per 1,000
+/// nodes at 20 s, served from the API server's watch cache.
+pub const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// Follows this node's ConfigMap.
 pub struct Reloader {
     pub client: Client,
+    /// See [`DEFAULT_WATCH_TIMEOUT`].
+    pub watch_timeout: Duration,
     pub namespace: String,
     pub node: String,
     pub launcher: Launcher,
@@ -283,7 +292,9 @@ impl Reloader {
     pub async fn run(self, initialized: oneshot::Sender<()>, shutdown: CancellationToken) {
         let name = configmap_name(&self.node);
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let config = watcher::Config::default()
+            .fields(&format!("metadata.name={name}"))
+            .timeout(self.watch_timeout.as_secs().try_into().unwrap_or(u32::MAX));
         let mut events = std::pin::pin!(watcher(api.clone(), config).default_backoff());
         let mut initialized = Some(initialized);
         let mut in_force: Option<InForce> = None;
@@ -314,6 +325,7 @@ impl Reloader {
                 }
                 Ok(None) => return,
                 Err(e) => {
+                    self.metrics.config_watch_errors.inc();
                     warn!(error = %e, "watching the node ConfigMap failed; retrying (the current configuration stays)")
                 }
             }

@@ -90,6 +90,13 @@ struct Args {
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
 
+    /// Server-side duration of each call of the agent's watches (its ConfigMap, its pods),
+    /// 5s to 290s: a quiet call is renewed from where it stopped, a connection that went
+    /// silently dead is found within this plus 5 s; every API request is bounded by this
+    /// plus 10 s. Each node makes 2 watch requests per period: 100/s per 1,000 nodes at 20 s.
+    #[arg(long, env = "NEURON_AGENT_API_WATCH_TIMEOUT", default_value = "20s", value_parser = parse_watch_timeout)]
+    api_watch_timeout: Duration,
+
     /// Namespace of the node ConfigMaps (the operator's namespace).
     #[arg(long, env = "NEURON_CONFIG_NAMESPACE", default_value = "neuron-monitor")]
     config_namespace: String,
@@ -180,6 +187,18 @@ fn parse_period(s: &str) -> Result<Period, String> {
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     parse_period(s).map(Period::as_duration)
+}
+
+/// Bounds of `--api-watch-timeout`: below 5 s the renewals cost more than they find; 290 s
+/// is the usual longest watch call.
+const WATCH_TIMEOUT_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_secs(5)..=Duration::from_secs(290);
+
+fn parse_watch_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if !WATCH_TIMEOUT_RANGE.contains(&d) || d.subsec_nanos() != 0 {
+        return Err("whole seconds from 5s to 290s".to_owned());
+    }
+    Ok(d)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -279,7 +298,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let mut standalone_spec = Some(spec_tx);
     if let (Some(node), Some(spec_tx)) = (&args.node_name, standalone_spec.take_if(|_| args.node_name.is_some())) {
-        let client = match kube_client().await {
+        let client = match kube_client(args.api_watch_timeout).await {
             Ok(client) => Some(client),
             // With a configuration file, Kubernetes only serves pod attribution.
             Err(e) if args.node_config_file.is_some() => {
@@ -297,6 +316,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 node: node.clone(),
                 index: sources.pods.clone(),
                 metrics: sources.metrics.clone(),
+                watch_timeout: args.api_watch_timeout,
             };
             tokio::spawn(watcher.run(shutdown.clone()));
             let poller = KubeletPoller {
@@ -313,6 +333,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         if let (Some(client), None) = (client, &args.node_config_file) {
             let reloader = Reloader {
                 client,
+                watch_timeout: args.api_watch_timeout,
                 namespace: args.config_namespace.clone(),
                 node: node.clone(),
                 launcher,
@@ -370,12 +391,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A Kubernetes client whose requests cannot hang forever (kube sets no read timeout):
-/// 5 minutes, above the API server's default watch duration, so thousands of agents
-/// keep their usual watch rate.
-async fn kube_client() -> Result<kube::Client, kube::Error> {
+/// A Kubernetes client whose requests cannot hang on a dead connection (kube sets no
+/// read timeout): a response, or the next bytes of a watch, must come within the watch
+/// duration plus 10 s, counted from when the request was written (not from when its
+/// pooled connection went idle). The watches themselves are renewed every
+/// `watch_timeout` (see config::DEFAULT_WATCH_TIMEOUT).
+async fn kube_client(watch_timeout: Duration) -> Result<kube::Client, kube::Error> {
     let mut config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
-    config.read_timeout = Some(Duration::from_secs(300));
+    config.read_timeout = Some(watch_timeout + Duration::from_secs(10));
+    config.reset_reader_on_write = true;
     kube::Client::try_from(config)
 }
 

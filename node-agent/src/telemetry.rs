@@ -44,6 +44,7 @@ pub struct AgentMetrics {
     pub monitor_orphans: Counter,
     pub monitor_kills: Counter,
     pub state_files_refused: Counter,
+    pub config_watch_errors: Counter,
     pub monitor_backoff_seconds: Gauge<f64, AtomicU64>,
     pub reports: Counter,
     pub lines_rejected: Family<ReasonLabel, Counter>,
@@ -64,6 +65,7 @@ impl AgentMetrics {
             monitor_orphans: Counter::default(),
             monitor_kills: Counter::default(),
             state_files_refused: Counter::default(),
+            config_watch_errors: Counter::default(),
             monitor_backoff_seconds: Gauge::default(),
             reports: Counter::default(),
             lines_rejected: Family::default(),
@@ -98,6 +100,11 @@ impl AgentMetrics {
             "neuron_agent_state_files_refused",
             "Files in the state directory left alone: symbolic links, not regular files, or owned by another user",
             metrics.state_files_refused.clone(),
+        );
+        r.register(
+            "neuron_agent_config_watch_errors",
+            "Failed requests of the node ConfigMap watch (retried with backoff; the configuration in force stays)",
+            metrics.config_watch_errors.clone(),
         );
         r.register(
             "neuron_agent_monitor_backoff_seconds",
