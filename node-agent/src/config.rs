@@ -4,8 +4,14 @@
 //! neuron-monitor is restarted on it, the routing table is swapped, and the applied
 //! hash is written back to the ConfigMap so the operator can count applied nodes.
 //! An unreadable ConfigMap changes nothing: the last good configuration stays.
+//!
+//! The state directory holds only what the agent writes. It must be a directory of the
+//! agent's user (or root's), never a symbolic link; files in it are written through a
+//! fresh temporary file and a rename, and a file the agent did not make (a link, another
+//! user's) is neither followed nor deleted.
 
 use std::{
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::Arc,
     time::Duration,
@@ -24,8 +30,12 @@ use kube::{
     runtime::{watcher, WatchStreamExt},
     Api, Client, ResourceExt,
 };
+use prometheus_client::metrics::counter::Counter;
 use serde_json::json;
-use tokio::sync::{oneshot, watch};
+use tokio::{
+    io::AsyncWriteExt,
+    sync::{oneshot, watch},
+};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -45,9 +55,12 @@ pub struct Launcher {
     pub program: PathBuf,
     /// Arguments before `-c FILE`.
     pub args: Vec<String>,
+    /// Checked by [`check_state_dir`].
     pub state_dir: PathBuf,
     /// Fixed silence limit; default: three periods of the fastest group, at least 2 s.
     pub silence_timeout: Option<Duration>,
+    /// Counts files of the state directory left alone (`neuron_agent_state_files_refused`).
+    pub refused_files: Counter,
 }
 
 impl Launcher {
@@ -56,11 +69,11 @@ impl Launcher {
     pub async fn prepare(&self, config: &MonitorConfig) -> std::io::Result<LaunchSpec> {
         let body = serde_json::to_vec_pretty(config).map_err(std::io::Error::other)?;
         let name = format!("neuron-monitor-{}.json", content_hash(&body));
+        // Again before each write: the directory may have been replaced since the start.
+        check_state_dir(&self.state_dir).await.map_err(std::io::Error::other)?;
         let path = self.state_dir.join(&name);
-        let partial = self.state_dir.join(format!(".{name}.partial"));
-        tokio::fs::write(&partial, &body).await?;
-        tokio::fs::rename(&partial, &path).await?;
-        remove_other_configs(&self.state_dir, &name).await;
+        write_file(&self.state_dir, &name, &body).await?;
+        self.remove_other_configs(&name).await;
         let silence_limit = self
             .silence_timeout
             .unwrap_or_else(|| (config.shortest_period().as_duration() * 3).max(Duration::from_secs(2)));
@@ -68,16 +81,145 @@ impl Launcher {
         args.extend(["-c".to_owned(), path.display().to_string()]);
         Ok(LaunchSpec { program: self.program.clone(), args, silence_limit })
     }
-}
 
-async fn remove_other_configs(dir: &Path, keep: &str) {
-    let Ok(mut entries) = tokio::fs::read_dir(dir).await else { return };
-    while let Ok(Some(entry)) = entries.next_entry().await {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with("neuron-monitor-") && name.ends_with(".json") && name != keep {
-            let _ = tokio::fs::remove_file(entry.path()).await;
+    /// Deletes the agent's older configurations (and temporary files); refuses (counts, logs) what it did not
+    /// write. Deleting removes a directory entry, never what a link points to.
+    async fn remove_other_configs(&self, keep: &str) {
+        let Ok(mut entries) = tokio::fs::read_dir(&self.state_dir).await else { return };
+        while let Ok(Some(entry)) = entries.next_entry().await {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let config = name.starts_with("neuron-monitor-") && name.ends_with(".json");
+            // Left by an agent that died while writing.
+            let partial = name.starts_with(".neuron-monitor-") && name.ends_with(".partial");
+            if !(config || partial) || name == keep {
+                continue;
+            }
+            // Of the entry itself: a symbolic link is not followed.
+            match entry.metadata().await {
+                Ok(meta) if meta.file_type().is_file() && meta.uid() == agent_uid() => {
+                    let _ = tokio::fs::remove_file(entry.path()).await;
+                }
+                Ok(meta) => {
+                    self.refused_files.inc();
+                    warn!(
+                        file = %entry.path().display(),
+                        kind = file_kind(&meta),
+                        owner = meta.uid(),
+                        "left alone a file of the state directory the agent did not write"
+                    );
+                }
+                Err(_) => {}
+            }
         }
     }
+}
+
+/// Why the state directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateDirError {
+    #[error("state directory {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "state directory {path} is a symbolic link: give the directory itself (the agent never follows a link there)"
+    )]
+    Symlink { path: PathBuf },
+    #[error("state directory {path} is not a directory but a {kind}")]
+    NotADirectory { path: PathBuf, kind: &'static str },
+    #[error("state directory {path} is owned by uid {owner}, not by the agent's user (uid {agent}) or root")]
+    ForeignOwner { path: PathBuf, owner: u32, agent: u32 },
+}
+
+/// Creates the state directory when missing (mode 0700, its parents as usual) and
+/// checks it: a directory, not a symbolic link, owned by the agent's user or by root
+/// (a Kubernetes emptyDir is root's; root could replace the agent anyway).
+pub async fn open_state_dir(path: &Path) -> Result<(), StateDirError> {
+    let io = |source| StateDirError::Io { path: path.to_owned(), source };
+    if let Err(e) = tokio::fs::symlink_metadata(path).await {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(io(e));
+        }
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            tokio::fs::create_dir_all(parent).await.map_err(io)?;
+        }
+        let mut builder = tokio::fs::DirBuilder::new();
+        builder.mode(0o700);
+        match builder.create(path).await {
+            Ok(()) => {}
+            // Made meanwhile by someone else: checked below like any existing one.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io(e)),
+        }
+    }
+    check_state_dir(path).await
+}
+
+/// The checks of [`open_state_dir`] on an existing directory.
+pub async fn check_state_dir(path: &Path) -> Result<(), StateDirError> {
+    let meta = tokio::fs::symlink_metadata(path)
+        .await
+        .map_err(|source| StateDirError::Io { path: path.to_owned(), source })?;
+    let path = path.to_owned();
+    if meta.file_type().is_symlink() {
+        return Err(StateDirError::Symlink { path });
+    }
+    if !meta.is_dir() {
+        return Err(StateDirError::NotADirectory { path, kind: file_kind(&meta) });
+    }
+    let agent = agent_uid();
+    if meta.uid() != agent && meta.uid() != 0 {
+        return Err(StateDirError::ForeignOwner { path, owner: meta.uid(), agent });
+    }
+    Ok(())
+}
+
+fn agent_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    let t = meta.file_type();
+    if t.is_symlink() {
+        "symbolic link"
+    } else if t.is_dir() {
+        "directory"
+    } else if t.is_file() {
+        "regular file"
+    } else {
+        "special file"
+    }
+}
+
+/// Writes `dir/name` atomically without following any link: a new temporary file of a
+/// random name (O_CREAT|O_EXCL|O_NOFOLLOW: a planted link fails it), then a rename over
+/// `name` (which replaces a link there rather than writing through it).
+async fn write_file(dir: &Path, name: &str, body: &[u8]) -> std::io::Result<()> {
+    let mut last = None;
+    for _ in 0..8 {
+        let partial = dir.join(format!(".{name}.{:016x}.partial", fastrand::u64(..)));
+        let mut options = tokio::fs::OpenOptions::new();
+        options.write(true).create_new(true).mode(0o644).custom_flags(libc::O_NOFOLLOW);
+        let mut file = match options.open(&partial).await {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                last = Some(e);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let written = async {
+            file.write_all(body).await?;
+            file.flush().await?;
+            drop(file);
+            tokio::fs::rename(&partial, dir.join(name)).await
+        }
+        .await;
+        if written.is_err() {
+            let _ = tokio::fs::remove_file(&partial).await;
+        }
+        return written;
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free temporary name")))
 }
 
 /// Why `--node-config-file` could not be used.
@@ -116,9 +258,18 @@ pub async fn load_node_config_file(
     Ok(spec)
 }
 
+/// Server-side duration of each call of the agent's watches (its ConfigMap, its pods),
+/// by default. A quiet call ends normally and is resumed from its resource version (no
+/// new listing); a call that stays silent 5 s longer is taken for a dead connection and
+/// renewed. Each node then makes 2 watch requests per period: 100 per second per 1,000
+/// nodes at 20 s, served from the API server's watch cache.
+pub const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// Follows this node's ConfigMap.
 pub struct Reloader {
     pub client: Client,
+    /// See [`DEFAULT_WATCH_TIMEOUT`].
+    pub watch_timeout: Duration,
     pub namespace: String,
     pub node: String,
     pub launcher: Launcher,
@@ -141,7 +292,9 @@ impl Reloader {
     pub async fn run(self, initialized: oneshot::Sender<()>, shutdown: CancellationToken) {
         let name = configmap_name(&self.node);
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let config = watcher::Config::default()
+            .fields(&format!("metadata.name={name}"))
+            .timeout(self.watch_timeout.as_secs().try_into().unwrap_or(u32::MAX));
         let mut events = std::pin::pin!(watcher(api.clone(), config).default_backoff());
         let mut initialized = Some(initialized);
         let mut in_force: Option<InForce> = None;
@@ -172,6 +325,7 @@ impl Reloader {
                 }
                 Ok(None) => return,
                 Err(e) => {
+                    self.metrics.config_watch_errors.inc();
                     warn!(error = %e, "watching the node ConfigMap failed; retrying (the current configuration stays)")
                 }
             }

@@ -16,9 +16,9 @@ use neuron_node_agent::{
         pods::{PodIndex, PodLabelKeys, PodWatcher},
         Attribution, AttributionMetrics,
     },
-    config::{load_node_config_file, Launcher, Reloader},
+    config::{load_node_config_file, open_state_dir, Launcher, Reloader},
     http::{self, HttpState},
-    monitor::{Supervisor, SupervisorConfig},
+    monitor::{group, Supervisor, SupervisorConfig},
     pipeline::Pipeline,
     sinks::{
         cloudwatch::{self, metrics::CloudWatchMetrics, publish::Backoff, select::AgentDimensions},
@@ -56,7 +56,9 @@ struct Args {
     period: Period,
 
     /// Directory for the rendered neuron-monitor configuration (a writable emptyDir in
-    /// Kubernetes). Default: <temp dir>/neuron-node-agent.
+    /// Kubernetes). Default: <temp dir>/neuron-node-agent. Created (mode 0700) when
+    /// missing; refused when it is a symbolic link or owned by another user than the
+    /// agent's or root.
     #[arg(long, env = "NEURON_AGENT_STATE_DIR")]
     state_dir: Option<PathBuf>,
 
@@ -87,6 +89,13 @@ struct Args {
     /// on the built-in configuration.
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
+
+    /// Server-side duration of each call of the agent's watches (its ConfigMap, its pods),
+    /// 5s to 290s: a quiet call is renewed from where it stopped, a connection that went
+    /// silently dead is found within this plus 5 s; every API request is bounded by this
+    /// plus 10 s. Each node makes 2 watch requests per period: 100/s per 1,000 nodes at 20 s.
+    #[arg(long, env = "NEURON_AGENT_API_WATCH_TIMEOUT", default_value = "20s", value_parser = parse_watch_timeout)]
+    api_watch_timeout: Duration,
 
     /// Namespace of the node ConfigMaps (the operator's namespace).
     #[arg(long, env = "NEURON_CONFIG_NAMESPACE", default_value = "neuron-monitor")]
@@ -180,7 +189,23 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     parse_period(s).map(Period::as_duration)
 }
 
+/// Bounds of `--api-watch-timeout`: below 5 s the renewals cost more than they find; 290 s
+/// is the usual longest watch call.
+const WATCH_TIMEOUT_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_secs(5)..=Duration::from_secs(290);
+
+fn parse_watch_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if !WATCH_TIMEOUT_RANGE.contains(&d) || d.subsec_nanos() != 0 {
+        return Err("whole seconds from 5s to 290s".to_owned());
+    }
+    Ok(d)
+}
+
 fn main() -> anyhow::Result<()> {
+    // The monitor's group guard is this binary too (see monitor::group).
+    if let Some(code) = group::run_guard_if_requested() {
+        std::process::exit(code);
+    }
     let args = Args::parse();
     init_logs(&args)?;
     // Two worker threads at most: the agent shares the node with the workloads it watches.
@@ -205,16 +230,18 @@ fn init_logs(args: &Args) -> anyhow::Result<()> {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let state_dir = args.state_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("neuron-node-agent"));
-    tokio::fs::create_dir_all(&state_dir)
-        .await
-        .with_context(|| format!("creating state directory {}", state_dir.display()))?;
+    open_state_dir(&state_dir).await?;
 
+    let mut registry = Registry::default();
+    let metrics = AgentMetrics::register(&mut registry);
+    let cloudwatch_metrics = CloudWatchMetrics::register(&mut registry);
     let builtin = MonitorConfig::all_groups(args.period);
     let launcher = Launcher {
         program: args.monitor_command.clone(),
         args: args.monitor_args.clone(),
         state_dir: state_dir.clone(),
         silence_timeout: args.silence_timeout,
+        refused_files: metrics.state_files_refused.clone(),
     };
     let builtin_spec = launcher
         .prepare(&builtin)
@@ -222,10 +249,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("writing the neuron-monitor configuration in {}", state_dir.display()))?;
     let (spec_tx, spec_rx) = watch::channel(builtin_spec);
     let routing = SharedRouting::default();
-
-    let mut registry = Registry::default();
-    let metrics = AgentMetrics::register(&mut registry);
-    let cloudwatch_metrics = CloudWatchMetrics::register(&mut registry);
     if let Some(path) = &args.node_config_file {
         spec_tx.send_replace(load_node_config_file(path, &launcher, &routing, &metrics).await?);
     }
@@ -275,7 +298,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let mut standalone_spec = Some(spec_tx);
     if let (Some(node), Some(spec_tx)) = (&args.node_name, standalone_spec.take_if(|_| args.node_name.is_some())) {
-        let client = match kube_client().await {
+        let client = match kube_client(args.api_watch_timeout).await {
             Ok(client) => Some(client),
             // With a configuration file, Kubernetes only serves pod attribution.
             Err(e) if args.node_config_file.is_some() => {
@@ -293,6 +316,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 node: node.clone(),
                 index: sources.pods.clone(),
                 metrics: sources.metrics.clone(),
+                watch_timeout: args.api_watch_timeout,
             };
             tokio::spawn(watcher.run(shutdown.clone()));
             let poller = KubeletPoller {
@@ -309,6 +333,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         if let (Some(client), None) = (client, &args.node_config_file) {
             let reloader = Reloader {
                 client,
+                watch_timeout: args.api_watch_timeout,
                 namespace: args.config_namespace.clone(),
                 node: node.clone(),
                 launcher,
@@ -366,12 +391,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A Kubernetes client whose requests cannot hang forever (kube sets no read timeout):
-/// 5 minutes, above the API server's default watch duration, so thousands of agents
-/// keep their usual watch rate.
-async fn kube_client() -> Result<kube::Client, kube::Error> {
+/// A Kubernetes client whose requests cannot hang on a dead connection (kube sets no
+/// read timeout): a response, or the next bytes of a watch, must come within the watch
+/// duration plus 10 s, counted from when the request was written (not from when its
+/// pooled connection went idle). The watches themselves are renewed every
+/// `watch_timeout` (see config::DEFAULT_WATCH_TIMEOUT).
+async fn kube_client(watch_timeout: Duration) -> Result<kube::Client, kube::Error> {
     let mut config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
-    config.read_timeout = Some(Duration::from_secs(300));
+    config.read_timeout = Some(watch_timeout + Duration::from_secs(10));
+    config.reset_reader_on_write = true;
     kube::Client::try_from(config)
 }
 

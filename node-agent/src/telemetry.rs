@@ -41,6 +41,10 @@ pub struct ConfigLabels {
 pub struct AgentMetrics {
     pub monitor_restarts: Family<ReasonLabel, Counter>,
     pub monitor_up: Gauge,
+    pub monitor_orphans: Counter,
+    pub monitor_kills: Counter,
+    pub state_files_refused: Counter,
+    pub config_watch_errors: Counter,
     pub monitor_backoff_seconds: Gauge<f64, AtomicU64>,
     pub reports: Counter,
     pub lines_rejected: Family<ReasonLabel, Counter>,
@@ -58,6 +62,10 @@ impl AgentMetrics {
         let metrics = AgentMetrics {
             monitor_restarts: Family::default(),
             monitor_up: Gauge::default(),
+            monitor_orphans: Counter::default(),
+            monitor_kills: Counter::default(),
+            state_files_refused: Counter::default(),
+            config_watch_errors: Counter::default(),
             monitor_backoff_seconds: Gauge::default(),
             reports: Counter::default(),
             lines_rejected: Family::default(),
@@ -78,6 +86,26 @@ impl AgentMetrics {
             metrics.monitor_restarts.clone(),
         );
         r.register("neuron_agent_monitor_up", "1 while a neuron-monitor process runs", metrics.monitor_up.clone());
+        r.register(
+            "neuron_agent_monitor_orphans",
+            "Exits of neuron-monitor that left processes of its group running (they are stopped with it)",
+            metrics.monitor_orphans.clone(),
+        );
+        r.register(
+            "neuron_agent_monitor_kills",
+            "Stops of neuron-monitor's process group that needed SIGKILL after the SIGTERM grace",
+            metrics.monitor_kills.clone(),
+        );
+        r.register(
+            "neuron_agent_state_files_refused",
+            "Files in the state directory left alone: symbolic links, not regular files, or owned by another user",
+            metrics.state_files_refused.clone(),
+        );
+        r.register(
+            "neuron_agent_config_watch_errors",
+            "Failed requests of the node ConfigMap watch (retried with backoff; the configuration in force stays)",
+            metrics.config_watch_errors.clone(),
+        );
         r.register(
             "neuron_agent_monitor_backoff_seconds",
             "Delay before the next neuron-monitor start; 0 while it runs healthy",

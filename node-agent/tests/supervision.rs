@@ -167,3 +167,93 @@ fn a_missing_monitor_binary_is_retried_not_fatal() {
     assert_eq!(agent.get("/readyz").map(|r| r.0), Some(503));
     assert_eq!(agent.get("/healthz").map(|r| r.0), Some(200));
 }
+
+/// A fake neuron-monitor: a shell that forks a sleeping grandchild holding its stdout
+/// (recording the grandchild's PID in `pids`), then becomes the simulator with the
+/// agent's arguments.
+fn forking_monitor(dir: &TempDir) -> (String, Grandchildren) {
+    let pids = dir.0.join("grandchildren");
+    let script = dir.0.join("forking-monitor.sh");
+    let text = format!("#!/bin/sh\nsleep 300 &\necho $! >> '{}'\nexec '{}' \"$@\"\n", pids.display(), support::sim());
+    std::fs::write(&script, text).expect("write the script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    (script.display().to_string(), Grandchildren(pids))
+}
+
+/// The grandchildren a [`forking_monitor`] started; any still running is killed on drop.
+struct Grandchildren(std::path::PathBuf);
+
+impl Grandchildren {
+    fn pids(&self) -> Vec<u32> {
+        let text = std::fs::read_to_string(&self.0).unwrap_or_default();
+        text.lines().filter_map(|l| l.trim().parse().ok()).collect()
+    }
+
+    fn first(&self, agent: &Agent) -> u32 {
+        agent.wait_for("a grandchild", Duration::from_secs(10), |_| self.pids().first().copied())
+    }
+}
+
+impl Drop for Grandchildren {
+    fn drop(&mut self) {
+        for pid in self.pids() {
+            let is_sleep = std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep");
+            if is_sleep {
+                let _ = std::process::Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
+            }
+        }
+    }
+}
+
+fn wait_gone(pid: u32, limit: Duration, what: &str) {
+    let start = Instant::now();
+    while alive(pid) {
+        assert!(start.elapsed() < limit, "{what}: process {pid} still alive after {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn an_exit_is_an_exit_even_when_a_descendant_holds_the_output() {
+    let dir = TempDir::new("forking");
+    let (script, grandchildren) = forking_monitor(&dir);
+    // The silence limit is far away: only the exit itself can end the run in time.
+    let agent = Agent::start_with(&script, &["--exit-after=2"], &args(&["--silence-timeout", "60s"]));
+    let first = grandchildren.first(&agent);
+    agent.wait_for("an exit counted as one", Duration::from_secs(15), |m| {
+        (m.sum("neuron_agent_monitor_restarts_total", &[("reason", "exited")]) >= 1.0).then_some(())
+    });
+    let m = agent.metrics();
+    assert_eq!(m.sum("neuron_agent_monitor_restarts_total", &[("reason", "silent")]), 0.0);
+    assert!(m.sum("neuron_agent_monitor_orphans_total", &[]) >= 1.0, "the left-over grandchild is counted");
+    // The exited monitor's group is stopped with it.
+    wait_gone(first, Duration::from_secs(10), "the grandchild of an exited monitor");
+}
+
+#[test]
+fn sigterm_stops_the_monitor_and_its_descendants() {
+    let dir = TempDir::new("forking");
+    let (script, grandchildren) = forking_monitor(&dir);
+    let mut agent = Agent::start_with(&script, &[], &args(&[]));
+    let grandchild = grandchildren.first(&agent);
+    agent.wait_until("ready", Duration::from_secs(10), |a| a.get("/readyz").map(|r| r.0) == Some(200));
+    agent.signal("TERM");
+    let start = Instant::now();
+    while agent.child.try_wait().expect("wait").is_none() {
+        assert!(start.elapsed() < Duration::from_secs(10), "agent did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_gone(grandchild, Duration::from_secs(2), "the monitor's grandchild after the agent's SIGTERM");
+}
+
+#[test]
+fn sigkill_of_the_agent_takes_the_monitors_descendants_along() {
+    let dir = TempDir::new("forking");
+    let (script, grandchildren) = forking_monitor(&dir);
+    let mut agent = Agent::start_with(&script, &[], &args(&[]));
+    let grandchild = grandchildren.first(&agent);
+    agent.wait_until("ready", Duration::from_secs(10), |a| a.get("/readyz").map(|r| r.0) == Some(200));
+    agent.signal("KILL");
+    let _ = agent.child.wait();
+    wait_gone(grandchild, Duration::from_secs(10), "the monitor's grandchild after the agent's SIGKILL");
+}

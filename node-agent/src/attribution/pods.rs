@@ -261,13 +261,18 @@ pub struct PodWatcher {
     pub node: String,
     pub index: SharedPods,
     pub metrics: AttributionMetrics,
+    /// Server-side duration of each watch call (see `config::DEFAULT_WATCH_TIMEOUT`):
+    /// a connection that went silently dead is found within it.
+    pub watch_timeout: std::time::Duration,
 }
 
 impl PodWatcher {
     /// Runs until `shutdown`; errors are logged and retried with backoff, the index stays.
     pub async fn run(self, shutdown: CancellationToken) {
         let api: Api<Pod> = Api::all(self.client.clone());
-        let config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node));
+        let config = watcher::Config::default()
+            .fields(&format!("spec.nodeName={}", self.node))
+            .timeout(self.watch_timeout.as_secs().try_into().unwrap_or(u32::MAX));
         let mut events = std::pin::pin!(watcher(api, config).default_backoff());
         let mut listing: Vec<Pod> = Vec::new();
         info!(node = %self.node, "watching the pods of this node");

@@ -1,7 +1,9 @@
 //! Runs neuron-monitor as a child process and keeps it running: restarts it with capped
 //! exponential backoff when it exits, is killed, or stays silent too long, and at once
-//! when its launch spec changes. Nothing the child does can stop the agent.
+//! when its launch spec changes. Nothing the child does can stop the agent. The child
+//! leads a process group of its own, stopped as a whole (see [`group`]).
 
+pub mod group;
 pub mod lines;
 
 use std::{
@@ -25,6 +27,7 @@ use crate::{
     ratelimit::{Decision, RateLimit},
     telemetry::{AgentMetrics, ReasonLabel, StderrLabel},
 };
+use group::Group;
 use lines::{Frame, LineReader};
 
 /// How to start neuron-monitor. A new value sent on the watch channel restarts it.
@@ -76,6 +79,7 @@ pub struct Supervisor {
 impl Supervisor {
     /// Runs until `shutdown` is cancelled, then stops the child and returns.
     pub async fn run(self, mut spec: watch::Receiver<LaunchSpec>, shutdown: CancellationToken) {
+        group::adopt_orphans();
         let mut backoff = Backoff::new(self.config.backoff_initial, self.config.backoff_max);
         loop {
             let current = spec.borrow_and_update().clone();
@@ -138,15 +142,29 @@ impl Supervisor {
             Ok(child) => child,
             Err(e) => return (RunEnd::SpawnFailed(e), 0),
         };
+        let group = Group::new(&child);
         self.metrics.monitor_up.set(1);
         info!(pid = child.id().unwrap_or(0), program = %spec.program.display(), args = ?spec.args, "started neuron-monitor");
         if let Some(stderr) = child.stderr.take() {
             tokio::spawn(forward_stderr(stderr, self.metrics.clone()));
         }
-        let Some(stdout) = child.stdout.take() else {
-            stop(&mut child, self.config.stop_grace).await;
-            return (RunEnd::Exited(None), 0);
+        let (end, reports) = match child.stdout.take() {
+            Some(stdout) => self.follow(&mut child, stdout, spec, spec_changes, shutdown).await,
+            None => (RunEnd::Exited(None), 0),
         };
+        self.stop(group, &mut child).await;
+        (end, reports)
+    }
+
+    /// Reads the child's reports until its run ends.
+    async fn follow(
+        &self,
+        child: &mut Child,
+        stdout: impl AsyncRead + Unpin,
+        spec: &LaunchSpec,
+        spec_changes: &mut watch::Receiver<LaunchSpec>,
+        shutdown: &CancellationToken,
+    ) -> (RunEnd, u64) {
         let mut lines = LineReader::new(stdout, self.config.max_line_bytes);
         let mut reports = 0u64;
         let mut deadline = Instant::now() + spec.silence_limit;
@@ -175,10 +193,32 @@ impl Supervisor {
                         break RunEnd::Exited(status);
                     }
                 },
+                // After the output (biased): what the child wrote before exiting is read
+                // first. Its exit ends the run even when a descendant still holds the
+                // output open.
+                status = child.wait() => break RunEnd::Exited(status.ok()),
             }
         };
-        stop(&mut child, self.config.stop_grace).await;
         (end, reports)
+    }
+
+    /// Stops the child and everything in its process group; counts what it took.
+    async fn stop(&self, group: Option<Group>, child: &mut Child) {
+        let Some(group) = group else {
+            return stop(child, self.config.stop_grace).await;
+        };
+        let stopped = group.stop(child, self.config.stop_grace).await;
+        if stopped.left_descendants {
+            self.metrics.monitor_orphans.inc();
+            warn!("neuron-monitor exited and left processes of its group running; stopping them");
+        }
+        if stopped.killed {
+            self.metrics.monitor_kills.inc();
+            warn!(
+                grace_ms = self.config.stop_grace.as_millis() as u64,
+                "neuron-monitor's group outlived SIGTERM; killed it"
+            );
+        }
     }
 }
 
@@ -192,6 +232,8 @@ async fn changed(spec: &mut watch::Receiver<LaunchSpec>) {
 fn spawn(spec: &LaunchSpec) -> std::io::Result<Child> {
     let mut command = Command::new(&spec.program);
     command.args(&spec.args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+    // A group of its own: whatever it forks is signalled with it.
+    command.process_group(0);
     #[cfg(target_os = "linux")]
     // SAFETY: prctl is async-signal-safe; it only asks the kernel to kill the child
     // when the agent dies, so that no orphaned neuron-monitor outlives it.
@@ -206,7 +248,8 @@ fn spawn(spec: &LaunchSpec) -> std::io::Result<Child> {
     command.spawn()
 }
 
-/// SIGTERM, then SIGKILL after `grace`; always reaps the child.
+/// SIGTERM, then SIGKILL after `grace`; always reaps the child. For a child whose group
+/// is not known (its PID was not).
 async fn stop(child: &mut Child, grace: Duration) {
     if let Ok(Some(_)) = child.try_wait() {
         return;

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod blackhole;
 pub mod cloudwatch;
 pub mod kubelet;
 
@@ -24,6 +25,8 @@ pub fn sim() -> &'static str {
     static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     PATH.get_or_init(|| neuron_e2e::workspace_bin("neuron-monitor-sim").display().to_string())
 }
+/// The argument that makes the agent binary a monitor group guard.
+pub const GUARD_ARG: &str = neuron_node_agent::monitor::group::GUARD_ARG;
 
 pub fn fixture_path(name: &str) -> PathBuf {
     let dir = std::env::var("NEURON_FIXTURES")
@@ -154,8 +157,18 @@ impl Agent {
         panic!("timed out after {limit:?} waiting for {what}; last /metrics:\n{}", last.unwrap_or_default());
     }
 
-    /// PIDs of the agent's child processes (neuron-monitor).
+    /// PIDs of the agent's child processes running neuron-monitor (not its group guards).
     pub fn children(&self) -> Vec<u32> {
+        let mut pids = self.all_children();
+        pids.retain(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            !String::from_utf8_lossy(&cmdline).contains(GUARD_ARG)
+        });
+        pids
+    }
+
+    /// PIDs of every child process of the agent.
+    pub fn all_children(&self) -> Vec<u32> {
         let mut pids: Vec<u32> = Vec::new();
         // Children may be started by any thread of the agent.
         if let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.child.id())) {
