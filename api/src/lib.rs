@@ -4,10 +4,12 @@
 //! - [`monitor_config`]: the neuron-monitor configuration file (`neuron-monitor -c FILE`).
 //! - [`report`]: one NDJSON document that neuron-monitor writes per refresh.
 //! - [`cloudwatch_cost`]: the CloudWatch metric catalogue and the cost estimate of a config.
+//! - [`limits`]: bounds shared by the operator and the agent.
 
 pub mod cloudwatch_cost;
 pub mod crd;
 pub mod duration;
+pub mod limits;
 pub mod monitor_config;
 pub mod node_config;
 pub mod report;
