@@ -478,8 +478,13 @@ async fn one_teams_configs_cannot_stall_the_nodes() {
     for i in 0..20 {
         create_config(&s, &big, &format!("medium-{i:02}"), bulky_spec(100 + i, 3, 0)).await;
     }
-    create_config(&s, &small, "serving", json!({ "runtimes": [{ "tagFilter": "^serve", "metrics": [{"type": "memory_used"}] }] }))
-        .await;
+    create_config(
+        &s,
+        &small,
+        "serving",
+        json!({ "runtimes": [{ "tagFilter": "^serve", "metrics": [{"type": "memory_used"}] }] }),
+    )
+    .await;
 
     // The administrator's change reaches every node.
     Api::<NeuronMonitorConfig>::namespaced(s.client.clone(), &s.ns)
@@ -671,7 +676,9 @@ async fn extra_labels_a_series_carries_are_bounded() {
     let series = s
         .wait("a runtime series with the extra labels", || async {
             let body = http_get(agent_addr, "/metrics")?.1;
-            body.lines().find(|l| l.starts_with("neuroncore_utilization_ratio{") && l.contains("x00_00=")).map(str::to_owned)
+            body.lines()
+                .find(|l| l.starts_with("neuroncore_utilization_ratio{") && l.contains("x00_00="))
+                .map(str::to_owned)
         })
         .await;
     let extra = series.split(['{', ',']).filter(|l| l.starts_with('x') && l.contains("=\"")).count();
