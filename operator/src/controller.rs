@@ -264,6 +264,8 @@ impl Controller {
             let mut last_good = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
             let live: HashSet<String> = configs.iter().filter_map(|c| c.uid()).collect();
             last_good.retain(|uid, _| live.contains(uid));
+            // A deleted config's announcement is forgotten with it.
+            self.announced.lock().unwrap_or_else(|p| p.into_inner()).retain(|uid, _| live.contains(uid));
             for config in &configs {
                 let uid = config.uid().unwrap_or_default();
                 match validate::validate(config, &self.namespace) {

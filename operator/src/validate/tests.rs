@@ -414,7 +414,7 @@ fn configs_are_given_room_operator_namespace_first_then_oldest_then_by_name() {
             second.map(|s| Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + s).unwrap()));
         validate(&c, OPERATOR_NS).unwrap()
     };
-    let mut configs = vec![
+    let mut configs = [
         at("team-a", "unstamped", None),
         at("team-b", "new", Some(9)),
         at("team-z", "old", Some(1)),

@@ -516,7 +516,7 @@ async fn one_teams_configs_cannot_stall_the_nodes() {
     // The medium ones fill the namespace's budget, oldest first; the newest are refused.
     let medium: Vec<&(String, String, String)> = (0..20).map(|i| &verdicts[&format!("medium-{i:02}")]).collect();
     let admitted = medium.iter().take_while(|v| v.0 == "True").count();
-    assert!(admitted >= 2 && admitted < 20, "{medium:?}");
+    assert!((2..20).contains(&admitted), "{medium:?}");
     for (status, reason, message) in &medium[admitted..] {
         assert_eq!((status.as_str(), reason.as_str()), ("False", "NamespaceLimit"), "{message}");
         assert!(message.contains("spec.nodeSelector"), "{message}");
