@@ -158,27 +158,30 @@ impl<'a> NodeBudget<'a> {
 
     /// The most distinct extra labels a series of the node would carry with `config`: a
     /// team's application gets the operator namespace's labels and its namespace's; an
-    /// application of no team only the operator namespace's.
+    /// application of no team only the operator namespace's. Counted without building
+    /// sets: this runs for every config on every group of nodes.
     fn labels_with(&self, config: &ValidConfig) -> usize {
-        let new: BTreeSet<&str> = config.extra_label_names().collect();
-        if new.is_empty() {
+        let Some(new) = config.route.prometheus.as_ref().map(|p| &p.extra_labels).filter(|l| !l.is_empty()) else {
             return 0;
-        }
-        let cluster: BTreeSet<&str> = if config.cluster_wide {
-            self.cluster_labels.union(&new).copied().collect()
-        } else {
-            self.cluster_labels.clone()
         };
-        let series = |team: &BTreeSet<&str>, extra: &BTreeSet<&str>| {
-            cluster.len() + team.union(extra).filter(|l| !cluster.contains(*l)).count()
-        };
-        let empty = BTreeSet::new();
+        let cluster = &self.cluster_labels;
         if config.cluster_wide {
-            // On every series: the most loaded namespace decides.
-            self.namespaces.values().map(|u| series(&u.labels, &empty)).max().unwrap_or(0).max(cluster.len())
+            // On every series: the operator namespace's labels with the new ones, plus the
+            // most any namespace adds to them.
+            let on_every = cluster.len() + new.keys().filter(|l| !cluster.contains(l.as_str())).count();
+            let most_added = self
+                .namespaces
+                .values()
+                .map(|u| u.labels.iter().filter(|l| !cluster.contains(*l) && !new.contains_key(**l)).count())
+                .max()
+                .unwrap_or(0);
+            on_every + most_added
         } else {
+            let empty = BTreeSet::new();
             let team = self.namespaces.get(config.key.namespace.as_str()).map_or(&empty, |u| &u.labels);
-            series(team, &new)
+            cluster.len()
+                + team.iter().filter(|l| !cluster.contains(*l)).count()
+                + new.keys().filter(|l| !cluster.contains(l.as_str()) && !team.contains(l.as_str())).count()
         }
     }
 
