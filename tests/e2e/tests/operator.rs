@@ -529,6 +529,7 @@ async fn one_teams_configs_cannot_stall_the_nodes() {
         let cm = s.configmap(node).await.unwrap();
         let size: usize = cm.data.as_ref().unwrap().values().map(String::len).sum();
         assert!(size < 1024 * 1024, "{size} bytes");
+        println!("{node}: ConfigMap data {size} bytes; {admitted} of 20 medium configs admitted");
         let config: NodeConfig = serde_json::from_str(&cm.data.unwrap()[NODE_CONFIG_KEY]).unwrap();
         let routes: Vec<&str> = config.routes.iter().map(|r| r.config.as_str()).collect();
         assert!(routes.contains(&format!("{}/cluster", s.ns).as_str()), "{routes:?}");
@@ -683,6 +684,7 @@ async fn extra_labels_a_series_carries_are_bounded() {
         .await;
     let extra = series.split(['{', ',']).filter(|l| l.starts_with('x') && l.contains("=\"")).count();
     assert_eq!(extra, 32, "{series}");
+    println!("extra labels on a runtime series: {extra} (series line {} bytes)", series.len());
     let _ = std::fs::remove_dir_all(&state_dir);
     Api::<Node>::all(s.client.clone()).delete(&node, &DeleteParams::default()).await.unwrap();
 }
