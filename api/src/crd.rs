@@ -42,7 +42,7 @@ const PERIOD_PATTERN: &str = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$";
         name = "Matched",
         type_ = "integer",
         json_path = ".status.matchedNodes",
-        description = "Nodes this config applies to"
+        description = "Nodes whose configuration carries this config"
     ),
     printcolumn(
         name = "Applied",
@@ -272,11 +272,15 @@ pub struct NeuronMonitorConfigStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// `Accepted`: the spec is valid and rendered. `Ready`: every matched node runs it.
+    /// `Accepted`: the spec is valid, fits the limits on every node it matches, and is
+    /// rendered (reasons: Valid, InvalidSpec, TooLarge, NamespaceLimit, NodeLimit,
+    /// TooManyLabels, NoMatchingNodes). `Ready`: every matched node runs it (Applied,
+    /// Applying, WriteFailed, NotAccepted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 
-    /// Nodes this config applies to.
+    /// Nodes this config applies to whose configuration (ConfigMap) carries it: written,
+    /// not just rendered.
     #[serde(default)]
     pub matched_nodes: i32,
 

@@ -9,11 +9,13 @@
 //!   the routes), its ConfigMap's names and the content hash.
 //! - [`report`]: one NDJSON document that neuron-monitor writes per refresh.
 //! - [`cloudwatch`]: the CloudWatch metric catalogue, the sink rules, the cost estimate.
+//! - [`limits`]: bounds shared by the operator and the agent.
 
 pub mod cloudwatch;
 pub mod crd;
 pub mod duration;
 pub mod hardware;
+pub mod limits;
 pub mod monitor_config;
 pub mod node_config;
 pub mod report;

@@ -40,6 +40,7 @@ fn main() {
         rendering.len(),
         rendering.groups().len()
     );
+    println!("configs refused for lack of room on their nodes: {}", rendering.refused().len());
     println!("generate inputs: {:.1} ms", generated.as_secs_f64() * 1e3);
     println!("validate: {:.1} ms", validated.as_secs_f64() * 1e3);
     println!("render_all: {:.1} ms", rendered.as_secs_f64() * 1e3);

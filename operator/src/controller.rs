@@ -44,8 +44,8 @@ use tracing::{debug, info, warn};
 use crate::{
     nodes::{self, NeuronNodePolicy},
     render::{self, RenderedNode, Rendering},
-    telemetry::{ErrorLabel, OperatorMetrics},
-    validate::{self, ConfigKey, Invalid, ValidConfig},
+    telemetry::{ErrorLabel, OperatorMetrics, ReasonLabel},
+    validate::{self, ConfigKey, Invalid, Refusal, ValidConfig},
 };
 
 /// Field manager of everything the operator writes (server-side apply).
@@ -64,6 +64,9 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("encoding a node configuration: {0}")]
     Encode(#[from] serde_json::Error),
+    /// The pass went through every node and config, but some writes failed; it is retried.
+    #[error("{failed} write(s) failed")]
+    Incomplete { failed: usize },
 }
 
 impl Error {
@@ -71,6 +74,7 @@ impl Error {
         match self {
             Error::Kube(_) => "kube",
             Error::Encode(_) => "encode",
+            Error::Incomplete { .. } => "write",
         }
     }
 }
@@ -87,8 +91,8 @@ pub struct Controller {
     /// Last accepted version of each config (by uid): an invalid update keeps the nodes
     /// on it, as the API promises ("never a half-applied config").
     last_good: Mutex<HashMap<String, ValidConfig>>,
-    /// Accepted state last announced by an Event, by uid.
-    announced: Mutex<HashMap<String, bool>>,
+    /// Accepted state and reason last announced by an Event, by uid.
+    announced: Mutex<HashMap<String, (bool, String)>>,
     changed: Arc<Notify>,
     /// Which watches have listed everything (see [`Listed`]).
     listed: watch::Receiver<Listed>,
@@ -260,6 +264,8 @@ impl Controller {
             let mut last_good = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
             let live: HashSet<String> = configs.iter().filter_map(|c| c.uid()).collect();
             last_good.retain(|uid, _| live.contains(uid));
+            // A deleted config's announcement is forgotten with it.
+            self.announced.lock().unwrap_or_else(|p| p.into_inner()).retain(|uid, _| live.contains(uid));
             for config in &configs {
                 let uid = config.uid().unwrap_or_default();
                 match validate::validate(config, &self.namespace) {
@@ -277,22 +283,45 @@ impl Controller {
                 }
             }
         }
-        self.metrics.invalid_configs.set(verdicts.iter().filter(|(_, v)| v.is_err()).count() as i64);
 
-        // Render and write what changed.
+        // Render (configs that do not fit on their nodes are refused) and write what
+        // changed. A failed write stops nothing else: it is counted, and the pass retried.
         let rendering = render::render_all(nodes.iter(), &usable)?;
+        let mut failures = WriteFailures::default();
+        let mut written: HashSet<String> = HashSet::new();
         for node in &nodes {
-            if let Some(rendered) = rendering.rendered(&node.name_any()) {
-                self.apply_configmap(node, rendered).await?;
+            let name = node.name_any();
+            if let Some(rendered) = rendering.rendered(&name) {
+                match self.apply_configmap(node, rendered).await {
+                    Ok(()) => {
+                        written.insert(name);
+                    }
+                    Err(e) => failures.record(&self.metrics, "configmap", "apply", &name, &e),
+                }
             }
         }
-        self.delete_stale_configmaps(&rendering).await?;
+        self.delete_stale_configmaps(&rendering, &mut failures).await;
 
-        // Per config, the matched nodes whose agent acknowledged their current content.
+        // Verdicts: refused by validation, else by the room on its nodes.
+        let verdicts: Vec<(Arc<NeuronMonitorConfig>, Result<(), Invalid>)> = verdicts
+            .into_iter()
+            .map(|(config, verdict)| {
+                let refusal = ConfigKey::of(&config).ok().and_then(|key| rendering.refusal(&key).cloned());
+                let verdict = verdict.and_then(|()| refusal.map_or(Ok(()), Err));
+                (config, verdict)
+            })
+            .collect();
+        self.count_refusals(&verdicts);
+
+        // Per config, the nodes whose ConfigMap carries it, and of those the nodes whose
+        // agent acknowledged that content.
+        let carried = rendering.count_matched_where(|node, _| written.contains(node));
         let applied = rendering.count_matched_where(|node, rendered| {
             let configmap =
                 self.configmaps.get(&reflector::ObjectRef::new(&configmap_name(node)).within(&self.namespace));
-            configmap.as_ref().and_then(|cm| cm.annotations().get(APPLIED_HASH_ANNOTATION)) == Some(&rendered.hash)
+            written.contains(node)
+                && configmap.as_ref().and_then(|cm| cm.annotations().get(APPLIED_HASH_ANNOTATION))
+                    == Some(&rendered.hash)
         });
         let facts: HashMap<String, NodeFacts> = nodes.iter().map(|n| (n.name_any(), nodes::facts(n))).collect();
         for (config, verdict) in verdicts {
@@ -309,10 +338,13 @@ impl Controller {
             let outcome = Outcome {
                 verdict,
                 matched: rendering.matched_nodes(&key),
+                carried: carried.get(&key).copied().unwrap_or(0),
                 applied: applied.get(&key).copied().unwrap_or(0),
                 estimate,
             };
-            self.update_status(&config, outcome).await?;
+            if let Err(e) = self.update_status(&config, outcome).await {
+                failures.record(&self.metrics, "status", "apply", &key.to_string(), &e);
+            }
         }
         self.metrics.reconciles.inc();
         self.metrics.reconcile_seconds.observe(started.elapsed().as_secs_f64());
@@ -322,7 +354,24 @@ impl Controller {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "reconciled"
         );
-        Ok(())
+        match failures.count {
+            0 => Ok(()),
+            failed => Err(Error::Incomplete { failed }),
+        }
+    }
+
+    /// Sets the gauges of configs not accepted, by reason.
+    fn count_refusals(&self, verdicts: &[(Arc<NeuronMonitorConfig>, Result<(), Invalid>)]) {
+        let mut by_reason: HashMap<Refusal, i64> = Refusal::ALL.iter().map(|r| (*r, 0)).collect();
+        for (_, verdict) in verdicts {
+            if let Err(invalid) = verdict {
+                *by_reason.entry(invalid.kind).or_default() += 1;
+            }
+        }
+        self.metrics.invalid_configs.set(by_reason.values().sum());
+        for (reason, count) in by_reason {
+            self.metrics.refused_configs.get_or_create(&ReasonLabel { reason: reason.as_str() }).set(count);
+        }
     }
 
     /// Writes a node's ConfigMap if its content changed.
@@ -359,7 +408,7 @@ impl Controller {
         Ok(())
     }
 
-    async fn delete_stale_configmaps(&self, rendering: &Rendering) -> Result<(), Error> {
+    async fn delete_stale_configmaps(&self, rendering: &Rendering, failures: &mut WriteFailures) {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
         for cm in self.configmaps.state() {
             let node = cm.annotations().get(NODE_ANNOTATION).cloned().unwrap_or_default();
@@ -372,25 +421,43 @@ impl Controller {
                     info!(configmap = %cm.name_any(), node = %node, "deleted the configuration of a node nothing applies to");
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => failures.record(&self.metrics, "configmap", "delete", &cm.name_any(), &e.into()),
             }
         }
-        Ok(())
     }
 
     async fn update_status(&self, config: &NeuronMonitorConfig, outcome: Outcome) -> Result<(), Error> {
-        let Outcome { verdict, matched, applied, estimate } = outcome;
+        let Outcome { verdict, matched, carried, applied, estimate } = outcome;
         let previous = config.status.clone().unwrap_or_default();
         let generation = config.metadata.generation;
+        // Only what reached the nodes' ConfigMaps is claimed.
         let (accepted, accepted_reason, accepted_message) = match &verdict {
-            Err(invalid) => (false, "InvalidSpec", invalid.to_string()),
+            Err(invalid) => (false, invalid.kind.as_str(), invalid.to_string()),
             Ok(()) if matched == 0 => {
                 (false, "NoMatchingNodes", "spec.nodeSelector: matches no Neuron node".to_owned())
             }
+            Ok(()) if carried < matched => (
+                true,
+                "Valid",
+                format!(
+                    "rendered, and written to the ConfigMaps of {carried} of {matched} node(s); \
+                     the other writes failed and are retried"
+                ),
+            ),
             Ok(()) => (true, "Valid", format!("rendered for {matched} node(s)")),
         };
         let (ready, ready_reason, ready_message) = if !accepted {
             (false, "NotAccepted", "see the Accepted condition".to_owned())
+        } else if carried < matched {
+            (
+                false,
+                "WriteFailed",
+                format!(
+                    "the ConfigMaps of {} of {matched} node(s) could not be written (retrying); \
+                     {applied} node(s) run the current configuration",
+                    matched - carried
+                ),
+            )
         } else if applied == matched {
             (true, "Applied", format!("all {matched} node(s) run the current configuration"))
         } else {
@@ -403,8 +470,8 @@ impl Controller {
         let status = NeuronMonitorConfigStatus {
             observed_generation: generation,
             conditions,
-            matched_nodes: matched as i32,
-            applied_nodes: applied as i32,
+            matched_nodes: i32::try_from(carried).unwrap_or(i32::MAX),
+            applied_nodes: i32::try_from(applied).unwrap_or(i32::MAX),
             estimated_cloud_watch_metrics: estimate.as_ref().map(|e| e.metrics as i64),
             estimated_monthly_cost_usd: estimate.as_ref().map(CostEstimate::monthly_usd_text),
         };
@@ -424,15 +491,21 @@ impl Controller {
         Ok(())
     }
 
-    /// An Event when a config's Accepted state is first seen or changes.
+    /// An Event when a config's Accepted state or reason is first seen or changes; a
+    /// refusal is also counted, by reason.
     async fn announce(&self, config: &NeuronMonitorConfig, accepted: bool, reason: &str, message: &str) {
         let uid = config.uid().unwrap_or_default();
         {
             let mut announced = self.announced.lock().unwrap_or_else(|p| p.into_inner());
-            if announced.get(&uid) == Some(&accepted) {
+            let state = (accepted, reason.to_owned());
+            if announced.get(&uid) == Some(&state) {
                 return;
             }
-            announced.insert(uid, accepted);
+            announced.insert(uid, state);
+        }
+        if !accepted {
+            self.metrics.refusals.get_or_create(&ReasonLabel { reason: reason_label(reason) }).inc();
+            info!(config = %config.name_any(), namespace = ?config.namespace(), reason, message, "config not accepted");
         }
         let event = Event {
             type_: if accepted { EventType::Normal } else { EventType::Warning },
@@ -451,10 +524,40 @@ impl Controller {
 /// What a pass found for one config.
 struct Outcome {
     verdict: Result<(), Invalid>,
+    /// Nodes its selector matches.
     matched: usize,
+    /// Matched nodes whose ConfigMap carries it (rendered, and written or unchanged).
+    carried: usize,
+    /// Of those, nodes whose agent acknowledged that content.
     applied: usize,
     /// CloudWatch metrics and monthly cost, for an accepted config with a CloudWatch sink.
     estimate: Option<CostEstimate>,
+}
+
+/// The writes that failed in one pass: counted in `neuron_operator_write_failures_total`,
+/// the first few logged (a pass over thousands of nodes could fail them all).
+#[derive(Default)]
+struct WriteFailures {
+    count: usize,
+}
+
+impl WriteFailures {
+    const LOGGED_PER_PASS: usize = 5;
+
+    fn record(&mut self, metrics: &OperatorMetrics, kind: &'static str, action: &'static str, object: &str, e: &Error) {
+        self.count += 1;
+        metrics.write_failed(kind, action);
+        if self.count <= Self::LOGGED_PER_PASS {
+            warn!(kind, action, object, error = %e, "write failed; the pass goes on and is retried");
+        } else if self.count == Self::LOGGED_PER_PASS + 1 {
+            warn!("more writes failed in this pass; see neuron_operator_write_failures_total");
+        }
+    }
+}
+
+/// The static label of an Accepted=False reason.
+fn reason_label(reason: &str) -> &'static str {
+    Refusal::ALL.iter().map(|r| r.as_str()).find(|r| *r == reason).unwrap_or("NoMatchingNodes")
 }
 
 /// A condition, keeping its transition time when its status did not change.

@@ -15,6 +15,14 @@
 //!
 //! [`render_all`] renders once per distinct set of matching configs (a node's
 //! "signature"), not once per node: nodes of one node group share the result.
+//!
+//! What configs may add to a node is bounded ([`api::limits`]): bytes per config (checked
+//! by validation), configs and bytes per namespace and per node, extra labels per series.
+//! [`render_all`] gives configs room in a fixed order (the operator namespace's, then the
+//! oldest) and refuses, on every node, a config that does not fit on one of them, so one
+//! team can never push a node's ConfigMap over the API server's 1 MiB limit and stall
+//! everyone else's configs (see `budget`). [`render`] and [`render_node`] merge what they
+//! are given, without limits.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -25,7 +33,10 @@ use api::node_config::{content_hash, NodeConfig};
 use k8s_openapi::api::core::v1::Node;
 
 use crate::nodes;
-use crate::validate::{Applications, ConfigKey, ValidConfig};
+use crate::validate::{Applications, ConfigKey, Invalid, ValidConfig};
+use budget::GroupNodes;
+
+mod budget;
 
 /// A node as rendering sees it: a name and labels.
 pub trait NodeLabels {
@@ -106,8 +117,11 @@ pub struct Rendering {
     groups: Vec<NodeGroup>,
     /// Node name → index into `groups`.
     by_node: BTreeMap<String, usize>,
-    /// Every config given, with the number of nodes it matches (possibly 0).
+    /// Every config given, with the number of nodes its selector matches (possibly 0),
+    /// whether or not it found room there.
     matched: BTreeMap<ConfigKey, usize>,
+    /// Configs that did not fit on some node they match, and are on none.
+    refused: BTreeMap<ConfigKey, Invalid>,
 }
 
 impl Rendering {
@@ -141,9 +155,20 @@ impl Rendering {
         &self.groups
     }
 
-    /// Number of nodes a config matches (0 for a config that was not rendered).
+    /// Number of nodes a config's selector matches (0 for a config not given), whether
+    /// or not it was [`refused`](Self::refusal) there.
     pub fn matched_nodes(&self, config: &ConfigKey) -> usize {
         self.matched.get(config).copied().unwrap_or(0)
+    }
+
+    /// Why a config is on none of its nodes: it did not fit on one of them.
+    pub fn refusal(&self, config: &ConfigKey) -> Option<&Invalid> {
+        self.refused.get(config)
+    }
+
+    /// Every refused config, with the reason.
+    pub fn refused(&self) -> &BTreeMap<ConfigKey, Invalid> {
+        &self.refused
     }
 
     /// Every config given to [`render_all`] with the number of nodes it matches.
@@ -151,8 +176,8 @@ impl Rendering {
         &self.matched
     }
 
-    /// For every config given to [`render_all`], how many of its matched nodes satisfy
-    /// `pred` (e.g. "its agent runs the current hash", for `status.appliedNodes`).
+    /// For every config given to [`render_all`], how many of the nodes it is rendered for
+    /// satisfy `pred` (e.g. "its agent runs the current hash", for `status.appliedNodes`).
     /// Costs one call per node plus one addition per (group, config), rather than a
     /// walk over every config's nodes.
     pub fn count_matched_where(&self, mut pred: impl FnMut(&str, &RenderedNode) -> bool) -> BTreeMap<ConfigKey, usize> {
@@ -171,7 +196,7 @@ impl Rendering {
         counts
     }
 
-    /// The nodes a config matches, sorted by group then name.
+    /// The nodes a config is rendered for, sorted by group then name.
     pub fn matched_node_names<'a>(&'a self, config: &'a ConfigKey) -> impl Iterator<Item = &'a str> + 'a {
         self.groups
             .iter()
@@ -316,35 +341,58 @@ where
     drop(signatures);
 
     let mut matched: BTreeMap<ConfigKey, usize> = configs.iter().map(|c| (c.key.clone(), 0)).collect();
-    let mut groups = Vec::with_capacity(members.len());
+    // (indices into the sorted `configs` that match, in order, so routes come out
+    // sorted; the nodes, sorted), in the order of their first node.
+    let mut selected: Vec<(Vec<usize>, Vec<String>)> = Vec::with_capacity(members.len());
     for (sig, mut names) in members {
-        // Indices into the sorted `configs`, in order: the routes come out sorted.
-        let chosen: Vec<&ValidConfig> = (0..configs.len())
+        let chosen: Vec<usize> = (0..configs.len())
             .filter(|&i| match selective.binary_search(&i) {
                 Ok(j) => sig[j / 64] & (1 << (j % 64)) != 0,
                 Err(_) => true,
             })
-            .map(|i| configs[i])
             .collect();
         if chosen.is_empty() {
             continue;
         }
-        for config in &chosen {
-            if let Some(count) = matched.get_mut(&config.key) {
+        for &i in &chosen {
+            if let Some(count) = matched.get_mut(&configs[i].key) {
                 *count += names.len();
             }
         }
         names.sort_unstable();
+        selected.push((chosen, names));
+    }
+    selected.sort_by(|a, b| a.1.first().cmp(&b.1.first()));
+
+    // What does not fit on one of its nodes is refused on all of them.
+    let shares: Vec<GroupNodes> = selected
+        .iter()
+        .map(|(chosen, names)| GroupNodes {
+            configs: chosen,
+            first_node: names.first().map(String::as_str).unwrap_or_default(),
+            node_count: names.len(),
+        })
+        .collect();
+    let refused_at = budget::share_out(&configs, &shares);
+    drop(shares);
+
+    let mut groups = Vec::with_capacity(selected.len());
+    for (chosen, names) in selected {
+        let admitted: Vec<&ValidConfig> =
+            chosen.into_iter().filter(|i| !refused_at.contains_key(i)).map(|i| configs[i]).collect();
+        if admitted.is_empty() {
+            continue;
+        }
         groups.push(NodeGroup {
-            configs: chosen.iter().map(|c| c.key.clone()).collect(),
+            configs: admitted.iter().map(|c| c.key.clone()).collect(),
             nodes: names,
-            rendered: RenderedNode::new(merge_sorted(&chosen))?,
+            rendered: RenderedNode::new(merge_sorted(&admitted))?,
         });
     }
-    groups.sort_by(|a, b| a.nodes.first().cmp(&b.nodes.first()));
     let by_node =
         groups.iter().enumerate().flat_map(|(g, group)| group.nodes.iter().map(move |n| (n.clone(), g))).collect();
-    Ok(Rendering { groups, by_node, matched })
+    let refused = refused_at.into_iter().map(|(i, why)| (configs[i].key.clone(), why)).collect();
+    Ok(Rendering { groups, by_node, matched, refused })
 }
 
 #[cfg(test)]

@@ -17,12 +17,21 @@ pub struct WriteLabel {
     pub action: &'static str,
 }
 
+/// Why a config is not accepted (the `Accepted` condition's reason).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
 #[derive(Clone)]
 pub struct OperatorMetrics {
     pub reconciles: Counter,
     pub reconcile_errors: Family<ErrorLabel, Counter>,
     pub reconcile_seconds: Histogram,
     pub writes: Family<WriteLabel, Counter>,
+    pub write_failures: Family<WriteLabel, Counter>,
+    pub refused_configs: Family<ReasonLabel, Gauge>,
+    pub refusals: Family<ReasonLabel, Counter>,
     pub leader: Gauge,
     pub configs: Gauge,
     pub invalid_configs: Gauge,
@@ -38,6 +47,9 @@ impl OperatorMetrics {
                 0.001, 2.0, 14,
             )),
             writes: Family::default(),
+            write_failures: Family::default(),
+            refused_configs: Family::default(),
+            refusals: Family::default(),
             leader: Gauge::default(),
             configs: Gauge::default(),
             invalid_configs: Gauge::default(),
@@ -59,6 +71,22 @@ impl OperatorMetrics {
             "Objects written, by kind (configmap, status, event) and action (apply, delete)",
             m.writes.clone(),
         );
+        registry.register(
+            "neuron_operator_write_failures",
+            "Writes that failed (the pass goes on, and is retried), by kind and action",
+            m.write_failures.clone(),
+        );
+        registry.register(
+            "neuron_operator_refused_configs",
+            "NeuronMonitorConfigs not accepted in the last pass, by reason (InvalidSpec, TooLarge, \
+             NamespaceLimit, NodeLimit, TooManyLabels)",
+            m.refused_configs.clone(),
+        );
+        registry.register(
+            "neuron_operator_config_refusals",
+            "Times a config became not accepted (or changed reason), by reason, as announced by an Event",
+            m.refusals.clone(),
+        );
         registry.register("neuron_operator_leader", "1 while this replica holds the lease", m.leader.clone());
         registry.register("neuron_operator_configs", "NeuronMonitorConfigs seen", m.configs.clone());
         registry.register(
@@ -72,5 +100,9 @@ impl OperatorMetrics {
 
     pub fn wrote(&self, kind: &'static str, action: &'static str) {
         self.writes.get_or_create(&WriteLabel { kind, action }).inc();
+    }
+
+    pub fn write_failed(&self, kind: &'static str, action: &'static str) {
+        self.write_failures.get_or_create(&WriteLabel { kind, action }).inc();
     }
 }

@@ -3,7 +3,10 @@
 //! The API server's schema refuses most bad input, but the operator never trusts it:
 //! everything rendering relies on is checked here and pre-computed into a
 //! [`ValidConfig`], so that rendering thousands of nodes only merges ready-made parts.
-//! A refusal names the exact field ([`Invalid`]), for the `Accepted` condition.
+//! A refusal names the exact field ([`Invalid`]), for the `Accepted` condition. A config
+//! whose route would add more than [`MAX_CONFIG_RENDERED_BYTES`] to every node's ConfigMap
+//! is refused here as [`Refusal::TooLarge`]; the limits that depend on the other configs
+//! of a node are applied by rendering.
 //!
 //! Defaults:
 //! - `period`: 5 s; a runtime entry inherits the config's period, a group its entry's
@@ -25,9 +28,11 @@ use std::sync::{Mutex, PoisonError};
 use api::cloudwatch::sink::SinkSettings;
 use api::crd::{CloudWatchSinkSpec, NeuronMonitorConfig, PrometheusSinkSpec, SystemMetricsSpec};
 use api::duration::Period;
+use api::limits::MAX_CONFIG_RENDERED_BYTES;
 use api::monitor_config::{RuntimeGroup, SystemGroup, DEFAULT_PERIOD};
 use api::node_config::{PrometheusRoute, Route, RouteRuntimes};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::jiff::Timestamp;
 use regex::Regex;
 
 /// Bounds of every period (the schema's CEL rule says the same).
@@ -65,18 +70,57 @@ const RESERVED_LABELS: [&str; 18] = [
     "neuron_device_index",
 ];
 
-/// Why a config is refused: the field (a path such as `spec.runtimes[1].tagFilter`) and
-/// the reason.
+/// Why a config is refused: the field (a path such as `spec.runtimes[1].tagFilter`), the
+/// reason, and its kind (the `Accepted` condition's reason).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {reason}")]
 pub struct Invalid {
     pub field: String,
     pub reason: String,
+    pub kind: Refusal,
 }
 
 impl Invalid {
     fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Invalid { field: field.into(), reason: reason.into() }
+        Invalid::of(Refusal::InvalidSpec, field, reason)
+    }
+
+    /// A refusal of a given kind (a limit rather than an invalid spec).
+    pub fn of(kind: Refusal, field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Invalid { field: field.into(), reason: reason.into(), kind }
+    }
+}
+
+/// The kinds of refusal, each the reason of an `Accepted=False` condition and a label of
+/// `neuron_operator_refused_configs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Refusal {
+    /// The spec breaks a rule the schema could not check.
+    InvalidSpec,
+    /// The rendered config alone exceeds [`MAX_CONFIG_RENDERED_BYTES`].
+    TooLarge,
+    /// Its namespace's configs on a node would exceed their count or bytes.
+    NamespaceLimit,
+    /// All configs on a node would exceed their count or bytes.
+    NodeLimit,
+    /// A series would carry more than [`MAX_EXTRA_LABELS_PER_SERIES`] extra labels.
+    ///
+    /// [`MAX_EXTRA_LABELS_PER_SERIES`]: api::limits::MAX_EXTRA_LABELS_PER_SERIES
+    TooManyLabels,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 5] =
+        [Refusal::InvalidSpec, Refusal::TooLarge, Refusal::NamespaceLimit, Refusal::NodeLimit, Refusal::TooManyLabels];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::InvalidSpec => "InvalidSpec",
+            Refusal::TooLarge => "TooLarge",
+            Refusal::NamespaceLimit => "NamespaceLimit",
+            Refusal::NodeLimit => "NodeLimit",
+            Refusal::TooManyLabels => "TooManyLabels",
+        }
     }
 }
 
@@ -216,6 +260,13 @@ pub enum Applications {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValidConfig {
     pub key: ConfigKey,
+    /// In the operator's namespace: sees every application, and comes first when node
+    /// budgets are shared out.
+    pub cluster_wide: bool,
+    /// `metadata.creationTimestamp`: older configs come first when budgets are shared out.
+    pub created: Option<Timestamp>,
+    /// Bytes of the route's JSON, what the config adds to each node's ConfigMap.
+    pub rendered_bytes: usize,
     pub selector: Selector,
     /// The config's own period (`spec.period` or 5 s).
     pub period: Period,
@@ -231,6 +282,24 @@ pub struct ValidConfig {
 }
 
 impl ValidConfig {
+    /// The order in which configs are given room on a node: the operator namespace's
+    /// first, then the oldest (no creation time: last), then by namespace and name. A
+    /// config thus never displaces an established one.
+    pub fn precedes(&self, other: &ValidConfig) -> std::cmp::Ordering {
+        (!self.cluster_wide, self.created.is_none(), self.created, &self.key).cmp(&(
+            !other.cluster_wide,
+            other.created.is_none(),
+            other.created,
+            &other.key,
+        ))
+    }
+
+    /// Names of the extra labels this config puts on Prometheus series (none when its
+    /// Prometheus export is off).
+    pub fn extra_label_names(&self) -> impl Iterator<Item = &str> {
+        self.route.prometheus.iter().flat_map(|p| p.extra_labels.keys().map(String::as_str))
+    }
+
     /// True when this config applies to a node with these labels.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.selector.matches(labels)
@@ -336,7 +405,62 @@ pub fn validate(config: &NeuronMonitorConfig, operator_namespace: &str) -> Resul
         prometheus,
         cloudwatch: sinks.cloudwatch,
     };
-    Ok(ValidConfig { key, selector, period, route, applications, runtime_groups, system_groups })
+    let rendered_bytes = check_rendered_size(&route)?;
+    let created = config.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    Ok(ValidConfig {
+        key,
+        cluster_wide,
+        created,
+        rendered_bytes,
+        selector,
+        period,
+        route,
+        applications,
+        runtime_groups,
+        system_groups,
+    })
+}
+
+/// The bytes a route adds to every node's ConfigMap, at most
+/// [`MAX_CONFIG_RENDERED_BYTES`]; beyond, the refusal names the part that takes most.
+fn check_rendered_size(route: &Route) -> Result<usize, Invalid> {
+    let bytes = json_len(route);
+    if bytes <= MAX_CONFIG_RENDERED_BYTES {
+        return Ok(bytes);
+    }
+    let parts = [
+        ("spec.runtimes", json_len(&route.runtimes)),
+        ("spec.sinks.prometheus.extraLabels", json_len(&route.prometheus)),
+        ("spec.sinks.cloudwatch", json_len(&route.cloudwatch)),
+    ];
+    let (field, part) = parts.iter().max_by_key(|(_, n)| *n).copied().unwrap_or(("spec", bytes));
+    Err(Invalid::of(
+        Refusal::TooLarge,
+        field,
+        format!(
+            "the config renders to {bytes} bytes on every node ({part} of them here); \
+             at most {MAX_CONFIG_RENDERED_BYTES} per config"
+        ),
+    ))
+}
+
+/// Length of a value's JSON, without building it; `usize::MAX` if it cannot be encoded.
+fn json_len<T: serde::Serialize>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX,
+    }
 }
 
 fn system_groups(system: &SystemMetricsSpec, period: Period) -> Result<BTreeMap<SystemGroup, Period>, Invalid> {

@@ -1,4 +1,4 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use api::crd::NeuronMonitorConfig;
@@ -399,4 +399,211 @@ fn many(node_count: usize, config_count: usize, seed: u64) -> (Vec<TestNode>, Ve
         })
         .collect();
     (nodes, configs)
+}
+
+// ---- room on a node (api::limits) ----------------------------------------------------
+
+use crate::validate::Refusal;
+use api::limits::{
+    MAX_CONFIGS_PER_NAMESPACE_PER_NODE, MAX_EXTRA_LABELS_PER_SERIES, MAX_NAMESPACE_RENDERED_BYTES_PER_NODE,
+    MAX_NODE_RENDERED_BYTES,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+/// A config created `at` seconds after a fixed instant.
+fn created(namespace: &str, name: &str, at: i64, spec: serde_json::Value) -> ValidConfig {
+    let mut c = NeuronMonitorConfig::new(name, serde_json::from_value(spec).unwrap());
+    c.metadata.namespace = Some(namespace.to_owned());
+    c.metadata.creation_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + at).unwrap()));
+    validate(&c, OPERATOR_NS).unwrap()
+}
+
+/// A spec of `entries` runtime entries with ~1,000-byte tag filters (about 1 kB each).
+fn bulky(unique: usize, entries: usize) -> serde_json::Value {
+    let runtimes: Vec<_> = (0..entries)
+        .map(|e| json!({"tagFilter": format!("^{unique:03}-{e:02}-{}", "a".repeat(990)), "metrics": [{"type": "memory_used"}]}))
+        .collect();
+    json!({"runtimes": runtimes})
+}
+
+/// A spec with these extra Prometheus labels.
+fn labelled(names: &[String]) -> serde_json::Value {
+    let labels: serde_json::Map<_, _> = names.iter().map(|n| (n.clone(), json!("v"))).collect();
+    json!({"sinks": {"prometheus": {"extraLabels": labels}}})
+}
+
+fn names(prefix: &str, count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("{prefix}_{i:02}")).collect()
+}
+
+fn refusal_kind(out: &Rendering, namespace: &str, name: &str) -> Option<Refusal> {
+    let key = ConfigKey { namespace: namespace.into(), name: name.into() };
+    out.refusal(&key).map(|r| r.kind)
+}
+
+#[test]
+fn a_namespace_fills_its_room_on_a_node_oldest_first_and_the_newest_are_refused() {
+    let nodes = vec![node("n1", &[]), node("n2", &[])];
+    // 20 configs of ~3 kB in one namespace, created one second apart, listed newest first.
+    let mut configs: Vec<ValidConfig> =
+        (0..20).rev().map(|i| created("team-a", &format!("m{i:02}"), i, bulky(i as usize, 3))).collect();
+    configs.push(created("team-b", "other", 99, json!({})));
+    configs.push(created(OPERATOR_NS, "cluster", 100, json!({})));
+    let per_config = configs[0].rendered_bytes;
+    let fits = MAX_NAMESPACE_RENDERED_BYTES_PER_NODE / per_config;
+    assert!(fits > 2 && fits < 20, "{per_config} bytes per config");
+
+    let out = render_all(&nodes, &configs).unwrap();
+    for i in 0..20 {
+        let kind = refusal_kind(&out, "team-a", &format!("m{i:02}"));
+        assert_eq!(kind, (i >= fits).then_some(Refusal::NamespaceLimit), "m{i:02}");
+    }
+    let refused = out.refusal(&ConfigKey { namespace: "team-a".into(), name: "m19".into() }).unwrap();
+    assert_eq!(refused.field, "spec.nodeSelector");
+    assert!(refused.reason.contains("2 of 2 matched node(s), such as n1"), "{refused}");
+    assert!(refused.reason.contains(&MAX_NAMESPACE_RENDERED_BYTES_PER_NODE.to_string()), "{refused}");
+    // Everything else still renders, and a refused config is on no node.
+    let routes = route_keys(out.get("n1").unwrap()).len();
+    assert_eq!(routes, fits + 2);
+    assert_eq!(out.matched_nodes(&ConfigKey { namespace: "team-a".into(), name: "m19".into() }), 2);
+    assert_eq!(out.matched_node_names(&ConfigKey { namespace: "team-a".into(), name: "m19".into() }).count(), 0);
+    // The same verdicts whatever the input order.
+    for seed in 1..4 {
+        let mut shuffled = configs.clone();
+        shuffle(&mut shuffled, seed);
+        assert_eq!(render_all(&nodes, &shuffled).unwrap(), out, "seed {seed}");
+    }
+}
+
+#[test]
+fn configs_per_namespace_per_node_are_bounded() {
+    let nodes = vec![node("n1", &[])];
+    let configs: Vec<ValidConfig> = (0..20).map(|i| created("team-a", &format!("c{i:02}"), i, json!({}))).collect();
+    let out = render_all(&nodes, &configs).unwrap();
+    assert_eq!(out.get("n1").unwrap().routes.len(), MAX_CONFIGS_PER_NAMESPACE_PER_NODE);
+    assert_eq!(out.refused().len(), 20 - MAX_CONFIGS_PER_NAMESPACE_PER_NODE);
+    assert!(out.refused().values().all(|r| r.kind == Refusal::NamespaceLimit && r.field == "spec.nodeSelector"));
+    assert_eq!(refusal_kind(&out, "team-a", "c15"), None);
+    assert_eq!(refusal_kind(&out, "team-a", "c16"), Some(Refusal::NamespaceLimit));
+}
+
+#[test]
+fn a_full_node_refuses_the_newest_configs_and_the_operator_namespace_comes_first() {
+    let nodes = vec![node("n1", &[])];
+    // 30 namespaces of two ~15 kB configs each: more than a node takes.
+    let mut configs = Vec::new();
+    for ns in 0..30 {
+        for c in 0..2 {
+            let at = (ns * 2 + c) as i64;
+            configs.push(created(&format!("team-{ns:02}"), &format!("c{c}"), at, bulky(ns * 2 + c, 15)));
+        }
+    }
+    // The administrator's config is the newest, and still comes first.
+    configs.push(created(OPERATOR_NS, "cluster", 1000, bulky(999, 15)));
+    let out = render_all(&nodes, &configs).unwrap();
+    assert_eq!(refusal_kind(&out, OPERATOR_NS, "cluster"), None);
+    let rendered = out.rendered("n1").unwrap();
+    let bytes: usize = rendered.config.routes.iter().map(|r| serde_json::to_string(r).unwrap().len()).sum();
+    assert!(bytes <= MAX_NODE_RENDERED_BYTES, "{bytes}");
+    assert!(rendered.json.len() + serde_json::to_string_pretty(&rendered.config.monitor).unwrap().len() < 1024 * 1024);
+    // The oldest team configs are in, the newest refused; none is half-in.
+    assert_eq!(refusal_kind(&out, "team-00", "c0"), None);
+    assert_eq!(refusal_kind(&out, "team-29", "c1"), Some(Refusal::NodeLimit));
+    let refused = out.refused().len();
+    assert!(refused > 0 && refused < 60, "{refused}");
+    assert_eq!(rendered.config.routes.len() + refused, 61);
+    let order: Vec<bool> = (0..60)
+        .map(|i| {
+            out.refused().keys().any(|k| k.namespace == format!("team-{:02}", i / 2) && k.name == format!("c{}", i % 2))
+        })
+        .collect();
+    assert!(order.windows(2).all(|w| w[0] <= w[1]), "refusals are the newest: {order:?}");
+}
+
+#[test]
+fn a_config_that_does_not_fit_on_one_of_its_nodes_is_on_none() {
+    let nodes = vec![node("a", &[("host", "a")]), node("b", &[("host", "b")])];
+    let mut configs: Vec<ValidConfig> = (0..16)
+        .map(|i| {
+            created("team-a", &format!("pinned-{i:02}"), i, json!({"nodeSelector": {"matchLabels": {"host": "a"}}}))
+        })
+        .collect();
+    configs.push(created("team-a", "everywhere", 100, json!({})));
+    let out = render_all(&nodes, &configs).unwrap();
+    let refused = out.refusal(&ConfigKey { namespace: "team-a".into(), name: "everywhere".into() }).unwrap();
+    assert_eq!(refused.kind, Refusal::NamespaceLimit);
+    assert!(refused.reason.contains("1 of 2 matched node(s), such as a"), "{refused}");
+    assert!(out.get("b").is_none(), "node b carries nothing rather than half the config");
+    assert_eq!(out.get("a").unwrap().routes.len(), 16);
+}
+
+#[test]
+fn extra_labels_a_series_would_carry_are_bounded_per_namespace_with_the_operators_first() {
+    let nodes = vec![node("n1", &[])];
+    let configs = vec![
+        // On every series: 10 + 16 labels.
+        created(OPERATOR_NS, "c1", 50, labelled(&names("c", 10))),
+        created(OPERATOR_NS, "c2", 60, labelled(&names("d", 16))),
+        // team-a: the older config takes 16 more (42 > 32): refused, though older than c1.
+        created("team-a", "a1", 0, labelled(&names("a", 16))),
+        // 6 new names (32): fits; a config repeating names adds none.
+        created("team-a", "a2", 1, labelled(&names("b", 6))),
+        created("team-a", "a3", 2, labelled(&names("b", 6))),
+        created("team-a", "a4", 3, labelled(&names("e", 1))),
+        // Prometheus off: no label on any series.
+        created("team-a", "a5", 4, json!({"sinks": {"prometheus": {"enabled": false, "extraLabels": {"z": "1"}}}})),
+        // Another namespace's series are its own.
+        created("team-b", "b1", 5, labelled(&names("b", 6))),
+        created("team-b", "b2", 6, labelled(&names("f", 1))),
+    ];
+    let out = render_all(&nodes, &configs).unwrap();
+    let kinds: Vec<(&str, Option<Refusal>)> =
+        configs.iter().map(|c| (c.key.name.as_str(), refusal_kind(&out, &c.key.namespace, &c.key.name))).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ("c1", None),
+            ("c2", None),
+            ("a1", Some(Refusal::TooManyLabels)),
+            ("a2", None),
+            ("a3", None),
+            ("a4", Some(Refusal::TooManyLabels)),
+            ("a5", None),
+            ("b1", None),
+            ("b2", Some(Refusal::TooManyLabels)),
+        ]
+    );
+    let refused = out.refusal(&ConfigKey { namespace: "team-a".into(), name: "a1".into() }).unwrap();
+    assert_eq!(refused.field, "spec.sinks.prometheus.extraLabels");
+    assert!(refused.reason.contains("42 extra labels"), "{refused}");
+    assert!(refused.reason.contains(&format!("at most {MAX_EXTRA_LABELS_PER_SERIES}")), "{refused}");
+
+    // The operator namespace's configs are bounded among themselves too.
+    let configs = vec![
+        created(OPERATOR_NS, "c1", 0, labelled(&names("c", 16))),
+        created(OPERATOR_NS, "c2", 1, labelled(&names("d", 16))),
+        created(OPERATOR_NS, "c3", 2, labelled(&names("e", 1))),
+    ];
+    let out = render_all(&nodes, &configs).unwrap();
+    assert_eq!(refusal_kind(&out, OPERATOR_NS, "c2"), None);
+    assert_eq!(refusal_kind(&out, OPERATOR_NS, "c3"), Some(Refusal::TooManyLabels));
+}
+
+#[test]
+fn sixty_configs_of_sixteen_labels_on_the_same_runtimes_add_at_most_the_bound() {
+    // Issue 10, item 10: 60 such configs put 968 labels on each series.
+    let nodes = vec![node("n1", &[])];
+    let configs: Vec<ValidConfig> = (0..60)
+        .map(|i| created(OPERATOR_NS, &format!("l{i:02}"), i, labelled(&names(&format!("x{i:02}"), 16))))
+        .collect();
+    let out = render_all(&nodes, &configs).unwrap();
+    let on_series: BTreeSet<&String> = out
+        .get("n1")
+        .unwrap()
+        .routes
+        .iter()
+        .flat_map(|r| r.prometheus.iter().flat_map(|p| p.extra_labels.keys()))
+        .collect();
+    assert_eq!(on_series.len(), MAX_EXTRA_LABELS_PER_SERIES);
+    assert_eq!(out.refused().len(), 58);
 }

@@ -382,3 +382,46 @@ fn region_and_label_checks() {
         assert!(check_label_key(k).is_err(), "{k}");
     }
 }
+
+#[test]
+fn a_config_too_large_for_any_node_is_refused_naming_its_largest_part() {
+    let runtimes: Vec<_> = (0..16)
+        .map(|e| json!({"tagFilter": format!("^{e:02}-{}", "a".repeat(990)), "metrics": [{"type": "memory_used"}]}))
+        .collect();
+    let e = invalid("team-a", json!({"runtimes": runtimes}));
+    assert_eq!((e.kind, e.field.as_str()), (Refusal::TooLarge, "spec.runtimes"), "{e}");
+    assert!(e.reason.contains(&format!("at most {}", api::limits::MAX_CONFIG_RENDERED_BYTES)), "{e}");
+    // Schema-valid, and one entry fewer than the schema allows, but still too large.
+    let e = invalid(
+        "team-a",
+        json!({"runtimes": runtimes[..15].to_vec(), "sinks": {"prometheus": {"extraLabels":
+        (0..16).map(|l| (format!("l{l:02}"), json!("\u{1}".repeat(128)))).collect::<serde_json::Map<_, _>>()}}}),
+    );
+    assert_eq!(e.kind, Refusal::TooLarge, "{e}");
+    // Within the bound: the size is what the route adds to a node's configuration.
+    let v = valid("team-a", json!({"runtimes": runtimes[..2].to_vec()}));
+    assert_eq!(v.rendered_bytes, serde_json::to_string(&v.route).unwrap().len());
+    // Every other refusal is an invalid spec.
+    assert_eq!(invalid("team-a", json!({"period": "0s"})).kind, Refusal::InvalidSpec);
+}
+
+#[test]
+fn configs_are_given_room_operator_namespace_first_then_oldest_then_by_name() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let at = |namespace: &str, name: &str, second: Option<i64>| {
+        let mut c = nmc(namespace, name, json!({}));
+        c.metadata.creation_timestamp =
+            second.map(|s| Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + s).unwrap()));
+        validate(&c, OPERATOR_NS).unwrap()
+    };
+    let mut configs = [
+        at("team-a", "unstamped", None),
+        at("team-b", "new", Some(9)),
+        at("team-z", "old", Some(1)),
+        at("team-a", "old", Some(1)),
+        at(OPERATOR_NS, "newest", Some(99)),
+    ];
+    configs.sort_by(|a, b| a.precedes(b));
+    let order: Vec<String> = configs.iter().map(|c| c.key.to_string()).collect();
+    assert_eq!(order, ["neuron-monitor/newest", "team-a/old", "team-z/old", "team-b/new", "team-a/unstamped"]);
+}

@@ -14,7 +14,10 @@ use api::{
     crd::NeuronMonitorConfig,
     node_config::{configmap_name, NodeConfig, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION, NODE_CONFIG_KEY},
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::{
+    core::v1::{ConfigMap, Node},
+    events::v1::Event,
+};
 use kube::{
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
     Api, Client, ResourceExt,
@@ -394,4 +397,294 @@ async fn two_replicas_elect_one_leader_and_hand_over_on_shutdown() {
     s.wait("the other replica takes over", || async { (leads(follower)? == 1.0).then_some(()) }).await;
     // The lease was released on shutdown: no wait for it to expire (15 s).
     assert!(started.elapsed() < Duration::from_secs(10), "hand-over took {:?}", started.elapsed());
+}
+
+/// The value of the sample `name{labels}` whose label set contains every `label` given.
+fn labelled_sample(exposition: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+        let (set, value) = rest.split_once("} ")?;
+        labels.iter().all(|l| set.split(',').any(|x| x == *l)).then(|| value.trim().parse().ok())?
+    })
+}
+
+/// A config object with a spec given as JSON, created through the API (faster than
+/// kubectl for dozens of them; the API server's schema checks it all the same).
+async fn create_config(s: &Scenario, namespace: &str, name: &str, mut spec: serde_json::Value) {
+    spec["nodeSelector"] = json!({ "matchLabels": { "e2e-run": s.run } });
+    let config: NeuronMonitorConfig = serde_json::from_value(json!({
+        "apiVersion": "neuronmonitor.io/v1alpha1",
+        "kind": "NeuronMonitorConfig",
+        "metadata": { "name": name, "namespace": namespace },
+        "spec": spec,
+    }))
+    .unwrap();
+    Api::<NeuronMonitorConfig>::namespaced(s.client.clone(), namespace)
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap_or_else(|e| panic!("creating {namespace}/{name}: {e}"));
+}
+
+/// `entries` runtime entries with distinct tag filters of ~1,000 bytes (each compiles, and
+/// `labels` extra labels of 128 characters: schema-valid, `unique` keeps configs apart.
+fn bulky_spec(unique: usize, entries: usize, labels: usize) -> serde_json::Value {
+    let runtimes: Vec<_> = (0..entries)
+        .map(|e| json!({ "tagFilter": format!("^{unique:03}-{e:02}-{}", "a".repeat(990)), "metrics": [{"type": "memory_used"}] }))
+        .collect();
+    let extra: serde_json::Map<String, serde_json::Value> =
+        (0..labels).map(|l| (format!("label_{l:02}"), json!("v".repeat(128)))).collect();
+    json!({ "runtimes": runtimes, "sinks": { "prometheus": { "extraLabels": extra } } })
+}
+
+/// (status, reason, message) of every config of a namespace whose Accepted condition is
+/// for its current generation, by name.
+async fn accepted_conditions(s: &Scenario, namespace: &str) -> BTreeMap<String, (String, String, String)> {
+    let list = Api::<NeuronMonitorConfig>::namespaced(s.client.clone(), namespace)
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    list.into_iter()
+        .filter_map(|c| {
+            let status = c.status.as_ref()?;
+            (status.observed_generation == c.metadata.generation).then_some(())?;
+            let a = status.conditions.iter().find(|x| x.type_ == "Accepted")?;
+            Some((c.name_any(), (a.status.clone(), a.reason.clone(), a.message.clone())))
+        })
+        .collect()
+}
+
+/// Issue 10, item 4: 60 schema-valid configs of ~20 kB in one team namespace used to push
+/// the nodes' ConfigMaps over the API server's 1 MiB limit; every pass then failed and an
+/// administrator's change never reached the nodes, while status said "rendered".
+#[tokio::test]
+async fn one_teams_configs_cannot_stall_the_nodes() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-stall").await;
+    let (_operator, operator_addr) = s.operator();
+    let nodes = [format!("{}-a", s.run), format!("{}-b", s.run)];
+    for node in &nodes {
+        s.node(node, "trn1.32xlarge").await;
+    }
+    assert!(s.apply(&config_yaml(&s.ns, "cluster", &s.run, "  period: 10s\n")).0);
+    for node in &nodes {
+        s.wait("the cluster config on the node", || async { s.node_config(node).await }).await;
+    }
+    let big = s.team_namespace("team-big").await;
+    let small = s.team_namespace("team-small").await;
+    for i in 0..60 {
+        create_config(&s, &big, &format!("big-{i:02}"), bulky_spec(i, 16, 16)).await;
+    }
+    for i in 0..20 {
+        create_config(&s, &big, &format!("medium-{i:02}"), bulky_spec(100 + i, 3, 0)).await;
+    }
+    create_config(
+        &s,
+        &small,
+        "serving",
+        json!({ "runtimes": [{ "tagFilter": "^serve", "metrics": [{"type": "memory_used"}] }] }),
+    )
+    .await;
+
+    // The administrator's change reaches every node.
+    Api::<NeuronMonitorConfig>::namespaced(s.client.clone(), &s.ns)
+        .patch("cluster", &PatchParams::default(), &Patch::Merge(json!({ "spec": { "period": "30s" } })))
+        .await
+        .unwrap();
+    for node in &nodes {
+        s.wait("the administrator's change on the node", || async {
+            let config = s.node_config(node).await?;
+            let system = &config.monitor.system_metrics;
+            (!system.is_empty() && system.iter().all(|g| g.period.map(|p| p.to_string()).as_deref() == Some("30s")))
+                .then_some(config)
+        })
+        .await;
+    }
+
+    // Every config has a verdict for its generation; the oversized ones are refused by field.
+    let verdicts = s
+        .wait("a verdict on every team config", || async {
+            let v = accepted_conditions(&s, &big).await;
+            (v.len() == 80).then_some(v)
+        })
+        .await;
+    for i in 0..60 {
+        let (status, reason, message) = &verdicts[&format!("big-{i:02}")];
+        assert_eq!((status.as_str(), reason.as_str()), ("False", "TooLarge"), "big-{i:02}: {message}");
+        assert!(message.contains("spec.runtimes"), "big-{i:02}: {message}");
+    }
+    // The medium ones fill the namespace's budget, oldest first; the newest are refused.
+    let medium: Vec<&(String, String, String)> = (0..20).map(|i| &verdicts[&format!("medium-{i:02}")]).collect();
+    let admitted = medium.iter().take_while(|v| v.0 == "True").count();
+    assert!((2..20).contains(&admitted), "{medium:?}");
+    for (status, reason, message) in &medium[admitted..] {
+        assert_eq!((status.as_str(), reason.as_str()), ("False", "NamespaceLimit"), "{message}");
+        assert!(message.contains("spec.nodeSelector"), "{message}");
+    }
+    let (status, _, message) = s.condition(&small, "serving", "Accepted").await.unwrap();
+    assert_eq!(status, "True", "another team's config keeps rendering: {message}");
+
+    // What the nodes carry: the cluster config, the other team's, the admitted ones.
+    for node in &nodes {
+        let cm = s.configmap(node).await.unwrap();
+        let size: usize = cm.data.as_ref().unwrap().values().map(String::len).sum();
+        assert!(size < 1024 * 1024, "{size} bytes");
+        println!("{node}: ConfigMap data {size} bytes; {admitted} of 20 medium configs admitted");
+        let config: NodeConfig = serde_json::from_str(&cm.data.unwrap()[NODE_CONFIG_KEY]).unwrap();
+        let routes: Vec<&str> = config.routes.iter().map(|r| r.config.as_str()).collect();
+        assert!(routes.contains(&format!("{}/cluster", s.ns).as_str()), "{routes:?}");
+        assert!(routes.contains(&format!("{small}/serving").as_str()), "{routes:?}");
+        assert_eq!(routes.iter().filter(|r| r.starts_with(&format!("{big}/"))).count(), admitted, "{routes:?}");
+    }
+    let cluster = s.config(&s.ns, "cluster").await.unwrap().status.unwrap();
+    assert_eq!(cluster.matched_nodes, 2);
+    let big_status = s.config(&big, "big-00").await.unwrap().status.unwrap();
+    assert_eq!(big_status.matched_nodes, 0, "a refused config is on no node");
+
+    // Counted in the operator's metrics, and announced by a Warning Event.
+    let metrics = http_get(operator_addr, "/metrics").unwrap().1;
+    assert_eq!(labelled_sample(&metrics, "neuron_operator_refused_configs", &["reason=\"TooLarge\""]), Some(60.0));
+    let namespace_limit = labelled_sample(&metrics, "neuron_operator_refused_configs", &["reason=\"NamespaceLimit\""]);
+    assert_eq!(namespace_limit, Some((20 - admitted) as f64));
+    let events: Api<Event> = Api::namespaced(s.client.clone(), &big);
+    s.wait("a TooLarge Event", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("TooLarge")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("big-00")
+            })
+            .then_some(())
+    })
+    .await;
+    for node in &nodes {
+        Api::<Node>::all(s.client.clone()).delete(node, &DeleteParams::default()).await.unwrap();
+    }
+}
+
+/// One node whose ConfigMap cannot be written (here an immutable ConfigMap in the way)
+/// must not stop the others, nor be claimed in status; the write is retried.
+#[tokio::test]
+async fn a_node_that_cannot_be_written_does_not_stop_the_others() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-writefail").await;
+    let nodes: Vec<String> = (0..4).map(|i| format!("{}-{i}", s.run)).collect();
+    for node in &nodes {
+        s.node(node, "trn1.2xlarge").await;
+    }
+    let blocked = &nodes[2];
+    let configmaps: Api<ConfigMap> = Api::namespaced(s.client.clone(), &s.ns);
+    let obstacle: ConfigMap = serde_json::from_value(json!({
+        "metadata": { "name": configmap_name(blocked) },
+        "data": { "placeholder": "immutable" },
+        "immutable": true,
+    }))
+    .unwrap();
+    configmaps.create(&PostParams::default(), &obstacle).await.unwrap();
+    let (_operator, operator_addr) = s.operator();
+    assert!(s.apply(&config_yaml(&s.ns, "cluster", &s.run, "")).0);
+
+    for node in nodes.iter().filter(|n| *n != blocked) {
+        s.wait("the other nodes' configuration", || async { s.node_config(node).await }).await;
+    }
+    let status = s
+        .wait("a status that counts only the written nodes", || async {
+            let status = s.config(&s.ns, "cluster").await?.status?;
+            (status.matched_nodes == 3).then_some(status)
+        })
+        .await;
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "WriteFailed"), "{ready:?}");
+    let accepted = status.conditions.iter().find(|c| c.type_ == "Accepted").unwrap();
+    assert!(accepted.message.contains("3 of 4"), "{accepted:?}");
+    let failures = s
+        .wait("the failed write counted", || async {
+            let metrics = http_get(operator_addr, "/metrics")?.1;
+            labelled_sample(&metrics, "neuron_operator_write_failures_total", &["kind=\"configmap\""])
+        })
+        .await;
+    assert!(failures >= 1.0);
+
+    // Once the obstacle is gone, a retry writes the node.
+    configmaps.delete(&configmap_name(blocked), &DeleteParams::default()).await.unwrap();
+    s.wait("the blocked node written on a retry", || async { s.node_config(blocked).await }).await;
+    s.wait("every node counted", || async {
+        let status = s.config(&s.ns, "cluster").await?.status?;
+        (status.matched_nodes == 4).then_some(())
+    })
+    .await;
+    for node in &nodes {
+        Api::<Node>::all(s.client.clone()).delete(node, &DeleteParams::default()).await.unwrap();
+    }
+}
+
+/// Issue 10, item 10: 60 configs taking the same applications stacked 960 extra labels
+/// on each runtime series. The operator admits configs until the labels a series would
+/// carry reach the bound, refuses the rest naming the field, and the agent's series
+/// carry no more.
+#[tokio::test]
+async fn extra_labels_a_series_carries_are_bounded() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-labels").await;
+    let (_operator, operator_addr) = s.operator();
+    let node = format!("{}-trn", s.run);
+    s.node(&node, "trn1.2xlarge").await;
+    for i in 0..60 {
+        let labels: serde_json::Map<String, serde_json::Value> =
+            (0..16).map(|l| (format!("x{i:02}_{l:02}"), json!("v"))).collect();
+        let spec = json!({ "period": "1s", "runtimes": [{ "metrics": [{"type": "neuroncore_counters"}] }],
+                           "sinks": { "prometheus": { "extraLabels": labels } } });
+        create_config(&s, &s.ns, &format!("labels-{i:02}"), spec).await;
+    }
+    let verdicts = s
+        .wait("a verdict on every config", || async {
+            let v = accepted_conditions(&s, &s.ns).await;
+            (v.len() == 60).then_some(v)
+        })
+        .await;
+    let accepted: Vec<&String> = verdicts.iter().filter(|(_, v)| v.0 == "True").map(|(k, _)| k).collect();
+    assert_eq!(accepted, vec!["labels-00", "labels-01"], "32 labels: the two oldest configs");
+    for (name, (status, reason, message)) in verdicts.iter().skip(2) {
+        assert_eq!((status.as_str(), reason.as_str()), ("False", "TooManyLabels"), "{name}: {message}");
+        assert!(message.contains("spec.sinks.prometheus.extraLabels"), "{name}: {message}");
+    }
+    let metrics = http_get(operator_addr, "/metrics").unwrap().1;
+    assert_eq!(labelled_sample(&metrics, "neuron_operator_refused_configs", &["reason=\"TooManyLabels\""]), Some(58.0));
+
+    // The agent's runtime series carry the admitted configs' labels, and no more.
+    let state_dir = std::env::temp_dir().join(format!("nm-agent-{}", s.run));
+    let agent_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let _agent = Process::start(
+        "neuron-node-agent",
+        &[
+            "--node-name".into(),
+            node.clone(),
+            "--config-namespace".into(),
+            s.ns.clone(),
+            "--monitor-command".into(),
+            workspace_bin("neuron-monitor-sim").display().to_string(),
+            "--listen".into(),
+            agent_addr.to_string(),
+            "--state-dir".into(),
+            state_dir.display().to_string(),
+            "--stop-grace".into(),
+            "1s".into(),
+        ],
+        &[],
+        s.cp,
+    );
+    let series = s
+        .wait("a runtime series with the extra labels", || async {
+            let body = http_get(agent_addr, "/metrics")?.1;
+            body.lines()
+                .find(|l| l.starts_with("neuroncore_utilization_ratio{") && l.contains("x00_00="))
+                .map(str::to_owned)
+        })
+        .await;
+    let extra = series.split(['{', ',']).filter(|l| l.starts_with('x') && l.contains("=\"")).count();
+    assert_eq!(extra, 32, "{series}");
+    println!("extra labels on a runtime series: {extra} (series line {} bytes)", series.len());
+    let _ = std::fs::remove_dir_all(&state_dir);
+    Api::<Node>::all(s.client.clone()).delete(&node, &DeleteParams::default()).await.unwrap();
 }
