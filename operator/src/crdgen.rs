@@ -6,8 +6,8 @@ use kube::CustomResourceExt;
 /// The file in `crds/` that must equal [`crd_yaml`].
 pub const CRD_FILE: &str = "neuronmonitorconfigs.neuronmonitor.io.yaml";
 
-pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
-    serde_yaml::to_string(&NeuronMonitorConfig::crd())
+pub fn crd_yaml() -> Result<String, serde_norway::Error> {
+    serde_norway::to_string(&NeuronMonitorConfig::crd())
 }
 
 #[cfg(test)]

@@ -199,7 +199,7 @@ impl ControlPlane {
         entries.sort();
         for path in entries {
             let text = std::fs::read_to_string(&path).expect("read CRD");
-            let crd: CustomResourceDefinition = serde_yaml::from_str(&text).expect("CRD YAML");
+            let crd: CustomResourceDefinition = serde_norway::from_str(&text).expect("CRD YAML");
             let name = crd.metadata.name.clone().expect("CRD name");
             api.patch(&name, &PatchParams::apply("neuron-e2e").force(), &Patch::Apply(&crd)).await.expect("apply CRD");
             wait_for(Duration::from_secs(30), || async {

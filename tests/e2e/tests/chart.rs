@@ -34,7 +34,7 @@ use neuron_e2e::{
 };
 use serde::Deserialize;
 use serde_json::json;
-use serde_yaml::Value;
+use serde_norway::Value;
 
 const RELEASE: &str = "nm";
 /// The monitoring.coreos.com kinds the chart renders when the cluster serves them.
@@ -116,7 +116,7 @@ fn monitoring_api_flags() -> Vec<String> {
 }
 
 fn documents(yaml: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(yaml)
+    serde_norway::Deserializer::from_str(yaml)
         .map(|d| Value::deserialize(d).expect("rendered YAML parses"))
         .filter(|v| !v.is_null())
         .collect()
@@ -294,7 +294,7 @@ fn templates_render_what_the_chart_promises() {
 
     // The PrometheusRule is files/alerts.yaml, rule for rule.
     let file: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(chart_dir().join("files/alerts.yaml")).unwrap()).unwrap();
+        serde_norway::from_str(&std::fs::read_to_string(chart_dir().join("files/alerts.yaml")).unwrap()).unwrap();
     assert_eq!(one(&docs, "PrometheusRule")["spec"]["groups"], file["groups"]);
     // ... with ruleLabels added to every alert, and disabled alerts left out.
     let irsa = documents(&template("ns", Some(&chart_dir().join("ci/irsa-cloudwatch-values.yaml")), &api));
@@ -303,7 +303,7 @@ fn templates_render_what_the_chart_promises() {
         rules.as_sequence().unwrap().iter().flat_map(|g| g["rules"].as_sequence().unwrap()).collect();
     assert!(all.iter().all(|r| r["labels"]["team"] == "ml-platform" && r["labels"]["severity"].is_string()));
     let pm = documents(&template("ns", Some(&chart_dir().join("ci/podmonitor-values.yaml")), &api));
-    let text = serde_yaml::to_string(&one(&pm, "PrometheusRule")["spec"]).unwrap();
+    let text = serde_norway::to_string(&one(&pm, "PrometheusRule")["spec"]).unwrap();
     assert!(!text.contains("NeuronMonitorOutputRejected") && text.contains("NeuronAgentDown"));
     assert_eq!(find(&pm, "PodMonitor").len(), 2, "agents and operator");
     assert!(find(&pm, "ServiceMonitor").is_empty());
@@ -405,13 +405,13 @@ async fn wrong_values_are_refused_naming_the_field() {
 /// A kubeconfig acting as the ServiceAccount `namespace/name` (impersonation by the
 /// control plane's administrator), as a pod with that ServiceAccount would.
 fn impersonating_kubeconfig(cp: &ControlPlane, namespace: &str, name: &str, path: &Path) {
-    let mut config: Value = serde_yaml::from_str(&std::fs::read_to_string(&cp.kubeconfig).unwrap()).unwrap();
+    let mut config: Value = serde_norway::from_str(&std::fs::read_to_string(&cp.kubeconfig).unwrap()).unwrap();
     for user in config["users"].as_sequence_mut().expect("kubeconfig users") {
         let user = user["user"].as_mapping_mut().expect("user");
         user.insert("as".into(), format!("system:serviceaccount:{namespace}:{name}").into());
         user.insert(
             "as-groups".into(),
-            serde_yaml::to_value([
+            serde_norway::to_value([
                 "system:serviceaccounts",
                 &format!("system:serviceaccounts:{namespace}"),
                 "system:authenticated",
@@ -419,7 +419,7 @@ fn impersonating_kubeconfig(cp: &ControlPlane, namespace: &str, name: &str, path
             .unwrap(),
         );
     }
-    std::fs::write(path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    std::fs::write(path, serde_norway::to_string(&config).unwrap()).unwrap();
 }
 
 /// The rules a ServiceAccount has in `namespace`, as `group/resource[/name]:verb`,
@@ -858,7 +858,7 @@ fn alert_rules_pass_promtool_checks_and_unit_tests() {
     let api: Vec<&str> = api.iter().map(String::as_str).collect();
     let docs = documents(&template("ns", Some(&chart.join("ci/irsa-cloudwatch-values.yaml")), &api));
     let rendered = std::env::temp_dir().join(format!("neuron-e2e-rules-{:08x}.yaml", random_u32()));
-    std::fs::write(&rendered, serde_yaml::to_string(&one(&docs, "PrometheusRule")["spec"]).unwrap()).unwrap();
+    std::fs::write(&rendered, serde_norway::to_string(&one(&docs, "PrometheusRule")["spec"]).unwrap()).unwrap();
     let (ok, out, err) = run({
         let mut c = Command::new(tool("promtool"));
         c.arg("check").arg("rules").arg(&rendered);
@@ -869,7 +869,7 @@ fn alert_rules_pass_promtool_checks_and_unit_tests() {
 
     // Every alert has a unit test, and every metric an alert reads is one the binaries
     // export (a typo would pass a unit test written with the same typo).
-    let file: Value = serde_yaml::from_str(&std::fs::read_to_string(chart.join("files/alerts.yaml")).unwrap()).unwrap();
+    let file: Value = serde_norway::from_str(&std::fs::read_to_string(chart.join("files/alerts.yaml")).unwrap()).unwrap();
     let tests = std::fs::read_to_string(chart.join("tests/alerts_test.yaml")).unwrap();
     let sources = source_text(&[repo_root().join("node-agent/src"), repo_root().join("operator/src")]);
     let mut alerts = 0;
