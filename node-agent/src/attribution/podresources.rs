@@ -1,10 +1,10 @@
 //! Which container holds which Neuron devices and cores, from the kubelet's
 //! pod-resources API (gRPC `v1.PodResourcesLister/List` on a unix socket).
 //!
-//! The messages are written by hand with prost (only the fields read here; prost skips
-//! the others) and the call is made with hyper's HTTP/2 client: a gRPC unary call is one
-//! POST whose body is a 5-byte prefix (compressed flag, big-endian length) and the
-//! message, answered the same way with `grpc-status` in the trailers.
+//! The call is made with tonic over the unix socket. The messages are a subset of the
+//! upstream `k8s.io/kubelet/pkg/apis/podresources/v1/api.proto` written as prost structs
+//! (only the fields read here; prost skips the others): generating them would need
+//! `protoc` at build time, which the build machines do not have, for five small messages.
 //!
 //! The mapping is refreshed in the background; a kubelet that stops answering leaves
 //! the last known mapping in place for a bounded time, and says so in the metrics.
@@ -16,11 +16,10 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use prost::Message;
+use hyper_util::rt::TokioIo;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::Endpoint;
+use tonic_prost::ProstCodec;
 use tracing::{debug, info, warn};
 
 use super::AttributionMetrics;
@@ -78,98 +77,35 @@ const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum PodResourcesError {
     #[error("connecting to {socket}: {source}")]
-    Connect { socket: String, source: std::io::Error },
-    #[error("HTTP/2: {0}")]
-    Http(#[from] hyper::Error),
-    #[error("building the request: {0}")]
-    Request(#[from] http::Error),
-    #[error("HTTP status {0}")]
-    Status(http::StatusCode),
-    #[error("gRPC status {code}: {message}")]
-    Grpc { code: String, message: String },
-    #[error("reading the response: {0}")]
-    Body(String),
-    #[error("gRPC framing: {0}")]
-    Frame(&'static str),
-    #[error("decoding the response: {0}")]
-    Decode(#[from] prost::DecodeError),
+    Connect { socket: String, source: tonic::transport::Error },
+    #[error("gRPC: {0}")]
+    Grpc(#[from] tonic::Status),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
 }
 
-/// A gRPC message on the wire: uncompressed flag, length, bytes.
-pub fn frame(message: &[u8]) -> Result<Vec<u8>, PodResourcesError> {
-    let len = u32::try_from(message.len()).map_err(|_| PodResourcesError::Frame("message over 4 GiB"))?;
-    let mut out = Vec::with_capacity(5 + message.len());
-    out.push(0);
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(message);
-    Ok(out)
-}
-
-/// The one message of a unary response body.
-pub fn unframe(body: &[u8]) -> Result<&[u8], PodResourcesError> {
-    let (head, rest) = body.split_at_checked(5).ok_or(PodResourcesError::Frame("body shorter than the prefix"))?;
-    if head[0] != 0 {
-        return Err(PodResourcesError::Frame("compressed message (none was accepted)"));
-    }
-    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-    if rest.len() != len {
-        return Err(PodResourcesError::Frame("length prefix does not match the body"));
-    }
-    Ok(rest)
-}
-
 /// Calls `List` on the kubelet's socket.
 pub async fn list(socket: &Path) -> Result<proto::ListPodResourcesResponse, PodResourcesError> {
-    let stream = tokio::net::UnixStream::connect(socket)
+    let path = socket.to_owned();
+    let connector = tower::service_fn(move |_: http::Uri| {
+        let path = path.clone();
+        async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
+    });
+    // The URI is required but unused: the connector dials the socket.
+    let channel = Endpoint::from_static("http://localhost")
+        .connect_with_connector(connector)
         .await
         .map_err(|source| PodResourcesError::Connect { socket: socket.display().to_string(), source })?;
-    let (mut sender, connection) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await?;
-    let _connection = AbortOnDrop(tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            debug!(error = %e, "pod-resources connection ended");
-        }
-    }));
-    let body = frame(&proto::ListPodResourcesRequest {}.encode_to_vec())?;
-    let request = http::Request::post(format!("http://localhost{}", proto::LIST_PATH))
-        .header(http::header::CONTENT_TYPE, "application/grpc")
-        .header(http::header::TE, "trailers")
-        .body(Full::new(Bytes::from(body)))?;
-    let response = sender.send_request(request).await?;
-    if response.status() != http::StatusCode::OK {
-        return Err(PodResourcesError::Status(response.status()));
-    }
-    // A "trailers-only" answer carries the status in the headers.
-    grpc_status(response.headers())?;
-    let collected = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
-        .collect()
-        .await
-        .map_err(|e| PodResourcesError::Body(e.to_string()))?;
-    match collected.trailers() {
-        Some(trailers) if trailers.contains_key("grpc-status") => grpc_status(trailers)?,
-        _ => return Err(PodResourcesError::Body("no grpc-status trailer".to_owned())),
-    }
-    let body = collected.to_bytes();
-    Ok(proto::ListPodResourcesResponse::decode(unframe(&body)?)?)
-}
-
-fn grpc_status(headers: &http::HeaderMap) -> Result<(), PodResourcesError> {
-    let text = |name: &str| headers.get(name).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    match text("grpc-status") {
-        None => Ok(()),
-        Some(code) if code == "0" => Ok(()),
-        Some(code) => Err(PodResourcesError::Grpc { code, message: text("grpc-message").unwrap_or_default() }),
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+    let mut client = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES);
+    client.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let response = client
+        .unary(
+            tonic::Request::new(proto::ListPodResourcesRequest {}),
+            http::uri::PathAndQuery::from_static(proto::LIST_PATH),
+            ProstCodec::default(),
+        )
+        .await?;
+    Ok(response.into_inner())
 }
 
 /// What one device id of an allocation stands for.
@@ -336,27 +272,11 @@ impl KubeletPoller {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message;
     use proto::*;
 
     fn devices(resource: &str, ids: &[&str]) -> ContainerDevices {
         ContainerDevices { resource_name: resource.to_owned(), device_ids: ids.iter().map(|s| s.to_string()).collect() }
-    }
-
-    #[test]
-    fn framing_round_trips_and_rejects_bad_prefixes() {
-        let message = ListPodResourcesResponse {
-            pod_resources: vec![PodResources { name: "p".into(), namespace: "n".into(), containers: vec![] }],
-        }
-        .encode_to_vec();
-        let framed = frame(&message).unwrap();
-        assert_eq!(&framed[..5], &[0, 0, 0, 0, message.len() as u8]);
-        assert_eq!(unframe(&framed).unwrap(), &message[..]);
-        assert!(unframe(&framed[..3]).is_err());
-        assert!(unframe(&framed[..framed.len() - 1]).is_err());
-        let mut compressed = framed.clone();
-        compressed[0] = 1;
-        assert!(unframe(&compressed).is_err());
-        assert_eq!(unframe(&frame(&[]).unwrap()).unwrap(), &[] as &[u8]);
     }
 
     #[test]

@@ -7,25 +7,24 @@
 
 use std::{
     convert::Infallible,
+    future::Future,
     path::{Path, PathBuf},
+    pin::Pin,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex,
     },
+    task::{Context, Poll},
 };
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, StreamBody};
-use hyper::body::{Frame, Incoming};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use neuron_node_agent::attribution::podresources::proto::{
-    ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
+    ContainerDevices, ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse, PodResources, LIST_PATH,
 };
-use prost::Message;
+use tonic::{body::Body, server::NamedService, transport::Server};
+use tonic_prost::ProstCodec;
 
 use super::TempDir;
 
-/// One container's devices: (namespace, pod, container, resource name, device ids).
 pub fn holding(namespace: &str, pod: &str, container: &str, resource: &str, ids: &[u32]) -> PodResources {
     PodResources {
         name: pod.to_owned(),
@@ -63,26 +62,16 @@ impl PodResourcesServer {
             runtime.block_on(async move {
                 let listener = tokio::net::UnixListener::bind(&path).expect("bind the pod-resources socket");
                 ready_tx.send(()).expect("ready");
-                let mut stop_rx = stop_rx;
-                loop {
-                    let stream = tokio::select! {
-                        _ = &mut stop_rx => break,
-                        accepted = listener.accept() => match accepted {
-                            Ok((stream, _)) => stream,
-                            Err(_) => continue,
-                        },
-                    };
-                    let (shared, counter) = (shared.clone(), counter.clone());
-                    tokio::spawn(async move {
-                        let service = hyper::service::service_fn(move |request| {
-                            let (shared, counter) = (shared.clone(), counter.clone());
-                            async move { Ok::<_, Infallible>(answer(request, &shared, &counter).await) }
-                        });
-                        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
-                    });
-                }
+                let incoming = futures::stream::unfold(listener, |listener| async move {
+                    Some((listener.accept().await.map(|(stream, _)| stream), listener))
+                });
+                let service = PodResourcesLister { pods: shared, calls: counter };
+                let _ = Server::builder()
+                    .add_service(service)
+                    .serve_with_incoming_shutdown(incoming, async move {
+                        let _ = stop_rx.await;
+                    })
+                    .await;
                 let _ = std::fs::remove_file(&path);
             });
         });
@@ -112,44 +101,48 @@ impl Drop for PodResourcesServer {
     }
 }
 
-type Body = StreamBody<futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>>;
+/// `v1.PodResourcesLister`, serving `List` with the pods the test set.
+#[derive(Clone)]
+struct PodResourcesLister {
+    pods: Arc<Mutex<Vec<PodResources>>>,
+    calls: Arc<AtomicU64>,
+}
 
-async fn answer(
-    request: http::Request<Incoming>,
-    pods: &Mutex<Vec<PodResources>>,
-    calls: &AtomicU64,
-) -> http::Response<Body> {
-    let grpc = request.headers().get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-    let path_ok = request.method() == http::Method::POST && request.uri().path() == "/v1.PodResourcesLister/List";
-    let body = request.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-    // The request is an empty ListPodResourcesRequest: a frame of length 0.
-    if !grpc || !path_ok || body.as_ref() != [0, 0, 0, 0, 0] {
-        return trailers_only(12, "only List of an empty request is served here");
+impl NamedService for PodResourcesLister {
+    const NAME: &'static str = "v1.PodResourcesLister";
+}
+
+impl tonic::server::UnaryService<ListPodResourcesRequest> for PodResourcesLister {
+    type Response = ListPodResourcesResponse;
+    type Future = std::future::Ready<Result<tonic::Response<ListPodResourcesResponse>, tonic::Status>>;
+
+    fn call(&mut self, _: tonic::Request<ListPodResourcesRequest>) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let pods = self.pods.lock().expect("lock").clone();
+        std::future::ready(Ok(tonic::Response::new(ListPodResourcesResponse { pod_resources: pods })))
     }
-    calls.fetch_add(1, Ordering::Relaxed);
-    let message = ListPodResourcesResponse { pod_resources: pods.lock().expect("lock").clone() }.encode_to_vec();
-    let mut framed = vec![0u8];
-    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    framed.extend_from_slice(&message);
-    let mut trailers = http::HeaderMap::new();
-    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-    let frames = vec![Ok(Frame::data(Bytes::from(framed))), Ok(Frame::trailers(trailers))];
-    http::Response::builder()
-        .header("content-type", "application/grpc")
-        .body(StreamBody::new(futures::stream::iter(frames)))
-        .expect("response")
 }
 
-fn trailers_only(code: u32, message: &'static str) -> http::Response<Body> {
-    http::Response::builder()
-        .header("content-type", "application/grpc")
-        .header("grpc-status", code.to_string())
-        .header("grpc-message", message)
-        .body(StreamBody::new(futures::stream::iter(Vec::new())))
-        .expect("response")
+impl tower::Service<http::Request<Body>> for PodResourcesLister {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<http::Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let lister = self.clone();
+        Box::pin(async move {
+            if request.uri().path() != LIST_PATH {
+                return Ok(tonic::Status::unimplemented("only List is served here").into_http());
+            }
+            Ok(tonic::server::Grpc::new(ProstCodec::default()).unary(lister, request).await)
+        })
+    }
 }
 
-/// A fake `/proc`: `<root>/<pid>/cgroup` for each simulated application.
 pub struct FakeProc {
     dir: TempDir,
 }

@@ -869,7 +869,8 @@ fn alert_rules_pass_promtool_checks_and_unit_tests() {
 
     // Every alert has a unit test, and every metric an alert reads is one the binaries
     // export (a typo would pass a unit test written with the same typo).
-    let file: Value = serde_norway::from_str(&std::fs::read_to_string(chart.join("files/alerts.yaml")).unwrap()).unwrap();
+    let file: Value =
+        serde_norway::from_str(&std::fs::read_to_string(chart.join("files/alerts.yaml")).unwrap()).unwrap();
     let tests = std::fs::read_to_string(chart.join("tests/alerts_test.yaml")).unwrap();
     let sources = source_text(&[repo_root().join("node-agent/src"), repo_root().join("operator/src")]);
     let mut alerts = 0;
