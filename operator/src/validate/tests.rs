@@ -1,6 +1,8 @@
 use serde_json::json;
 
-use super::*;
+use api::node_config::PrometheusRoute;
+
+use super::{selector::check_label_key, *};
 
 const OPERATOR_NS: &str = "neuron-monitor";
 

@@ -1,0 +1,105 @@
+//! `spec.sinks`: the Prometheus route (extra labels) and the CloudWatch sink's rules.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use api::cloudwatch::sink::SinkSettings;
+use api::crd::{CloudWatchSinkSpec, PrometheusSinkSpec};
+use api::node_config::PrometheusRoute;
+
+use super::Invalid;
+
+const MAX_EXTRA_LABELS: usize = 16;
+const MAX_LABEL_VALUE: usize = 128;
+const MAX_ROLLUPS: usize = 10;
+/// Label names the node agent already puts on its series (see the CRD's CEL rule): an
+/// extra label with one of these names would produce duplicate labels.
+const RESERVED_LABELS: [&str; 18] = [
+    "instance_name",
+    "instance_id",
+    "instance_type",
+    "availability_zone",
+    "region",
+    "subnet_id",
+    "runtime_tag",
+    "namespace",
+    "pod",
+    "container",
+    "neuroncore",
+    "memory_location",
+    "usage_type",
+    "error_type",
+    "status_type",
+    "percentile",
+    "event_type",
+    "neuron_device_index",
+];
+
+pub(super) fn prometheus_route(spec: Option<&PrometheusSinkSpec>) -> Result<Option<PrometheusRoute>, Invalid> {
+    let Some(spec) = spec else {
+        return Ok(Some(PrometheusRoute::default()));
+    };
+    if spec.enabled == Some(false) {
+        return Ok(None);
+    }
+    let extra_labels = spec.extra_labels.clone().unwrap_or_default();
+    let field = "spec.sinks.prometheus.extraLabels";
+    if extra_labels.len() > MAX_EXTRA_LABELS {
+        return Err(Invalid::new(field, format!("at most {MAX_EXTRA_LABELS} labels")));
+    }
+    for (name, value) in &extra_labels {
+        let field = format!("{field}[{name:?}]");
+        let mut chars = name.chars();
+        let valid_name = name.len() <= 63
+            && chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !name.starts_with("__");
+        if !valid_name {
+            return Err(Invalid::new(
+                field,
+                "is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, at most 63 characters, not starting with __)",
+            ));
+        }
+        if RESERVED_LABELS.contains(&name.as_str()) {
+            return Err(Invalid::new(field, "is a label the metrics already carry"));
+        }
+        if value.chars().count() > MAX_LABEL_VALUE {
+            return Err(Invalid::new(field, format!("values are at most {MAX_LABEL_VALUE} characters")));
+        }
+    }
+    Ok(Some(PrometheusRoute { extra_labels }))
+}
+
+pub(super) fn check_cloudwatch(spec: &CloudWatchSinkSpec) -> Result<(), Invalid> {
+    let field = "spec.sinks.cloudwatch";
+    // The rules the agent applies too; then what only a list in the spec can get wrong.
+    SinkSettings::check(spec).map_err(|e| Invalid::new(format!("{field}.{}", e.field), e.reason))?;
+    // A dimension listed twice, or more than CloudWatch takes.
+    if let Some(dimensions) = &spec.dimensions {
+        check_set(dimensions, 30, &format!("{field}.dimensions"))?;
+    }
+    let rollups = spec.rollups.as_deref().unwrap_or_default();
+    if rollups.len() > MAX_ROLLUPS {
+        return Err(Invalid::new(format!("{field}.rollups"), format!("at most {MAX_ROLLUPS} roll-ups")));
+    }
+    for (i, rollup) in rollups.iter().enumerate() {
+        check_set(rollup, 30, &format!("{field}.rollups[{i}]"))?;
+    }
+    if let Some(metrics) = &spec.metrics {
+        check_set(metrics, usize::MAX, &format!("{field}.metrics"))?;
+    }
+    Ok(())
+}
+
+pub(super) fn check_set<T: Ord + fmt::Debug>(items: &[T], max: usize, field: &str) -> Result<(), Invalid> {
+    if items.len() > max {
+        return Err(Invalid::new(field, format!("at most {max} entries")));
+    }
+    let mut seen = BTreeSet::new();
+    for (i, item) in items.iter().enumerate() {
+        if !seen.insert(item) {
+            return Err(Invalid::new(format!("{field}[{i}]"), format!("{item:?} is listed twice")));
+        }
+    }
+    Ok(())
+}
