@@ -14,33 +14,32 @@ use std::{
 };
 
 use api::{
-    cloudwatch::cost::{self, CostEstimate, NodeFacts},
-    crd::{NeuronMonitorConfig, NeuronMonitorConfigStatus},
+    cloudwatch::cost::{self, NodeFacts},
+    crd::NeuronMonitorConfig,
     node_config::{
         configmap_name, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION, MANAGED_LABEL, MONITOR_CONFIG_KEY,
         NODE_ANNOTATION, NODE_CONFIG_KEY,
     },
 };
 use futures::{Stream, TryStreamExt};
-use k8s_openapi::{
-    api::core::v1::{ConfigMap, Node},
-    apimachinery::pkg::apis::meta::v1::{Condition, Time},
-    jiff::Timestamp,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::{
     api::{DeleteParams, Patch, PatchParams},
     runtime::{
-        events::{Event, EventType, Recorder},
+        events::Recorder,
         reflector::{self, Store},
         watcher, WatchStreamExt,
     },
-    Api, Client, Resource, ResourceExt,
+    Api, Client, ResourceExt,
 };
 use serde_json::json;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+mod status;
+
+use self::status::Outcome;
 use crate::{
     nodes::{self, NeuronNodePolicy},
     render::{self, RenderedNode, Rendering},
@@ -78,6 +77,9 @@ impl Error {
         }
     }
 }
+
+/// A config and whether it is accepted.
+type Verdict = (Arc<NeuronMonitorConfig>, Result<(), Invalid>);
 
 pub struct Controller {
     client: Client,
@@ -257,32 +259,7 @@ impl Controller {
         self.metrics.configs.set(configs.len() as i64);
         self.metrics.nodes.set(nodes.len() as i64);
 
-        // Validate; an invalid config keeps its last accepted version on the nodes.
-        let mut verdicts: Vec<(Arc<NeuronMonitorConfig>, Result<(), Invalid>)> = Vec::with_capacity(configs.len());
-        let mut usable: Vec<ValidConfig> = Vec::with_capacity(configs.len());
-        {
-            let mut last_good = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
-            let live: HashSet<String> = configs.iter().filter_map(|c| c.uid()).collect();
-            last_good.retain(|uid, _| live.contains(uid));
-            // A deleted config's announcement is forgotten with it.
-            self.announced.lock().unwrap_or_else(|p| p.into_inner()).retain(|uid, _| live.contains(uid));
-            for config in &configs {
-                let uid = config.uid().unwrap_or_default();
-                match validate::validate(config, &self.namespace) {
-                    Ok(valid) => {
-                        last_good.insert(uid, valid.clone());
-                        usable.push(valid);
-                        verdicts.push((config.clone(), Ok(())));
-                    }
-                    Err(invalid) => {
-                        if let Some(previous) = last_good.get(&uid) {
-                            usable.push(previous.clone());
-                        }
-                        verdicts.push((config.clone(), Err(invalid)));
-                    }
-                }
-            }
-        }
+        let (verdicts, usable) = self.validate_all(&configs);
 
         // Render (configs that do not fit on their nodes are refused) and write what
         // changed. A failed write stops nothing else: it is counted, and the pass retried.
@@ -303,7 +280,7 @@ impl Controller {
         self.delete_stale_configmaps(&rendering, &mut failures).await;
 
         // Verdicts: refused by validation, else by the room on its nodes.
-        let verdicts: Vec<(Arc<NeuronMonitorConfig>, Result<(), Invalid>)> = verdicts
+        let verdicts: Vec<Verdict> = verdicts
             .into_iter()
             .map(|(config, verdict)| {
                 let refusal = ConfigKey::of(&config).ok().and_then(|key| rendering.refusal(&key).cloned());
@@ -360,8 +337,37 @@ impl Controller {
         }
     }
 
+    /// Validates every config. An invalid config keeps its last accepted version on the
+    /// nodes: the verdicts say what users are told, `usable` is what is rendered.
+    fn validate_all(&self, configs: &[Arc<NeuronMonitorConfig>]) -> (Vec<Verdict>, Vec<ValidConfig>) {
+        let mut verdicts: Vec<Verdict> = Vec::with_capacity(configs.len());
+        let mut usable: Vec<ValidConfig> = Vec::with_capacity(configs.len());
+        let mut last_good = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
+        let live: HashSet<String> = configs.iter().filter_map(|c| c.uid()).collect();
+        last_good.retain(|uid, _| live.contains(uid));
+        // A deleted config's announcement is forgotten with it.
+        self.announced.lock().unwrap_or_else(|p| p.into_inner()).retain(|uid, _| live.contains(uid));
+        for config in configs {
+            let uid = config.uid().unwrap_or_default();
+            match validate::validate(config, &self.namespace) {
+                Ok(valid) => {
+                    last_good.insert(uid, valid.clone());
+                    usable.push(valid);
+                    verdicts.push((config.clone(), Ok(())));
+                }
+                Err(invalid) => {
+                    if let Some(previous) = last_good.get(&uid) {
+                        usable.push(previous.clone());
+                    }
+                    verdicts.push((config.clone(), Err(invalid)));
+                }
+            }
+        }
+        (verdicts, usable)
+    }
+
     /// Sets the gauges of configs not accepted, by reason.
-    fn count_refusals(&self, verdicts: &[(Arc<NeuronMonitorConfig>, Result<(), Invalid>)]) {
+    fn count_refusals(&self, verdicts: &[Verdict]) {
         let mut by_reason: HashMap<Refusal, i64> = Refusal::ALL.iter().map(|r| (*r, 0)).collect();
         for (_, verdict) in verdicts {
             if let Err(invalid) = verdict {
@@ -425,113 +431,6 @@ impl Controller {
             }
         }
     }
-
-    async fn update_status(&self, config: &NeuronMonitorConfig, outcome: Outcome) -> Result<(), Error> {
-        let Outcome { verdict, matched, carried, applied, estimate } = outcome;
-        let previous = config.status.clone().unwrap_or_default();
-        let generation = config.metadata.generation;
-        // Only what reached the nodes' ConfigMaps is claimed.
-        let (accepted, accepted_reason, accepted_message) = match &verdict {
-            Err(invalid) => (false, invalid.kind.as_str(), invalid.to_string()),
-            Ok(()) if matched == 0 => {
-                (false, "NoMatchingNodes", "spec.nodeSelector: matches no Neuron node".to_owned())
-            }
-            Ok(()) if carried < matched => (
-                true,
-                "Valid",
-                format!(
-                    "rendered, and written to the ConfigMaps of {carried} of {matched} node(s); \
-                     the other writes failed and are retried"
-                ),
-            ),
-            Ok(()) => (true, "Valid", format!("rendered for {matched} node(s)")),
-        };
-        let (ready, ready_reason, ready_message) = if !accepted {
-            (false, "NotAccepted", "see the Accepted condition".to_owned())
-        } else if carried < matched {
-            (
-                false,
-                "WriteFailed",
-                format!(
-                    "the ConfigMaps of {} of {matched} node(s) could not be written (retrying); \
-                     {applied} node(s) run the current configuration",
-                    matched - carried
-                ),
-            )
-        } else if applied == matched {
-            (true, "Applied", format!("all {matched} node(s) run the current configuration"))
-        } else {
-            (false, "Applying", format!("{applied} of {matched} node(s) run the current configuration"))
-        };
-        let conditions = vec![
-            condition(&previous, "Accepted", accepted, accepted_reason, &accepted_message, generation),
-            condition(&previous, "Ready", ready, ready_reason, &ready_message, generation),
-        ];
-        let status = NeuronMonitorConfigStatus {
-            observed_generation: generation,
-            conditions,
-            matched_nodes: i32::try_from(carried).unwrap_or(i32::MAX),
-            applied_nodes: i32::try_from(applied).unwrap_or(i32::MAX),
-            estimated_cloud_watch_metrics: estimate.as_ref().map(|e| e.metrics as i64),
-            estimated_monthly_cost_usd: estimate.as_ref().map(CostEstimate::monthly_usd_text),
-        };
-        self.announce(config, accepted, accepted_reason, &accepted_message).await;
-        if status == previous {
-            return Ok(());
-        }
-        let api: Api<NeuronMonitorConfig> =
-            Api::namespaced(self.client.clone(), &config.namespace().unwrap_or_default());
-        let patch = json!({
-            "apiVersion": NeuronMonitorConfig::api_version(&()),
-            "kind": NeuronMonitorConfig::kind(&()),
-            "status": status,
-        });
-        api.patch_status(&config.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await?;
-        self.metrics.wrote("status", "apply");
-        Ok(())
-    }
-
-    /// An Event when a config's Accepted state or reason is first seen or changes; a
-    /// refusal is also counted, by reason.
-    async fn announce(&self, config: &NeuronMonitorConfig, accepted: bool, reason: &str, message: &str) {
-        let uid = config.uid().unwrap_or_default();
-        {
-            let mut announced = self.announced.lock().unwrap_or_else(|p| p.into_inner());
-            let state = (accepted, reason.to_owned());
-            if announced.get(&uid) == Some(&state) {
-                return;
-            }
-            announced.insert(uid, state);
-        }
-        if !accepted {
-            self.metrics.refusals.get_or_create(&ReasonLabel { reason: reason_label(reason) }).inc();
-            info!(config = %config.name_any(), namespace = ?config.namespace(), reason, message, "config not accepted");
-        }
-        let event = Event {
-            type_: if accepted { EventType::Normal } else { EventType::Warning },
-            reason: if accepted { "Accepted".to_owned() } else { reason.to_owned() },
-            note: Some(message.chars().take(1000).collect()),
-            action: "Render".to_owned(),
-            secondary: None,
-        };
-        match self.recorder.publish(&event, &config.object_ref(&())).await {
-            Ok(()) => self.metrics.wrote("event", "create"),
-            Err(e) => warn!(error = %e, config = %config.name_any(), "could not publish an event"),
-        }
-    }
-}
-
-/// What a pass found for one config.
-struct Outcome {
-    verdict: Result<(), Invalid>,
-    /// Nodes its selector matches.
-    matched: usize,
-    /// Matched nodes whose ConfigMap carries it (rendered, and written or unchanged).
-    carried: usize,
-    /// Of those, nodes whose agent acknowledged that content.
-    applied: usize,
-    /// CloudWatch metrics and monthly cost, for an accepted config with a CloudWatch sink.
-    estimate: Option<CostEstimate>,
 }
 
 /// The writes that failed in one pass: counted in `neuron_operator_write_failures_total`,
@@ -552,37 +451,6 @@ impl WriteFailures {
         } else if self.count == Self::LOGGED_PER_PASS + 1 {
             warn!("more writes failed in this pass; see neuron_operator_write_failures_total");
         }
-    }
-}
-
-/// The static label of an Accepted=False reason.
-fn reason_label(reason: &str) -> &'static str {
-    Refusal::ALL.iter().map(|r| r.as_str()).find(|r| *r == reason).unwrap_or("NoMatchingNodes")
-}
-
-/// A condition, keeping its transition time when its status did not change.
-fn condition(
-    previous: &NeuronMonitorConfigStatus,
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-) -> Condition {
-    let status = if status { "True" } else { "False" }.to_owned();
-    let last_transition_time = previous
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or_else(|| Time(Timestamp::now()));
-    Condition {
-        type_: type_.to_owned(),
-        status,
-        reason: reason.to_owned(),
-        message: message.to_owned(),
-        observed_generation: generation,
-        last_transition_time,
     }
 }
 

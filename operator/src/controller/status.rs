@@ -1,0 +1,165 @@
+//! What the controller tells users about a config: its status (conditions, counts,
+//! cost estimate), written by server-side apply, and an Event when its Accepted state
+//! changes.
+
+use api::{
+    cloudwatch::cost::CostEstimate,
+    crd::{NeuronMonitorConfig, NeuronMonitorConfigStatus},
+};
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+    jiff::Timestamp,
+};
+use kube::{
+    api::{Patch, PatchParams},
+    runtime::events::{Event, EventType},
+    Api, Resource, ResourceExt,
+};
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::{Controller, Error, MANAGER};
+use crate::{
+    telemetry::ReasonLabel,
+    validate::{Invalid, Refusal},
+};
+
+/// What a pass found for one config.
+pub(super) struct Outcome {
+    pub(super) verdict: Result<(), Invalid>,
+    /// Nodes its selector matches.
+    pub(super) matched: usize,
+    /// Matched nodes whose ConfigMap carries it (rendered, and written or unchanged).
+    pub(super) carried: usize,
+    /// Of those, nodes whose agent acknowledged that content.
+    pub(super) applied: usize,
+    /// CloudWatch metrics and monthly cost, for an accepted config with a CloudWatch sink.
+    pub(super) estimate: Option<CostEstimate>,
+}
+
+impl Controller {
+    pub(super) async fn update_status(&self, config: &NeuronMonitorConfig, outcome: Outcome) -> Result<(), Error> {
+        let Outcome { verdict, matched, carried, applied, estimate } = outcome;
+        let previous = config.status.clone().unwrap_or_default();
+        let generation = config.metadata.generation;
+        // Only what reached the nodes' ConfigMaps is claimed.
+        let (accepted, accepted_reason, accepted_message) = match &verdict {
+            Err(invalid) => (false, invalid.kind.as_str(), invalid.to_string()),
+            Ok(()) if matched == 0 => {
+                (false, "NoMatchingNodes", "spec.nodeSelector: matches no Neuron node".to_owned())
+            }
+            Ok(()) if carried < matched => (
+                true,
+                "Valid",
+                format!(
+                    "rendered, and written to the ConfigMaps of {carried} of {matched} node(s); \
+                     the other writes failed and are retried"
+                ),
+            ),
+            Ok(()) => (true, "Valid", format!("rendered for {matched} node(s)")),
+        };
+        let (ready, ready_reason, ready_message) = if !accepted {
+            (false, "NotAccepted", "see the Accepted condition".to_owned())
+        } else if carried < matched {
+            (
+                false,
+                "WriteFailed",
+                format!(
+                    "the ConfigMaps of {} of {matched} node(s) could not be written (retrying); \
+                     {applied} node(s) run the current configuration",
+                    matched - carried
+                ),
+            )
+        } else if applied == matched {
+            (true, "Applied", format!("all {matched} node(s) run the current configuration"))
+        } else {
+            (false, "Applying", format!("{applied} of {matched} node(s) run the current configuration"))
+        };
+        let conditions = vec![
+            condition(&previous, "Accepted", accepted, accepted_reason, &accepted_message, generation),
+            condition(&previous, "Ready", ready, ready_reason, &ready_message, generation),
+        ];
+        let status = NeuronMonitorConfigStatus {
+            observed_generation: generation,
+            conditions,
+            matched_nodes: i32::try_from(carried).unwrap_or(i32::MAX),
+            applied_nodes: i32::try_from(applied).unwrap_or(i32::MAX),
+            estimated_cloud_watch_metrics: estimate.as_ref().map(|e| e.metrics as i64),
+            estimated_monthly_cost_usd: estimate.as_ref().map(CostEstimate::monthly_usd_text),
+        };
+        self.announce(config, accepted, accepted_reason, &accepted_message).await;
+        if status == previous {
+            return Ok(());
+        }
+        let api: Api<NeuronMonitorConfig> =
+            Api::namespaced(self.client.clone(), &config.namespace().unwrap_or_default());
+        let patch = json!({
+            "apiVersion": NeuronMonitorConfig::api_version(&()),
+            "kind": NeuronMonitorConfig::kind(&()),
+            "status": status,
+        });
+        api.patch_status(&config.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await?;
+        self.metrics.wrote("status", "apply");
+        Ok(())
+    }
+
+    /// An Event when a config's Accepted state or reason is first seen or changes; a
+    /// refusal is also counted, by reason.
+    async fn announce(&self, config: &NeuronMonitorConfig, accepted: bool, reason: &str, message: &str) {
+        let uid = config.uid().unwrap_or_default();
+        {
+            let mut announced = self.announced.lock().unwrap_or_else(|p| p.into_inner());
+            let state = (accepted, reason.to_owned());
+            if announced.get(&uid) == Some(&state) {
+                return;
+            }
+            announced.insert(uid, state);
+        }
+        if !accepted {
+            self.metrics.refusals.get_or_create(&ReasonLabel { reason: reason_label(reason) }).inc();
+            info!(config = %config.name_any(), namespace = ?config.namespace(), reason, message, "config not accepted");
+        }
+        let event = Event {
+            type_: if accepted { EventType::Normal } else { EventType::Warning },
+            reason: if accepted { "Accepted".to_owned() } else { reason.to_owned() },
+            note: Some(message.chars().take(1000).collect()),
+            action: "Render".to_owned(),
+            secondary: None,
+        };
+        match self.recorder.publish(&event, &config.object_ref(&())).await {
+            Ok(()) => self.metrics.wrote("event", "create"),
+            Err(e) => warn!(error = %e, config = %config.name_any(), "could not publish an event"),
+        }
+    }
+}
+
+/// The static label of an Accepted=False reason.
+fn reason_label(reason: &str) -> &'static str {
+    Refusal::ALL.iter().map(|r| r.as_str()).find(|r| *r == reason).unwrap_or("NoMatchingNodes")
+}
+
+/// A condition, keeping its transition time when its status did not change.
+fn condition(
+    previous: &NeuronMonitorConfigStatus,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) -> Condition {
+    let status = if status { "True" } else { "False" }.to_owned();
+    let last_transition_time = previous
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(Timestamp::now()));
+    Condition {
+        type_: type_.to_owned(),
+        status,
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
