@@ -9,6 +9,7 @@ use axum::{
     routing::get,
     Router,
 };
+use http_server::{ConnectionMetrics, Limits};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -29,13 +30,16 @@ pub fn router(state: Arc<HttpState>) -> Router {
         .with_state(state)
 }
 
-/// Serves until `shutdown` is cancelled.
+/// Serves until `shutdown` is cancelled, within `limits` (header timeout, connection
+/// cap; see the `http_server` crate), counting refusals and timeouts in `metrics`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<HttpState>,
+    limits: Limits,
+    metrics: ConnectionMetrics,
     shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(state)).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
+) {
+    http_server::serve(listener, router(state), limits, metrics, shutdown).await
 }
 
 async fn metrics(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {

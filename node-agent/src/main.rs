@@ -51,6 +51,21 @@ struct Args {
     #[arg(long, env = "NEURON_AGENT_LISTEN", default_value = "0.0.0.0:9010")]
     listen: SocketAddr,
 
+    /// Time an HTTP client gets to send a complete request head, from connecting or from
+    /// its previous response: half-sent requests and idle keep-alive connections are
+    /// closed after it.
+    #[arg(long, env = "NEURON_AGENT_HTTP_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    http_header_timeout: Duration,
+
+    /// HTTP connections served at once; more are refused (503) and counted.
+    #[arg(
+        long,
+        env = "NEURON_AGENT_HTTP_MAX_CONNECTIONS",
+        default_value_t = 256,
+        value_parser = clap::value_parser!(u32).range(1..=65_536)
+    )]
+    http_max_connections: u32,
+
     /// Period of the built-in neuron-monitor configuration (all groups).
     #[arg(long, env = "NEURON_AGENT_PERIOD", default_value = "5s", value_parser = parse_period)]
     period: Period,
@@ -293,7 +308,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     info!(listen = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
-    let server = tokio::spawn(http::serve(listener, http_state, shutdown.clone()));
+    let limits =
+        http_server::Limits { header_timeout: args.http_header_timeout, max_connections: args.http_max_connections };
+    let server = tokio::spawn(http::serve(listener, http_state, limits, metrics.http.clone(), shutdown.clone()));
     let cloudwatch_sinks = tokio::spawn(cloudwatch_sinks.run(shutdown.clone()));
 
     let mut standalone_spec = Some(spec_tx);
@@ -382,10 +399,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Ok(Err(e)) => error!(error = %e, "CloudWatch sinks task failed"),
         Err(_) => warn!("the CloudWatch sinks did not stop in time"),
     }
-    match server.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => error!(error = %e, "HTTP server failed"),
-        Err(e) => error!(error = %e, "HTTP server task failed"),
+    if let Err(e) = server.await {
+        error!(error = %e, "HTTP server task failed");
     }
     info!("stopped");
     Ok(())

@@ -8,6 +8,8 @@ use prometheus_client::{
 };
 use std::sync::atomic::AtomicU64;
 
+use http_server::ConnectionMetrics;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: &'static str,
@@ -54,6 +56,8 @@ pub struct AgentMetrics {
     pub monitor_stderr_lines: Family<StderrLabel, Counter>,
     pub config_reloads: Family<ResultLabel, Counter>,
     pub config: Family<ConfigLabels, Gauge>,
+    /// The HTTP server's connections (`neuron_agent_http_*`).
+    pub http: ConnectionMetrics,
 }
 
 impl AgentMetrics {
@@ -78,6 +82,7 @@ impl AgentMetrics {
             monitor_stderr_lines: Family::default(),
             config_reloads: Family::default(),
             config: Family::default(),
+            http: ConnectionMetrics::register(registry, "neuron_agent_http"),
         };
         let r = registry;
         r.register(

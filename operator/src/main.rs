@@ -1,7 +1,7 @@
 //! `neuron-operator`: renders NeuronMonitorConfigs into per-node neuron-monitor
 //! configurations. `neuron-operator crd` prints the CRD.
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use axum::{extract::State, http::StatusCode, response::IntoResponse, routing::get, Router};
@@ -45,6 +45,21 @@ struct RunArgs {
     #[arg(long, env = "NEURON_OPERATOR_LISTEN", default_value = "0.0.0.0:8080")]
     listen: SocketAddr,
 
+    /// Time an HTTP client gets to send a complete request head, from connecting or from
+    /// its previous response: half-sent requests and idle keep-alive connections are
+    /// closed after it.
+    #[arg(long, env = "NEURON_OPERATOR_HTTP_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    http_header_timeout: Duration,
+
+    /// HTTP connections served at once; more are refused (503) and counted.
+    #[arg(
+        long,
+        env = "NEURON_OPERATOR_HTTP_MAX_CONNECTIONS",
+        default_value_t = 64,
+        value_parser = clap::value_parser!(u32).range(1..=65_536)
+    )]
+    http_max_connections: u32,
+
     /// Elect a leader through a Lease (off only for a single replica in development).
     #[arg(long, env = "NEURON_OPERATOR_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
     leader_election: bool,
@@ -83,6 +98,10 @@ struct RunArgs {
     /// Log filter, in tracing's EnvFilter syntax.
     #[arg(long, env = "NEURON_OPERATOR_LOG", default_value = "info")]
     log: String,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    s.parse::<api::duration::Period>().map(api::duration::Period::as_duration).map_err(|e| e.to_string())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -183,12 +202,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     info!(listen = %listener.local_addr()?, namespace = %args.namespace, %identity, "neuron-operator started");
-    let server = {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
-        })
-    };
+    let limits =
+        http_server::Limits { header_timeout: args.http_header_timeout, max_connections: args.http_max_connections };
+    let server = tokio::spawn(http_server::serve(listener, app, limits, metrics.http.clone(), shutdown.clone()));
     let reconciler = tokio::spawn(controller.run(leading_rx, shutdown.clone()));
 
     wait_for_signal().await?;
@@ -198,8 +214,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(election) = election {
         let _ = election.await;
     }
-    if let Ok(Err(e)) = server.await {
-        error!(error = %e, "HTTP server failed");
+    if let Err(e) = server.await {
+        error!(error = %e, "HTTP server task failed");
     }
     Ok(())
 }

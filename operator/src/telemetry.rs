@@ -1,5 +1,6 @@
 //! The operator's own metrics.
 
+use http_server::ConnectionMetrics;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -36,6 +37,8 @@ pub struct OperatorMetrics {
     pub configs: Gauge,
     pub invalid_configs: Gauge,
     pub nodes: Gauge,
+    /// The HTTP server's connections (`neuron_operator_http_*`).
+    pub http: ConnectionMetrics,
 }
 
 impl OperatorMetrics {
@@ -54,6 +57,7 @@ impl OperatorMetrics {
             configs: Gauge::default(),
             invalid_configs: Gauge::default(),
             nodes: Gauge::default(),
+            http: ConnectionMetrics::register(registry, "neuron_operator_http"),
         };
         registry.register("neuron_operator_reconciles", "Full reconciles run", m.reconciles.clone());
         registry.register(
