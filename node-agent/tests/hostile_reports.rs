@@ -209,7 +209,7 @@ fn extra_labels_of_many_configurations_are_capped_per_series() {
     let series = m.find("neuroncore_utilization_ratio", &[("runtime_tag", "538")]);
     assert_eq!(series.len(), 1);
     let extra = series[0].labels.keys().filter(|k| k.starts_with('c')).count();
-    assert_eq!(extra, MAX_EXTRA_LABELS_PER_SERIES, "{:?}", series[0].labels);
+    assert_eq!(extra, MAX_EXTRA_LABELS_PER_SERIES, "extra labels on a runtime series");
     let dropped = (60 * 16 - MAX_EXTRA_LABELS_PER_SERIES) * 32;
     assert_eq!(m.sum("neuron_agent_extra_labels_dropped", &[]), dropped as f64);
     println!("extra labels: scrape {} bytes, agent RSS {} KiB", m.text.len(), rss_kib(agent.child.id()));
