@@ -413,7 +413,7 @@ fn mutate(rng: &mut fastrand::Rng, parts: &mut Parts) -> (Vec<u8>, Expect) {
     let report = |line: String| (line.into_bytes(), Expect::Report);
     match rng.u8(..20) {
         // Broken lines.
-        0 => (base_text[..cut_at(rng)].as_bytes().to_vec(), Expect::Rejected("truncated")),
+        0 => (base_text.as_bytes()[..cut_at(rng)].to_vec(), Expect::Rejected("truncated")),
         1 => {
             let garbage = ["garbage", "}", "{\"neuron_runtime_data\": 5}", "[1,2]", "null", "\"text\""][rng.usize(..6)];
             let line = if rng.bool() { format!("{garbage}{base_text}") } else { garbage.to_owned() };
