@@ -8,8 +8,8 @@
 //! - [`node_config`]: what the operator renders for one node (the monitor configuration and
 //!   the routes), its ConfigMap's names and the content hash.
 //! - [`report`]: one NDJSON document that neuron-monitor writes per refresh.
+//! - [`limits`]: the largest inputs the operator and the agent accept.
 //! - [`cloudwatch`]: the CloudWatch metric catalogue, the sink rules, the cost estimate.
-//! - [`limits`]: bounds shared by the operator and the agent.
 
 pub mod cloudwatch;
 pub mod crd;

@@ -1,5 +1,34 @@
-//! Limits shared by the operator and the node agent, each with the reason for its value.
-//! Every limit is documented in the README and counted where it refuses something.
+//! Limits shared by the operator and the node agent: the largest input either trusts
+//! before it sizes an allocation, a label, a request or a ConfigMap, each with the reason
+//! for its value. Every limit is documented in the README, and what it refuses is counted
+//! in the binary's own metrics.
+
+// --- neuron-monitor reports, as the node agent reads them ----------------------------
+// Real hardware (the reference's table): at most 16 devices (inf1.24xlarge, trn1/trn2)
+// and 8 physical cores per device (trn2), 128 cores on the largest node. The limits
+// leave room for hardware to come while keeping every per-core or per-device allocation,
+// and every exposition, small. Values beyond them come from a broken or hostile
+// monitor, never from a node.
+
+/// Neuron devices a report may declare (`neuron_hardware_info.neuron_device_count`);
+/// device indices (ECC counters) must be below it.
+pub const MAX_NEURON_DEVICES: u32 = 64;
+
+/// NeuronCores per device a report may declare (`neuroncore_per_device_count`).
+pub const MAX_NEURONCORES_PER_DEVICE: u32 = 16;
+
+/// NeuronCores of one node: the declared devices × cores per device must not exceed it,
+/// and every core index of a report must be below it. 4× trn2's 128 physical cores.
+pub const MAX_NEURONCORES: u32 = 512;
+
+/// Runtime entries read from one report; later entries are skipped and counted. A real
+/// node runs at most a few hundred Neuron applications (one per core at most, 128).
+pub const MAX_RUNTIMES_PER_REPORT: usize = 1024;
+
+/// Bytes of one label value taken from a report (instance fields, runtime tags); longer
+/// values are cut at a character boundary. neuron-monitor's longest string, the
+/// application tag, is at most 255 characters; AWS identifiers are far shorter.
+pub const MAX_REPORT_LABEL_VALUE_BYTES: usize = 256;
 
 // ---------------------------------------------------------------------------------------
 // Operator: what configs may add to one node's ConfigMap and to one series.
@@ -36,9 +65,12 @@ pub const MAX_NODE_RENDERED_BYTES: usize = 768 * 1024;
 /// report. Beyond it: `NodeLimit`.
 pub const MAX_CONFIGS_PER_NODE: usize = 512;
 
+// --- Labels a series carries ---------------------------------------------------------
+
 /// Distinct extra Prometheus labels on one series. The agent puts on a runtime's series
 /// the extra labels of every route that takes it (the first route wins a name): the
 /// operator namespace's configs on every series, a team's configs on its own
 /// applications'. The operator refuses a config that would take that union above this
-/// (`TooManyLabels`); the agent also enforces it on what it exports.
+/// (`TooManyLabels`); the agent also enforces it on what it exports, leaving
+/// the keys of later routes off and counting them.
 pub const MAX_EXTRA_LABELS_PER_SERIES: usize = 32;

@@ -7,6 +7,10 @@
 //! not be read. A null or missing group is `None`; a null number is `None`. Nothing
 //! absent is turned into a zero.
 //!
+//! Only the first [`MAX_RUNTIMES_PER_REPORT`] runtime entries are read ([`Capped`]); the
+//! rest are skipped unread and counted, so no report can size the agent's memory by the
+//! number of its runtimes.
+//!
 //! [`Report::parse`] first tries one strict pass over the line. Only if that fails does
 //! it parse again group by group, so that one odd group (a new release changing a
 //! field's type) costs that group alone, not the whole document.
@@ -14,10 +18,12 @@
 use std::{borrow::Cow, cell::Cell, fmt, marker::PhantomData, str::FromStr};
 
 use serde::{
-    de::{self, MapAccess, Visitor},
+    de::{self, MapAccess, SeqAccess, Visitor},
     Deserialize, Deserializer,
 };
 use serde_json::value::RawValue;
+
+use crate::limits::MAX_RUNTIMES_PER_REPORT;
 
 #[derive(Debug, thiserror::Error)]
 #[error("report is not a JSON object of the neuron-monitor format: {0}")]
@@ -34,8 +40,9 @@ impl ReportError {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct Report<'a> {
-    #[serde(borrow, deserialize_with = "null_as_empty")]
-    pub neuron_runtime_data: Vec<Item<RuntimeEntry<'a>>>,
+    /// The first [`MAX_RUNTIMES_PER_REPORT`] entries, in document order.
+    #[serde(borrow)]
+    pub neuron_runtime_data: Capped<Item<RuntimeEntry<'a>>, MAX_RUNTIMES_PER_REPORT>,
     #[serde(borrow)]
     pub system_data: Option<SystemData<'a>>,
     #[serde(borrow)]
@@ -156,12 +163,71 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Item<T> {
     }
 }
 
-fn null_as_empty<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    Ok(Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default())
+/// A JSON array read up to `LIMIT` entries: later entries are skipped unread (valid JSON,
+/// not kept), so an array of any length costs at most `LIMIT` entries of memory. Null
+/// reads as empty.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Capped<T, const LIMIT: usize> {
+    pub items: Vec<T>,
+    /// Entries after the first `LIMIT`, skipped.
+    pub skipped: usize,
+}
+
+impl<T, const LIMIT: usize> Default for Capped<T, LIMIT> {
+    fn default() -> Self {
+        Capped { items: Vec::new(), skipped: 0 }
+    }
+}
+
+impl<T, const LIMIT: usize> std::ops::Deref for Capped<T, LIMIT> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        &self.items
+    }
+}
+
+impl<'de, T: Deserialize<'de>, const LIMIT: usize> Deserialize<'de> for Capped<T, LIMIT> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct CappedVisitor<T, const LIMIT: usize>(PhantomData<T>);
+
+        impl<'de, T: Deserialize<'de>, const LIMIT: usize> Visitor<'de> for CappedVisitor<T, LIMIT> {
+            type Value = Capped<T, LIMIT>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array or null")
+            }
+
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Capped::default())
+            }
+
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Capped::default())
+            }
+
+            fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+                deserializer.deserialize_seq(self)
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                // Never trust a size hint from the input for an allocation.
+                let mut capped = Capped { items: Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64)), skipped: 0 };
+                while capped.items.len() < LIMIT {
+                    match seq.next_element()? {
+                        Some(item) => capped.items.push(item),
+                        None => return Ok(capped),
+                    }
+                }
+                while seq.next_element::<de::IgnoredAny>()?.is_some() {
+                    capped.skipped += 1;
+                }
+                Ok(capped)
+            }
+        }
+
+        deserializer.deserialize_option(CappedVisitor(PhantomData))
+    }
 }
 
 macro_rules! group_body {

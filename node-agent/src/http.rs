@@ -25,6 +25,7 @@ pub struct HttpState {
 pub fn router(state: Arc<HttpState>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
+        // Needs no lock and no worker held by the report path or a scrape.
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .with_state(state)
@@ -42,11 +43,20 @@ pub async fn serve(
     http_server::serve(listener, router(state), limits, metrics, shutdown).await
 }
 
+/// Renders on the blocking pool: rendering takes the state lock, which a report being
+/// applied holds, and costs CPU in proportion to the state; the async workers must stay
+/// free for `/healthz` meanwhile. At most a few renders run at once (each holds a whole
+/// exposition in memory); more scrapes wait for a slot.
 async fn metrics(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
     let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
-    match state.exposition.render(format) {
-        Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
-        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "could not encode metrics\n").into_response(),
+    let rendered = {
+        let _slot = state.exposition.render_slot().await;
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || state.exposition.render(format)).await
+    };
+    match rendered {
+        Ok(Ok(body)) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "could not encode metrics\n").into_response(),
     }
 }
 

@@ -10,14 +10,14 @@ use std::{
 };
 
 use api::report::Report;
-use tokio::sync::watch;
+use tokio::{runtime::RuntimeFlavor, sync::watch};
 use tracing::warn;
 
 use crate::{
     attribution::Attribution,
     ratelimit::{Decision, RateLimit},
-    state::NodeState,
-    telemetry::{AgentMetrics, GroupProblemLabels},
+    state::{NodeState, ProblemKind, Refusals},
+    telemetry::{AgentMetrics, GroupProblemLabels, WhatLabel},
 };
 
 /// Why a line was skipped; the value of the `reason` label.
@@ -48,6 +48,7 @@ pub struct Pipeline {
     metrics: AgentMetrics,
     ready: AtomicBool,
     log_limit: Mutex<RateLimit>,
+    refusal_log_limit: Mutex<RateLimit>,
     attribution: Option<Attribution>,
     /// Reports applied so far; sinks that sample the state (CloudWatch) watch it. A watch
     /// never blocks the sender and keeps only the latest value, so a slow sink skips
@@ -62,6 +63,7 @@ impl Pipeline {
             metrics,
             ready: AtomicBool::new(false),
             log_limit: Mutex::new(RateLimit::new(10, std::time::Duration::from_secs(60))),
+            refusal_log_limit: Mutex::new(RateLimit::new(10, std::time::Duration::from_secs(60))),
             attribution: None,
             applied: watch::Sender::new(0),
         }
@@ -84,7 +86,20 @@ impl Pipeline {
     }
 
     /// Parses and applies one line. Returns whether it was a report.
+    ///
+    /// On the agent's multi-threaded runtime the work runs in `block_in_place`: a large
+    /// report is CPU work, and the async workers must stay free for `/healthz` and
+    /// scrapes meanwhile.
     pub fn handle_line(&self, line: &[u8]) -> bool {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if runtime.runtime_flavor() == RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| self.process_line(line))
+            }
+            _ => self.process_line(line),
+        }
+    }
+
+    fn process_line(&self, line: &[u8]) -> bool {
         let started = Instant::now();
         let line = line.trim_ascii();
         if line.is_empty() {
@@ -112,6 +127,9 @@ impl Pipeline {
                 let labels = GroupProblemLabels { group: problem.group, kind: problem.kind.as_str() };
                 self.metrics.group_errors.get_or_create(&labels).inc();
             }
+            if !state.refusals.is_empty() {
+                self.count_refusals(&state);
+            }
         }
         self.metrics.reports.inc();
         self.applied.send_modify(|n| *n += 1);
@@ -120,6 +138,29 @@ impl Pipeline {
         self.metrics.report_processing_seconds.observe(started.elapsed().as_secs_f64());
         self.ready.store(true, Ordering::Relaxed);
         true
+    }
+
+    /// Counts what a report had beyond the limits and logs it, rate-limited.
+    fn count_refusals(&self, state: &NodeState) {
+        let refusals = state.refusals;
+        for (what, count) in Refusals::KINDS.iter().zip(refusals.counts()) {
+            if count > 0 {
+                self.metrics.report_values_refused.get_or_create(&WhatLabel { what }).inc_by(count);
+            }
+        }
+        let decision = self.refusal_log_limit.lock().unwrap_or_else(|p| p.into_inner()).check();
+        if let Decision::Allow { suppressed_before } = decision {
+            let hardware = state.problems.iter().find(|p| p.kind == ProblemKind::OutOfBounds).map(|p| &p.message);
+            warn!(
+                runtimes_skipped = refusals.runtimes,
+                core_indices = refusals.core_indices,
+                device_indices = refusals.device_indices,
+                label_values = refusals.label_values,
+                hardware = hardware.map(String::as_str).unwrap_or(""),
+                suppressed_before,
+                "a neuron-monitor report exceeded the agent's limits; the excess was left out"
+            );
+        }
     }
 
     /// Counts a skipped line and logs it, rate-limited.

@@ -1,19 +1,26 @@
 //! The routing table of the node's configuration, compiled: which
 //! NeuronMonitorConfig receives which applications and groups, and how.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::atomic::{AtomicBool, Ordering},
+};
 
 use api::{
+    limits::MAX_EXTRA_LABELS_PER_SERIES,
     monitor_config::{RuntimeGroup, SystemGroup},
     node_config::{NodeConfig, Route},
 };
 use regex::Regex;
+use tracing::warn;
 
 /// Routes with their tag filters compiled. Empty means the built-in configuration:
-/// everything goes to Prometheus.
+/// everything goes to Prometheus. Replaced as a whole when the configuration changes.
 #[derive(Debug, Default)]
 pub struct Routing {
     routes: Vec<CompiledRoute>,
+    /// Set once extra labels were left off a series under this routing: logged once.
+    labels_dropped_logged: AtomicBool,
 }
 
 /// One runtime entry of a route, compiled: tag filter (`None`: every application) and groups.
@@ -30,7 +37,10 @@ struct CompiledRoute {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct PrometheusView {
     pub groups: Vec<RuntimeGroup>,
+    /// At most [`MAX_EXTRA_LABELS_PER_SERIES`].
     pub extra_labels: BTreeMap<String, String>,
+    /// Label names matching routes wanted beyond the cap, left off.
+    pub dropped_labels: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +70,7 @@ impl Routing {
             }
             routes.push(CompiledRoute { route: route.clone(), runtimes });
         }
-        Ok(Routing { routes })
+        Ok(Routing { routes, labels_dropped_logged: AtomicBool::new(false) })
     }
 
     pub fn is_builtin(&self) -> bool {
@@ -68,12 +78,15 @@ impl Routing {
     }
 
     /// The Prometheus view of a runtime: groups any Prometheus route gives it, and
-    /// extra labels (the first route, in config order, wins a key). `None`: not exported.
+    /// extra labels (the first route, in config order, wins a key; at most
+    /// [`MAX_EXTRA_LABELS_PER_SERIES`], the first in config order, however many
+    /// configurations match). `None`: not exported.
     pub fn prometheus_view(&self, namespace: Option<&str>, tag: &str) -> Option<PrometheusView> {
         if self.is_builtin() {
-            return Some(PrometheusView { groups: RuntimeGroup::ALL.to_vec(), extra_labels: BTreeMap::new() });
+            return Some(PrometheusView { groups: RuntimeGroup::ALL.to_vec(), ..PrometheusView::default() });
         }
         let mut view: Option<PrometheusView> = None;
+        let mut dropped: BTreeSet<&str> = BTreeSet::new();
         for compiled in &self.routes {
             let Some(prometheus) = &compiled.route.prometheus else { continue };
             if let Some(ns) = &compiled.route.namespace {
@@ -92,8 +105,28 @@ impl Routing {
                     }
                 }
                 for (k, val) in &prometheus.extra_labels {
-                    v.extra_labels.entry(k.clone()).or_insert_with(|| val.clone());
+                    if v.extra_labels.contains_key(k) {
+                        continue;
+                    }
+                    if v.extra_labels.len() < MAX_EXTRA_LABELS_PER_SERIES {
+                        v.extra_labels.insert(k.clone(), val.clone());
+                    } else {
+                        dropped.insert(k);
+                    }
                 }
+            }
+        }
+        if let Some(v) = view.as_mut().filter(|_| !dropped.is_empty()) {
+            v.dropped_labels = dropped.len();
+            if !self.labels_dropped_logged.swap(true, Ordering::Relaxed) {
+                warn!(
+                    runtime = tag,
+                    namespace = namespace.unwrap_or(""),
+                    kept = MAX_EXTRA_LABELS_PER_SERIES,
+                    dropped = dropped.len(),
+                    "the configurations matching a runtime add more extra labels than a series may carry; \
+                     the labels of later configurations are left off (logged once per configuration change)"
+                );
             }
         }
         view
@@ -160,6 +193,26 @@ mod tests {
         r.prometheus = None;
         let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![r] }).unwrap();
         assert_eq!(routing.prometheus_view(Some("a"), "x"), None);
+    }
+
+    #[test]
+    fn extra_labels_of_many_matching_routes_are_capped_per_series() {
+        // 60 configurations matching the same runtime, 16 labels each, distinct names.
+        let routes = (0..60)
+            .map(|c| {
+                let mut r = route(&format!("team/c{c:02}"), None, None, &[RuntimeGroup::MemoryUsed]);
+                let labels = (0..16).map(|l| (format!("c{c:02}_l{l:02}"), "v".to_owned())).collect();
+                r.prometheus = Some(PrometheusRoute { extra_labels: labels });
+                r
+            })
+            .collect();
+        let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes }).unwrap();
+        let view = routing.prometheus_view(None, "x").unwrap();
+        assert_eq!(view.extra_labels.len(), MAX_EXTRA_LABELS_PER_SERIES);
+        assert_eq!(view.dropped_labels, 60 * 16 - MAX_EXTRA_LABELS_PER_SERIES);
+        // The first configurations, in order, keep theirs.
+        assert!(view.extra_labels.contains_key("c00_l00") && view.extra_labels.contains_key("c01_l15"));
+        assert!(!view.extra_labels.contains_key("c02_l00"));
     }
 
     #[test]

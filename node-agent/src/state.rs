@@ -15,12 +15,21 @@
 //!   runtime (or started, for node-level counters). They restart from zero when the
 //!   runtime disappears and comes back, or when the agent restarts; Prometheus'
 //!   `rate()`/`increase()` handle such resets.
+//!
+//! Nothing of a report is trusted as a size (limits in [`api::limits`]): hardware counts
+//! beyond any real node refuse the `neuron_hardware_info` group, core and device indices
+//! beyond them are ignored, runtime entries beyond the cap are skipped, and label values
+//! are cut to a bounded length without control characters. What was refused is counted
+//! in [`NodeState::refusals`]. The cost of a report is linear in its size.
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
-use api::report::{
-    CoreMemory, ErrorSummary, ExecutionSummary, Group, HardwareInfo, InstanceInfo, Item, Percentiles, Report,
-    RuntimeEntry,
+use api::{
+    limits::{MAX_NEURONCORES, MAX_NEURONCORES_PER_DEVICE, MAX_NEURON_DEVICES, MAX_REPORT_LABEL_VALUE_BYTES},
+    report::{
+        CoreMemory, ErrorSummary, ExecutionSummary, Group, HardwareInfo, InstanceInfo, Item, Percentiles, Report,
+        RuntimeEntry,
+    },
 };
 
 /// Labels that identify the host, as in AWS's exporter.
@@ -37,8 +46,8 @@ pub struct InstanceLabels {
 }
 
 impl InstanceLabels {
-    fn from_report(info: &InstanceInfo<'_>) -> Self {
-        let text = |v: &Option<std::borrow::Cow<'_, str>>| v.as_deref().unwrap_or_default().to_owned();
+    fn from_report(info: &InstanceInfo<'_>, refused: &mut u64) -> Self {
+        let mut text = |v: &Option<std::borrow::Cow<'_, str>>| label_value(v.as_deref().unwrap_or_default(), refused);
         InstanceLabels {
             instance_name: text(&info.instance_name),
             instance_id: text(&info.instance_id),
@@ -126,6 +135,8 @@ pub enum ProblemKind {
     Monitor,
     /// The group's JSON did not have the documented shape.
     Malformed,
+    /// Values beyond any real node (hardware counts): the group is refused.
+    OutOfBounds,
 }
 
 impl ProblemKind {
@@ -133,7 +144,39 @@ impl ProblemKind {
         match self {
             ProblemKind::Monitor => "monitor",
             ProblemKind::Malformed => "malformed",
+            ProblemKind::OutOfBounds => "out_of_bounds",
         }
+    }
+}
+
+/// What the agent did not take as reported from the latest report, by kind (the values
+/// of the `what` label of `neuron_agent_report_values_refused_total`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Refusals {
+    /// Runtime entries after the first [`api::limits::MAX_RUNTIMES_PER_REPORT`], skipped.
+    pub runtimes: u64,
+    /// Core entries with an index at or above [`MAX_NEURONCORES`], ignored.
+    pub core_indices: u64,
+    /// Device entries with an index at or above [`MAX_NEURON_DEVICES`], ignored.
+    pub device_indices: u64,
+    /// `neuron_hardware_info` groups whose counts exceed the limits, refused.
+    pub hardware_counts: u64,
+    /// Label values cut to [`MAX_REPORT_LABEL_VALUE_BYTES`] or with control characters
+    /// replaced.
+    pub label_values: u64,
+}
+
+impl Refusals {
+    pub const KINDS: [&'static str; 5] =
+        ["runtime", "neuroncore_index", "neuron_device_index", "hardware_counts", "label_value"];
+
+    /// Counts in the order of [`Refusals::KINDS`].
+    pub fn counts(&self) -> [u64; 5] {
+        [self.runtimes, self.core_indices, self.device_indices, self.hardware_counts, self.label_values]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.counts().iter().all(|c| *c == 0)
     }
 }
 
@@ -166,6 +209,8 @@ pub struct NodeState {
     pub idle_cores: Vec<IdleCore>,
     pub system: SystemState,
     pub problems: Vec<GroupProblem>,
+    /// What the latest report had beyond the limits.
+    pub refusals: Refusals,
     pub reports: u64,
 }
 
@@ -178,6 +223,7 @@ impl Default for NodeState {
             idle_cores: Vec::new(),
             system: SystemState::default(),
             problems: Vec::new(),
+            refusals: Refusals::default(),
             reports: 0,
         }
     }
@@ -188,6 +234,7 @@ impl NodeState {
     pub fn apply(&mut self, report: &Report<'_>) {
         self.reports += 1;
         self.problems.clear();
+        self.refusals = Refusals::default();
         self.apply_instance(report);
         self.apply_hardware(report);
         self.apply_runtimes(report);
@@ -201,7 +248,12 @@ impl NodeState {
             Group::Error(e) => (ProblemKind::Monitor, e),
             Group::Malformed(e) => (ProblemKind::Malformed, e),
         };
-        self.problems.push(GroupProblem { group, runtime_tag: runtime_tag.to_owned(), kind, message: message.clone() });
+        self.problems.push(GroupProblem {
+            group,
+            runtime_tag: runtime_tag.to_owned(),
+            kind,
+            message: truncated(message, MAX_PROBLEM_MESSAGE_BYTES).to_owned(),
+        });
     }
 
     fn apply_instance(&mut self, report: &Report<'_>) {
@@ -210,7 +262,7 @@ impl NodeState {
         };
         self.note("instance_info", "", info);
         if let Group::Ok(info) = info {
-            let labels = InstanceLabels::from_report(info);
+            let labels = InstanceLabels::from_report(info, &mut self.refusals.label_values);
             if *self.instance != labels {
                 self.instance = Arc::new(labels);
                 for rt in &mut self.runtimes {
@@ -226,12 +278,30 @@ impl NodeState {
         };
         self.note("neuron_hardware_info", "", info);
         if let Group::Ok(info) = info {
-            self.hardware = Some(summarize_hardware(info));
+            match summarize_hardware(info) {
+                Ok(summary) => self.hardware = Some(summary),
+                Err(message) => {
+                    // Never an allocation size: no idle cores, no hardware series from it.
+                    self.refusals.hardware_counts += 1;
+                    self.hardware = None;
+                    self.problems.push(GroupProblem {
+                        group: "neuron_hardware_info",
+                        runtime_tag: String::new(),
+                        kind: ProblemKind::OutOfBounds,
+                        message,
+                    });
+                }
+            }
         }
     }
 
     fn apply_runtimes(&mut self, report: &Report<'_>) {
-        let mut previous = std::mem::take(&mut self.runtimes);
+        self.refusals.runtimes = report.neuron_runtime_data.skipped as u64;
+        // By tag, for a lookup per entry; a tag held twice (same tag and PID) keeps both.
+        let mut previous: HashMap<String, Vec<RuntimeState>> = HashMap::with_capacity(self.runtimes.len());
+        for state in std::mem::take(&mut self.runtimes) {
+            previous.entry(state.labels.runtime_tag.clone()).or_default().push(state);
+        }
         let entries: Vec<&RuntimeEntry<'_>> = report
             .neuron_runtime_data
             .iter()
@@ -242,17 +312,17 @@ impl NodeState {
                         group: "neuron_runtime_data",
                         runtime_tag: String::new(),
                         kind: ProblemKind::Malformed,
-                        message: reason.clone(),
+                        message: truncated(reason, MAX_PROBLEM_MESSAGE_BYTES).to_owned(),
                     });
                     None
                 }
             })
             .collect();
-        let tags = runtime_tags(&entries);
+        let tags = runtime_tags(&entries, &mut self.refusals.label_values);
         let mut current = Vec::with_capacity(entries.len());
         for (entry, tag) in entries.into_iter().zip(tags) {
-            let mut state = match previous.iter().position(|p| p.labels.runtime_tag == tag) {
-                Some(i) => previous.swap_remove(i),
+            let mut state = match previous.get_mut(&tag).and_then(Vec::pop) {
+                Some(state) => state,
                 None => RuntimeState::new(Arc::new(RuntimeLabels {
                     instance: self.instance.clone(),
                     runtime_tag: tag,
@@ -268,23 +338,24 @@ impl NodeState {
                 let tag = state.labels.runtime_tag.clone();
                 if let Some(g) = &groups.neuroncore_counters {
                     self.note("neuroncore_counters", &tag, g);
+                    let refused = &mut self.refusals.core_indices;
                     state.utilization = g.ok().map(|c| {
-                        c.neuroncores_in_use
-                            .iter()
-                            .flat_map(|m| m.iter())
-                            .filter_map(|(i, c)| c.neuroncore_utilization.filter(|u| *u != 0.0).map(|u| (i, u)))
-                            .collect()
+                        let cores = c.neuroncores_in_use.iter().flat_map(|m| m.iter());
+                        by_core(cores, refused, |c| c.neuroncore_utilization.filter(|u| *u != 0.0))
                     });
                 }
                 if let Some(g) = &groups.memory_used {
                     self.note("memory_used", &tag, g);
                     let used = g.ok().and_then(|m| m.neuron_runtime_used_bytes.as_ref());
                     state.memory_used = used.map(|u| [u.host, u.neuron_device]);
+                    let refused = &mut self.refusals.core_indices;
                     state.core_memory = g.ok().map(|_| {
-                        used.and_then(|u| u.usage_breakdown.as_ref())
+                        let cores = used
+                            .and_then(|u| u.usage_breakdown.as_ref())
                             .and_then(|b| b.neuroncore_memory_usage.as_ref())
-                            .map(|m| m.iter().filter(|(_, c)| c.is_held()).map(|(i, c)| (i, *c)).collect())
-                            .unwrap_or_default()
+                            .into_iter()
+                            .flat_map(|m| m.iter());
+                        by_core(cores, refused, |c| c.is_held().then_some(*c))
                     });
                 }
                 if let Some(g) = &groups.neuron_runtime_vcpu_usage {
@@ -335,17 +406,21 @@ impl NodeState {
                 let Some(index) = device.neuron_device_index else {
                     continue;
                 };
+                if index >= MAX_NEURON_DEVICES {
+                    self.refusals.device_indices += 1;
+                    continue;
+                }
+                // Kept sorted by device; at most MAX_NEURON_DEVICES entries.
                 let totals = &mut self.system.ecc_totals;
-                let slot = match totals.iter().position(|(i, _)| *i == index) {
-                    Some(slot) => slot,
-                    None => {
-                        totals.push((index, [0.0; 4]));
-                        totals.len() - 1
+                let slot = match totals.binary_search_by_key(&index, |(i, _)| *i) {
+                    Ok(slot) => slot,
+                    Err(slot) => {
+                        totals.insert(slot, (index, [0.0; 4]));
+                        slot
                     }
                 };
                 add_counts(&mut totals[slot].1, &device.values());
             }
-            self.system.ecc_totals.sort_by_key(|(i, _)| *i);
         }
     }
 
@@ -355,8 +430,15 @@ impl NodeState {
         let Some(total) = self.hardware.as_ref().and_then(|h| h.device_count?.checked_mul(h.cores_per_device?)) else {
             return;
         };
-        let held = |core: u32| self.runtimes.iter().any(|rt| rt.cores.iter().any(|c| c.index == core));
-        self.idle_cores = (0..total).filter(|c| !held(*c)).map(|index| IdleCore { index, pod: None }).collect();
+        // The hardware summary is bounded already; the `min` keeps this line safe alone.
+        let mut held = vec![false; total.min(MAX_NEURONCORES) as usize];
+        for core in self.runtimes.iter().flat_map(|rt| &rt.cores) {
+            if let Some(slot) = held.get_mut(core.index as usize) {
+                *slot = true;
+            }
+        }
+        let idle = held.iter().enumerate().filter(|(_, held)| !**held);
+        self.idle_cores = idle.map(|(index, _)| IdleCore { index: index as u32, pod: None }).collect();
     }
 
     /// Indices of the idle cores.
@@ -381,61 +463,138 @@ impl RuntimeState {
         }
     }
 
-    /// Held cores: those with memory on them or non-zero utilization.
+    /// Held cores: those with memory on them or non-zero utilization. Both lists are
+    /// sorted by core without duplicates ([`by_core`]): one merge pass.
     fn compute_cores(&mut self) {
         self.cores.clear();
-        let busy = self.utilization.iter().flatten().map(|(i, _)| *i);
-        let loaded = self.core_memory.iter().flatten().map(|(i, _)| *i);
-        let mut indices: Vec<u32> = busy.chain(loaded).collect();
-        indices.sort_unstable();
-        indices.dedup();
-        for index in indices {
-            let utilization =
-                self.utilization.as_ref().map(|u| u.iter().find(|(i, _)| *i == index).map_or(0.0, |(_, v)| *v));
-            let memory = self
-                .core_memory
-                .as_ref()
-                .map(|m| m.iter().find(|(i, _)| *i == index).map_or_else(CoreMemory::default, |(_, v)| *v));
-            self.cores.push(HeldCore { index, utilization, memory });
+        let utilization = self.utilization.as_deref();
+        let memory = self.core_memory.as_deref();
+        let mut busy = utilization.unwrap_or_default().iter().peekable();
+        let mut loaded = memory.unwrap_or_default().iter().peekable();
+        loop {
+            let index = match (busy.peek(), loaded.peek()) {
+                (None, None) => break,
+                (Some((b, _)), None) => *b,
+                (None, Some((l, _))) => *l,
+                (Some((b, _)), Some((l, _))) => (*b).min(*l),
+            };
+            let u = busy.next_if(|(i, _)| *i == index).map(|(_, v)| *v);
+            let m = loaded.next_if(|(i, _)| *i == index).map(|(_, v)| *v);
+            self.cores.push(HeldCore {
+                index,
+                utilization: utilization.map(|_| u.unwrap_or(0.0)),
+                memory: memory.map(|_| m.unwrap_or_default()),
+            });
         }
     }
 }
 
-fn summarize_hardware(info: &HardwareInfo<'_>) -> HardwareSummary {
-    HardwareSummary {
-        device_count: info.neuron_device_count,
-        cores_per_device: info.neuroncore_per_device_count,
-        device_type: info.neuron_device_type.as_deref().map(str::to_owned),
+/// The hardware as reported, or why its counts are refused: beyond any real node, they
+/// would size the idle-core list and the exposition.
+fn summarize_hardware(info: &HardwareInfo<'_>) -> Result<HardwareSummary, String> {
+    let (devices, cores) = (info.neuron_device_count, info.neuroncore_per_device_count);
+    let total = u64::from(devices.unwrap_or(0)) * u64::from(cores.unwrap_or(0));
+    if devices.unwrap_or(0) > MAX_NEURON_DEVICES
+        || cores.unwrap_or(0) > MAX_NEURONCORES_PER_DEVICE
+        || total > u64::from(MAX_NEURONCORES)
+    {
+        return Err(format!(
+            "{} devices × {} cores per device is beyond any node (at most {MAX_NEURON_DEVICES} devices, \
+             {MAX_NEURONCORES_PER_DEVICE} cores per device, {MAX_NEURONCORES} cores)",
+            devices.unwrap_or(0),
+            cores.unwrap_or(0)
+        ));
     }
+    Ok(HardwareSummary {
+        device_count: devices,
+        cores_per_device: cores,
+        device_type: info.neuron_device_type.as_deref().map(|t| truncated(t, MAX_REPORT_LABEL_VALUE_BYTES).to_owned()),
+    })
 }
 
-/// The exported tag of each runtime: its tag, or its PID when the tag is empty (as
-/// neuron-monitor does when `NEURON_PROCESS_TAG` is unset). Tags shared by several
-/// processes get `@<pid>` on all but the lowest PID, so that no two runtimes export
-/// the same series.
-fn runtime_tags(entries: &[&RuntimeEntry<'_>]) -> Vec<String> {
+/// The exported tag of each runtime: its tag (a bounded [`label_value`]), or its PID when
+/// the tag is empty (as neuron-monitor does when `NEURON_PROCESS_TAG` is unset). Tags
+/// shared by several processes get `@<pid>` on all but the lowest (PID, position), so
+/// that no two runtimes export the same series. Linear: one map of each tag's owner.
+fn runtime_tags(entries: &[&RuntimeEntry<'_>], refused: &mut u64) -> Vec<String> {
     let base: Vec<String> = entries
         .iter()
         .map(|e| match e.neuron_runtime_tag.as_deref() {
-            Some(tag) if !tag.is_empty() => tag.to_owned(),
+            Some(tag) if !tag.is_empty() => label_value(tag, refused),
             _ => e.pid.map(|p| p.to_string()).unwrap_or_default(),
         })
         .collect();
+    let key = |i: usize| (entries[i].pid.unwrap_or(0), i);
+    let mut owner: HashMap<&str, (u32, usize)> = HashMap::with_capacity(base.len());
+    for (i, tag) in base.iter().enumerate() {
+        owner.entry(tag.as_str()).and_modify(|o| *o = (*o).min(key(i))).or_insert(key(i));
+    }
     base.iter()
         .enumerate()
-        .map(|(i, tag)| {
-            let pid = entries[i].pid.unwrap_or(0);
-            let shared_with_lower_pid = base
-                .iter()
-                .enumerate()
-                .any(|(j, other)| j != i && other == tag && (entries[j].pid.unwrap_or(0), j) < (pid, i));
-            if shared_with_lower_pid {
-                format!("{tag}@{pid}")
-            } else {
-                tag.clone()
-            }
-        })
+        .map(
+            |(i, tag)| {
+                if owner.get(tag.as_str()) == Some(&key(i)) {
+                    tag.clone()
+                } else {
+                    format!("{tag}@{}", key(i).0)
+                }
+            },
+        )
         .collect()
+}
+
+/// Per-core values of one runtime: entries whose index is a possible core (others are
+/// counted in `refused`) and whose `value` is `Some`, sorted by core, the first entry of
+/// a core kept (as a lookup in document order would).
+fn by_core<'r, C: 'r, T>(
+    entries: impl Iterator<Item = (u32, &'r C)>,
+    refused: &mut u64,
+    value: impl Fn(&C) -> Option<T>,
+) -> Vec<(u32, T)> {
+    let mut cores: Vec<(u32, T)> = entries
+        .filter(|(index, _)| {
+            let possible = *index < MAX_NEURONCORES;
+            *refused += u64::from(!possible);
+            possible
+        })
+        .filter_map(|(index, c)| value(c).map(|v| (index, v)))
+        .collect();
+    cores.sort_by_key(|(index, _)| *index); // stable: the first of a core stays first
+    cores.dedup_by_key(|(index, _)| *index);
+    cores
+}
+
+/// Longest message of a group problem kept (neuron-monitor's own errors are a line).
+const MAX_PROBLEM_MESSAGE_BYTES: usize = 1024;
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn truncated(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// A label value taken from a report: at most [`MAX_REPORT_LABEL_VALUE_BYTES`], control
+/// characters replaced by U+FFFD. A value changed is counted in `refused`.
+pub fn label_value(text: &str, refused: &mut u64) -> String {
+    if text.len() <= MAX_REPORT_LABEL_VALUE_BYTES && !text.chars().any(char::is_control) {
+        return text.to_owned();
+    }
+    *refused += 1;
+    let mut out = String::with_capacity(text.len().min(MAX_REPORT_LABEL_VALUE_BYTES));
+    for c in text.chars() {
+        let c = if c.is_control() { char::REPLACEMENT_CHARACTER } else { c };
+        if out.len() + c.len_utf8() > MAX_REPORT_LABEL_VALUE_BYTES {
+            break;
+        }
+        out.push(c);
+    }
+    out
 }
 
 fn add_counts<const N: usize>(totals: &mut [f64; N], counts: &[Option<f64>; N]) {

@@ -21,6 +21,12 @@ pub struct GroupProblemLabels {
     pub kind: &'static str,
 }
 
+/// What of a report the agent did not take as reported (see `state::Refusals`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WhatLabel {
+    pub what: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StderrLabel {
     pub outcome: &'static str,
@@ -53,6 +59,7 @@ pub struct AgentMetrics {
     pub last_report_timestamp: Gauge<f64, AtomicU64>,
     pub report_processing_seconds: Histogram,
     pub group_errors: Family<GroupProblemLabels, Counter>,
+    pub report_values_refused: Family<WhatLabel, Counter>,
     pub monitor_stderr_lines: Family<StderrLabel, Counter>,
     pub config_reloads: Family<ResultLabel, Counter>,
     pub config: Family<ConfigLabels, Gauge>,
@@ -79,6 +86,7 @@ impl AgentMetrics {
                 10e-6, 2.0, 14,
             )),
             group_errors: Family::default(),
+            report_values_refused: Family::default(),
             monitor_stderr_lines: Family::default(),
             config_reloads: Family::default(),
             config: Family::default(),
@@ -134,8 +142,16 @@ impl AgentMetrics {
         );
         r.register(
             "neuron_agent_group_errors",
-            "Metric groups found in error (kind=monitor) or unreadable (kind=malformed), per report",
+            "Metric groups found in error (kind=monitor), unreadable (kind=malformed) or beyond any real node \
+             (kind=out_of_bounds), per report",
             metrics.group_errors.clone(),
+        );
+        r.register(
+            "neuron_agent_report_values_refused",
+            "Values of reports beyond the agent's limits, by what: runtime (entries after the first 1024, skipped), \
+             neuroncore_index (>= 512) and neuron_device_index (>= 64) entries ignored, hardware_counts \
+             (neuron_hardware_info refused), label_value (cut to 256 bytes or control characters replaced)",
+            metrics.report_values_refused.clone(),
         );
         r.register(
             "neuron_agent_monitor_stderr_lines",

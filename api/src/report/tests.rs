@@ -219,3 +219,31 @@ fn not_a_report() {
         assert!(Report::parse(line).is_err(), "{line:?} should be refused");
     }
 }
+
+#[test]
+fn runtime_entries_beyond_the_cap_are_skipped_and_counted() {
+    use crate::limits::MAX_RUNTIMES_PER_REPORT;
+    let entry = |i: usize| format!(r#"{{"pid":{i},"neuron_runtime_tag":"t{i}","error":""}}"#);
+    let entries: Vec<String> = (0..MAX_RUNTIMES_PER_REPORT + 7).map(entry).collect();
+    let line = format!(r#"{{"neuron_runtime_data":[{}]}}"#, entries.join(","));
+    let report = Report::parse(&line).unwrap();
+    assert_eq!(report.neuron_runtime_data.len(), MAX_RUNTIMES_PER_REPORT);
+    assert_eq!(report.neuron_runtime_data.skipped, 7);
+    // The first ones, in document order.
+    let Item::Ok(last) = &report.neuron_runtime_data[MAX_RUNTIMES_PER_REPORT - 1] else { panic!("malformed") };
+    assert_eq!(last.pid, Some(MAX_RUNTIMES_PER_REPORT as u32 - 1));
+
+    // The lenient pass (an odd group elsewhere) keeps the cap; skipped entries need only
+    // be valid JSON.
+    let odd = format!(
+        r#"{{"neuron_runtime_data":[{},{{"pid":"odd"}},[1,2]],"system_data":{{"memory_info":{{"memory_used_bytes":"x","error":""}}}}}}"#,
+        entries.join(",")
+    );
+    let report = Report::parse(&odd).unwrap();
+    assert_eq!(report.neuron_runtime_data.len(), MAX_RUNTIMES_PER_REPORT);
+    assert_eq!(report.neuron_runtime_data.skipped, 9);
+
+    let report = Report::parse(r#"{"neuron_runtime_data":null}"#).unwrap();
+    assert!(report.neuron_runtime_data.is_empty());
+    assert_eq!(report.neuron_runtime_data.skipped, 0);
+}

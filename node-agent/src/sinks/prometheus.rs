@@ -63,12 +63,29 @@ impl Format {
 /// Everything `/metrics` serves: the agent's own registry plus the node state.
 pub struct Exposition {
     registry: Registry,
+    /// Renders at once: each holds a whole exposition in memory, so a burst of scrapes
+    /// waits here rather than multiplying the agent's memory.
+    renders: tokio::sync::Semaphore,
 }
+
+/// Concurrent renders of [`Exposition`]: Prometheus scrapes a target one at a time;
+/// two leave room for a second scraper or a person with curl.
+const CONCURRENT_RENDERS: usize = 2;
 
 impl Exposition {
     pub fn new(mut registry: Registry, state: Arc<Mutex<NodeState>>, routing: SharedRouting) -> Self {
         registry.register_collector(Box::new(NodeCollector { state, routing }));
-        Exposition { registry }
+        Exposition { registry, renders: tokio::sync::Semaphore::new(CONCURRENT_RENDERS) }
+    }
+
+    /// Waits for one of the [`CONCURRENT_RENDERS`] render slots; hold it while rendering.
+    pub async fn render_slot(&self) -> tokio::sync::SemaphorePermit<'_> {
+        // The semaphore is never closed, so `acquire` cannot fail; `forget`-free fallback anyway.
+        loop {
+            if let Ok(permit) = self.renders.acquire().await {
+                return permit;
+            }
+        }
     }
 
     pub fn render(&self, format: Format) -> Result<String, fmt::Error> {
@@ -394,6 +411,16 @@ fn encode_node(state: &NodeState, routing: &Routing, encoder: &mut DescriptorEnc
             .text("kind", p.kind.as_str());
         f.push(labels, Some(1.0));
     }
+    f.write(encoder)?;
+
+    let mut f = Family::new(
+        "neuron_agent_extra_labels_dropped",
+        "Extra labels of NeuronMonitorConfigs left off runtime series in this exposition, summed over runtimes \
+         (a series carries at most 32)",
+        MetricType::Gauge,
+    );
+    let dropped: usize = routed.iter().map(|(_, view)| view.dropped_labels).sum();
+    f.push(Labels::node(instance), Some(dropped as f64).filter(|_| state.reports > 0));
     f.write(encoder)
 }
 

@@ -170,3 +170,104 @@ fn ecc_events_accumulate_per_device() {
     apply(&mut state, line);
     assert_eq!(state.system.ecc_totals, vec![(0, [0.0; 4]), (1, [4.0, 0.0, 0.0, 2.0])]);
 }
+
+fn hardware_report(devices: u32, cores: u32) -> String {
+    format!(
+        r#"{{"neuron_runtime_data":[],"neuron_hardware_info":{{"neuron_device_count":{devices},
+            "neuroncore_per_device_count":{cores},"error":""}}}}"#
+    )
+}
+
+#[test]
+fn hardware_counts_beyond_any_node_refuse_the_group() {
+    use api::limits::{MAX_NEURONCORES, MAX_NEURONCORES_PER_DEVICE, MAX_NEURON_DEVICES};
+    // trn2 with LNC=1, and the largest shape the limits allow, are taken.
+    for (devices, cores) in [(16, 8), (MAX_NEURONCORES / MAX_NEURONCORES_PER_DEVICE, MAX_NEURONCORES_PER_DEVICE)] {
+        let mut state = NodeState::default();
+        apply(&mut state, &hardware_report(devices, cores));
+        assert_eq!(state.idle_cores.len(), (devices * cores) as usize);
+        assert!(state.problems.is_empty() && state.refusals.is_empty());
+    }
+    for (devices, cores) in [(65535, 65535), (1000, 1000), (MAX_NEURON_DEVICES + 1, 1), (1, 17), (64, 16)] {
+        let mut state = NodeState::default();
+        apply(&mut state, &hardware_report(16, 2));
+        apply(&mut state, &hardware_report(devices, cores));
+        assert!(state.idle_cores.is_empty(), "{devices}×{cores}: no idle cores from refused counts");
+        assert_eq!(state.hardware, None);
+        assert_eq!(state.refusals.hardware_counts, 1);
+        let problem = &state.problems[0];
+        assert_eq!((problem.group, problem.kind), ("neuron_hardware_info", ProblemKind::OutOfBounds));
+    }
+}
+
+#[test]
+fn core_and_device_indices_beyond_any_node_are_ignored_and_counted() {
+    let line = r#"{"neuron_runtime_data":[{"pid":1,"neuron_runtime_tag":"a","error":"","report":{
+        "neuroncore_counters":{"error":"","neuroncores_in_use":{"4000000000":{"neuroncore_utilization":50},
+            "512":{"neuroncore_utilization":1},"3":{"neuroncore_utilization":20},"3":{"neuroncore_utilization":99}}},
+        "memory_used":{"error":"","neuron_runtime_used_bytes":{"usage_breakdown":{"neuroncore_memory_usage":{
+            "4294967295":{"tensors":1},"5":{"tensors":1}}}}}}}],
+        "system_data":{"neuron_hw_counters":{"error":"","neuron_devices":[
+            {"neuron_device_index":4000000000,"mem_ecc_corrected":1},{"neuron_device_index":64,"mem_ecc_corrected":1},
+            {"neuron_device_index":63,"mem_ecc_corrected":1}]}},
+        "neuron_hardware_info":{"neuron_device_count":4,"neuroncore_per_device_count":2,"error":""}}"#;
+    let mut state = NodeState::default();
+    apply(&mut state, line);
+    let rt = runtime(&state, "a");
+    let cores: Vec<(u32, Option<f64>)> = rt.cores.iter().map(|c| (c.index, c.utilization)).collect();
+    // The first entry of a repeated core wins, as before.
+    assert_eq!(cores, vec![(3, Some(20.0)), (5, Some(0.0))]);
+    assert_eq!(state.refusals.core_indices, 3);
+    assert_eq!(state.refusals.device_indices, 2);
+    assert_eq!(state.system.ecc_totals, vec![(63, [1.0, 0.0, 0.0, 0.0])]);
+    assert_eq!(state.idle_core_indices(), vec![0, 1, 2, 4, 6, 7]);
+}
+
+#[test]
+fn label_values_from_a_report_are_bounded() {
+    use api::limits::MAX_REPORT_LABEL_VALUE_BYTES;
+    let region = "r".repeat(1_000_000);
+    let tag = format!("{}é", "t".repeat(MAX_REPORT_LABEL_VALUE_BYTES - 1)); // é straddles the limit
+    let line = format!(
+        r#"{{"neuron_runtime_data":[{{"pid":1,"neuron_runtime_tag":"{tag}","error":""}},
+            {{"pid":2,"neuron_runtime_tag":"bell\u0007tag","error":""}}],
+            "instance_info":{{"instance_region":"{region}","instance_id":"i-1","error":""}}}}"#
+    );
+    let mut state = NodeState::default();
+    apply(&mut state, &line);
+    assert_eq!(state.instance.region.len(), MAX_REPORT_LABEL_VALUE_BYTES);
+    assert_eq!(state.instance.instance_id, "i-1");
+    let tags: Vec<&str> = state.runtimes.iter().map(|r| r.labels.runtime_tag.as_str()).collect();
+    assert_eq!(tags, vec!["bell\u{FFFD}tag", &"t".repeat(MAX_REPORT_LABEL_VALUE_BYTES - 1)]);
+    assert_eq!(state.refusals.label_values, 3);
+}
+
+#[test]
+fn runtimes_beyond_the_cap_are_counted_and_the_first_kept() {
+    use api::limits::MAX_RUNTIMES_PER_REPORT;
+    let runtimes: Vec<(String, u32)> =
+        (0..MAX_RUNTIMES_PER_REPORT as u32 + 100).map(|i| (format!("r{i:05}"), i)).collect();
+    let entries: Vec<(&str, u32, u32, f64, u32)> =
+        runtimes.iter().map(|(t, p)| (t.as_str(), *p, p % 4, 1.0, 1)).collect();
+    let mut state = NodeState::default();
+    apply(&mut state, &report(&entries, "i"));
+    assert_eq!(state.runtimes.len(), MAX_RUNTIMES_PER_REPORT);
+    assert_eq!(state.refusals.runtimes, 100);
+    assert_eq!(state.runtimes.last().unwrap().labels.runtime_tag, format!("r{:05}", MAX_RUNTIMES_PER_REPORT - 1));
+}
+
+#[test]
+fn many_runtimes_sharing_tags_keep_their_state_across_reports() {
+    // Linear bookkeeping gives what the pairwise scans gave: the lowest PID keeps the bare
+    // tag, the others get `@pid`, and each keeps its running sums from report to report.
+    let entries: Vec<(&str, u32, u32, f64, u32)> =
+        (0..600u32).map(|i| (["a", "b", "c"][(i % 3) as usize], 1000 - i, i % 4, 1.0, 1)).collect();
+    let mut state = NodeState::default();
+    apply(&mut state, &report(&entries, "i"));
+    apply(&mut state, &report(&entries, "i"));
+    assert_eq!(state.runtimes.len(), 600);
+    assert_eq!(runtime(&state, "a").pid, Some(1000 - 597));
+    assert_eq!(runtime(&state, "a@1000").pid, Some(1000));
+    assert_eq!(runtime(&state, "b@999").pid, Some(999));
+    assert!(state.runtimes.iter().all(|rt| rt.status_total.unwrap()[0] == 2.0));
+}

@@ -154,3 +154,36 @@ fn pod_labels_go_on_runtime_series_and_on_idle_cores_a_pod_holds() {
     let other_idle = cores.iter().filter(|l| !l.contains("runtime_tag") && !l.contains("namespace=")).count();
     assert!(other_idle > 0, "idle cores no pod holds keep no pod labels");
 }
+
+#[test]
+fn extra_labels_beyond_the_cap_are_left_off_and_counted() {
+    use api::limits::MAX_EXTRA_LABELS_PER_SERIES;
+    let mut state = NodeState::default();
+    state.apply(&Report::parse(&fixture(TRN1N_32)).unwrap());
+    // 60 configurations matching every runtime, 16 labels each.
+    let routes = (0..60)
+        .map(|c| api::node_config::Route {
+            config: format!("team/c{c:02}"),
+            namespace: None,
+            runtimes: vec![api::node_config::RouteRuntimes { tag_filter: None, groups: RuntimeGroup::ALL.to_vec() }],
+            system_groups: vec![],
+            prometheus: Some(api::node_config::PrometheusRoute {
+                extra_labels: (0..16).map(|l| (format!("c{c:02}_l{l:02}"), "v".to_owned())).collect(),
+            }),
+            cloudwatch: None,
+        })
+        .collect();
+    let routing = SharedRouting::default();
+    *routing.write().unwrap() =
+        Arc::new(Routing::compile(&api::node_config::NodeConfig { monitor: Default::default(), routes }).unwrap());
+    let text =
+        Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), routing).render(Format::Classic).unwrap();
+    for line in series(&text, "execution_status_total") {
+        assert_eq!(line.matches("=\"v\"").count(), MAX_EXTRA_LABELS_PER_SERIES, "{line}");
+    }
+    let dropped = series(&text, "neuron_agent_extra_labels_dropped");
+    assert_eq!(dropped.len(), 1);
+    let expected = (60 * 16 - MAX_EXTRA_LABELS_PER_SERIES) * 32;
+    let value: f64 = dropped[0].rsplit(' ').next().unwrap().parse().unwrap();
+    assert_eq!(value, expected as f64, "{}", dropped[0]);
+}
