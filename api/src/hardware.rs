@@ -111,6 +111,18 @@ mod tests {
     }
 
     #[test]
+    fn every_type_is_within_what_a_report_may_claim() {
+        use crate::limits::{MAX_NEURONCORES, MAX_NEURONCORES_PER_DEVICE, MAX_NEURON_DEVICES};
+        for t in INSTANCE_TYPES {
+            // Physical cores: up to twice the logical ones (LNC=2).
+            let physical_per_device = t.cores_per_device * 2;
+            assert!(t.devices <= MAX_NEURON_DEVICES, "{}", t.name);
+            assert!(physical_per_device <= MAX_NEURONCORES_PER_DEVICE, "{}", t.name);
+            assert!(t.devices * physical_per_device <= MAX_NEURONCORES, "{}", t.name);
+        }
+    }
+
+    #[test]
     fn names_are_unique() {
         let mut names: Vec<&str> = INSTANCE_TYPES.iter().map(|t| t.name).collect();
         names.sort_unstable();

@@ -8,11 +8,12 @@
 mod support;
 
 use std::{
-    io::{ErrorKind, Read, Write},
+    io::Write,
     net::{SocketAddr, TcpStream},
     time::{Duration, Instant},
 };
 
+use neuron_e2e::closed_by_server;
 use support::{sim, Agent};
 
 /// The agent's default time limit for a request head.
@@ -35,26 +36,6 @@ fn hold_half_requests(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
             Some(stream)
         })
         .collect()
-}
-
-/// Whether the server has closed `stream` (end of file or reset) before `deadline`.
-fn closed_by_server(mut stream: &TcpStream, deadline: Instant) -> bool {
-    let mut buf = [0u8; 512];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
-            return false;
-        }
-        match stream.read(&mut buf) {
-            Ok(0) => return true,
-            // A refusal may answer 503 before closing.
-            Ok(_) => continue,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
-                continue
-            }
-            Err(_) => return true,
-        }
-    }
 }
 
 fn rss_kib(pid: u32) -> u64 {

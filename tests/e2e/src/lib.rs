@@ -364,3 +364,29 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)>
 pub fn sample(exposition: &str, name: &str) -> Option<f64> {
     exposition.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
+
+/// Whether the server has closed `stream` (end of file or reset) before `deadline`.
+pub fn closed_by_server(mut stream: &std::net::TcpStream, deadline: std::time::Instant) -> bool {
+    use std::io::Read;
+    let mut buf = [0u8; 512];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return false;
+        }
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            // A refusal may answer 503 before closing.
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue
+            }
+            Err(_) => return true,
+        }
+    }
+}

@@ -7,6 +7,7 @@
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -51,6 +52,29 @@ impl Scenario {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let args = vec!["--namespace".into(), self.ns.clone(), "--listen".into(), addr.to_string()];
         (Process::start("neuron-operator", &args, &[("NEURON_OPERATOR_LOG", "info".into())], self.cp), addr)
+    }
+
+    /// The node agent for `node`, following its ConfigMap, on the simulator; with its
+    /// address and its state directory (for the test to remove).
+    fn agent(&self, node: &str) -> (Process, SocketAddr, PathBuf) {
+        let state_dir = std::env::temp_dir().join(format!("nm-agent-{}", self.run));
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let args = [
+            "--node-name",
+            node,
+            "--config-namespace",
+            &self.ns,
+            "--monitor-command",
+            &workspace_bin("neuron-monitor-sim").display().to_string(),
+            "--listen",
+            &addr.to_string(),
+            "--state-dir",
+            &state_dir.display().to_string(),
+            "--stop-grace",
+            "1s",
+        ]
+        .map(String::from);
+        (Process::start("neuron-node-agent", &args, &[], self.cp), addr, state_dir)
     }
 
     /// A fake Node of `instance_type`, labelled for this test.
@@ -293,27 +317,7 @@ async fn the_agent_reloads_a_changed_config_within_a_second() {
     s.node(&node, "trn1.2xlarge").await;
     assert!(s.apply(&config_yaml(&s.ns, "cluster", &s.run, "  period: 2s\n")).0);
 
-    let state_dir = std::env::temp_dir().join(format!("nm-agent-{}", s.run));
-    let agent_addr = format!("127.0.0.1:{}", free_port());
-    let agent = Process::start(
-        "neuron-node-agent",
-        &[
-            "--node-name".into(),
-            node.clone(),
-            "--config-namespace".into(),
-            s.ns.clone(),
-            "--monitor-command".into(),
-            workspace_bin("neuron-monitor-sim").display().to_string(),
-            "--listen".into(),
-            agent_addr.clone(),
-            "--state-dir".into(),
-            state_dir.display().to_string(),
-            "--stop-grace".into(),
-            "1s".into(),
-        ],
-        &[],
-        s.cp,
-    );
+    let (agent, agent_addr, state_dir) = s.agent(&node);
     // The agent runs the rendered configuration and acknowledges it; status follows.
     s.wait("the agent on the rendered configuration", || async {
         monitor_config_of(&agent).filter(|(_, _, content)| content.contains("\"2s\""))
@@ -363,7 +367,7 @@ async fn the_agent_reloads_a_changed_config_within_a_second() {
     );
     assert!(p50 < Duration::from_secs(1), "p50 {p50:?}");
 
-    let agent_metrics = http_get(agent_addr.parse().unwrap(), "/metrics").unwrap().1;
+    let agent_metrics = http_get(agent_addr, "/metrics").unwrap().1;
     assert!(sample(&agent_metrics, "neuron_agent_reports_total").is_some());
     let operator_metrics = http_get(operator_addr, "/metrics").unwrap().1;
     assert_eq!(sample(&operator_metrics, "neuron_operator_leader"), Some(1.0));
@@ -653,27 +657,7 @@ async fn extra_labels_a_series_carries_are_bounded() {
     assert_eq!(labelled_sample(&metrics, "neuron_operator_refused_configs", &["reason=\"TooManyLabels\""]), Some(58.0));
 
     // The agent's runtime series carry the admitted configs' labels, and no more.
-    let state_dir = std::env::temp_dir().join(format!("nm-agent-{}", s.run));
-    let agent_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let _agent = Process::start(
-        "neuron-node-agent",
-        &[
-            "--node-name".into(),
-            node.clone(),
-            "--config-namespace".into(),
-            s.ns.clone(),
-            "--monitor-command".into(),
-            workspace_bin("neuron-monitor-sim").display().to_string(),
-            "--listen".into(),
-            agent_addr.to_string(),
-            "--state-dir".into(),
-            state_dir.display().to_string(),
-            "--stop-grace".into(),
-            "1s".into(),
-        ],
-        &[],
-        s.cp,
-    );
+    let (_agent, agent_addr, state_dir) = s.agent(&node);
     let series = s
         .wait("a runtime series with the extra labels", || async {
             let body = http_get(agent_addr, "/metrics")?.1;

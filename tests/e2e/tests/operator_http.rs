@@ -6,37 +6,18 @@
 //! (and fails on its behaviour, not on an unknown flag).
 
 use std::{
-    io::{ErrorKind, Read, Write},
+    io::Write,
     net::{SocketAddr, TcpStream},
     time::{Duration, Instant},
 };
 
-use neuron_e2e::{free_port, http_get, ControlPlane, Process};
+use neuron_e2e::{closed_by_server, free_port, http_get, ControlPlane, Process};
 
 /// The operator's default time limit for a request head.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Room on top of a timeout for a loaded two-core machine.
 const MARGIN: Duration = Duration::from_secs(10);
 const HELD: usize = 200;
-
-/// Whether the server has closed `stream` (end of file or reset) before `deadline`.
-fn closed_by_server(mut stream: &TcpStream, deadline: Instant) -> bool {
-    let mut buf = [0u8; 512];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
-            return false;
-        }
-        match stream.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
-                continue
-            }
-            Err(_) => return true,
-        }
-    }
-}
 
 fn counter(exposition: &str, name_and_labels: &str) -> f64 {
     exposition
