@@ -92,87 +92,84 @@ impl AgentMetrics {
             config: Family::default(),
             http: ConnectionMetrics::register(registry, "neuron_agent_http"),
         };
-        let r = registry;
+        // Names below are under `neuron_agent_`.
+        let r = registry.sub_registry_with_prefix("neuron_agent");
         r.register(
-            "neuron_agent_monitor_restarts",
+            "monitor_restarts",
             "Restarts of neuron-monitor by reason (exited, silent, spawn_failed, config_changed)",
             metrics.monitor_restarts.clone(),
         );
-        r.register("neuron_agent_monitor_up", "1 while a neuron-monitor process runs", metrics.monitor_up.clone());
+        r.register("monitor_up", "1 while a neuron-monitor process runs", metrics.monitor_up.clone());
         r.register(
-            "neuron_agent_monitor_orphans",
+            "monitor_orphans",
             "Exits of neuron-monitor that left processes of its group running (they are stopped with it)",
             metrics.monitor_orphans.clone(),
         );
         r.register(
-            "neuron_agent_monitor_kills",
+            "monitor_kills",
             "Stops of neuron-monitor's process group that needed SIGKILL after the SIGTERM grace",
             metrics.monitor_kills.clone(),
         );
         r.register(
-            "neuron_agent_state_files_refused",
+            "state_files_refused",
             "Files in the state directory left alone: symbolic links, not regular files, or owned by another user",
             metrics.state_files_refused.clone(),
         );
         r.register(
-            "neuron_agent_config_watch_errors",
+            "config_watch_errors",
             "Failed requests of the node ConfigMap watch (retried with backoff; the configuration in force stays)",
             metrics.config_watch_errors.clone(),
         );
         r.register(
-            "neuron_agent_monitor_backoff_seconds",
+            "monitor_backoff_seconds",
             "Delay before the next neuron-monitor start; 0 while it runs healthy",
             metrics.monitor_backoff_seconds.clone(),
         );
-        r.register("neuron_agent_reports", "Reports parsed and applied", metrics.reports.clone());
+        r.register("reports", "Reports parsed and applied", metrics.reports.clone());
         r.register(
-            "neuron_agent_lines_rejected",
+            "lines_rejected",
             "Output lines of neuron-monitor skipped, by reason (malformed, truncated, oversized, not_utf8)",
             metrics.lines_rejected.clone(),
         );
         r.register(
-            "neuron_agent_last_report_timestamp_seconds",
+            "last_report_timestamp_seconds",
             "Unix time of the last report applied",
             metrics.last_report_timestamp.clone(),
         );
         r.register(
-            "neuron_agent_report_processing_seconds",
+            "report_processing_seconds",
             "Time to parse one report and apply it to the node state",
             metrics.report_processing_seconds.clone(),
         );
         r.register(
-            "neuron_agent_group_errors",
+            "group_errors",
             "Metric groups found in error (kind=monitor), unreadable (kind=malformed) or beyond any real node \
              (kind=out_of_bounds), per report",
             metrics.group_errors.clone(),
         );
         r.register(
-            "neuron_agent_report_values_refused",
+            "report_values_refused",
             "Values of reports beyond the agent's limits, by what: runtime (entries after the first 1024, skipped), \
              neuroncore_index (>= 512) and neuron_device_index (>= 64) entries ignored, hardware_counts \
              (neuron_hardware_info refused), label_value (cut to 256 bytes or control characters replaced)",
             metrics.report_values_refused.clone(),
         );
         r.register(
-            "neuron_agent_monitor_stderr_lines",
+            "monitor_stderr_lines",
             "Lines neuron-monitor wrote to stderr, logged or suppressed by the rate limit",
             metrics.monitor_stderr_lines.clone(),
         );
         r.register(
-            "neuron_agent_config_reloads",
+            "config_reloads",
             "Node configurations received, by result (applied, invalid)",
             metrics.config_reloads.clone(),
         );
         r.register(
-            "neuron_agent_config",
+            "config",
             "1 for the configuration in force: source (builtin, configmap) and content hash",
             metrics.config.clone(),
         );
-        r.register(
-            "neuron_agent_build",
-            "Version of the agent",
-            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
-        );
+        r.register("build", "Version of the agent", Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]));
         metrics
     }
 

@@ -59,46 +59,39 @@ impl OperatorMetrics {
             nodes: Gauge::default(),
             http: ConnectionMetrics::register(registry, "neuron_operator_http"),
         };
-        registry.register("neuron_operator_reconciles", "Full reconciles run", m.reconciles.clone());
+        let registry = registry.sub_registry_with_prefix("neuron_operator");
+        registry.register("reconciles", "Full reconciles run", m.reconciles.clone());
+        registry.register("reconcile_errors", "Reconciles that failed, by error", m.reconcile_errors.clone());
         registry.register(
-            "neuron_operator_reconcile_errors",
-            "Reconciles that failed, by error",
-            m.reconcile_errors.clone(),
-        );
-        registry.register(
-            "neuron_operator_reconcile_seconds",
+            "reconcile_seconds",
             "Time of one full reconcile (validate, render, write)",
             m.reconcile_seconds.clone(),
         );
         registry.register(
-            "neuron_operator_writes",
+            "writes",
             "Objects written, by kind (configmap, status, event) and action (apply, delete)",
             m.writes.clone(),
         );
         registry.register(
-            "neuron_operator_write_failures",
+            "write_failures",
             "Writes that failed (the pass goes on, and is retried), by kind and action",
             m.write_failures.clone(),
         );
         registry.register(
-            "neuron_operator_refused_configs",
+            "refused_configs",
             "NeuronMonitorConfigs not accepted in the last pass, by reason (InvalidSpec, TooLarge, \
              NamespaceLimit, NodeLimit, TooManyLabels)",
             m.refused_configs.clone(),
         );
         registry.register(
-            "neuron_operator_config_refusals",
+            "config_refusals",
             "Times a config became not accepted (or changed reason), by reason, as announced by an Event",
             m.refusals.clone(),
         );
-        registry.register("neuron_operator_leader", "1 while this replica holds the lease", m.leader.clone());
-        registry.register("neuron_operator_configs", "NeuronMonitorConfigs seen", m.configs.clone());
-        registry.register(
-            "neuron_operator_invalid_configs",
-            "NeuronMonitorConfigs not accepted",
-            m.invalid_configs.clone(),
-        );
-        registry.register("neuron_operator_neuron_nodes", "Neuron nodes seen", m.nodes.clone());
+        registry.register("leader", "1 while this replica holds the lease", m.leader.clone());
+        registry.register("configs", "NeuronMonitorConfigs seen", m.configs.clone());
+        registry.register("invalid_configs", "NeuronMonitorConfigs not accepted", m.invalid_configs.clone());
+        registry.register("neuron_nodes", "Neuron nodes seen", m.nodes.clone());
         m
     }
 

@@ -94,49 +94,45 @@ pub struct AttributionMetrics {
 impl AttributionMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = AttributionMetrics::default();
-        let r = registry;
+        let r = registry.sub_registry_with_prefix("neuron_agent");
         r.register(
-            "neuron_agent_cgroup_unknown_layouts",
+            "cgroup_unknown_layouts",
             "Processes whose /proc/<pid>/cgroup has a layout the agent does not know (left without pod labels)",
             m.unknown_layouts.clone(),
         );
         r.register(
-            "neuron_agent_attribution_disagreements",
+            "attribution_disagreements",
             "Runtimes whose process is in another pod than the one the kubelet says holds its cores (the process wins)",
             m.disagreements.clone(),
         );
         r.register(
-            "neuron_agent_runtimes_attributed",
+            "runtimes_attributed",
             "Runtimes of the latest report with a pod, by source (process, devices)",
             m.attributed.clone(),
         );
         r.register(
-            "neuron_agent_runtimes_unattributed",
+            "runtimes_unattributed",
             "Runtimes of the latest report without a pod, by reason \
              (no_pid, proc_unreadable, unknown_layout, not_in_pod, pod_unknown)",
             m.unattributed.clone(),
         );
         r.register(
-            "neuron_agent_kubelet_up",
+            "kubelet_up",
             "1 when the last call to the kubelet's pod-resources API succeeded",
             m.kubelet_up.clone(),
         );
         r.register(
-            "neuron_agent_kubelet_last_success_timestamp_seconds",
+            "kubelet_last_success_timestamp_seconds",
             "Unix time of the last successful call to the kubelet's pod-resources API",
             m.kubelet_last_success.clone(),
         );
         r.register(
-            "neuron_agent_kubelet_requests",
+            "kubelet_requests",
             "Calls to the kubelet's pod-resources API, by result (ok, error, timeout)",
             m.kubelet_requests.clone(),
         );
-        r.register("neuron_agent_pods", "Running pods of this node known to the pod watch", m.pods.clone());
-        r.register(
-            "neuron_agent_pod_watch_errors",
-            "Errors of the watch of this node's pods",
-            m.pod_watch_errors.clone(),
-        );
+        r.register("pods", "Running pods of this node known to the pod watch", m.pods.clone());
+        r.register("pod_watch_errors", "Errors of the watch of this node's pods", m.pod_watch_errors.clone());
         m
     }
 }

@@ -42,45 +42,38 @@ pub struct CloudWatchMetrics {
 impl CloudWatchMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = CloudWatchMetrics::default();
+        let registry = registry.sub_registry_with_prefix("neuron_agent_cloudwatch");
         registry.register(
-            "neuron_agent_cloudwatch_datums_sent",
+            "datums_sent",
             "Datums CloudWatch accepted (one per metric and flush, carrying all its samples)",
             m.datums_sent.clone(),
         );
+        registry.register("requests", "PutMetricData attempts by result (success, failure)", m.requests.clone());
         registry.register(
-            "neuron_agent_cloudwatch_requests",
-            "PutMetricData attempts by result (success, failure)",
-            m.requests.clone(),
-        );
-        registry.register(
-            "neuron_agent_cloudwatch_failures",
+            "failures",
             "Failed PutMetricData attempts by reason (throttled, server_error, timeout, network, auth, rejected, \
              response, other)",
             m.failures.clone(),
         );
         registry.register(
-            "neuron_agent_cloudwatch_dropped_datums",
+            "dropped_datums",
             "Datums given up, by reason (queue_full: oldest dropped for newer; rejected: CloudWatch refused the \
              request; shutdown: not sent within the shutdown time limit)",
             m.dropped.clone(),
         );
         registry.register(
-            "neuron_agent_cloudwatch_queue_datums",
+            "queue_datums",
             "Datums waiting to be sent, including those of the request in flight",
             m.queue_datums.clone(),
         );
+        registry.register("flushes", "Flushes of collected samples into datums", m.flushes.clone());
         registry.register(
-            "neuron_agent_cloudwatch_flushes",
-            "Flushes of collected samples into datums",
-            m.flushes.clone(),
-        );
-        registry.register(
-            "neuron_agent_cloudwatch_last_success_timestamp_seconds",
+            "last_success_timestamp_seconds",
             "Unix time of the last request CloudWatch accepted",
             m.last_success.clone(),
         );
         registry.register(
-            "neuron_agent_cloudwatch_invalid_sinks",
+            "invalid_sinks",
             "1 for each configured CloudWatch sink left out because its settings are invalid (reason: region, \
              namespace, resolution, flush_interval, dimensions)",
             m.invalid.clone(),
