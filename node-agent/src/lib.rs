@@ -1,9 +1,18 @@
 //! The node agent: runs neuron-monitor, turns its reports into the node's telemetry and
-//! exports it.
+//! exports it. In the order the data flows:
 //!
-//! Data flows `monitor` (child process, line framing) → `pipeline` (parse one report)
-//! → `state` (what the node looks like now) → `attribution` (pid/core → pod) → `sinks`
-//! (Prometheus).
+//! - [`config`]: where the node configuration comes from (built-in, a file, the node's
+//!   ConfigMap followed through the API) and how a new one is activated.
+//! - [`monitor`]: neuron-monitor as a supervised child (its own process group, restarts
+//!   with backoff, silence detection) and the bounded framing of its output lines.
+//! - [`pipeline`]: one line → one parsed report, counted and bounded.
+//! - [`state`]: what the node looks like now, folded from the reports.
+//! - [`attribution`]: processes and cores → pods (cgroups, the kubelet's pod-resources
+//!   API, the pod watch).
+//! - [`routing`]: which config gets which applications, groups and sinks.
+//! - [`sinks`]: Prometheus (`/metrics`) and CloudWatch (`PutMetricData`).
+//! - [`http`]: `/metrics`, `/healthz`, `/readyz`; [`telemetry`]: the agent's own metrics;
+//!   [`ratelimit`]: logs that could repeat per report.
 
 pub mod attribution;
 pub mod config;
