@@ -258,8 +258,6 @@ const CORE_MEMORY_METRICS: [(&str, &str); 5] = [
 ];
 
 fn encode_node(state: &NodeState, routing: &Routing, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
-    let instance = &*state.instance;
-    let ratio = |percent: Option<f64>| percent.map(|p| p / 100.0);
     // Each runtime with what Prometheus routes give it; runtimes no route exports drop out.
     let routed: Vec<(&RuntimeState, PrometheusView)> = state
         .runtimes
@@ -269,6 +267,19 @@ fn encode_node(state: &NodeState, routing: &Routing, encoder: &mut DescriptorEnc
             routing.prometheus_view(namespace, &rt.labels.runtime_tag).map(|view| (rt, view))
         })
         .collect();
+    encode_runtimes(state, &routed, encoder)?;
+    encode_system(state, routing, encoder)?;
+    encode_problems(state, &routed, encoder)
+}
+
+/// The series of each routed runtime, and of the idle cores.
+fn encode_runtimes(
+    state: &NodeState,
+    routed: &[(&RuntimeState, PrometheusView)],
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), fmt::Error> {
+    let instance = &*state.instance;
+    let ratio = |percent: Option<f64>| percent.map(|p| p / 100.0);
     let with = |group: RuntimeGroup| routed.iter().filter(move |(_, view)| view.groups.contains(&group));
 
     let mut f = Family::new(
@@ -344,7 +355,13 @@ fn encode_node(state: &NodeState, routing: &Routing, encoder: &mut DescriptorEnc
         &Percentiles::NAMES,
         |rt| rt.latency.map(|l| l.values().to_vec()),
     )?;
+    Ok(())
+}
 
+/// The node-level series: ECC counters, vCPUs, memory, instance and hardware info.
+fn encode_system(state: &NodeState, routing: &Routing, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+    let instance = &*state.instance;
+    let ratio = |percent: Option<f64>| percent.map(|p| p / 100.0);
     let system = &state.system;
     let mut f = Family::new("hardware_ecc_events", "ECC events of Neuron devices (running sum)", MetricType::Counter);
     let ecc = routing.prometheus_system(SystemGroup::NeuronHwCounters);
@@ -399,6 +416,16 @@ fn encode_node(state: &NodeState, routing: &Routing, encoder: &mut DescriptorEnc
         }
     }
 
+    Ok(())
+}
+
+/// What the agent could not read or export from the latest report.
+fn encode_problems(
+    state: &NodeState,
+    routed: &[(&RuntimeState, PrometheusView)],
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), fmt::Error> {
+    let instance = &*state.instance;
     let mut f = Family::new(
         "neuron_agent_group_error",
         "1 for each metric group in error or unreadable in the latest report (kind: monitor or malformed)",
