@@ -31,7 +31,11 @@ use prometheus_client::{
 };
 use tracing::{debug, warn};
 
-use self::{cgroup::Placement, podresources::SharedDevices, pods::SharedPods};
+use self::{
+    cgroup::Placement,
+    podresources::{DeviceOwnership, SharedDevices},
+    pods::{PodIndex, SharedPods},
+};
 use crate::{
     state::{NodeState, PodRef},
     telemetry::{ReasonLabel, ResultLabel},
@@ -185,6 +189,29 @@ impl CoreOwners {
     fn get(&self, core: u32) -> Option<&Arc<PodRef>> {
         self.by_core.get(core as usize).and_then(Option::as_ref)
     }
+
+    /// Rebuilds the owners when the pods, the device allocations or the cores per device
+    /// changed since the last build.
+    fn refresh(&mut self, pods: &PodIndex, devices: &DeviceOwnership, cores_per_device: Option<u32>) {
+        let key = Some((pods.generation(), devices.generation(), cores_per_device));
+        if self.key == key {
+            return;
+        }
+        let mut by_core: Vec<Option<Arc<PodRef>>> = Vec::new();
+        for allocation in devices.allocations() {
+            let Some(owner) = pods.container(&allocation.namespace, &allocation.pod, &allocation.container) else {
+                continue; // finished, deleted, or not listed yet: not credited
+            };
+            for core in allocation.cores(cores_per_device).take_while(|c| *c < MAX_CORES) {
+                let core = core as usize;
+                if by_core.len() <= core {
+                    by_core.resize(core + 1, None);
+                }
+                by_core[core].get_or_insert_with(|| owner.clone());
+            }
+        }
+        *self = CoreOwners { key, by_core };
+    }
 }
 
 impl Attribution {
@@ -201,27 +228,7 @@ impl Attribution {
         let round = cache.round;
 
         let cores_per_device = state.hardware.as_ref().and_then(|h| h.cores_per_device);
-        {
-            let devices = self.devices.read().unwrap_or_else(|p| p.into_inner());
-            let key = Some((pods.generation(), devices.generation(), cores_per_device));
-            if cache.owners.key != key {
-                let mut by_core: Vec<Option<Arc<PodRef>>> = Vec::new();
-                for allocation in devices.allocations() {
-                    let Some(owner) = pods.container(&allocation.namespace, &allocation.pod, &allocation.container)
-                    else {
-                        continue; // finished, deleted, or not listed yet: not credited
-                    };
-                    for core in allocation.cores(cores_per_device).take_while(|c| *c < MAX_CORES) {
-                        let core = core as usize;
-                        if by_core.len() <= core {
-                            by_core.resize(core + 1, None);
-                        }
-                        by_core[core].get_or_insert_with(|| owner.clone());
-                    }
-                }
-                cache.owners = CoreOwners { key, by_core };
-            }
-        }
+        cache.owners.refresh(&pods, &self.devices.read().unwrap_or_else(|p| p.into_inner()), cores_per_device);
 
         let mut by_process = 0;
         let mut by_devices = 0;
