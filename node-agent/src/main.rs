@@ -34,10 +34,29 @@ use tracing::{error, info, warn};
 
 /// Runs neuron-monitor, supervises it, and exports its reports as Prometheus metrics.
 ///
-/// Every flag can also be set by the environment variable named in its help.
+/// Every flag can also be set by the environment variable named in its help. The flags
+/// come in one group per component, each turned into that component's configuration.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
 struct Args {
+    #[command(flatten)]
+    monitor: MonitorArgs,
+    #[command(flatten)]
+    source: SourceArgs,
+    #[command(flatten)]
+    attribution: AttributionArgs,
+    #[command(flatten)]
+    cloudwatch: CloudWatchArgs,
+    #[command(flatten)]
+    http: HttpArgs,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+/// neuron-monitor and its supervision.
+#[derive(clap::Args, Debug)]
+#[command(next_help_heading = "neuron-monitor")]
+struct MonitorArgs {
     /// neuron-monitor executable (a path, or a name looked up in PATH).
     #[arg(long, env = "NEURON_MONITOR_COMMAND", default_value = "neuron-monitor")]
     monitor_command: PathBuf,
@@ -46,25 +65,6 @@ struct Args {
     /// variable gives one).
     #[arg(long = "monitor-arg", env = "NEURON_MONITOR_ARG", allow_hyphen_values = true)]
     monitor_args: Vec<String>,
-
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, env = "NEURON_AGENT_LISTEN", default_value = "0.0.0.0:9010")]
-    listen: SocketAddr,
-
-    /// Time an HTTP client gets to send a complete request head, from connecting or from
-    /// its previous response: half-sent requests and idle keep-alive connections are
-    /// closed after it.
-    #[arg(long, env = "NEURON_AGENT_HTTP_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
-    http_header_timeout: Duration,
-
-    /// HTTP connections served at once; more are refused (503) and counted.
-    #[arg(
-        long,
-        env = "NEURON_AGENT_HTTP_MAX_CONNECTIONS",
-        default_value_t = 256,
-        value_parser = clap::value_parser!(u32).range(1..=65_536)
-    )]
-    http_max_connections: u32,
 
     /// Period of the built-in neuron-monitor configuration (all groups).
     #[arg(long, env = "NEURON_AGENT_PERIOD", default_value = "5s", value_parser = parse_period)]
@@ -98,12 +98,21 @@ struct Args {
     /// Time neuron-monitor gets to exit after SIGTERM before SIGKILL.
     #[arg(long, env = "NEURON_AGENT_STOP_GRACE", default_value = "2s", value_parser = parse_duration)]
     stop_grace: Duration,
+}
 
+/// Where the node configuration comes from.
+#[derive(clap::Args, Debug)]
+#[command(next_help_heading = "Node configuration")]
+struct SourceArgs {
     /// This node's name (from the downward API). With it, the agent follows the
     /// configuration the operator renders for this node; without it, it runs standalone
     /// on the built-in configuration.
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
+
+    /// Namespace of the node ConfigMaps (the operator's namespace).
+    #[arg(long, env = "NEURON_CONFIG_NAMESPACE", default_value = "neuron-monitor")]
+    config_namespace: String,
 
     /// Server-side duration of each call of the agent's watches (its ConfigMap, its pods),
     /// 5s to 290s: a quiet call is renewed from where it stopped, a connection that went
@@ -112,10 +121,17 @@ struct Args {
     #[arg(long, env = "NEURON_AGENT_API_WATCH_TIMEOUT", default_value = "20s", value_parser = parse_watch_timeout)]
     api_watch_timeout: Duration,
 
-    /// Namespace of the node ConfigMaps (the operator's namespace).
-    #[arg(long, env = "NEURON_CONFIG_NAMESPACE", default_value = "neuron-monitor")]
-    config_namespace: String,
+    /// Run the rendered node configuration in this file (the JSON the operator writes
+    /// under `node-config.json` of the node's ConfigMap) instead of following the
+    /// ConfigMap: routes and sinks without the operator. Read once at start.
+    #[arg(long, env = "NEURON_AGENT_NODE_CONFIG_FILE")]
+    node_config_file: Option<PathBuf>,
+}
 
+/// Which pod a runtime or a core belongs to (with --node-name).
+#[derive(clap::Args, Debug)]
+#[command(next_help_heading = "Pod attribution")]
+struct AttributionArgs {
     /// Root of the proc filesystem where `<pid>/cgroup` of neuron-monitor's applications is
     /// read (the agent runs in the host PID namespace). Pod attribution needs --node-name.
     #[arg(long, env = "NEURON_AGENT_PROC_ROOT", default_value = "/proc")]
@@ -146,13 +162,12 @@ struct Args {
     /// answer.
     #[arg(long, env = "NEURON_AGENT_POD_RESOURCES_KEEP", default_value = "5m", value_parser = parse_duration)]
     pod_resources_keep: Duration,
+}
 
-    /// Run the rendered node configuration in this file (the JSON the operator writes
-    /// under `node-config.json` of the node's ConfigMap) instead of following the
-    /// ConfigMap: routes and sinks without the operator. Read once at start.
-    #[arg(long, env = "NEURON_AGENT_NODE_CONFIG_FILE")]
-    node_config_file: Option<PathBuf>,
-
+/// The CloudWatch sinks of the node configuration's routes.
+#[derive(clap::Args, Debug)]
+#[command(next_help_heading = "CloudWatch")]
+struct CloudWatchArgs {
     /// Name of the cluster: the CloudWatch dimension `ClusterName` (left out when unset).
     #[arg(long, env = "CLUSTER_NAME")]
     cluster_name: Option<String>,
@@ -179,7 +194,35 @@ struct Args {
     /// the pod's termination grace period).
     #[arg(long, env = "NEURON_AGENT_CLOUDWATCH_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     cloudwatch_shutdown_timeout: Duration,
+}
 
+/// /metrics, /healthz and /readyz.
+#[derive(clap::Args, Debug)]
+#[command(next_help_heading = "HTTP")]
+struct HttpArgs {
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "NEURON_AGENT_LISTEN", default_value = "0.0.0.0:9010")]
+    listen: SocketAddr,
+
+    /// Time an HTTP client gets to send a complete request head, from connecting or from
+    /// its previous response: half-sent requests and idle keep-alive connections are
+    /// closed after it.
+    #[arg(long, env = "NEURON_AGENT_HTTP_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    http_header_timeout: Duration,
+
+    /// HTTP connections served at once; more are refused (503) and counted.
+    #[arg(
+        long,
+        env = "NEURON_AGENT_HTTP_MAX_CONNECTIONS",
+        default_value_t = 256,
+        value_parser = clap::value_parser!(u32).range(1..=65_536)
+    )]
+    http_max_connections: u32,
+}
+
+#[derive(clap::Args, Debug)]
+#[command(next_help_heading = "Logs")]
+struct LogArgs {
     /// Log format.
     #[arg(long, env = "NEURON_AGENT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -187,6 +230,83 @@ struct Args {
     /// Log filter, in tracing's EnvFilter syntax (e.g. `info,neuron_monitor=warn`).
     #[arg(long, env = "NEURON_AGENT_LOG", default_value = "info")]
     log: String,
+}
+
+impl MonitorArgs {
+    fn state_dir(&self) -> PathBuf {
+        self.state_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("neuron-node-agent"))
+    }
+
+    fn launcher(&self, state_dir: PathBuf, metrics: &AgentMetrics) -> Launcher {
+        Launcher {
+            program: self.monitor_command.clone(),
+            args: self.monitor_args.clone(),
+            state_dir,
+            silence_timeout: self.silence_timeout,
+            refused_files: metrics.state_files_refused.clone(),
+        }
+    }
+
+    fn supervisor_config(&self) -> SupervisorConfig {
+        SupervisorConfig {
+            max_line_bytes: self.max_line_bytes,
+            backoff_initial: self.restart_backoff_initial,
+            backoff_max: self.restart_backoff_max,
+            stop_grace: self.stop_grace,
+        }
+    }
+}
+
+/// Where the node configuration comes from, decided once from the flags.
+#[derive(Clone, Copy, Debug)]
+enum ConfigSource<'a> {
+    /// Every group at `--period`, Prometheus only.
+    Builtin,
+    /// A rendered node configuration in a file (routes and sinks without the operator).
+    File(&'a std::path::Path),
+    /// The node's ConfigMap, followed through the API.
+    ConfigMap { node: &'a str },
+}
+
+impl SourceArgs {
+    fn source(&self) -> ConfigSource<'_> {
+        match (&self.node_config_file, &self.node_name) {
+            (Some(file), _) => ConfigSource::File(file),
+            (None, Some(node)) => ConfigSource::ConfigMap { node },
+            (None, None) => ConfigSource::Builtin,
+        }
+    }
+}
+
+impl AttributionArgs {
+    fn poller(&self, sources: &AttributionSources) -> KubeletPoller {
+        KubeletPoller {
+            socket: self.pod_resources_socket.clone(),
+            interval: self.pod_resources_interval,
+            timeout: self.pod_resources_timeout,
+            keep_for: self.pod_resources_keep,
+            devices: sources.devices.clone(),
+            metrics: sources.metrics.clone(),
+        }
+    }
+}
+
+impl CloudWatchArgs {
+    fn options(&self, node_name: Option<String>) -> cloudwatch::Options {
+        cloudwatch::Options {
+            agent: AgentDimensions { cluster_name: self.cluster_name.clone(), node_name },
+            queue_datums: self.cloudwatch_queue_datums,
+            backoff: Backoff { initial: self.cloudwatch_retry_initial, max: self.cloudwatch_retry_max },
+            request_timeout: self.cloudwatch_request_timeout,
+            shutdown_timeout: self.cloudwatch_shutdown_timeout,
+        }
+    }
+}
+
+impl HttpArgs {
+    fn limits(&self) -> http_server::Limits {
+        http_server::Limits { header_timeout: self.http_header_timeout, max_connections: self.http_max_connections }
+    }
 }
 
 /// What pod attribution reads, fed by the pod watch and the kubelet poller.
@@ -233,9 +353,9 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn init_logs(args: &Args) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log).context("parsing --log")?;
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log.log).context("parsing --log")?;
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if args.log_format == "json" {
+    if args.log.log_format == "json" {
         builder.json().init();
     } else {
         builder.init();
@@ -244,34 +364,29 @@ fn init_logs(args: &Args) -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let state_dir = args.state_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("neuron-node-agent"));
+    let state_dir = args.monitor.state_dir();
+    let source = args.source.source();
     open_state_dir(&state_dir).await?;
 
     let mut registry = Registry::default();
     let metrics = AgentMetrics::register(&mut registry);
     let cloudwatch_metrics = CloudWatchMetrics::register(&mut registry);
-    let builtin = MonitorConfig::all_groups(args.period);
-    let launcher = Launcher {
-        program: args.monitor_command.clone(),
-        args: args.monitor_args.clone(),
-        state_dir: state_dir.clone(),
-        silence_timeout: args.silence_timeout,
-        refused_files: metrics.state_files_refused.clone(),
-    };
+    let builtin = MonitorConfig::all_groups(args.monitor.period);
+    let launcher = args.monitor.launcher(state_dir.clone(), &metrics);
     let builtin_spec = launcher
         .prepare(&builtin)
         .await
         .with_context(|| format!("writing the neuron-monitor configuration in {}", state_dir.display()))?;
     let (spec_tx, spec_rx) = watch::channel(builtin_spec);
     let routing = SharedRouting::default();
-    if let Some(path) = &args.node_config_file {
+    if let ConfigSource::File(path) = source {
         spec_tx.send_replace(load_node_config_file(path, &launcher, &routing, &metrics).await?);
     }
     let state = Arc::new(Mutex::new(NodeState::default()));
     // Pods are attributed on a node (the pod watch needs its name); the sources are fed
     // once the API client exists.
-    let attribution = args.node_name.as_ref().map(|_| AttributionSources {
-        pods: Arc::new(std::sync::RwLock::new(PodIndex::new(PodLabelKeys::new(&args.pod_labels)))),
+    let attribution = args.source.node_name.as_ref().map(|_| AttributionSources {
+        pods: Arc::new(std::sync::RwLock::new(PodIndex::new(PodLabelKeys::new(&args.attribution.pod_labels)))),
         devices: Arc::new(std::sync::RwLock::new(DeviceOwnership::default())),
         metrics: AttributionMetrics::register(&mut registry),
     });
@@ -279,24 +394,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(sources) = &attribution {
         let (pods, devices, attribution_metrics) =
             (sources.pods.clone(), sources.devices.clone(), sources.metrics.clone());
-        pipeline =
-            pipeline.with_attribution(Attribution::new(args.proc_root.clone(), pods, devices, attribution_metrics));
+        pipeline = pipeline.with_attribution(Attribution::new(
+            args.attribution.proc_root.clone(),
+            pods,
+            devices,
+            attribution_metrics,
+        ));
     }
     let pipeline = Arc::new(pipeline);
-    if args.node_config_file.is_none() {
+    if !matches!(source, ConfigSource::File(_)) {
         metrics.config_in_force("builtin", "");
     }
     let cloudwatch_sinks = cloudwatch::Sinks {
         state: state.clone(),
         routing: routing.clone(),
         reports: pipeline.subscribe(),
-        options: cloudwatch::Options {
-            agent: AgentDimensions { cluster_name: args.cluster_name.clone(), node_name: args.node_name.clone() },
-            queue_datums: args.cloudwatch_queue_datums,
-            backoff: Backoff { initial: args.cloudwatch_retry_initial, max: args.cloudwatch_retry_max },
-            request_timeout: args.cloudwatch_request_timeout,
-            shutdown_timeout: args.cloudwatch_shutdown_timeout,
-        },
+        options: args.cloudwatch.options(args.source.node_name.clone()),
         metrics: cloudwatch_metrics,
     };
     let http_state = Arc::new(HttpState {
@@ -305,20 +418,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
     });
 
     let shutdown = CancellationToken::new();
-    let listener =
-        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let listener = tokio::net::TcpListener::bind(args.http.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.http.listen))?;
     info!(listen = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
-    let limits =
-        http_server::Limits { header_timeout: args.http_header_timeout, max_connections: args.http_max_connections };
-    let server = tokio::spawn(http::serve(listener, http_state, limits, metrics.http.clone(), shutdown.clone()));
+    let server =
+        tokio::spawn(http::serve(listener, http_state, args.http.limits(), metrics.http.clone(), shutdown.clone()));
     let cloudwatch_sinks = tokio::spawn(cloudwatch_sinks.run(shutdown.clone()));
 
     let mut standalone_spec = Some(spec_tx);
-    if let (Some(node), Some(spec_tx)) = (&args.node_name, standalone_spec.take_if(|_| args.node_name.is_some())) {
-        let client = match kube_client(args.api_watch_timeout).await {
+    if let (Some(node), Some(spec_tx)) =
+        (&args.source.node_name, standalone_spec.take_if(|_| args.source.node_name.is_some()))
+    {
+        let client = match kube_client(args.source.api_watch_timeout).await {
             Ok(client) => Some(client),
             // With a configuration file, Kubernetes only serves pod attribution.
-            Err(e) if args.node_config_file.is_some() => {
+            Err(e) if matches!(source, ConfigSource::File(_)) => {
                 warn!(error = %e, "no Kubernetes API: runtimes are not attributed to pods");
                 None
             }
@@ -333,26 +448,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 node: node.clone(),
                 index: sources.pods.clone(),
                 metrics: sources.metrics.clone(),
-                watch_timeout: args.api_watch_timeout,
+                watch_timeout: args.source.api_watch_timeout,
             };
             tokio::spawn(watcher.run(shutdown.clone()));
-            let poller = KubeletPoller {
-                socket: args.pod_resources_socket.clone(),
-                interval: args.pod_resources_interval,
-                timeout: args.pod_resources_timeout,
-                keep_for: args.pod_resources_keep,
-                devices: sources.devices.clone(),
-                metrics: sources.metrics.clone(),
-            };
+            let poller = args.attribution.poller(sources);
             tokio::spawn(poller.run(shutdown.clone()));
         }
         // A configuration file replaces the ConfigMap; the pods are still attributed.
-        if let (Some(client), None) = (client, &args.node_config_file) {
+        if let (Some(client), ConfigSource::ConfigMap { node }) = (client, source) {
             let reloader = Reloader {
                 client,
-                watch_timeout: args.api_watch_timeout,
-                namespace: args.config_namespace.clone(),
-                node: node.clone(),
+                watch_timeout: args.source.api_watch_timeout,
+                namespace: args.source.config_namespace.clone(),
+                node: node.to_owned(),
                 launcher,
                 builtin,
                 launch: spec_tx,
@@ -372,16 +480,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
 
-    let supervisor = Supervisor {
-        config: SupervisorConfig {
-            max_line_bytes: args.max_line_bytes,
-            backoff_initial: args.restart_backoff_initial,
-            backoff_max: args.restart_backoff_max,
-            stop_grace: args.stop_grace,
-        },
-        pipeline,
-        metrics,
-    };
+    let supervisor = Supervisor { config: args.monitor.supervisor_config(), pipeline, metrics };
     let supervisor = tokio::spawn(supervisor.run(spec_rx, shutdown.clone()));
 
     wait_for_signal().await?;
@@ -393,7 +492,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // The launch channel stayed open until the supervisor stopped.
     drop(standalone_spec);
     // The sinks bound their own final flush; this only guards against a stuck task.
-    let limit = args.cloudwatch_shutdown_timeout + Duration::from_secs(2);
+    let limit = args.cloudwatch.cloudwatch_shutdown_timeout + Duration::from_secs(2);
     match tokio::time::timeout(limit, cloudwatch_sinks).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => error!(error = %e, "CloudWatch sinks task failed"),
