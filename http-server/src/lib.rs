@@ -19,7 +19,7 @@ use std::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use hyper::server::conn::http1;
@@ -35,6 +35,10 @@ use prometheus_client::{
 use tokio::{net::TcpListener, sync::Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+
+use crate::ratelimit::{Decision, RateLimit};
+
+pub mod ratelimit;
 
 /// Largest request head read (hyper's smallest read buffer is 8 KiB).
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
@@ -113,16 +117,16 @@ pub async fn serve(
     let permits = Arc::new(Semaphore::new(limits.max_connections as usize));
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_buf_size(MAX_HEAD_BYTES);
-    let timeouts = Arc::new(Mutex::new(Throttle::default()));
-    let mut refusals = Throttle::default();
-    let mut accept_errors = Throttle::default();
+    let timeouts = Arc::new(Mutex::new(log_limit()));
+    let mut refusals = log_limit();
+    let mut accept_errors = log_limit();
     loop {
         let stream = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(e) => {
-                    if let Some(count) = accept_errors.tick() {
+                    if let Some(count) = logged(&mut accept_errors) {
                         warn!(error = %e, count, "accepting HTTP connections fails");
                     }
                     tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
@@ -135,7 +139,7 @@ pub async fn serve(
             // A fresh socket's send buffer is empty: this never blocks.
             let _ = stream.try_write(REFUSAL);
             drop(stream);
-            if let Some(count) = refusals.tick() {
+            if let Some(count) = logged(&mut refusals) {
                 warn!(
                     max_connections = limits.max_connections,
                     count, "HTTP connection cap reached: connections refused"
@@ -179,14 +183,19 @@ pub async fn serve(
 
 /// Counts (and logs, throttled) how a connection ended; `served`: whether it delivered
 /// at least one request.
-fn record_end(result: Result<(), hyper::Error>, served: bool, metrics: &ConnectionMetrics, timeouts: &Mutex<Throttle>) {
+fn record_end(
+    result: Result<(), hyper::Error>,
+    served: bool,
+    metrics: &ConnectionMetrics,
+    timeouts: &Mutex<RateLimit>,
+) {
     match result {
         Err(e) if e.is_timeout() => {
             let phase = if served { "idle" } else { "header" };
             metrics.timed_out.get_or_create(&PhaseLabel { phase }).inc();
             // Kept-alive connections end this way routinely; the others are worth a line.
             if phase == "header" {
-                if let Some(count) = timeouts.lock().ok().and_then(|mut t| t.tick()) {
+                if let Some(count) = timeouts.lock().ok().and_then(|mut t| logged(&mut t)) {
                     info!(count, "closed HTTP connections that sent no complete request in time");
                 }
             }
@@ -196,41 +205,15 @@ fn record_end(result: Result<(), hyper::Error>, served: bool, metrics: &Connecti
     }
 }
 
-/// Lets one log line through per [`LOG_EVERY`], counting the events in between.
-#[derive(Default)]
-struct Throttle {
-    last: Option<Instant>,
-    pending: u64,
+/// One log line per [`LOG_EVERY`] for each kind of repeated event.
+fn log_limit() -> RateLimit {
+    RateLimit::new(1, LOG_EVERY)
 }
 
-impl Throttle {
-    /// Records an event; `Some(events since the last line)` when a line is due.
-    fn tick(&mut self) -> Option<u64> {
-        self.tick_at(Instant::now())
-    }
-
-    fn tick_at(&mut self, now: Instant) -> Option<u64> {
-        self.pending += 1;
-        if self.last.is_some_and(|last| now.duration_since(last) < LOG_EVERY) {
-            return None;
-        }
-        self.last = Some(now);
-        Some(std::mem::take(&mut self.pending))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn one_line_per_interval_carries_the_events_in_between() {
-        let mut throttle = Throttle::default();
-        let t0 = Instant::now();
-        assert_eq!(throttle.tick_at(t0), Some(1));
-        assert_eq!(throttle.tick_at(t0 + Duration::from_secs(1)), None);
-        assert_eq!(throttle.tick_at(t0 + Duration::from_secs(9)), None);
-        assert_eq!(throttle.tick_at(t0 + LOG_EVERY), Some(3));
-        assert_eq!(throttle.tick_at(t0 + LOG_EVERY * 3), Some(1));
+/// Records an event; `Some(events it stands for)` when a line is due.
+fn logged(limit: &mut RateLimit) -> Option<u64> {
+    match limit.check() {
+        Decision::Allow { suppressed_before } => Some(suppressed_before + 1),
+        Decision::Suppress => None,
     }
 }

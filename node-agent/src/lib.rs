@@ -19,7 +19,7 @@ pub mod config;
 pub mod http;
 pub mod monitor;
 pub mod pipeline;
-pub mod ratelimit;
+pub use http_server::ratelimit;
 pub mod routing;
 pub mod sinks;
 pub mod state;

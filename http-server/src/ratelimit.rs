@@ -1,5 +1,5 @@
-//! A token bucket for log lines: a child that floods stderr or a stream of garbage
-//! must not flood the agent's own logs.
+//! A token bucket for log lines: a child that floods stderr, a stream of garbage or a
+//! flood of connections must not flood the binaries' own logs.
 
 use std::time::{Duration, Instant};
 
