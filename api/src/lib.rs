@@ -10,12 +10,21 @@
 //! - [`report`]: one NDJSON document that neuron-monitor writes per refresh.
 //! - [`limits`]: the largest inputs the operator and the agent accept.
 //! - [`cloudwatch`]: the CloudWatch metric catalogue, the sink rules, the cost estimate.
+//! - [`hash`]: the content hash.
+//!
+//! The resource and what is derived from it (`crd`, `node_config`, `cloudwatch`) need
+//! kube and schemars: they come with the `crd` feature, so that the simulator, which reads
+//! only the monitor configuration and writes reports, builds without them.
 
+#[cfg(feature = "crd")]
 pub mod cloudwatch;
+#[cfg(feature = "crd")]
 pub mod crd;
 pub mod duration;
 pub mod hardware;
+pub mod hash;
 pub mod limits;
 pub mod monitor_config;
+#[cfg(feature = "crd")]
 pub mod node_config;
 pub mod report;

@@ -47,7 +47,8 @@ impl<G> GroupConfig<G> {
 }
 
 /// Metric groups reported per monitored application.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "crd", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum RuntimeGroup {
     NeuroncoreCounters,
@@ -77,7 +78,8 @@ impl RuntimeGroup {
 }
 
 /// Metric groups reported once per host.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "crd", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SystemGroup {
     VcpuUsage,

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::hash::content_hash;
 use crate::{
     crd::CloudWatchSinkSpec,
     monitor_config::{MonitorConfig, RuntimeGroup, SystemGroup},
@@ -36,16 +37,6 @@ pub fn configmap_name(node: &str) -> String {
     }
     let hash = content_hash(node.as_bytes());
     format!("{}-{hash}", &name[..253 - hash.len() - 1].trim_end_matches(['.', '-']))
-}
-
-/// A stable 64-bit FNV-1a hash, hex: identifies rendered content, not a security measure.
-pub fn content_hash(bytes: &[u8]) -> String {
-    format!("{:016x}", fnv1a(bytes))
-}
-
-/// FNV-1a, 64 bits: stable across releases and platforms (std's hasher is not).
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

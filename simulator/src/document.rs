@@ -14,7 +14,7 @@ use crate::hardware::HostDocuments;
 use crate::scenario::{App, GroupName, Scenario};
 use crate::schedule::{GroupKey, Plan};
 use crate::wire::*;
-use api::node_config::fnv1a;
+use api::hash::fnv1a;
 
 const MIB: u64 = 1 << 20;
 

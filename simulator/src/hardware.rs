@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 pub use api::hardware::InstanceType;
 use api::hardware::{Generation, INSTANCE_TYPES};
-use api::node_config::fnv1a;
+use api::hash::fnv1a;
 
 use crate::wire::{HardwareInfo, InstanceInfo};
 
