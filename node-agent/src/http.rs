@@ -9,7 +9,7 @@ use axum::{
     routing::get,
     Router,
 };
-use http_server::{ConnectionMetrics, Limits};
+use service::http::{ConnectionMetrics, Limits};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -32,7 +32,7 @@ pub fn router(state: Arc<HttpState>) -> Router {
 }
 
 /// Serves until `shutdown` is cancelled, within `limits` (header timeout, connection
-/// cap; see the `http_server` crate), counting refusals and timeouts in `metrics`.
+/// cap; see the `service` crate), counting refusals and timeouts in `metrics`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<HttpState>,
@@ -40,7 +40,7 @@ pub async fn serve(
     metrics: ConnectionMetrics,
     shutdown: CancellationToken,
 ) {
-    http_server::serve(listener, router(state), limits, metrics, shutdown).await
+    service::http::serve(listener, router(state), limits, metrics, shutdown).await
 }
 
 /// Renders on the blocking pool: rendering takes the state lock, which a report being

@@ -19,7 +19,7 @@ pub mod config;
 pub mod http;
 pub mod monitor;
 pub mod pipeline;
-pub use http_server::ratelimit;
+pub use service::ratelimit;
 pub mod routing;
 pub mod sinks;
 pub mod state;

@@ -304,8 +304,8 @@ impl CloudWatchArgs {
 }
 
 impl HttpArgs {
-    fn limits(&self) -> http_server::Limits {
-        http_server::Limits { header_timeout: self.http_header_timeout, max_connections: self.http_max_connections }
+    fn limits(&self) -> service::http::Limits {
+        service::http::Limits { header_timeout: self.http_header_timeout, max_connections: self.http_max_connections }
     }
 }
 
@@ -342,7 +342,7 @@ fn main() -> anyhow::Result<()> {
         std::process::exit(code);
     }
     let args = Args::parse();
-    init_logs(&args)?;
+    service::process::init_logs(&args.log.log, args.log.log_format == "json")?;
     // Two worker threads at most: the agent shares the node with the workloads it watches.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -350,17 +350,6 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(run(args))
-}
-
-fn init_logs(args: &Args) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log.log).context("parsing --log")?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if args.log.log_format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-    Ok(())
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
@@ -483,7 +472,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let supervisor = Supervisor { config: args.monitor.supervisor_config(), pipeline, metrics };
     let supervisor = tokio::spawn(supervisor.run(spec_rx, shutdown.clone()));
 
-    wait_for_signal().await?;
+    service::process::stop_signal().await?;
     info!("shutting down");
     shutdown.cancel();
     if let Err(e) = supervisor.await {
@@ -515,15 +504,4 @@ async fn kube_client(watch_timeout: Duration) -> Result<kube::Client, kube::Erro
     config.read_timeout = Some(watch_timeout + Duration::from_secs(10));
     config.reset_reader_on_write = true;
     kube::Client::try_from(config)
-}
-
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    Ok(())
 }

@@ -8,7 +8,7 @@ use prometheus_client::{
 };
 use std::sync::atomic::AtomicU64;
 
-use http_server::ConnectionMetrics;
+use service::http::ConnectionMetrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {

@@ -118,7 +118,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(run_args) => {
-            init_logs(&run_args)?;
+            service::process::init_logs(&run_args.log, run_args.log_format == "json")?;
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -127,17 +127,6 @@ fn main() -> anyhow::Result<()> {
                 .block_on(run(*run_args))
         }
     }
-}
-
-fn init_logs(args: &RunArgs) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log).context("parsing --log")?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if args.log_format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-    Ok(())
 }
 
 struct HttpState {
@@ -203,11 +192,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     info!(listen = %listener.local_addr()?, namespace = %args.namespace, %identity, "neuron-operator started");
     let limits =
-        http_server::Limits { header_timeout: args.http_header_timeout, max_connections: args.http_max_connections };
-    let server = tokio::spawn(http_server::serve(listener, app, limits, metrics.http.clone(), shutdown.clone()));
+        service::http::Limits { header_timeout: args.http_header_timeout, max_connections: args.http_max_connections };
+    let server = tokio::spawn(service::http::serve(listener, app, limits, metrics.http.clone(), shutdown.clone()));
     let reconciler = tokio::spawn(controller.run(leading_rx, shutdown.clone()));
 
-    wait_for_signal().await?;
+    service::process::stop_signal().await?;
     info!("shutting down");
     shutdown.cancel();
     let _ = reconciler.await;
@@ -236,15 +225,4 @@ async fn ready_handler(State(state): State<Arc<HttpState>>) -> impl IntoResponse
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "watch caches are not synced yet\n")
     }
-}
-
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    Ok(())
 }

@@ -1,5 +1,5 @@
-//! The HTTP server of the node agent and the operator: their axum routers served over
-//! HTTP/1.1 with the limits `axum::serve` lacks.
+//! The HTTP server of both binaries: their axum routers served over HTTP/1.1 with the
+//! limits `axum::serve` lacks.
 //!
 //! - **Header timeout.** A connection must deliver a complete request head within
 //!   [`Limits::header_timeout`] of opening, and again of each response sent: hyper arms
@@ -11,8 +11,7 @@
 //! - **Request heads** are read into a buffer of at most [`MAX_HEAD_BYTES`]; a longer head
 //!   is answered 431 (the endpoints need a few hundred bytes).
 //!
-//! Shared by both binaries (the `api` crate holds no I/O); each registers the
-//! [`ConnectionMetrics`] under its own prefix.
+//! Each binary registers the [`ConnectionMetrics`] under its own prefix.
 
 use std::{
     sync::{
@@ -37,8 +36,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::ratelimit::{Decision, RateLimit};
-
-pub mod ratelimit;
 
 /// Largest request head read (hyper's smallest read buffer is 8 KiB).
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
