@@ -2,7 +2,8 @@
 //! exports it. In the order the data flows:
 //!
 //! - [`config`]: where the node configuration comes from (built-in, a file, the node's
-//!   ConfigMap followed through the API) and how a new one is activated.
+//!   ConfigMap followed through the API) and the one path that puts it in force.
+//! - [`kubernetes`]: the API client and the watch loop the agent's watches share.
 //! - [`monitor`]: neuron-monitor as a supervised child (its own process group, restarts
 //!   with backoff, silence detection) and the bounded framing of its output lines.
 //! - [`pipeline`]: one line → one parsed report, counted and bounded.
@@ -17,6 +18,7 @@
 pub mod attribution;
 pub mod config;
 pub mod http;
+pub mod kubernetes;
 pub mod monitor;
 pub mod pipeline;
 pub use service::ratelimit;

@@ -11,24 +11,21 @@ use anyhow::Context;
 use api::{duration::Period, monitor_config::MonitorConfig};
 use clap::Parser;
 use neuron_node_agent::{
-    attribution::{
-        podresources::{DeviceOwnership, KubeletPoller},
-        pods::{PodIndex, PodLabelKeys, PodWatcher},
-        Attribution, AttributionMetrics,
-    },
-    config::{load_node_config_file, open_state_dir, Launcher, Reloader},
+    attribution,
+    config::{open_state_dir, Activator, Launcher, Reloader},
     http::{self, HttpState},
+    kubernetes,
     monitor::{group, Supervisor, SupervisorConfig},
     pipeline::Pipeline,
     sinks::{
         cloudwatch::{self, metrics::CloudWatchMetrics, publish::Backoff, select::AgentDimensions},
-        prometheus::{Exposition, SharedRouting},
+        prometheus::Exposition,
     },
     state::NodeState,
     telemetry::AgentMetrics,
 };
 use prometheus_client::registry::Registry;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -264,29 +261,29 @@ enum ConfigSource<'a> {
     Builtin,
     /// A rendered node configuration in a file (routes and sinks without the operator).
     File(&'a std::path::Path),
-    /// The node's ConfigMap, followed through the API.
-    ConfigMap { node: &'a str },
+    /// The ConfigMap of the node `--node-name` names, followed through the API.
+    ConfigMap,
 }
 
 impl SourceArgs {
     fn source(&self) -> ConfigSource<'_> {
         match (&self.node_config_file, &self.node_name) {
             (Some(file), _) => ConfigSource::File(file),
-            (None, Some(node)) => ConfigSource::ConfigMap { node },
+            (None, Some(_)) => ConfigSource::ConfigMap,
             (None, None) => ConfigSource::Builtin,
         }
     }
 }
 
 impl AttributionArgs {
-    fn poller(&self, sources: &AttributionSources) -> KubeletPoller {
-        KubeletPoller {
-            socket: self.pod_resources_socket.clone(),
-            interval: self.pod_resources_interval,
-            timeout: self.pod_resources_timeout,
-            keep_for: self.pod_resources_keep,
-            devices: sources.devices.clone(),
-            metrics: sources.metrics.clone(),
+    fn settings(&self) -> attribution::Settings {
+        attribution::Settings {
+            proc_root: self.proc_root.clone(),
+            pod_labels: self.pod_labels.clone(),
+            kubelet_socket: self.pod_resources_socket.clone(),
+            kubelet_interval: self.pod_resources_interval,
+            kubelet_timeout: self.pod_resources_timeout,
+            kubelet_keep: self.pod_resources_keep,
         }
     }
 }
@@ -307,13 +304,6 @@ impl HttpArgs {
     fn limits(&self) -> service::http::Limits {
         service::http::Limits { header_timeout: self.http_header_timeout, max_connections: self.http_max_connections }
     }
-}
-
-/// What pod attribution reads, fed by the pod watch and the kubelet poller.
-struct AttributionSources {
-    pods: neuron_node_agent::attribution::pods::SharedPods,
-    devices: neuron_node_agent::attribution::podresources::SharedDevices,
-    metrics: AttributionMetrics,
 }
 
 fn parse_period(s: &str) -> Result<Period, String> {
@@ -353,56 +343,42 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let state_dir = args.monitor.state_dir();
     let source = args.source.source();
-    open_state_dir(&state_dir).await?;
-
     let mut registry = Registry::default();
     let metrics = AgentMetrics::register(&mut registry);
     let cloudwatch_metrics = CloudWatchMetrics::register(&mut registry);
-    let builtin = MonitorConfig::all_groups(args.monitor.period);
+
+    // The node configuration: the built-in one until a file's or the ConfigMap's is in force.
+    let state_dir = args.monitor.state_dir();
+    open_state_dir(&state_dir).await?;
     let launcher = args.monitor.launcher(state_dir.clone(), &metrics);
-    let builtin_spec = launcher
-        .prepare(&builtin)
+    let builtin = MonitorConfig::all_groups(args.monitor.period);
+    let (activator, launch_specs) = Activator::start(launcher, builtin, metrics.clone())
         .await
         .with_context(|| format!("writing the neuron-monitor configuration in {}", state_dir.display()))?;
-    let (spec_tx, spec_rx) = watch::channel(builtin_spec);
-    let routing = SharedRouting::default();
     if let ConfigSource::File(path) = source {
-        spec_tx.send_replace(load_node_config_file(path, &launcher, &routing, &metrics).await?);
+        activator.activate_file(path).await?;
     }
+    let activator = Arc::new(activator);
+
+    // Reports → node state (→ pods, on a node) → sinks.
     let state = Arc::new(Mutex::new(NodeState::default()));
-    // Pods are attributed on a node (the pod watch needs its name); the sources are fed
-    // once the API client exists.
-    let attribution = args.source.node_name.as_ref().map(|_| AttributionSources {
-        pods: Arc::new(std::sync::RwLock::new(PodIndex::new(PodLabelKeys::new(&args.attribution.pod_labels)))),
-        devices: Arc::new(std::sync::RwLock::new(DeviceOwnership::default())),
-        metrics: AttributionMetrics::register(&mut registry),
-    });
+    let attribution =
+        args.source.node_name.as_ref().map(|_| attribution::Sources::new(args.attribution.settings(), &mut registry));
     let mut pipeline = Pipeline::new(state.clone(), metrics.clone());
     if let Some(sources) = &attribution {
-        let (pods, devices, attribution_metrics) =
-            (sources.pods.clone(), sources.devices.clone(), sources.metrics.clone());
-        pipeline = pipeline.with_attribution(Attribution::new(
-            args.attribution.proc_root.clone(),
-            pods,
-            devices,
-            attribution_metrics,
-        ));
+        pipeline = pipeline.with_attribution(sources.attribution());
     }
     let pipeline = Arc::new(pipeline);
-    if !matches!(source, ConfigSource::File(_)) {
-        metrics.config_in_force("builtin", "");
-    }
     let cloudwatch_sinks = cloudwatch::Sinks {
         state: state.clone(),
-        routing: routing.clone(),
+        routing: activator.routing(),
         reports: pipeline.subscribe(),
         options: args.cloudwatch.options(args.source.node_name.clone()),
         metrics: cloudwatch_metrics,
     };
     let http_state = Arc::new(HttpState {
-        exposition: Exposition::new(registry, state, routing.clone()),
+        exposition: Exposition::new(registry, state, activator.routing()),
         pipeline: pipeline.clone(),
     });
 
@@ -414,63 +390,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let server =
         tokio::spawn(http::serve(listener, http_state, args.http.limits(), metrics.http.clone(), shutdown.clone()));
     let cloudwatch_sinks = tokio::spawn(cloudwatch_sinks.run(shutdown.clone()));
-
-    let mut standalone_spec = Some(spec_tx);
-    if let (Some(node), Some(spec_tx)) =
-        (&args.source.node_name, standalone_spec.take_if(|_| args.source.node_name.is_some()))
-    {
-        let client = match kube_client(args.source.api_watch_timeout).await {
-            Ok(client) => Some(client),
-            // With a configuration file, Kubernetes only serves pod attribution.
-            Err(e) if matches!(source, ConfigSource::File(_)) => {
-                warn!(error = %e, "no Kubernetes API: runtimes are not attributed to pods");
-                None
-            }
-            Err(e) => {
-                return Err(e)
-                    .context("connecting to Kubernetes (in-cluster or KUBECONFIG) to follow the node configuration")
-            }
-        };
-        if let (Some(sources), Some(client)) = (&attribution, &client) {
-            let watcher = PodWatcher {
-                client: client.clone(),
-                node: node.clone(),
-                index: sources.pods.clone(),
-                metrics: sources.metrics.clone(),
-                watch_timeout: args.source.api_watch_timeout,
-            };
-            tokio::spawn(watcher.run(shutdown.clone()));
-            let poller = args.attribution.poller(sources);
-            tokio::spawn(poller.run(shutdown.clone()));
-        }
-        // A configuration file replaces the ConfigMap; the pods are still attributed.
-        if let (Some(client), ConfigSource::ConfigMap { node }) = (client, source) {
-            let reloader = Reloader {
-                client,
-                watch_timeout: args.source.api_watch_timeout,
-                namespace: args.source.config_namespace.clone(),
-                node: node.to_owned(),
-                launcher,
-                builtin,
-                launch: spec_tx,
-                routing,
-                metrics: metrics.clone(),
-            };
-            let (initialized_tx, initialized_rx) = oneshot::channel();
-            tokio::spawn(reloader.run(initialized_tx, shutdown.clone()));
-            // Start neuron-monitor on the node's configuration rather than restart it a
-            // moment later; an unreachable API server does not hold it back for long.
-            if tokio::time::timeout(Duration::from_secs(5), initialized_rx).await.is_err() {
-                warn!("the node configuration is not readable yet; starting on the built-in one");
-            }
-        } else {
-            // Keeps neuron-monitor's launch channel open, as in standalone mode.
-            standalone_spec = Some(spec_tx);
-        }
+    if let Some(node) = &args.source.node_name {
+        follow_cluster(&args, node, source, attribution.as_ref(), &activator, &metrics, &shutdown).await?;
     }
-
     let supervisor = Supervisor { config: args.monitor.supervisor_config(), pipeline, metrics };
-    let supervisor = tokio::spawn(supervisor.run(spec_rx, shutdown.clone()));
+    let supervisor = tokio::spawn(supervisor.run(launch_specs, shutdown.clone()));
 
     service::process::stop_signal().await?;
     info!("shutting down");
@@ -478,8 +402,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if let Err(e) = supervisor.await {
         error!(error = %e, "supervisor task failed");
     }
-    // The launch channel stayed open until the supervisor stopped.
-    drop(standalone_spec);
+    // The launch channel stays open until the supervisor stopped: its closing means "stop".
+    drop(activator);
     // The sinks bound their own final flush; this only guards against a stuck task.
     let limit = args.cloudwatch.cloudwatch_shutdown_timeout + Duration::from_secs(2);
     match tokio::time::timeout(limit, cloudwatch_sinks).await {
@@ -494,14 +418,51 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A Kubernetes client whose requests cannot hang on a dead connection (kube sets no
-/// read timeout): a response, or the next bytes of a watch, must come within the watch
-/// duration plus 10 s, counted from when the request was written (not from when its
-/// pooled connection went idle). The watches themselves are renewed every
-/// `watch_timeout` (see config::DEFAULT_WATCH_TIMEOUT).
-async fn kube_client(watch_timeout: Duration) -> Result<kube::Client, kube::Error> {
-    let mut config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
-    config.read_timeout = Some(watch_timeout + Duration::from_secs(10));
-    config.reset_reader_on_write = true;
-    kube::Client::try_from(config)
+/// On a node: starts pod attribution's feeds and, unless a file gives the configuration,
+/// follows the node's ConfigMap (waiting briefly for its first state, so neuron-monitor
+/// starts on it rather than restarts a moment later).
+async fn follow_cluster(
+    args: &Args,
+    node: &str,
+    source: ConfigSource<'_>,
+    attribution: Option<&attribution::Sources>,
+    activator: &Arc<Activator>,
+    metrics: &AgentMetrics,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let watch_timeout = args.source.api_watch_timeout;
+    let from_file = matches!(source, ConfigSource::File(_));
+    let client = match kubernetes::client(watch_timeout).await {
+        Ok(client) => client,
+        // With a configuration file, Kubernetes only serves pod attribution.
+        Err(e) if from_file => {
+            warn!(error = %e, "no Kubernetes API: runtimes are not attributed to pods");
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(e)
+                .context("connecting to Kubernetes (in-cluster or KUBECONFIG) to follow the node configuration")
+        }
+    };
+    if let Some(sources) = attribution {
+        sources.spawn_feeds(client.clone(), node, watch_timeout, shutdown);
+    }
+    if from_file {
+        return Ok(());
+    }
+    let reloader = Reloader {
+        client,
+        watch_timeout,
+        namespace: args.source.config_namespace.clone(),
+        node: node.to_owned(),
+        activator: activator.clone(),
+        metrics: metrics.clone(),
+    };
+    let (initialized_tx, initialized_rx) = oneshot::channel();
+    tokio::spawn(reloader.run(initialized_tx, shutdown.clone()));
+    // An unreachable API server does not hold neuron-monitor back for long.
+    if tokio::time::timeout(Duration::from_secs(5), initialized_rx).await.is_err() {
+        warn!("the node configuration is not readable yet; starting on the built-in one");
+    }
+    Ok(())
 }

@@ -1,9 +1,14 @@
 //! The routing table of the node's configuration, compiled: which
-//! NeuronMonitorConfig receives which applications and groups, and how.
+//! NeuronMonitorConfig receives which applications and groups, and how. Both sinks ask
+//! one question of it, [`Selection::groups`]: which groups a configuration takes of an
+//! application in this namespace with this tag.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, RwLock,
+    },
 };
 
 use api::{
@@ -23,14 +28,69 @@ pub struct Routing {
     labels_dropped_logged: AtomicBool,
 }
 
-/// One runtime entry of a route, compiled: tag filter (`None`: every application) and groups.
-pub type RuntimeEntry = (Option<Regex>, Vec<RuntimeGroup>);
+/// The routing table in force, shared by the sinks and the configuration's activation.
+/// Readers take the whole table ([`SharedRouting::current`]) and keep it for one pass;
+/// a new configuration replaces it as a whole.
+#[derive(Clone, Debug, Default)]
+pub struct SharedRouting(Arc<RwLock<Arc<Routing>>>);
+
+impl SharedRouting {
+    pub fn current(&self) -> Arc<Routing> {
+        // A poisoned lock only means a writer panicked half-way through a pointer swap:
+        // the table in it is whole either way.
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn replace(&self, routing: Routing) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(routing);
+    }
+}
+
+/// Which applications one configuration takes, and which of their groups: its namespace
+/// (`None`: every application's) and its runtime entries with their tag filters compiled.
+#[derive(Clone, Debug)]
+pub struct Selection {
+    namespace: Option<String>,
+    /// (filter, groups) per runtime entry; a `None` filter takes every application.
+    entries: Vec<(Option<Regex>, Vec<RuntimeGroup>)>,
+}
+
+impl Selection {
+    /// The groups this configuration takes of an application of `namespace` (`None`: not
+    /// in a pod) whose tag is `tag`, merged over its matching entries in their order;
+    /// `None` when no entry takes the application.
+    pub fn groups(&self, namespace: Option<&str>, tag: &str) -> Option<Vec<RuntimeGroup>> {
+        if !self.sees(namespace) {
+            return None;
+        }
+        let mut groups: Option<Vec<RuntimeGroup>> = None;
+        // neuron-monitor matches a filter anywhere in the tag; so does `Regex::is_match`.
+        for (_, entry_groups) in self.entries.iter().filter(|(f, _)| f.as_ref().is_none_or(|f| f.is_match(tag))) {
+            let groups = groups.get_or_insert_with(Vec::new);
+            for g in entry_groups {
+                if !groups.contains(g) {
+                    groups.push(*g);
+                }
+            }
+        }
+        groups
+    }
+
+    /// Whether this configuration takes `group` of what has no tag (a core no
+    /// application uses) in `namespace`: only an entry without a tag filter does.
+    pub fn takes_untagged(&self, namespace: Option<&str>, group: RuntimeGroup) -> bool {
+        self.sees(namespace) && self.entries.iter().any(|(f, groups)| f.is_none() && groups.contains(&group))
+    }
+
+    fn sees(&self, namespace: Option<&str>) -> bool {
+        self.namespace.as_deref().is_none_or(|ns| namespace == Some(ns))
+    }
+}
 
 #[derive(Debug)]
 struct CompiledRoute {
     route: Route,
-    /// (filter, groups) per runtime entry; `None` filter takes every application.
-    runtimes: Vec<(Option<Regex>, Vec<RuntimeGroup>)>,
+    selection: Selection,
 }
 
 /// What Prometheus exports of one runtime.
@@ -55,20 +115,20 @@ impl Routing {
     pub fn compile(config: &NodeConfig) -> Result<Self, RoutingError> {
         let mut routes = Vec::with_capacity(config.routes.len());
         for route in &config.routes {
-            let mut runtimes = Vec::with_capacity(route.runtimes.len());
+            let mut entries = Vec::with_capacity(route.runtimes.len());
             for entry in &route.runtimes {
                 let filter = match &entry.tag_filter {
                     None => None,
-                    // neuron-monitor matches anywhere in the tag; so does `Regex::is_match`.
                     Some(f) => Some(Regex::new(f).map_err(|source| RoutingError {
                         config: route.config.clone(),
                         filter: f.clone(),
                         source,
                     })?),
                 };
-                runtimes.push((filter, entry.groups.clone()));
+                entries.push((filter, entry.groups.clone()));
             }
-            routes.push(CompiledRoute { route: route.clone(), runtimes });
+            let selection = Selection { namespace: route.namespace.clone(), entries };
+            routes.push(CompiledRoute { route: route.clone(), selection });
         }
         Ok(Routing { routes, labels_dropped_logged: AtomicBool::new(false) })
     }
@@ -89,30 +149,21 @@ impl Routing {
         let mut dropped: BTreeSet<&str> = BTreeSet::new();
         for compiled in &self.routes {
             let Some(prometheus) = &compiled.route.prometheus else { continue };
-            if let Some(ns) = &compiled.route.namespace {
-                if namespace != Some(ns.as_str()) {
-                    continue;
+            let Some(groups) = compiled.selection.groups(namespace, tag) else { continue };
+            let v = view.get_or_insert_with(PrometheusView::default);
+            for g in groups {
+                if !v.groups.contains(&g) {
+                    v.groups.push(g);
                 }
             }
-            for (filter, groups) in &compiled.runtimes {
-                if filter.as_ref().is_some_and(|f| !f.is_match(tag)) {
+            for (k, val) in &prometheus.extra_labels {
+                if v.extra_labels.contains_key(k) {
                     continue;
                 }
-                let v = view.get_or_insert_with(PrometheusView::default);
-                for g in groups {
-                    if !v.groups.contains(g) {
-                        v.groups.push(*g);
-                    }
-                }
-                for (k, val) in &prometheus.extra_labels {
-                    if v.extra_labels.contains_key(k) {
-                        continue;
-                    }
-                    if v.extra_labels.len() < MAX_EXTRA_LABELS_PER_SERIES {
-                        v.extra_labels.insert(k.clone(), val.clone());
-                    } else {
-                        dropped.insert(k);
-                    }
+                if v.extra_labels.len() < MAX_EXTRA_LABELS_PER_SERIES {
+                    v.extra_labels.insert(k.clone(), val.clone());
+                } else {
+                    dropped.insert(k);
                 }
             }
         }
@@ -132,9 +183,9 @@ impl Routing {
         view
     }
 
-    /// Routes with a CloudWatch sink, each with its compiled runtime entries.
-    pub fn cloudwatch_routes(&self) -> impl Iterator<Item = (&Route, &[RuntimeEntry])> {
-        self.routes.iter().filter(|c| c.route.cloudwatch.is_some()).map(|c| (&c.route, c.runtimes.as_slice()))
+    /// Routes with a CloudWatch sink, each with its selection.
+    pub fn cloudwatch_routes(&self) -> impl Iterator<Item = (&Route, &Selection)> {
+        self.routes.iter().filter(|c| c.route.cloudwatch.is_some()).map(|c| (&c.route, &c.selection))
     }
 
     /// Whether Prometheus exports a system group.

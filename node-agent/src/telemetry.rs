@@ -39,7 +39,7 @@ pub struct ResultLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConfigLabels {
-    /// `builtin` or `configmap`.
+    /// `builtin`, `file` or `configmap` (see `config::Origin`).
     pub source: &'static str,
     pub hash: String,
 }
@@ -68,7 +68,8 @@ pub struct AgentMetrics {
 }
 
 impl AgentMetrics {
-    /// Creates the metrics and registers them, with the build info, in `registry`.
+    /// Creates the metrics and registers them, with the build info, in `registry`. One
+    /// registration per metric: long, but flat, and read as the table of the agent's metrics.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = AgentMetrics {
             monitor_restarts: Family::default(),

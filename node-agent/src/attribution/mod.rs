@@ -11,10 +11,15 @@
 //! all its cores; when both are known and differ, the process wins and the disagreement
 //! is counted. Cores no runtime uses take the pod that holds them. Pods that finished
 //! or were deleted are in neither index, so they are credited with nothing.
+//!
+//! [`sources`] sets it up on a node: the caches, and the tasks that feed them.
 
 pub mod cgroup;
 pub mod podresources;
 pub mod pods;
+pub mod sources;
+
+pub use sources::{Settings, Sources};
 
 use std::{
     collections::HashMap,

@@ -8,17 +8,14 @@ use std::{
     sync::{Arc, RwLock},
 };
 
-use futures::TryStreamExt;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use kube::{
-    runtime::{watcher, WatchStreamExt},
-    Api, Client,
-};
+use kube::{runtime::watcher::Event, Api, Client};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::AttributionMetrics;
-use crate::state::PodRef;
+use crate::{kubernetes::Watch, state::PodRef};
 
 /// The pod index shared by the watch (writer) and the report path (reader).
 pub type SharedPods = Arc<RwLock<PodIndex>>;
@@ -261,7 +258,7 @@ pub struct PodWatcher {
     pub node: String,
     pub index: SharedPods,
     pub metrics: AttributionMetrics,
-    /// Server-side duration of each watch call (see `config::DEFAULT_WATCH_TIMEOUT`):
+    /// Server-side duration of each watch call (see [`crate::kubernetes::DEFAULT_WATCH_TIMEOUT`]):
     /// a connection that went silently dead is found within it.
     pub watch_timeout: std::time::Duration,
 }
@@ -269,45 +266,29 @@ pub struct PodWatcher {
 impl PodWatcher {
     /// Runs until `shutdown`; errors are logged and retried with backoff, the index stays.
     pub async fn run(self, shutdown: CancellationToken) {
-        let api: Api<Pod> = Api::all(self.client.clone());
-        let config = watcher::Config::default()
-            .fields(&format!("spec.nodeName={}", self.node))
-            .timeout(self.watch_timeout.as_secs().try_into().unwrap_or(u32::MAX));
-        let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+        let watch = Watch {
+            fields: format!("spec.nodeName={}", self.node),
+            timeout: self.watch_timeout,
+            errors: self.metrics.pod_watch_errors.clone(),
+            what: "the pods of this node",
+            meanwhile: "the known pods stay",
+        };
+        let mut events = std::pin::pin!(watch.events(Api::<Pod>::all(self.client.clone()), shutdown));
         let mut listing: Vec<Pod> = Vec::new();
         info!(node = %self.node, "watching the pods of this node");
-        loop {
-            let event = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                event = events.try_next() => event,
-            };
-            let index = || self.index.write().unwrap_or_else(|p| p.into_inner());
+        while let Some(event) = events.next().await {
+            let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
             match event {
-                Ok(Some(watcher::Event::Init)) => listing.clear(),
-                Ok(Some(watcher::Event::InitApply(pod))) => listing.push(strip(pod)),
-                Ok(Some(watcher::Event::InitDone)) => {
-                    let mut index = index();
-                    index.replace(&listing);
-                    listing = Vec::new();
+                Event::Init => listing.clear(),
+                Event::InitApply(pod) => listing.push(strip(pod)),
+                Event::InitDone => {
+                    index.replace(&std::mem::take(&mut listing));
                     info!(pods = index.len(), "pods of this node listed");
-                    self.metrics.pods.set(index.len() as i64);
                 }
-                Ok(Some(watcher::Event::Apply(pod))) => {
-                    let mut index = index();
-                    index.apply(&pod);
-                    self.metrics.pods.set(index.len() as i64);
-                }
-                Ok(Some(watcher::Event::Delete(pod))) => {
-                    let mut index = index();
-                    index.delete(&pod);
-                    self.metrics.pods.set(index.len() as i64);
-                }
-                Ok(None) => return,
-                Err(e) => {
-                    self.metrics.pod_watch_errors.inc();
-                    warn!(error = %e, "watching the pods of this node failed; retrying (the known pods stay)");
-                }
+                Event::Apply(pod) => index.apply(&pod),
+                Event::Delete(pod) => index.delete(&pod),
             }
+            self.metrics.pods.set(index.len() as i64);
         }
     }
 }

@@ -27,12 +27,9 @@ use prometheus_client::{
 };
 
 use crate::{
-    routing::{PrometheusView, Routing},
+    routing::{PrometheusView, Routing, SharedRouting},
     state::{InstanceLabels, NodeState, PodRef, RuntimeLabels, RuntimeState, ERROR_KINDS, STATUS_KINDS},
 };
-
-/// The routing table in force; replaced as a whole when the node's configuration changes.
-pub type SharedRouting = Arc<std::sync::RwLock<Arc<Routing>>>;
 
 /// The exposition formats the agent serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,9 +108,9 @@ impl fmt::Debug for NodeCollector {
 
 impl Collector for NodeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let routing = self.routing.current();
         // A poisoned lock only means an update panicked half-way; the data is still the
         // best there is, and a scrape must not fail because of it.
-        let routing = self.routing.read().unwrap_or_else(|p| p.into_inner()).clone();
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         encode_node(&state, &routing, &mut encoder)
     }

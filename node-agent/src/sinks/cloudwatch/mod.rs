@@ -38,8 +38,7 @@ use self::{
     select::{AgentDimensions, View},
 };
 use crate::{
-    routing::{Routing, RuntimeEntry},
-    sinks::prometheus::SharedRouting,
+    routing::{Routing, Selection, SharedRouting},
     state::NodeState,
 };
 
@@ -92,7 +91,7 @@ impl Sinks {
                 _ = shutdown.cancelled() => break,
                 changed = self.reports.changed() => if changed.is_err() { break },
             }
-            let routing = self.routing.read().unwrap_or_else(|p| p.into_inner()).clone();
+            let routing = self.routing.current();
             if !in_force.as_ref().is_some_and(|r| Arc::ptr_eq(r, &routing)) {
                 // At the agent's first report every event counted so far is new to the sinks.
                 let fresh = in_force.is_none();
@@ -121,7 +120,7 @@ impl Sinks {
 
     /// Starts the sinks of new or changed routes, stops those of routes that went away.
     fn reconcile(&self, routing: &Routing, running: &mut Vec<Running>, fresh: bool) {
-        let wanted: Vec<(&Route, &[RuntimeEntry])> = routing.cloudwatch_routes().collect();
+        let wanted: Vec<(&Route, &Selection)> = routing.cloudwatch_routes().collect();
         let (keep, gone): (Vec<Running>, Vec<Running>) =
             std::mem::take(running).into_iter().partition(|r| wanted.iter().any(|(route, _)| **route == r.route));
         *running = keep;
@@ -131,7 +130,7 @@ impl Sinks {
             tokio::spawn(stop(sink));
         }
         self.metrics.invalid.clear();
-        for (route, runtimes) in wanted {
+        for (route, selection) in wanted {
             if running.iter().any(|r| r.route == *route) {
                 continue;
             }
@@ -145,13 +144,13 @@ impl Sinks {
                     continue;
                 }
             };
-            running.push(self.start(route, runtimes, settings, fresh));
+            running.push(self.start(route, selection, settings, fresh));
         }
     }
 
-    fn start(&self, route: &Route, runtimes: &[RuntimeEntry], settings: SinkSettings, fresh: bool) -> Running {
+    fn start(&self, route: &Route, selection: &Selection, settings: SinkSettings, fresh: bool) -> Running {
         let name = route.config.clone();
-        let view = View::new(route, runtimes, &self.options.agent, settings.dimension_sets.clone(), fresh);
+        let view = View::new(route, selection, &self.options.agent, settings.dimension_sets.clone(), fresh);
         let queue = Arc::new(Queue::new(name.clone(), self.options.queue_datums, self.metrics.clone()));
         let shared = Arc::new(Shared {
             name: name.clone(),

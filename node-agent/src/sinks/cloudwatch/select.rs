@@ -25,15 +25,14 @@ use api::{
 
 use super::datum::{Accumulator, MetricKey, MAX_DIMENSIONS};
 use crate::{
-    routing::RuntimeEntry,
+    routing::Selection,
     state::{InstanceLabels, NodeState, PodRef, RuntimeState},
 };
 
 /// The sink's selection, and the counter values it last saw.
 #[derive(Debug)]
 pub struct View {
-    namespace: Option<String>,
-    runtimes: Vec<RuntimeEntry>,
+    selection: Selection,
     metrics: Vec<&'static MetricShape>,
     node_level: bool,
     dimension_sets: Vec<Vec<Dimension>>,
@@ -70,7 +69,7 @@ impl View {
     /// the sink's to send.
     pub fn new(
         route: &Route,
-        runtimes: &[RuntimeEntry],
+        selection: &Selection,
         agent: &AgentDimensions,
         dimension_sets: Vec<Vec<Dimension>>,
         fresh: bool,
@@ -81,8 +80,7 @@ impl View {
             .filter(|s| allowed.as_ref().is_none_or(|a| a.contains(&s.metric)))
             .collect();
         View {
-            namespace: route.namespace.clone(),
-            runtimes: runtimes.to_vec(),
+            selection: selection.clone(),
             metrics,
             node_level: route.namespace.is_none() && route.system_groups.contains(&SystemGroup::NeuronHwCounters),
             dimension_sets,
@@ -99,30 +97,10 @@ impl View {
         self.metrics.iter().any(|m| m.metric == metric)
     }
 
-    fn sees_pod(&self, pod: Option<&PodRef>) -> bool {
-        match &self.namespace {
-            None => true,
-            Some(ns) => pod.is_some_and(|p| &p.namespace == ns),
-        }
-    }
-
     /// Groups this sink takes of a runtime; empty: the runtime is not its.
     fn groups_of(&self, rt: &RuntimeState) -> Vec<RuntimeGroup> {
-        if !self.sees_pod(rt.labels.pod.as_deref()) {
-            return Vec::new();
-        }
-        let mut groups = Vec::new();
-        for (filter, entry_groups) in &self.runtimes {
-            if filter.as_ref().is_some_and(|f| !f.is_match(&rt.labels.runtime_tag)) {
-                continue;
-            }
-            for g in entry_groups {
-                if !groups.contains(g) {
-                    groups.push(*g);
-                }
-            }
-        }
-        groups
+        let namespace = rt.labels.pod.as_ref().map(|p| p.namespace.as_str());
+        self.selection.groups(namespace, &rt.labels.runtime_tag).unwrap_or_default()
     }
 
     /// Takes one sample of everything this sink sees into `acc`.
@@ -258,17 +236,13 @@ impl View {
 
     /// Cores no application uses: 0 % for the pod that holds them, or for the node.
     fn sample_idle_cores(&self, acc: &mut Accumulator, state: &NodeState, device_of: &dyn Fn(u32) -> Option<u32>) {
-        // Idle cores have no tag: only an entry that takes every application covers them.
-        let covered = self
-            .runtimes
-            .iter()
-            .any(|(filter, groups)| filter.is_none() && groups.contains(&RuntimeGroup::NeuroncoreCounters));
-        if !covered || !self.publishes(CloudWatchMetric::NeuroncoreUtilization) {
+        if !self.publishes(CloudWatchMetric::NeuroncoreUtilization) {
             return;
         }
         for core in &state.idle_cores {
             let pod = core.pod.as_deref();
-            if !self.sees_pod(pod) || (pod.is_none() && self.namespace.is_some()) {
+            let namespace = pod.map(|p| p.namespace.as_str());
+            if !self.selection.takes_untagged(namespace, RuntimeGroup::NeuroncoreCounters) {
                 continue;
             }
             let origin = Origin {

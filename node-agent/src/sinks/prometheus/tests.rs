@@ -137,7 +137,7 @@ fn pod_labels_go_on_runtime_series_and_on_idle_cores_a_pod_holds() {
         }],
     };
     let routing = SharedRouting::default();
-    *routing.write().unwrap() = Arc::new(Routing::compile(&config).unwrap());
+    routing.replace(Routing::compile(&config).unwrap());
     let text =
         Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), routing).render(Format::Classic).unwrap();
     let pod_labels = r#"namespace="team-a",pod="train-0",container="main",label_app="train""#;
@@ -174,8 +174,7 @@ fn extra_labels_beyond_the_cap_are_left_off_and_counted() {
         })
         .collect();
     let routing = SharedRouting::default();
-    *routing.write().unwrap() =
-        Arc::new(Routing::compile(&api::node_config::NodeConfig { monitor: Default::default(), routes }).unwrap());
+    routing.replace(Routing::compile(&api::node_config::NodeConfig { monitor: Default::default(), routes }).unwrap());
     let text =
         Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), routing).render(Format::Classic).unwrap();
     for line in series(&text, "execution_status_total") {

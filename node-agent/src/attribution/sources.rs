@@ -1,0 +1,78 @@
+//! Pod attribution set up on a node: the caches the report path reads, and the tasks
+//! that keep them current (the pod watch, the kubelet poller).
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, RwLock},
+    time::Duration,
+};
+
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    podresources::{DeviceOwnership, KubeletPoller, SharedDevices},
+    pods::{PodIndex, PodLabelKeys, PodWatcher, SharedPods},
+    Attribution, AttributionMetrics,
+};
+
+/// Where attribution reads from.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Root of the proc filesystem with `<pid>/cgroup` of neuron-monitor's applications.
+    pub proc_root: PathBuf,
+    /// Pod labels exported as `label_<key>` metric labels.
+    pub pod_labels: Vec<String>,
+    /// The kubelet's pod-resources socket, and how it is polled.
+    pub kubelet_socket: PathBuf,
+    pub kubelet_interval: Duration,
+    pub kubelet_timeout: Duration,
+    /// How long the last known device allocations outlive a kubelet that stopped answering.
+    pub kubelet_keep: Duration,
+}
+
+/// The caches of pod attribution and what feeds them.
+pub struct Sources {
+    settings: Settings,
+    pods: SharedPods,
+    devices: SharedDevices,
+    metrics: AttributionMetrics,
+}
+
+impl Sources {
+    /// Empty caches; the attribution's metrics go into `registry`.
+    pub fn new(settings: Settings, registry: &mut Registry) -> Self {
+        Sources {
+            pods: Arc::new(RwLock::new(PodIndex::new(PodLabelKeys::new(&settings.pod_labels)))),
+            devices: Arc::new(RwLock::new(DeviceOwnership::default())),
+            metrics: AttributionMetrics::register(registry),
+            settings,
+        }
+    }
+
+    /// The report path's side: lookups in these caches.
+    pub fn attribution(&self) -> Attribution {
+        Attribution::new(self.settings.proc_root.clone(), self.pods.clone(), self.devices.clone(), self.metrics.clone())
+    }
+
+    /// Starts the pod watch of `node` and the kubelet poller, until `shutdown`.
+    pub fn spawn_feeds(&self, client: kube::Client, node: &str, watch_timeout: Duration, shutdown: &CancellationToken) {
+        let watcher = PodWatcher {
+            client,
+            node: node.to_owned(),
+            index: self.pods.clone(),
+            metrics: self.metrics.clone(),
+            watch_timeout,
+        };
+        tokio::spawn(watcher.run(shutdown.clone()));
+        let poller = KubeletPoller {
+            socket: self.settings.kubelet_socket.clone(),
+            interval: self.settings.kubelet_interval,
+            timeout: self.settings.kubelet_timeout,
+            keep_for: self.settings.kubelet_keep,
+            devices: self.devices.clone(),
+            metrics: self.metrics.clone(),
+        };
+        tokio::spawn(poller.run(shutdown.clone()));
+    }
+}

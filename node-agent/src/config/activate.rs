@@ -1,0 +1,157 @@
+//! Putting a node configuration in force: the built-in one, a file's or the ConfigMap's
+//! all go through [`Activator`], which writes neuron-monitor's configuration file, hands
+//! neuron-monitor's supervisor the new launch spec and swaps the routing table, together,
+//! so the next report is read under the new table. A configuration that fails any step
+//! changes nothing.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Mutex,
+};
+
+use api::{
+    monitor_config::MonitorConfig,
+    node_config::{content_hash, NodeConfig, NODE_CONFIG_KEY},
+};
+use tokio::sync::watch;
+use tracing::info;
+
+use super::Launcher;
+use crate::{
+    monitor::LaunchSpec,
+    routing::{Routing, RoutingError, SharedRouting},
+    telemetry::AgentMetrics,
+};
+
+/// Where the configuration in force comes from: the `source` label of
+/// `neuron_agent_config`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    Builtin,
+    File,
+    ConfigMap,
+}
+
+impl Origin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Builtin => "builtin",
+            Origin::File => "file",
+            Origin::ConfigMap => "configmap",
+        }
+    }
+}
+
+/// Why a node configuration was not put in force (the one in force stays).
+#[derive(Debug, thiserror::Error)]
+pub enum ActivationError {
+    #[error("no {NODE_CONFIG_KEY} key")]
+    MissingKey,
+    #[error("not a rendered node configuration: {0}")]
+    Parse(#[from] serde_json::Error),
+    #[error(transparent)]
+    Routing(#[from] RoutingError),
+    #[error("writing the neuron-monitor configuration: {0}")]
+    Write(#[from] std::io::Error),
+}
+
+/// Why `--node-config-file` could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {source}")]
+    Activation { path: PathBuf, source: ActivationError },
+}
+
+/// A rendered node configuration (the JSON the operator writes under
+/// [`NODE_CONFIG_KEY`]), parsed and its routing compiled: ready to be put in force.
+pub struct Candidate {
+    monitor: MonitorConfig,
+    routing: Routing,
+    routes: usize,
+}
+
+impl Candidate {
+    pub fn parse(body: &[u8]) -> Result<Self, ActivationError> {
+        let config: NodeConfig = serde_json::from_slice(body)?;
+        let routing = Routing::compile(&config)?;
+        Ok(Candidate { monitor: config.monitor, routing, routes: config.routes.len() })
+    }
+}
+
+/// Puts node configurations in force, and knows which one is.
+pub struct Activator {
+    launcher: Launcher,
+    builtin: MonitorConfig,
+    launch: watch::Sender<LaunchSpec>,
+    routing: SharedRouting,
+    metrics: AgentMetrics,
+    in_force: Mutex<(Origin, String)>,
+}
+
+impl Activator {
+    /// Starts on the built-in configuration `builtin`. The receiver is for neuron-monitor's
+    /// supervisor: it sees each new launch spec, and the end of the agent when the
+    /// activator is dropped.
+    pub async fn start(
+        launcher: Launcher,
+        builtin: MonitorConfig,
+        metrics: AgentMetrics,
+    ) -> Result<(Self, watch::Receiver<LaunchSpec>), ActivationError> {
+        let spec = launcher.prepare(&builtin).await?;
+        let (launch, specs) = watch::channel(spec);
+        let routing = SharedRouting::default();
+        metrics.config_in_force(Origin::Builtin.as_str(), "");
+        let in_force = Mutex::new((Origin::Builtin, String::new()));
+        Ok((Activator { launcher, builtin, launch, routing, metrics, in_force }, specs))
+    }
+
+    /// The routing table of the configuration in force, as the sinks read it.
+    pub fn routing(&self) -> SharedRouting {
+        self.routing.clone()
+    }
+
+    /// Whether the configuration from `origin` with this hash is the one in force.
+    pub fn is_in_force(&self, origin: Origin, hash: &str) -> bool {
+        let in_force = self.in_force.lock().unwrap_or_else(|p| p.into_inner());
+        in_force.0 == origin && in_force.1 == hash
+    }
+
+    /// Back to the built-in configuration (every group, Prometheus only).
+    pub async fn activate_builtin(&self) -> Result<(), ActivationError> {
+        let builtin = self.builtin.clone();
+        self.put_in_force(Origin::Builtin, "", &builtin, Routing::default()).await
+    }
+
+    /// Puts a rendered configuration in force; `hash` names its content.
+    pub async fn activate(&self, origin: Origin, hash: &str, candidate: Candidate) -> Result<(), ActivationError> {
+        let Candidate { monitor, routing, routes } = candidate;
+        self.put_in_force(origin, hash, &monitor, routing).await?;
+        info!(source = origin.as_str(), %hash, routes, "node configuration in force");
+        Ok(())
+    }
+
+    /// Puts the rendered configuration of a file in force (read once).
+    pub async fn activate_file(&self, path: &Path) -> Result<(), ConfigFileError> {
+        let body =
+            tokio::fs::read(path).await.map_err(|source| ConfigFileError::Read { path: path.to_owned(), source })?;
+        let activation = async { self.activate(Origin::File, &content_hash(&body), Candidate::parse(&body)?).await };
+        activation.await.map_err(|source| ConfigFileError::Activation { path: path.to_owned(), source })
+    }
+
+    async fn put_in_force(
+        &self,
+        origin: Origin,
+        hash: &str,
+        monitor: &MonitorConfig,
+        routing: Routing,
+    ) -> Result<(), ActivationError> {
+        let spec = self.launcher.prepare(monitor).await?;
+        self.routing.replace(routing);
+        self.launch.send_replace(spec);
+        self.metrics.config_in_force(origin.as_str(), hash);
+        *self.in_force.lock().unwrap_or_else(|p| p.into_inner()) = (origin, hash.to_owned());
+        Ok(())
+    }
+}

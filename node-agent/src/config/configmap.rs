@@ -1,0 +1,119 @@
+//! Following the ConfigMap the operator renders for this node, through the API (a
+//! mounted ConfigMap would take the kubelet 60–90 s to refresh). Its configuration is put
+//! in force and the applied hash written back to the ConfigMap, so the operator can count
+//! applied nodes; no ConfigMap means the built-in configuration. An unreadable ConfigMap
+//! changes nothing: the last good configuration stays.
+
+use std::{sync::Arc, time::Duration};
+
+use api::node_config::{configmap_name, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION, NODE_CONFIG_KEY};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    api::{Patch, PatchParams},
+    runtime::watcher::Event,
+    Api, Client, ResourceExt,
+};
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::{ActivationError, Activator, Candidate, Origin, MANAGER};
+use crate::{
+    kubernetes::Watch,
+    telemetry::{AgentMetrics, ResultLabel},
+};
+
+/// Follows this node's ConfigMap.
+pub struct Reloader {
+    pub client: Client,
+    /// See [`crate::kubernetes::DEFAULT_WATCH_TIMEOUT`].
+    pub watch_timeout: Duration,
+    pub namespace: String,
+    pub node: String,
+    pub activator: Arc<Activator>,
+    pub metrics: AgentMetrics,
+}
+
+impl Reloader {
+    /// Runs until `shutdown`. `initialized` fires once the first state of the ConfigMap
+    /// (present or absent) is in force.
+    pub async fn run(self, initialized: oneshot::Sender<()>, shutdown: CancellationToken) {
+        let name = configmap_name(&self.node);
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        let watch = Watch {
+            fields: format!("metadata.name={name}"),
+            timeout: self.watch_timeout,
+            errors: self.metrics.config_watch_errors.clone(),
+            what: "the node ConfigMap",
+            meanwhile: "the current configuration stays",
+        };
+        let mut events = std::pin::pin!(watch.events(api.clone(), shutdown));
+        let mut initialized = Some(initialized);
+        let mut seen_in_listing = false;
+        info!(configmap = %name, namespace = %self.namespace, "following the node configuration");
+        while let Some(event) = events.next().await {
+            match event {
+                Event::Init => seen_in_listing = false,
+                Event::InitApply(cm) => {
+                    seen_in_listing = true;
+                    self.apply(&api, &cm).await;
+                }
+                Event::InitDone => {
+                    if !seen_in_listing {
+                        self.use_builtin("no ConfigMap for this node").await;
+                    }
+                    if let Some(tx) = initialized.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                Event::Apply(cm) => self.apply(&api, &cm).await,
+                Event::Delete(_) => self.use_builtin("the node's ConfigMap was deleted").await,
+            }
+        }
+    }
+
+    async fn apply(&self, api: &Api<ConfigMap>, cm: &ConfigMap) {
+        let hash = cm.annotations().get(CONFIG_HASH_ANNOTATION).cloned().unwrap_or_default();
+        let acked = cm.annotations().get(APPLIED_HASH_ANNOTATION) == Some(&hash);
+        if self.activator.is_in_force(Origin::ConfigMap, &hash) {
+            if !acked {
+                self.acknowledge(api, cm, &hash).await;
+            }
+            return;
+        }
+        let body = cm.data.as_ref().and_then(|d| d.get(NODE_CONFIG_KEY)).ok_or(ActivationError::MissingKey);
+        let activation = async {
+            let candidate = Candidate::parse(body?.as_bytes())?;
+            self.activator.activate(Origin::ConfigMap, &hash, candidate).await
+        };
+        if let Err(e) = activation.await {
+            self.metrics.config_reloads.get_or_create(&ResultLabel { result: "invalid" }).inc();
+            warn!(configmap = %cm.name_any(), %hash, error = %e, "node configuration not applied; keeping the last good one");
+            return;
+        }
+        self.metrics.config_reloads.get_or_create(&ResultLabel { result: "applied" }).inc();
+        self.acknowledge(api, cm, &hash).await;
+    }
+
+    async fn use_builtin(&self, why: &str) {
+        if self.activator.is_in_force(Origin::Builtin, "") {
+            return;
+        }
+        match self.activator.activate_builtin().await {
+            Ok(()) => info!(reason = why, "running the built-in configuration"),
+            Err(e) => warn!(error = %e, "could not write the built-in configuration; keeping the current one"),
+        }
+    }
+
+    /// Tells the operator which content this node runs. A merge patch, not an apply:
+    /// it must never create a ConfigMap the operator has just deleted.
+    async fn acknowledge(&self, api: &Api<ConfigMap>, cm: &ConfigMap, hash: &str) {
+        let patch = json!({ "metadata": { "annotations": { APPLIED_HASH_ANNOTATION: hash } } });
+        let params = PatchParams { field_manager: Some(MANAGER.to_owned()), ..Default::default() };
+        if let Err(e) = api.patch(&cm.name_any(), &params, &Patch::Merge(&patch)).await {
+            warn!(error = %e, %hash, "could not acknowledge the node configuration");
+        }
+    }
+}

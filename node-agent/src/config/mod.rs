@@ -1,0 +1,18 @@
+//! The node's configuration: where it comes from and how it is put in force.
+//!
+//! - [`state_dir`]: neuron-monitor's configuration files, in a directory only the agent
+//!   writes, and the launch spec that runs neuron-monitor on one ([`Launcher`]).
+//! - [`activate`]: one path puts the built-in configuration, a file's or the ConfigMap's in
+//!   force ([`Activator`]), with typed errors; a configuration that fails changes nothing.
+//! - [`configmap`]: the node's ConfigMap, followed through the API and acknowledged.
+
+pub mod activate;
+pub mod configmap;
+pub mod state_dir;
+
+pub use activate::{ActivationError, Activator, Candidate, ConfigFileError, Origin};
+pub use configmap::Reloader;
+pub use state_dir::{check_state_dir, open_state_dir, Launcher, StateDirError};
+
+/// Field manager of the agent's writes.
+pub const MANAGER: &str = "neuron-node-agent";
