@@ -22,14 +22,11 @@
 //! are cut to a bounded length without control characters. What was refused is counted
 //! in [`NodeState::refusals`]. The cost of a report is linear in its size.
 
-use std::{collections::HashMap, sync::Arc};
+use std::sync::Arc;
 
 use api::{
     limits::{MAX_NEURONCORES, MAX_NEURONCORES_PER_DEVICE, MAX_NEURON_DEVICES, MAX_REPORT_LABEL_VALUE_BYTES},
-    report::{
-        CoreMemory, ErrorSummary, ExecutionSummary, Group, HardwareInfo, InstanceInfo, Item, Percentiles, Report,
-        RuntimeEntry,
-    },
+    report::{CoreMemory, ErrorSummary, ExecutionSummary, Group, HardwareInfo, InstanceInfo, Percentiles, Report},
 };
 
 /// Labels that identify the host, as in AWS's exporter.
@@ -295,94 +292,6 @@ impl NodeState {
         }
     }
 
-    fn apply_runtimes(&mut self, report: &Report<'_>) {
-        self.refusals.runtimes = report.neuron_runtime_data.skipped as u64;
-        // By tag, for a lookup per entry; a tag held twice (same tag and PID) keeps both.
-        let mut previous: HashMap<String, Vec<RuntimeState>> = HashMap::with_capacity(self.runtimes.len());
-        for state in std::mem::take(&mut self.runtimes) {
-            previous.entry(state.labels.runtime_tag.clone()).or_default().push(state);
-        }
-        let entries: Vec<&RuntimeEntry<'_>> = report
-            .neuron_runtime_data
-            .iter()
-            .filter_map(|item| match item {
-                Item::Ok(rt) => Some(rt),
-                Item::Malformed(reason) => {
-                    self.problems.push(GroupProblem {
-                        group: "neuron_runtime_data",
-                        runtime_tag: String::new(),
-                        kind: ProblemKind::Malformed,
-                        message: truncated(reason, MAX_PROBLEM_MESSAGE_BYTES).to_owned(),
-                    });
-                    None
-                }
-            })
-            .collect();
-        let tags = runtime_tags(&entries, &mut self.refusals.label_values);
-        let mut current = Vec::with_capacity(entries.len());
-        for (entry, tag) in entries.into_iter().zip(tags) {
-            let mut state = match previous.get_mut(&tag).and_then(Vec::pop) {
-                Some(state) => state,
-                None => RuntimeState::new(Arc::new(RuntimeLabels {
-                    instance: self.instance.clone(),
-                    runtime_tag: tag,
-                    pod: None,
-                })),
-            };
-            state.pid = entry.pid;
-            if !entry.error.is_empty() {
-                let problem = Group::<()>::Error(entry.error.to_string());
-                self.note("neuron_runtime", &state.labels.runtime_tag, &problem);
-            }
-            if let Some(groups) = &entry.report {
-                let tag = state.labels.runtime_tag.clone();
-                if let Some(g) = &groups.neuroncore_counters {
-                    self.note("neuroncore_counters", &tag, g);
-                    let refused = &mut self.refusals.core_indices;
-                    state.utilization = g.ok().map(|c| {
-                        let cores = c.neuroncores_in_use.iter().flat_map(|m| m.iter());
-                        by_core(cores, refused, |c| c.neuroncore_utilization.filter(|u| *u != 0.0))
-                    });
-                }
-                if let Some(g) = &groups.memory_used {
-                    self.note("memory_used", &tag, g);
-                    let used = g.ok().and_then(|m| m.neuron_runtime_used_bytes.as_ref());
-                    state.memory_used = used.map(|u| [u.host, u.neuron_device]);
-                    let refused = &mut self.refusals.core_indices;
-                    state.core_memory = g.ok().map(|_| {
-                        let cores = used
-                            .and_then(|u| u.usage_breakdown.as_ref())
-                            .and_then(|b| b.neuroncore_memory_usage.as_ref())
-                            .into_iter()
-                            .flat_map(|m| m.iter());
-                        by_core(cores, refused, |c| c.is_held().then_some(*c))
-                    });
-                }
-                if let Some(g) = &groups.neuron_runtime_vcpu_usage {
-                    self.note("neuron_runtime_vcpu_usage", &tag, g);
-                    state.vcpu = g.ok().and_then(|v| v.vcpu_usage).map(|v| [v.user, v.system]);
-                }
-                if let Some(g) = &groups.execution_stats {
-                    self.note("execution_stats", &tag, g);
-                    match g.ok() {
-                        Some(stats) => {
-                            let errors = stats.error_summary.unwrap_or_default().values();
-                            add_counts(state.errors_total.get_or_insert([0.0; 6]), &errors);
-                            let status = stats.execution_summary.unwrap_or_default().values();
-                            add_counts(state.status_total.get_or_insert([0.0; 6]), &status);
-                            state.latency = stats.latency_stats.and_then(|l| l.total_latency);
-                        }
-                        None => state.latency = None,
-                    }
-                }
-            }
-            state.compute_cores();
-            current.push(state);
-        }
-        current.sort_by(|a, b| a.labels.runtime_tag.cmp(&b.labels.runtime_tag));
-        self.runtimes = current;
-    }
-
     fn apply_system(&mut self, report: &Report<'_>) {
         let Some(system) = &report.system_data else {
             return;
@@ -447,48 +356,6 @@ impl NodeState {
     }
 }
 
-impl RuntimeState {
-    fn new(labels: Arc<RuntimeLabels>) -> Self {
-        RuntimeState {
-            labels,
-            pid: None,
-            cores: Vec::new(),
-            memory_used: None,
-            vcpu: None,
-            latency: None,
-            errors_total: None,
-            status_total: None,
-            utilization: None,
-            core_memory: None,
-        }
-    }
-
-    /// Held cores: those with memory on them or non-zero utilization. Both lists are
-    /// sorted by core without duplicates ([`by_core`]): one merge pass.
-    fn compute_cores(&mut self) {
-        self.cores.clear();
-        let utilization = self.utilization.as_deref();
-        let memory = self.core_memory.as_deref();
-        let mut busy = utilization.unwrap_or_default().iter().peekable();
-        let mut loaded = memory.unwrap_or_default().iter().peekable();
-        loop {
-            let index = match (busy.peek(), loaded.peek()) {
-                (None, None) => break,
-                (Some((b, _)), None) => *b,
-                (None, Some((l, _))) => *l,
-                (Some((b, _)), Some((l, _))) => (*b).min(*l),
-            };
-            let u = busy.next_if(|(i, _)| *i == index).map(|(_, v)| *v);
-            let m = loaded.next_if(|(i, _)| *i == index).map(|(_, v)| *v);
-            self.cores.push(HeldCore {
-                index,
-                utilization: utilization.map(|_| u.unwrap_or(0.0)),
-                memory: memory.map(|_| m.unwrap_or_default()),
-            });
-        }
-    }
-}
-
 /// The hardware as reported, or why its counts are refused: beyond any real node, they
 /// would size the idle-core list and the exposition.
 fn summarize_hardware(info: &HardwareInfo<'_>) -> Result<HardwareSummary, String> {
@@ -510,58 +377,6 @@ fn summarize_hardware(info: &HardwareInfo<'_>) -> Result<HardwareSummary, String
         cores_per_device: cores,
         device_type: info.neuron_device_type.as_deref().map(|t| truncated(t, MAX_REPORT_LABEL_VALUE_BYTES).to_owned()),
     })
-}
-
-/// The exported tag of each runtime: its tag (a bounded [`label_value`]), or its PID when
-/// the tag is empty (as neuron-monitor does when `NEURON_PROCESS_TAG` is unset). Tags
-/// shared by several processes get `@<pid>` on all but the lowest (PID, position), so
-/// that no two runtimes export the same series. Linear: one map of each tag's owner.
-fn runtime_tags(entries: &[&RuntimeEntry<'_>], refused: &mut u64) -> Vec<String> {
-    let base: Vec<String> = entries
-        .iter()
-        .map(|e| match e.neuron_runtime_tag.as_deref() {
-            Some(tag) if !tag.is_empty() => label_value(tag, refused),
-            _ => e.pid.map(|p| p.to_string()).unwrap_or_default(),
-        })
-        .collect();
-    let key = |i: usize| (entries[i].pid.unwrap_or(0), i);
-    let mut owner: HashMap<&str, (u32, usize)> = HashMap::with_capacity(base.len());
-    for (i, tag) in base.iter().enumerate() {
-        owner.entry(tag.as_str()).and_modify(|o| *o = (*o).min(key(i))).or_insert(key(i));
-    }
-    base.iter()
-        .enumerate()
-        .map(
-            |(i, tag)| {
-                if owner.get(tag.as_str()) == Some(&key(i)) {
-                    tag.clone()
-                } else {
-                    format!("{tag}@{}", key(i).0)
-                }
-            },
-        )
-        .collect()
-}
-
-/// Per-core values of one runtime: entries whose index is a possible core (others are
-/// counted in `refused`) and whose `value` is `Some`, sorted by core, the first entry of
-/// a core kept (as a lookup in document order would).
-fn by_core<'r, C: 'r, T>(
-    entries: impl Iterator<Item = (u32, &'r C)>,
-    refused: &mut u64,
-    value: impl Fn(&C) -> Option<T>,
-) -> Vec<(u32, T)> {
-    let mut cores: Vec<(u32, T)> = entries
-        .filter(|(index, _)| {
-            let possible = *index < MAX_NEURONCORES;
-            *refused += u64::from(!possible);
-            possible
-        })
-        .filter_map(|(index, c)| value(c).map(|v| (index, v)))
-        .collect();
-    cores.sort_by_key(|(index, _)| *index); // stable: the first of a core stays first
-    cores.dedup_by_key(|(index, _)| *index);
-    cores
 }
 
 /// Longest message of a group problem kept (neuron-monitor's own errors are a line).
@@ -597,6 +412,7 @@ pub fn label_value(text: &str, refused: &mut u64) -> String {
     out
 }
 
+/// Adds this period's counts to the running sums.
 fn add_counts<const N: usize>(totals: &mut [f64; N], counts: &[Option<f64>; N]) {
     for (total, count) in totals.iter_mut().zip(counts) {
         // A negative count is not a count: ignore it rather than make a counter go down.
@@ -615,5 +431,6 @@ fn sum(parts: &[Option<f64>]) -> Option<f64> {
 pub const ERROR_KINDS: [&str; 6] = ErrorSummary::KINDS;
 pub const STATUS_KINDS: [&str; 6] = ExecutionSummary::KINDS;
 
+mod runtimes;
 #[cfg(test)]
 mod tests;
