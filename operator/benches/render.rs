@@ -7,8 +7,8 @@
 use std::hint::black_box;
 
 use api::node_config::content_hash;
+use api::{render, validate};
 use criterion::{criterion_group, criterion_main, Criterion};
-use neuron_operator::{render, validate};
 
 #[path = "support/scale.rs"]
 mod scale;

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use neuron_operator::{render, validate};
+use api::{render, validate};
 
 #[path = "../benches/support/scale.rs"]
 mod scale;

@@ -40,11 +40,14 @@ use tracing::{debug, info, warn};
 mod status;
 
 use self::status::Outcome;
+use api::{
+    render::{self, RenderedNode, Rendering},
+    validate::{self, ConfigKey, Invalid, Refusal, ValidConfig},
+};
+
 use crate::{
     nodes::{self, NeuronNodePolicy},
-    render::{self, RenderedNode, Rendering},
     telemetry::{ErrorLabel, OperatorMetrics, ReasonLabel},
-    validate::{self, ConfigKey, Invalid, Refusal, ValidConfig},
 };
 
 /// Field manager of everything the operator writes (server-side apply).

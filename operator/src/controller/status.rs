@@ -19,10 +19,9 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::{Controller, Error, MANAGER};
-use crate::{
-    telemetry::ReasonLabel,
-    validate::{Invalid, Refusal},
-};
+use api::validate::{Invalid, Refusal};
+
+use crate::telemetry::ReasonLabel;
 
 /// What a pass found for one config.
 pub(super) struct Outcome {

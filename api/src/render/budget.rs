@@ -1,5 +1,5 @@
 //! Room on a node: what configs may add to one node's ConfigMap and to one series (the
-//! limits and their reasons are in [`api::limits`]).
+//! limits and their reasons are in [`crate::limits`]).
 //!
 //! Configs are given room in a fixed order ([`ValidConfig::precedes`]): the operator
 //! namespace's first, then the oldest. A config that does not fit on one of its nodes is
@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use api::limits::{
+use crate::limits::{
     MAX_CONFIGS_PER_NAMESPACE_PER_NODE, MAX_CONFIGS_PER_NODE, MAX_EXTRA_LABELS_PER_SERIES,
     MAX_NAMESPACE_RENDERED_BYTES_PER_NODE, MAX_NODE_RENDERED_BYTES,
 };

@@ -3,9 +3,9 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use api::cloudwatch::sink::SinkSettings;
-use api::crd::{CloudWatchSinkSpec, PrometheusSinkSpec};
-use api::node_config::PrometheusRoute;
+use crate::cloudwatch::sink::SinkSettings;
+use crate::crd::{CloudWatchSinkSpec, PrometheusSinkSpec};
+use crate::node_config::PrometheusRoute;
 
 use super::Invalid;
 

@@ -1,9 +1,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use api::crd::NeuronMonitorConfig;
-use api::duration::Period;
-use api::monitor_config::{RuntimeGroup, SystemGroup};
+use crate::crd::NeuronMonitorConfig;
+use crate::duration::Period;
+use crate::monitor_config::{RuntimeGroup, SystemGroup};
 use k8s_openapi::api::core::v1::Node;
 use regex::Regex;
 use serde_json::json;
@@ -257,7 +257,7 @@ fn each_node_gets_the_configs_whose_selector_matches_it() {
     assert_eq!(shared.configs.len(), 3);
     let r = out.rendered("trn-a-2").unwrap();
     assert_eq!(r.json, serde_json::to_string(&r.config).unwrap());
-    assert_eq!(r.hash, api::node_config::content_hash(r.json.as_bytes()));
+    assert_eq!(r.hash, crate::node_config::content_hash(r.json.as_bytes()));
     assert_eq!(out.iter().count(), 5);
 }
 
@@ -318,7 +318,7 @@ fn nodes_can_be_given_as_node_objects() {
     let out = render_all(&nodes, &configs).unwrap();
     assert_eq!(out.len(), 1);
     assert!(out.get("trn-1").is_some());
-    let borrowed: Vec<(&str, &BTreeMap<String, String>)> = vec![("x", nodes::labels(&nodes[0]))];
+    let borrowed: Vec<(&str, &BTreeMap<String, String>)> = vec![("x", nodes[0].node_labels())];
     assert_eq!(render_all(&borrowed, &configs).unwrap().len(), 1);
 }
 
@@ -401,13 +401,13 @@ fn many(node_count: usize, config_count: usize, seed: u64) -> (Vec<TestNode>, Ve
     (nodes, configs)
 }
 
-// ---- room on a node (api::limits) ----------------------------------------------------
+// ---- room on a node (crate::limits) ----------------------------------------------------
 
-use crate::validate::Refusal;
-use api::limits::{
+use crate::limits::{
     MAX_CONFIGS_PER_NAMESPACE_PER_NODE, MAX_EXTRA_LABELS_PER_SERIES, MAX_NAMESPACE_RENDERED_BYTES_PER_NODE,
     MAX_NODE_RENDERED_BYTES,
 };
+use crate::validate::Refusal;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// A config created `at` seconds after a fixed instant.

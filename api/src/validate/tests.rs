@@ -1,6 +1,6 @@
 use serde_json::json;
 
-use api::node_config::PrometheusRoute;
+use crate::node_config::PrometheusRoute;
 
 use super::{selector::check_label_key, *};
 
@@ -372,10 +372,10 @@ fn key_matches_the_object_it_came_from() {
 #[test]
 fn region_and_label_checks() {
     for r in ["us-east-1", "eu-central-2", "us-gov-west-1", "ap-southeast-4"] {
-        assert!(api::cloudwatch::sink::valid_region(r), "{r}");
+        assert!(crate::cloudwatch::sink::valid_region(r), "{r}");
     }
     for r in ["", "us-east", "useast-1", "US-east-1", "us--1", "u-east-1"] {
-        assert!(!api::cloudwatch::sink::valid_region(r), "{r}");
+        assert!(!crate::cloudwatch::sink::valid_region(r), "{r}");
     }
     for k in ["a", "node.kubernetes.io/instance-type", "eks.amazonaws.com/nodegroup", "A_b.c-9"] {
         assert!(check_label_key(k).is_ok(), "{k}");
@@ -392,7 +392,7 @@ fn a_config_too_large_for_any_node_is_refused_naming_its_largest_part() {
         .collect();
     let e = invalid("team-a", json!({"runtimes": runtimes}));
     assert_eq!((e.kind, e.field.as_str()), (Refusal::TooLarge, "spec.runtimes"), "{e}");
-    assert!(e.reason.contains(&format!("at most {}", api::limits::MAX_CONFIG_RENDERED_BYTES)), "{e}");
+    assert!(e.reason.contains(&format!("at most {}", crate::limits::MAX_CONFIG_RENDERED_BYTES)), "{e}");
     // Schema-valid, and one entry fewer than the schema allows, but still too large.
     let e = invalid(
         "team-a",

@@ -24,11 +24,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use api::crd::{NeuronMonitorConfig, RuntimeSelectorSpec, SystemMetricsSpec};
-use api::duration::Period;
-use api::limits::MAX_CONFIG_RENDERED_BYTES;
-use api::monitor_config::{RuntimeGroup, SystemGroup, DEFAULT_PERIOD};
-use api::node_config::{Route, RouteRuntimes};
+use crate::crd::{NeuronMonitorConfig, RuntimeSelectorSpec, SystemMetricsSpec};
+use crate::duration::Period;
+use crate::limits::MAX_CONFIG_RENDERED_BYTES;
+use crate::monitor_config::{RuntimeGroup, SystemGroup, DEFAULT_PERIOD};
+use crate::node_config::{Route, RouteRuntimes};
 use k8s_openapi::jiff::Timestamp;
 
 /// Bounds of every period (the schema's CEL rule says the same).
@@ -73,7 +73,7 @@ pub enum Refusal {
     NodeLimit,
     /// A series would carry more than [`MAX_EXTRA_LABELS_PER_SERIES`] extra labels.
     ///
-    /// [`MAX_EXTRA_LABELS_PER_SERIES`]: api::limits::MAX_EXTRA_LABELS_PER_SERIES
+    /// [`MAX_EXTRA_LABELS_PER_SERIES`]: crate::limits::MAX_EXTRA_LABELS_PER_SERIES
     TooManyLabels,
 }
 

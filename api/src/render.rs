@@ -16,7 +16,7 @@
 //! [`render_all`] renders once per distinct set of matching configs (a node's
 //! "signature"), not once per node: nodes of one node group share the result.
 //!
-//! What configs may add to a node is bounded ([`api::limits`]): bytes per config (checked
+//! What configs may add to a node is bounded ([`crate::limits`]): bytes per config (checked
 //! by validation), configs and bytes per namespace and per node, extra labels per series.
 //! [`render_all`] gives configs room in a fixed order (the operator namespace's, then the
 //! oldest) and refuses, on every node, a config that does not fit on one of them, so one
@@ -27,12 +27,11 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use api::duration::Period;
-use api::monitor_config::{GroupConfig, MonitorConfig, RuntimeSelector};
-use api::node_config::{content_hash, NodeConfig};
 use k8s_openapi::api::core::v1::Node;
 
-use crate::nodes;
+use crate::duration::Period;
+use crate::monitor_config::{GroupConfig, MonitorConfig, RuntimeSelector};
+use crate::node_config::{content_hash, NodeConfig};
 use crate::validate::{Applications, ConfigKey, Invalid, ValidConfig};
 use budget::GroupNodes;
 
@@ -67,7 +66,8 @@ impl NodeLabels for Node {
         self.metadata.name.as_deref().unwrap_or_default()
     }
     fn node_labels(&self) -> &BTreeMap<String, String> {
-        nodes::labels(self)
+        static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+        self.metadata.labels.as_ref().unwrap_or(&NO_LABELS)
     }
 }
 
