@@ -4,6 +4,10 @@ tests: its gateway on 127.0.0.1 only, and gone with the process that started it.
 - LocalStack's twisted gateway takes the port of GATEWAY_LISTEN but ignores its host and
   listens on every interface; the tests may listen on loopback only. Its listeners are
   twisted TCP4ServerEndpoints created without an interface: they get 127.0.0.1.
+- LocalStack's CloudWatch keeps datapoints in SQLite with a connection and a commit per
+  datum; with SQLite's default (synchronous=FULL) each commit waits for the disk: 17-20 s
+  for one request of 1,000 datums here, beyond the agent's request time-out. The tests
+  need no durability: every connection gets synchronous=OFF.
 - The starter keeps our stdin open. When it closes (the test process ended, however it
   ended: a panic, a signal, SIGKILL), this process group is killed at once, and the
   directory named by NEURON_LOCALSTACK_REMOVE_ON_EXIT (the instance's FILESYSTEM_ROOT)
@@ -16,6 +20,7 @@ Usage: <LocalStack's venv>/bin/python localstack_launcher.py, configured by envi
 import os
 import shutil
 import signal
+import sqlite3
 import sys
 import threading
 
@@ -30,6 +35,17 @@ class LoopbackTCP4ServerEndpoint(_TCP4ServerEndpoint):
 
 
 endpoints.TCP4ServerEndpoint = LoopbackTCP4ServerEndpoint
+
+_sqlite_connect = sqlite3.connect
+
+
+def _connect_unsynced(*args, **kwargs):
+    connection = _sqlite_connect(*args, **kwargs)
+    connection.execute("PRAGMA synchronous = OFF")
+    return connection
+
+
+sqlite3.connect = _connect_unsynced
 
 
 def _exit_with_parent():
