@@ -100,12 +100,12 @@ install_helm() {
 }
 
 # A Python >= 3.12 for LocalStack (the machines' default python3 is 3.11): the newest
-# 3.13 or 3.12 of pyenv, else python3.13 / python3.12 on PATH.
+# 3.13 or 3.12 of pyenv (found without pyenv on PATH too), else python3.13 / python3.12
+# on PATH.
 localstack_python() {
     local root candidates=() c
-    if command -v pyenv >/dev/null && root=$(pyenv root 2>/dev/null); then
-        candidates+=($(ls -d "$root"/versions/3.13* "$root"/versions/3.12* 2>/dev/null | sort -rV | sed 's|$|/bin/python3|'))
-    fi
+    root=$(pyenv root 2>/dev/null) || root=${PYENV_ROOT:-$HOME/.pyenv}
+    mapfile -t candidates < <(printf '%s/bin/python3\n' "$root"/versions/3.1[23]* | sort -rV)
     candidates+=("$(command -v python3.13 || true)" "$(command -v python3.12 || true)")
     for c in "${candidates[@]}"; do
         [[ -n $c && -x $c ]] || continue
