@@ -525,6 +525,10 @@ fn spawn_agent(
             .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .env("AWS_ENDPOINT_URL_CLOUDWATCH", format!("http://{endpoint}"))
+            // LocalStack on a loaded 2-core machine can take seconds for a request of
+            // 1,000 datums; one timed out while LocalStack still stores it would be stored
+            // twice by the retry. (A test's own --cloudwatch-request-timeout wins.)
+            .env("NEURON_AGENT_CLOUDWATCH_REQUEST_TIMEOUT", "60s")
             .env_remove("KUBECONFIG")
             .env_remove("KUBERNETES_SERVICE_HOST");
         for (k, v) in env {
