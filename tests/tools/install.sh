@@ -3,7 +3,10 @@
 # <repo>/target/tools), binaries in its bin/:
 #   controlplane  etcd + kube-apiserver + GC/namespace/SA controllers (tests/controlplane)
 #   helm          go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION
-#   kumo          go install github.com/sivchari/kumo/cmd/kumo@$KUMO_VERSION (CloudWatch emulator)
+#   localstack    pip install localstack-core[base-runtime]==$LOCALSTACK_VERSION into
+#                 localstack/venv (Python >= 3.12, from pyenv), its service catalog prebuilt in
+#                 localstack/static; the CloudWatch of the tests, no Docker (started by
+#                 node-agent/tests/support/cloudwatch.rs through tests/tools/localstack_launcher.py)
 #   prometheus, promtool   Debian's `prometheus` package (on PATH, /usr/bin)
 # Idempotent: each step is skipped when its stamp (pinned version or source hash)
 # matches. Each step prints one line; a warm run takes a few seconds.
@@ -11,7 +14,11 @@
 set -euo pipefail
 
 HELM_VERSION=v3.22.0
-KUMO_VERSION=v0.23.0
+LOCALSTACK_VERSION=2026.3.0
+# Upper bounds on dependencies localstack-core leaves open, found necessary with this
+# version (with cbor2 6 it finds "no component plugins"), and service-identity, which
+# its TLS setup wants.
+LOCALSTACK_PINS=("cbor2<6" "pyopenssl<26" "cryptography<47" "service-identity")
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 tools=${NEURON_TOOLS_DIR:-$repo/target/tools}
@@ -92,21 +99,52 @@ install_helm() {
     step helm "installed $HELM_VERSION (assumes Kubernetes v1.$k8s_minor) in $((SECONDS - t))s"
 }
 
-install_kumo() {
-    local mod=github.com/sivchari/kumo
-    if stamped kumo "$KUMO_VERSION" "$bin/kumo"; then
-        step kumo "cached ($KUMO_VERSION)"
+# A Python >= 3.12 for LocalStack (the machines' default python3 is 3.11): the newest
+# 3.13 or 3.12 of pyenv (found without pyenv on PATH too), else python3.13 / python3.12
+# on PATH.
+localstack_python() {
+    local root candidates=() c
+    root=$(pyenv root 2>/dev/null) || root=${PYENV_ROOT:-$HOME/.pyenv}
+    mapfile -t candidates < <(printf '%s/bin/python3\n' "$root"/versions/3.1[23]* | sort -rV)
+    candidates+=("$(command -v python3.13 || true)" "$(command -v python3.12 || true)")
+    for c in "${candidates[@]}"; do
+        [[ -n $c && -x $c ]] || continue
+        if "$c" -c 'import sys, venv; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+            echo "$c"
+            return
+        fi
+    done
+    return 1
+}
+
+install_localstack() {
+    local dir=$tools/localstack python version
+    if ! python=$(localstack_python); then
+        step localstack "NOT INSTALLED: no Python >= 3.12 (pyenv versions or python3.12/python3.13 on PATH)"
+        return 1
+    fi
+    version=$("$python" -c 'import platform; print(platform.python_version())')
+    local stamp="localstack-core $LOCALSTACK_VERSION ${LOCALSTACK_PINS[*]} python $version"
+    if stamped localstack "$stamp" "$dir/venv/bin/python" && compgen -G "$dir/static/usr/lib/localstack/service-catalog-*" >/dev/null; then
+        step localstack "cached ($LOCALSTACK_VERSION, Python $version)"
         return
     fi
-    local t=$SECONDS err
-    if err=$(GOBIN=$bin go install "$mod/cmd/kumo@$KUMO_VERSION" 2>&1); then
-        echo "$KUMO_VERSION" >"$stamps/kumo"
-        step kumo "installed $KUMO_VERSION in $((SECONDS - t))s"
-    else
-        # Not fatal: the rest of the suite must still run. Tests that need kumo
-        # fail on their own with "kumo not found".
-        step kumo "NOT INSTALLED: go install $mod/cmd/kumo@$KUMO_VERSION failed: $(tail -1 <<<"$err" | tr -s '[:space:]' ' ' | sed 's/^ //; s/ $//')"
-    fi
+    local t=$SECONDS
+    # A fresh venv: nothing of an older version's dependencies stays behind (the stamp,
+    # written last, marks it complete).
+    rm -rf "$dir/venv"
+    quiet localstack "$python" -m venv "$dir/venv"
+    quiet localstack "$dir/venv/bin/python" -m pip install --no-input \
+        "localstack-core[base-runtime]==$LOCALSTACK_VERSION" "${LOCALSTACK_PINS[@]}"
+    # LocalStack's index of every AWS service spec, built here once as its Docker image
+    # does at build time (else each start builds it: 3-6 s and ~370 MB more RSS). The
+    # tests link each instance's static-libs dir to this one.
+    rm -rf "$dir/static"
+    mkdir -p "$dir/static/usr/lib/localstack"
+    quiet localstack env OVERRIDE_IN_DOCKER=0 LOCALSTACK_TELEMETRY=0 FILESYSTEM_ROOT="$dir/static" \
+        "$dir/venv/bin/python" -m localstack.aws.spec
+    echo "$stamp" >"$stamps/localstack"
+    step localstack "installed $LOCALSTACK_VERSION (Python $version) in $((SECONDS - t))s"
 }
 
 as_root() {
@@ -136,6 +174,6 @@ install_prometheus() {
 
 install_controlplane
 install_helm
-install_kumo
+install_localstack
 install_prometheus
 echo "tools ready in $tools/bin ($((SECONDS - started))s)"

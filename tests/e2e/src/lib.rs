@@ -2,8 +2,9 @@
 //! - [`ControlPlane`]: etcd + kube-apiserver + the garbage-collector, namespace and
 //!   service-account controllers, in one process (`tests/controlplane`), shared by all
 //!   tests of a test binary; each test works in a namespace of its own.
-//! - [`tool`]: the test tools `tests/tools/install.sh` installs (controlplane, helm,
-//!   kumo, prometheus, promtool).
+//! - [`tool`]: the test tools `tests/tools/install.sh` installs in its bin/ (controlplane,
+//!   helm, prometheus, promtool; LocalStack has a venv of its own, see
+//!   `node-agent/tests/support/cloudwatch.rs`).
 //! - [`workspace_bin`]: the project's own binaries (`cargo build --workspace --bins`).
 //!
 //! Every process started here dies with the test binary, even when a test panics: it is

@@ -155,6 +155,29 @@ fn sdk_datums_carry_values_and_counts_or_statistics() {
     );
 }
 
+/// CloudWatch keeps fractional `Counts`, LocalStack (the end-to-end tests' CloudWatch)
+/// truncates them: the agent's counts are whole sample counts, so nothing depends on
+/// the difference, and this is where that is checked.
+#[test]
+fn counts_sent_are_whole_numbers() {
+    let mut acc = Accumulator::default();
+    for v in [0.5, 0.5, 1.25, 1e-3, 0.5, 99.999] {
+        acc.gauge(key("neuroncore_utilization", &[]), Unit::Percent, v);
+    }
+    // Fractional events (a rate's share) are a value, counted once.
+    acc.count(key("neuron_execution_errors", &[]), 0.5);
+    acc.count(key("neuron_execution_errors", &[]), 0.25);
+    let datums = acc.drain(std::time::SystemTime::UNIX_EPOCH, 60);
+    assert_eq!(datums.len(), 2);
+    for d in &datums {
+        let sdk = to_sdk(d);
+        assert!(!sdk.counts().is_empty(), "{sdk:?}");
+        assert!(sdk.counts().iter().all(|c| c.fract() == 0.0 && *c >= 1.0), "{:?}", sdk.counts());
+    }
+    assert_eq!(to_sdk(&datums[0]).values(), &[0.75]);
+    assert_eq!(to_sdk(&datums[1]).counts(), &[3.0, 1.0, 1.0, 1.0]);
+}
+
 #[test]
 fn errors_are_sorted_into_retry_and_give_up() {
     let retried = |status, code| classify_service(status, code);
