@@ -12,7 +12,7 @@ use api::{duration::Period, monitor_config::MonitorConfig};
 use clap::Parser;
 use neuron_node_agent::{
     attribution,
-    config::{open_state_dir, Activator, Launcher, Reloader},
+    config::{open_state_dir, standalone, Activator, Launcher, Reloader},
     http::{self, HttpState},
     kubernetes,
     monitor::{group, Supervisor, SupervisorConfig},
@@ -117,6 +117,14 @@ struct SourceArgs {
     /// plus 10 s. Each node makes 2 watch requests per period: 100/s per 1,000 nodes at 20 s.
     #[arg(long, env = "NEURON_AGENT_API_WATCH_TIMEOUT", default_value = "20s", value_parser = parse_watch_timeout)]
     api_watch_timeout: Duration,
+
+    /// Run the NeuronMonitorConfig documents of this YAML file (what users
+    /// `kubectl apply`), validated and rendered for this host as the operator would,
+    /// instead of following a ConfigMap: the agent without Kubernetes. Every document
+    /// sees every application of the host. Re-read when the file changes; an invalid
+    /// file is refused at start, an invalid edit keeps the last good configuration.
+    #[arg(long, env = "NEURON_AGENT_CONFIG", conflicts_with = "node_config_file")]
+    config: Option<PathBuf>,
 
     /// Run the rendered node configuration in this file (the JSON the operator writes
     /// under `node-config.json` of the node's ConfigMap) instead of following the
@@ -261,16 +269,19 @@ enum ConfigSource<'a> {
     Builtin,
     /// A rendered node configuration in a file (routes and sinks without the operator).
     File(&'a std::path::Path),
+    /// NeuronMonitorConfig documents in a YAML file, rendered by the agent and followed.
+    Config(&'a std::path::Path),
     /// The ConfigMap of the node `--node-name` names, followed through the API.
     ConfigMap,
 }
 
 impl SourceArgs {
     fn source(&self) -> ConfigSource<'_> {
-        match (&self.node_config_file, &self.node_name) {
-            (Some(file), _) => ConfigSource::File(file),
-            (None, Some(_)) => ConfigSource::ConfigMap,
-            (None, None) => ConfigSource::Builtin,
+        match (&self.config, &self.node_config_file, &self.node_name) {
+            (Some(file), _, _) => ConfigSource::Config(file),
+            (None, Some(file), _) => ConfigSource::File(file),
+            (None, None, Some(_)) => ConfigSource::ConfigMap,
+            (None, None, None) => ConfigSource::Builtin,
         }
     }
 }
@@ -356,8 +367,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let (activator, launch_specs) = Activator::start(launcher, builtin, metrics.clone())
         .await
         .with_context(|| format!("writing the neuron-monitor configuration in {}", state_dir.display()))?;
-    if let ConfigSource::File(path) = source {
-        activator.activate_file(path).await?;
+    match source {
+        ConfigSource::File(path) => activator.activate_file(path).await?,
+        ConfigSource::Config(path) => standalone::activate_file(&activator, path).await?,
+        ConfigSource::Builtin | ConfigSource::ConfigMap => {}
     }
     let activator = Arc::new(activator);
 
@@ -390,6 +403,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let server =
         tokio::spawn(http::serve(listener, http_state, args.http.limits(), metrics.http.clone(), shutdown.clone()));
     let cloudwatch_sinks = tokio::spawn(cloudwatch_sinks.run(shutdown.clone()));
+    if let ConfigSource::Config(path) = source {
+        let follower =
+            standalone::Follower { path: path.to_owned(), activator: activator.clone(), metrics: metrics.clone() };
+        tokio::spawn(follower.run(shutdown.clone()));
+    }
     if let Some(node) = &args.source.node_name {
         follow_cluster(&args, node, source, attribution.as_ref(), &activator, &metrics, &shutdown).await?;
     }
@@ -431,7 +449,7 @@ async fn follow_cluster(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let watch_timeout = args.source.api_watch_timeout;
-    let from_file = matches!(source, ConfigSource::File(_));
+    let from_file = matches!(source, ConfigSource::File(_) | ConfigSource::Config(_));
     let client = match kubernetes::client(watch_timeout).await {
         Ok(client) => client,
         // With a configuration file, Kubernetes only serves pod attribution.

@@ -13,7 +13,7 @@ use api::{
     monitor_config::MonitorConfig,
     node_config::{content_hash, NodeConfig, NODE_CONFIG_KEY},
 };
-use tokio::sync::watch;
+use tokio::{io::AsyncReadExt, sync::watch};
 use tracing::info;
 
 use super::Launcher;
@@ -28,7 +28,10 @@ use crate::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Origin {
     Builtin,
+    /// A rendered node configuration (`--node-config-file`).
     File,
+    /// NeuronMonitorConfig documents (`--config`), rendered by the agent.
+    Config,
     ConfigMap,
 }
 
@@ -37,6 +40,7 @@ impl Origin {
         match self {
             Origin::Builtin => "builtin",
             Origin::File => "file",
+            Origin::Config => "config",
             Origin::ConfigMap => "configmap",
         }
     }
@@ -55,13 +59,40 @@ pub enum ActivationError {
     Write(#[from] std::io::Error),
 }
 
-/// Why `--node-config-file` could not be used.
+/// Why a configuration file (`--node-config-file`, `--config`) cannot be run; the
+/// configuration in force stays.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigFileError {
     #[error("reading {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
+    #[error("{path} is {size} bytes; a configuration file may have at most {MAX_CONFIG_FILE_BYTES}")]
+    TooLarge { path: PathBuf, size: u64 },
+    #[error("{path}: document {document}: {reason}")]
+    Document { path: PathBuf, document: String, reason: String },
+    #[error("{path}: no NeuronMonitorConfig document")]
+    Empty { path: PathBuf },
     #[error("{path}: {source}")]
     Activation { path: PathBuf, source: ActivationError },
+}
+
+/// Largest configuration file read: far beyond what a node needs (its whole rendering
+/// is bounded by `api::limits::MAX_NODE_RENDERED_BYTES`), small enough that reading it
+/// never weighs on the agent.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The content of a configuration file, refused beyond [`MAX_CONFIG_FILE_BYTES`].
+pub async fn read_config_file(path: &Path) -> Result<Vec<u8>, ConfigFileError> {
+    let too_large = |size| ConfigFileError::TooLarge { path: path.to_owned(), size };
+    let file = tokio::fs::File::open(path).await;
+    let file = file.map_err(|source| ConfigFileError::Read { path: path.to_owned(), source })?;
+    let mut body = Vec::new();
+    // One byte more than allowed tells a file that is too large (or grew meanwhile).
+    let read = file.take(MAX_CONFIG_FILE_BYTES + 1).read_to_end(&mut body).await;
+    read.map_err(|source| ConfigFileError::Read { path: path.to_owned(), source })?;
+    if body.len() as u64 > MAX_CONFIG_FILE_BYTES {
+        return Err(too_large(body.len() as u64));
+    }
+    Ok(body)
 }
 
 /// A rendered node configuration (the JSON the operator writes under
@@ -74,7 +105,10 @@ pub struct Candidate {
 
 impl Candidate {
     pub fn parse(body: &[u8]) -> Result<Self, ActivationError> {
-        let config: NodeConfig = serde_json::from_slice(body)?;
+        Candidate::new(serde_json::from_slice(body)?)
+    }
+
+    pub fn new(config: NodeConfig) -> Result<Self, ActivationError> {
         let routing = Routing::compile(&config)?;
         Ok(Candidate { monitor: config.monitor, routing, routes: config.routes.len() })
     }
@@ -134,8 +168,7 @@ impl Activator {
 
     /// Puts the rendered configuration of a file in force (read once).
     pub async fn activate_file(&self, path: &Path) -> Result<(), ConfigFileError> {
-        let body =
-            tokio::fs::read(path).await.map_err(|source| ConfigFileError::Read { path: path.to_owned(), source })?;
+        let body = read_config_file(path).await?;
         let activation = async { self.activate(Origin::File, &content_hash(&body), Candidate::parse(&body)?).await };
         activation.await.map_err(|source| ConfigFileError::Activation { path: path.to_owned(), source })
     }

@@ -5,12 +5,17 @@
 //! - [`activate`]: one path puts the built-in configuration, a file's or the ConfigMap's in
 //!   force ([`Activator`]), with typed errors; a configuration that fails changes nothing.
 //! - [`configmap`]: the node's ConfigMap, followed through the API and acknowledged.
+//! - [`standalone`]: NeuronMonitorConfig documents from a YAML file, validated and
+//!   rendered for this host without Kubernetes, and followed as the file changes.
 
 pub mod activate;
 pub mod configmap;
+pub mod standalone;
 pub mod state_dir;
 
-pub use activate::{ActivationError, Activator, Candidate, ConfigFileError, Origin};
+pub use activate::{
+    read_config_file, ActivationError, Activator, Candidate, ConfigFileError, Origin, MAX_CONFIG_FILE_BYTES,
+};
 pub use configmap::Reloader;
 pub use state_dir::{check_state_dir, open_state_dir, Launcher, StateDirError};
 

@@ -500,6 +500,19 @@ pub fn start_agent_following_operator(
     spawn_agent(sim_args, None, endpoint, args, env)
 }
 
+/// The agent running the NeuronMonitorConfig documents of `file` (`--config`), without
+/// Kubernetes.
+pub fn start_agent_with_config_file(
+    sim_args: &[&str],
+    file: &std::path::Path,
+    endpoint: SocketAddr,
+    args: &[&str],
+) -> Agent {
+    let file = file.to_str().expect("a UTF-8 path");
+    let args: Vec<&str> = ["--config", file].iter().chain(args).copied().collect();
+    spawn_agent(sim_args, None, endpoint, &args, &[])
+}
+
 fn spawn_agent(
     sim_args: &[&str],
     node_config: Option<&serde_json::Value>,

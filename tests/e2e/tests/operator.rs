@@ -672,3 +672,67 @@ async fn extra_labels_a_series_carries_are_bounded() {
     let _ = std::fs::remove_dir_all(&state_dir);
     Api::<Node>::all(s.client.clone()).delete(&node, &DeleteParams::default()).await.unwrap();
 }
+
+/// One file of NeuronMonitorConfig documents means the same on a host without Kubernetes
+/// (`neuron-node-agent --config FILE`) as in a cluster: applied here, the operator renders
+/// a node's configuration; run there, the agent renders its own, byte for byte the same
+/// (equal content hashes).
+#[tokio::test]
+async fn a_config_file_renders_on_a_host_as_the_operator_renders_it_for_a_node() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-standalone").await;
+    let (_operator, _) = s.operator();
+    let node = format!("{}-trn", s.run);
+    s.node(&node, "trn1.32xlarge").await;
+    // In the operator's namespace: on a host every document sees every application, as
+    // the operator namespace's configs do. No nodeSelector: a host has nothing to select.
+    let yaml = format!(
+        "apiVersion: neuronmonitor.io/v1alpha1\nkind: NeuronMonitorConfig\nmetadata: {{ name: serving, namespace: {ns} }}\n\
+         spec:\n  period: 2s\n  runtimes:\n  - tagFilter: '^serve-'\n    period: 1s\n    metrics: [{{type: neuroncore_counters}}, {{type: execution_stats}}]\n\
+         \x20 sinks:\n    prometheus: {{ extraLabels: {{ team: serving }} }}\n    cloudwatch: {{ namespace: Serving/Neuron, flushInterval: 30s }}\n\
+         ---\n\
+         apiVersion: neuronmonitor.io/v1alpha1\nkind: NeuronMonitorConfig\nmetadata: {{ name: fleet, namespace: {ns} }}\n\
+         spec:\n  period: 10s\n  systemMetrics: {{ metrics: [{{type: memory_info}}, {{type: neuron_hw_counters}}] }}\n",
+        ns = s.ns
+    );
+    let (ok, out) = s.apply(&yaml);
+    assert!(ok, "{out}");
+    let cluster_hash = s
+        .wait("the node's configuration with both routes", || async {
+            let cm = s.configmap(&node).await?;
+            let config: NodeConfig = serde_json::from_str(cm.data.as_ref()?.get(NODE_CONFIG_KEY)?).ok()?;
+            (config.routes.len() == 2).then(|| cm.annotations().get(CONFIG_HASH_ANNOTATION).cloned())?
+        })
+        .await;
+
+    let dir = std::env::temp_dir().join(format!("nm-standalone-{}", s.run));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("neuron-monitor.yaml");
+    std::fs::write(&file, &yaml).unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let args = [
+        "--config",
+        &file.display().to_string(),
+        "--monitor-command",
+        &workspace_bin("neuron-monitor-sim").display().to_string(),
+        "--listen",
+        &addr.to_string(),
+        "--state-dir",
+        &dir.join("state").display().to_string(),
+    ]
+    .map(String::from);
+    let agent = Process::start("neuron-node-agent", &args, &[], s.cp);
+    let host_hash = s
+        .wait("the agent running the file", || async {
+            let metrics = http_get(addr, "/metrics")?.1;
+            let line =
+                metrics.lines().find(|l| l.starts_with("neuron_agent_config{") && l.contains("source=\"config\""))?;
+            let hash = line.split("hash=\"").nth(1)?.split('"').next()?;
+            Some(hash.to_owned())
+        })
+        .await;
+    assert_eq!(host_hash, cluster_hash, "the agent rendered the file as the operator rendered it for the node");
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+    Api::<Node>::all(s.client.clone()).delete(&node, &DeleteParams::default()).await.unwrap();
+}
