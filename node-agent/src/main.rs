@@ -17,6 +17,7 @@ use neuron_node_agent::{
         Attribution, AttributionMetrics,
     },
     config::{load_node_config_file, open_state_dir, Launcher, Reloader},
+    health::{self, metrics::HealthCollector, metrics::HealthMetrics},
     http::{self, HttpState},
     monitor::{group, Supervisor, SupervisorConfig},
     pipeline::Pipeline,
@@ -49,6 +50,8 @@ struct Args {
     cloudwatch: CloudWatchArgs,
     #[command(flatten)]
     http: HttpArgs,
+    #[command(flatten)]
+    health: HealthArgs,
     #[command(flatten)]
     log: LogArgs,
 }
@@ -218,6 +221,49 @@ struct HttpArgs {
         value_parser = clap::value_parser!(u32).range(1..=65_536)
     )]
     http_max_connections: u32,
+}
+
+/// Neuron hardware health: the driver's sysfs tree and the kernel log, read off the
+/// report path (never written).
+#[derive(clap::Args, Debug)]
+#[command(next_help_heading = "Hardware health")]
+struct HealthArgs {
+    /// Root of the sysfs tree where the Neuron driver's devices
+    /// (`devices/virtual/neuron_device/`) and version (`module/neuron/version`) are read.
+    #[arg(long, env = "NEURON_AGENT_SYSFS_ROOT", default_value = "/sys")]
+    sysfs_root: PathBuf,
+
+    /// The kernel log: `/dev/kmsg`, or a regular file followed as it grows.
+    #[arg(long, env = "NEURON_AGENT_KMSG_PATH", default_value = "/dev/kmsg")]
+    kmsg_path: PathBuf,
+
+    /// Kernel-log records this old are still taken at start-up (a fault just before the
+    /// agent started is not lost).
+    #[arg(long, env = "NEURON_AGENT_KMSG_LOOKBACK", default_value = "5m", value_parser = parse_duration)]
+    kmsg_lookback: Duration,
+
+    /// Re-read of the whole driver tree when no `hw_error_event` notification woke the
+    /// reader (drivers before 2.28 have none; a fake tree never notifies).
+    #[arg(long, env = "NEURON_AGENT_HEALTH_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    health_interval: Duration,
+
+    /// A device's `healthcheck_heartbeat` unchanged for longer makes its health unknown.
+    #[arg(long, env = "NEURON_AGENT_HEARTBEAT_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    heartbeat_timeout: Duration,
+}
+
+impl HealthArgs {
+    fn options(&self, proc_root: &std::path::Path, state_dir: &std::path::Path) -> health::Options {
+        health::Options {
+            sysfs_root: self.sysfs_root.clone(),
+            kmsg_path: self.kmsg_path.clone(),
+            proc_root: proc_root.to_owned(),
+            state_dir: state_dir.to_owned(),
+            interval: self.health_interval.max(Duration::from_millis(50)),
+            heartbeat_timeout: self.heartbeat_timeout,
+            kmsg_look_back: self.kmsg_lookback,
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -412,12 +458,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
         options: args.cloudwatch.options(args.source.node_name.clone()),
         metrics: cloudwatch_metrics,
     };
+    // Hardware health: its readers run on threads of their own, off the report path.
+    let shutdown = CancellationToken::new();
+    let health_options = args.health.options(&args.attribution.proc_root, &state_dir);
+    let health = health::start(health_options, HealthMetrics::register(&mut registry), shutdown.clone());
+    let devices = attribution.as_ref().map(|sources| sources.devices.clone());
+    registry.register_collector(Box::new(HealthCollector { health, state: state.clone(), devices }));
     let http_state = Arc::new(HttpState {
         exposition: Exposition::new(registry, state, routing.clone()),
         pipeline: pipeline.clone(),
     });
 
-    let shutdown = CancellationToken::new();
     let listener = tokio::net::TcpListener::bind(args.http.listen)
         .await
         .with_context(|| format!("listening on {}", args.http.listen))?;
