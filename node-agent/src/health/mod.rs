@@ -37,7 +37,10 @@ use self::{
     metrics::HealthMetrics,
     model::{Changes, HealthModel, Persisted},
 };
-use crate::ratelimit::{Decision, RateLimit};
+use crate::{
+    config::check_state_dir,
+    ratelimit::{Decision, RateLimit},
+};
 
 /// The model, shared by the readers and the exposition.
 pub type SharedHealth = Arc<Mutex<HealthModel>>;
@@ -82,6 +85,7 @@ pub fn start(options: Options, metrics: HealthMetrics, shutdown: CancellationTok
     let health = Arc::new(Mutex::new(model));
     let stop = Arc::new(AtomicBool::new(false));
     let writer = Arc::new(StateWriter {
+        runtime: tokio::runtime::Handle::current(),
         dir: options.state_dir.clone(),
         enabled: boot_id.is_some(),
         metrics: metrics.clone(),
@@ -153,6 +157,8 @@ fn load_state(dir: &Path, metrics: &HealthMetrics) -> Option<Persisted> {
 
 /// Writes the model's state when it changed: a temporary file, then a rename.
 struct StateWriter {
+    /// For the state directory's checks (async, shared with the configuration writer).
+    runtime: tokio::runtime::Handle,
     dir: PathBuf,
     enabled: bool,
     metrics: HealthMetrics,
@@ -168,7 +174,9 @@ impl StateWriter {
             Ok(body) => body,
             Err(_) => return,
         };
-        if let Err(e) = write_atomically(&self.dir, STATE_FILE, &body) {
+        // The directory is checked before each write, as for the configuration files.
+        let checked = self.runtime.block_on(check_state_dir(&self.dir)).map_err(std::io::Error::other);
+        if let Err(e) = checked.and_then(|()| write_atomically(&self.dir, STATE_FILE, &body)) {
             self.metrics.state_write_errors.inc();
             let mut limit = self.log_limit.lock().unwrap_or_else(|p| p.into_inner());
             if let Decision::Allow { suppressed_before } = limit.check() {
@@ -331,5 +339,52 @@ impl KmsgReader {
                 std::thread::sleep(TICK);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn writer(dir: PathBuf, runtime: &tokio::runtime::Runtime) -> StateWriter {
+        StateWriter {
+            runtime: runtime.handle().clone(),
+            dir,
+            enabled: true,
+            metrics: HealthMetrics::default(),
+            log_limit: Mutex::new(RateLimit::new(5, Duration::from_secs(300))),
+        }
+    }
+
+    fn faulty_model() -> HealthModel {
+        let mut model = HealthModel::new("boot".to_owned(), Duration::from_secs(60));
+        let event = kmsg::parse_event("NEURON_HW_ERR=DMA_ERROR nd-id=1", None).unwrap();
+        model.apply_events(vec![(Some(9), event)], Some(9), 1);
+        model
+    }
+
+    #[test]
+    fn the_state_is_written_only_into_a_checked_directory() {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let base = std::env::temp_dir().join(format!("health-state-{}-{}", std::process::id(), fastrand::u64(..)));
+        let (real, link) = (base.join("real"), base.join("link"));
+        fs::create_dir_all(&real).unwrap();
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+
+        // Through a symbolic link: refused, counted, nothing written.
+        let through_link = writer(link, &runtime);
+        let mut model = faulty_model();
+        through_link.save(&mut model);
+        assert_eq!(through_link.metrics.state_write_errors.get(), 1);
+        assert_eq!(fs::read_dir(&real).unwrap().count(), 0);
+
+        let direct = writer(real.clone(), &runtime);
+        let mut model = faulty_model();
+        direct.save(&mut model);
+        assert_eq!(direct.metrics.state_write_errors.get(), 0);
+        let saved = load_state(&real, &direct.metrics).expect("written and readable");
+        assert_eq!((saved.kmsg_seq, saved.devices.len()), (Some(9), 1));
+        assert!(!model.dirty, "written once");
+        let _ = fs::remove_dir_all(&base);
     }
 }

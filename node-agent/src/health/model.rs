@@ -297,9 +297,10 @@ impl HealthModel {
                 }
             }
         }
-        if last_seq.is_some() && last_seq != self.kmsg_seq {
+        // Persisted with the next fault: what a restart must not count twice is the
+        // records with events, and those are persisted with their sequence number.
+        if last_seq.is_some() {
             self.kmsg_seq = last_seq;
-            self.dirty = true;
         }
         changes
     }
