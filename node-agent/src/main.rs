@@ -250,6 +250,23 @@ struct HealthArgs {
     /// A device's `healthcheck_heartbeat` unchanged for longer makes its health unknown.
     #[arg(long, env = "NEURON_AGENT_HEARTBEAT_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     heartbeat_timeout: Duration,
+
+    /// Type of the Node condition that carries the devices' health (with --node-name):
+    /// status False / reason NeuronHasNoError while every device is healthy, True /
+    /// NeuronHasError_<NAME> after a fault.
+    #[arg(long, env = "NEURON_AGENT_HEALTH_CONDITION_TYPE", default_value = health::node::CONDITION_TYPE,
+          value_parser = parse_condition_type)]
+    health_condition_type: String,
+}
+
+/// A condition type: a name of at most 63 characters (letters, digits, `-_.`), optionally
+/// prefixed with a DNS subdomain and `/`.
+fn parse_condition_type(s: &str) -> Result<String, String> {
+    let ok = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/');
+    if s.is_empty() || s.len() > 63 || !s.bytes().all(ok) || !s.as_bytes()[0].is_ascii_alphanumeric() {
+        return Err("at most 63 letters, digits, '-', '_', '.', '/', starting with a letter or digit".to_owned());
+    }
+    Ok(s.to_owned())
 }
 
 impl HealthArgs {
@@ -463,7 +480,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let health_options = args.health.options(&args.attribution.proc_root, &state_dir);
     let health = health::start(health_options, HealthMetrics::register(&mut registry), shutdown.clone());
     let devices = attribution.as_ref().map(|sources| sources.devices.clone());
-    registry.register_collector(Box::new(HealthCollector { health, state: state.clone(), devices }));
+    registry.register_collector(Box::new(HealthCollector { health: health.clone(), state: state.clone(), devices }));
     let http_state = Arc::new(HttpState {
         exposition: Exposition::new(registry, state, routing.clone()),
         pipeline: pipeline.clone(),
@@ -504,6 +521,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
             tokio::spawn(watcher.run(shutdown.clone()));
             let poller = args.attribution.poller(sources);
             tokio::spawn(poller.run(shutdown.clone()));
+        }
+        if let Some(client) = &client {
+            let reporter = health::node::NodeReporter {
+                client: client.clone(),
+                node: node.clone(),
+                condition_type: args.health.health_condition_type.clone(),
+                health: health.clone(),
+                devices: attribution.as_ref().map(|sources| sources.devices.clone()),
+            };
+            tokio::spawn(reporter.run(shutdown.clone()));
         }
         // A configuration file replaces the ConfigMap; the pods are still attributed.
         if let (Some(client), ConfigSource::ConfigMap { node }) = (client, source) {

@@ -6,7 +6,9 @@
 //!   error records), followed from `/dev/kmsg` or a regular file;
 //! - [`model`]: the health of each device (healthy / unhealthy / unknown and why),
 //!   persisted per boot in the state directory;
-//! - [`metrics`]: its Prometheus series, and the agent's own `neuron_agent_health_*`.
+//! - [`metrics`]: its Prometheus series, and the agent's own `neuron_agent_health_*`;
+//! - [`node`]: with `--node-name`, the Node condition `NeuronHealth` and an Event per
+//!   new fault.
 //!
 //! Each reader runs on a thread of its own (blocking reads, `poll()`), and takes the
 //! model's lock only to fold a reading or a batch of records in.
@@ -14,6 +16,7 @@
 pub mod kmsg;
 pub mod metrics;
 pub mod model;
+pub mod node;
 pub mod sysfs;
 
 use std::{

@@ -174,6 +174,9 @@ pub struct HealthModel {
     pub read_once: bool,
     /// Changed since the last [`HealthModel::persisted`].
     pub dirty: bool,
+    /// The faults restored from the previous agent of this boot (it announced them):
+    /// (device, error, component, counter).
+    pub restored: Vec<(Option<u32>, String, String, String)>,
     heartbeat_timeout: Duration,
 }
 
@@ -201,6 +204,7 @@ impl HealthModel {
             driver_version: None,
             read_once: false,
             dirty: false,
+            restored: Vec::new(),
             heartbeat_timeout,
         }
     }
@@ -390,6 +394,11 @@ impl HealthModel {
         for r in saved.node_reasons.into_iter().take(MAX_HEALTH_REASONS_PER_DEVICE) {
             self.node_reasons.insert(key(&r), r);
         }
+        let devices = self.devices.iter().flat_map(|(i, d)| d.reasons.keys().map(move |k| (Some(*i), k)));
+        self.restored = devices
+            .chain(self.node_reasons.keys().map(|k| (None, k)))
+            .map(|(d, (e, c, n))| (d, e.clone(), c.clone(), n.clone()))
+            .collect();
         for (d, n, c) in saved.kernel_errors.into_iter().take(MAX_HEALTH_ERROR_NAMES * 4) {
             if d.is_none_or(|d| d < MAX_NEURON_DEVICES) {
                 self.kernel_errors.insert((d, n), c);
@@ -653,6 +662,10 @@ mod tests {
         let mut restarted = model();
         assert!(restarted.restore(back.clone()));
         assert_eq!(restarted.kmsg_seq, Some(42));
+        assert_eq!(
+            restarted.restored,
+            [(Some(0), "SRAM_UNCORRECTABLE_ERROR".to_owned(), String::new(), String::new())]
+        );
         restarted.apply_reading(node(vec![ready(0)]), 20, Instant::now());
         assert_eq!(restarted.devices[&0].state(), State::Unhealthy);
         assert_eq!(restarted.kernel_errors[&(Some(0), "SRAM_UNCORRECTABLE_ERROR".to_owned())], 1);

@@ -6,6 +6,7 @@
 
 pub mod blackhole;
 pub mod cloudwatch;
+pub mod driver;
 pub mod kubelet;
 
 use std::{
