@@ -60,7 +60,7 @@ fn a_fault_sets_the_node_condition_and_publishes_an_event_naming_the_pod() {
         .map(str::to_owned),
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let _agent = Agent::start_with_env(
+    let agent = Agent::start_with_env(
         sim(),
         &["--instance-type=trn1.32xlarge"],
         &args,
@@ -89,4 +89,11 @@ fn a_fault_sets_the_node_condition_and_publishes_an_event_naming_the_pod() {
     for part in ["Neuron device 2", "core 1", "serial 19fcda00f5ff6e02", "TERMINATE_INSTANCE", "team-a/train-0"] {
         assert!(note.contains(part), "{part:?} in {note:?}");
     }
+    // The device's health series name the pod too, so that an alert can.
+    let m = agent.metrics();
+    let unhealthy = m.find("neuron_device_health_state", &[("neuron_device_index", "2"), ("state", "unhealthy")]);
+    assert_eq!(unhealthy.len(), 1);
+    assert_eq!((unhealthy[0].value, unhealthy[0].labels["pods"].as_str()), (1.0, "team-a/train-0"));
+    let idle = m.find("neuron_device_health_state", &[("neuron_device_index", "0"), ("state", "healthy")]);
+    assert_eq!(idle[0].labels["pods"], "", "a device no pod holds");
 }
