@@ -74,3 +74,35 @@ pub const MAX_CONFIGS_PER_NODE: usize = 512;
 /// (`TooManyLabels`); the agent also enforces it on what it exports, leaving
 /// the keys of later routes off and counting them.
 pub const MAX_EXTRA_LABELS_PER_SERIES: usize = 32;
+
+// --- Neuron hardware health, as the node agent reads it ---------------------------------
+// Device indices of the driver's sysfs tree and of kernel-log records are bounded by
+// [`MAX_NEURON_DEVICES`], per-device core directories by [`MAX_NEURONCORES_PER_DEVICE`].
+
+/// Bytes read from one sysfs file of the Neuron driver. Every file the agent reads holds
+/// one short value (a counter, a state, `unhealthy_components`' list of ten names, the
+/// power line of ~50 bytes); a longer file is a broken or hostile tree and is treated
+/// as unreadable.
+pub const MAX_SYSFS_FILE_BYTES: usize = 4096;
+
+/// Bytes of one kernel-log record (header, text and continuation lines). The kernel's
+/// own bound for a `/dev/kmsg` record is 8 KiB (`CONSOLE_EXT_LOG_MAX`); longer lines of a
+/// followed regular file are skipped and counted.
+pub const MAX_KMSG_RECORD_BYTES: usize = 8192;
+
+/// Kernel-log records handled per wake-up of the follower before the health model is
+/// updated (one lock, one state write): a record storm is taken in slices.
+pub const MAX_KMSG_RECORDS_PER_BATCH: usize = 1024;
+
+/// Distinct `NEURON_HW_ERR` names, and distinct driver functions of `neuron:` error
+/// records, the agent keeps as label values; five names are known today. Beyond it
+/// the name is counted under `OTHER` / `other`.
+pub const MAX_HEALTH_ERROR_NAMES: usize = 32;
+
+/// Bytes of the agent's persisted health state (the reasons of at most 64 devices);
+/// a larger file is not read.
+pub const MAX_HEALTH_STATE_BYTES: usize = 1024 * 1024;
+
+/// Reasons kept per device: 5 ECC counters, 10 components, 5 error counters on each of
+/// 16 cores, and the kernel's error names leave it far from full.
+pub const MAX_HEALTH_REASONS_PER_DEVICE: usize = 256;

@@ -11,12 +11,15 @@
 //! - [`attribution`]: processes and cores → pods (cgroups, the kubelet's pod-resources
 //!   API, the pod watch).
 //! - [`routing`]: which config gets which applications, groups and sinks.
+//! - [`health`]: Neuron hardware health from the driver's sysfs tree and the kernel log,
+//!   read off the report path (a model per device, its series on `/metrics`).
 //! - [`sinks`]: Prometheus (`/metrics`) and CloudWatch (`PutMetricData`).
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`; [`telemetry`]: the agent's own metrics;
 //!   [`ratelimit`]: logs that could repeat per report.
 
 pub mod attribution;
 pub mod config;
+pub mod health;
 pub mod http;
 pub mod kubernetes;
 pub mod monitor;

@@ -13,6 +13,10 @@ use clap::Parser;
 use neuron_node_agent::{
     attribution,
     config::{open_state_dir, standalone, Activator, Launcher, Reloader},
+    health::{
+        self,
+        metrics::{HealthCollector, HealthMetrics},
+    },
     http::{self, HttpState},
     kubernetes,
     monitor::{group, Supervisor, SupervisorConfig},
@@ -46,6 +50,8 @@ struct Args {
     cloudwatch: CloudWatchArgs,
     #[command(flatten)]
     http: HttpArgs,
+    #[command(flatten)]
+    health: HealthArgs,
     #[command(flatten)]
     log: LogArgs,
 }
@@ -225,6 +231,66 @@ struct HttpArgs {
     http_max_connections: u32,
 }
 
+/// Neuron hardware health: the driver's sysfs tree and the kernel log, read off the
+/// report path (never written).
+#[derive(clap::Args, Debug)]
+#[command(next_help_heading = "Hardware health")]
+struct HealthArgs {
+    /// Root of the sysfs tree where the Neuron driver's devices
+    /// (`devices/virtual/neuron_device/`) and version (`module/neuron/version`) are read.
+    #[arg(long, env = "NEURON_AGENT_SYSFS_ROOT", default_value = "/sys")]
+    sysfs_root: PathBuf,
+
+    /// The kernel log: `/dev/kmsg`, or a regular file followed as it grows.
+    #[arg(long, env = "NEURON_AGENT_KMSG_PATH", default_value = "/dev/kmsg")]
+    kmsg_path: PathBuf,
+
+    /// Kernel-log records this old are still taken at start-up (a fault just before the
+    /// agent started is not lost).
+    #[arg(long, env = "NEURON_AGENT_KMSG_LOOKBACK", default_value = "5m", value_parser = parse_duration)]
+    kmsg_lookback: Duration,
+
+    /// Re-read of the whole driver tree when no `hw_error_event` notification woke the
+    /// reader (drivers before 2.28 have none; a fake tree never notifies).
+    #[arg(long, env = "NEURON_AGENT_HEALTH_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    health_interval: Duration,
+
+    /// A device's `healthcheck_heartbeat` unchanged for longer makes its health unknown.
+    #[arg(long, env = "NEURON_AGENT_HEARTBEAT_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    heartbeat_timeout: Duration,
+
+    /// Type of the Node condition that carries the devices' health (with --node-name):
+    /// status False / reason NeuronHasNoError while every device is healthy, True /
+    /// NeuronHasError_<NAME> after a fault.
+    #[arg(long, env = "NEURON_AGENT_HEALTH_CONDITION_TYPE", default_value = health::node::CONDITION_TYPE,
+          value_parser = parse_condition_type)]
+    health_condition_type: String,
+}
+
+/// A condition type: a name of at most 63 characters (letters, digits, `-_.`), optionally
+/// prefixed with a DNS subdomain and `/`.
+fn parse_condition_type(s: &str) -> Result<String, String> {
+    let ok = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/');
+    if s.is_empty() || s.len() > 63 || !s.bytes().all(ok) || !s.as_bytes()[0].is_ascii_alphanumeric() {
+        return Err("at most 63 letters, digits, '-', '_', '.', '/', starting with a letter or digit".to_owned());
+    }
+    Ok(s.to_owned())
+}
+
+impl HealthArgs {
+    fn options(&self, proc_root: &std::path::Path, state_dir: &std::path::Path) -> health::Options {
+        health::Options {
+            sysfs_root: self.sysfs_root.clone(),
+            kmsg_path: self.kmsg_path.clone(),
+            proc_root: proc_root.to_owned(),
+            state_dir: state_dir.to_owned(),
+            interval: self.health_interval.max(Duration::from_millis(50)),
+            heartbeat_timeout: self.heartbeat_timeout,
+            kmsg_look_back: self.kmsg_lookback,
+        }
+    }
+}
+
 #[derive(clap::Args, Debug)]
 #[command(next_help_heading = "Logs")]
 struct LogArgs {
@@ -390,12 +456,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
         options: args.cloudwatch.options(args.source.node_name.clone()),
         metrics: cloudwatch_metrics,
     };
+    // Hardware health: its readers run on threads of their own, off the report path.
+    let shutdown = CancellationToken::new();
+    let health_options = args.health.options(&args.attribution.proc_root, &state_dir);
+    let health = health::start(health_options, HealthMetrics::register(&mut registry), shutdown.clone());
+    let devices = attribution.as_ref().map(attribution::Sources::devices);
+    registry.register_collector(Box::new(HealthCollector { health: health.clone(), state: state.clone(), devices }));
     let http_state = Arc::new(HttpState {
         exposition: Exposition::new(registry, state, activator.routing()),
         pipeline: pipeline.clone(),
     });
 
-    let shutdown = CancellationToken::new();
     let listener = tokio::net::TcpListener::bind(args.http.listen)
         .await
         .with_context(|| format!("listening on {}", args.http.listen))?;
@@ -409,7 +480,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tokio::spawn(follower.run(shutdown.clone()));
     }
     if let Some(node) = &args.source.node_name {
-        follow_cluster(&args, node, source, attribution.as_ref(), &activator, &metrics, &shutdown).await?;
+        let client = follow_cluster(&args, node, source, attribution.as_ref(), &activator, &metrics, &shutdown).await?;
+        if let Some(client) = client {
+            let reporter = health::node::NodeReporter {
+                client,
+                node: node.clone(),
+                condition_type: args.health.health_condition_type.clone(),
+                health: health.clone(),
+                devices: attribution.as_ref().map(attribution::Sources::devices),
+            };
+            tokio::spawn(reporter.run(shutdown.clone()));
+        }
     }
     let supervisor = Supervisor { config: args.monitor.supervisor_config(), pipeline, metrics };
     let supervisor = tokio::spawn(supervisor.run(launch_specs, shutdown.clone()));
@@ -438,7 +519,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
 /// On a node: starts pod attribution's feeds and, unless a file gives the configuration,
 /// follows the node's ConfigMap (waiting briefly for its first state, so neuron-monitor
-/// starts on it rather than restarts a moment later).
+/// starts on it rather than restarts a moment later). Returns the API client, if any.
 async fn follow_cluster(
     args: &Args,
     node: &str,
@@ -447,15 +528,15 @@ async fn follow_cluster(
     activator: &Arc<Activator>,
     metrics: &AgentMetrics,
     shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<kube::Client>> {
     let watch_timeout = args.source.api_watch_timeout;
     let from_file = matches!(source, ConfigSource::File(_) | ConfigSource::Config(_));
     let client = match kubernetes::client(watch_timeout).await {
         Ok(client) => client,
         // With a configuration file, Kubernetes only serves pod attribution.
         Err(e) if from_file => {
-            warn!(error = %e, "no Kubernetes API: runtimes are not attributed to pods");
-            return Ok(());
+            warn!(error = %e, "no Kubernetes API: runtimes are not attributed to pods, no Node condition");
+            return Ok(None);
         }
         Err(e) => {
             return Err(e)
@@ -466,10 +547,10 @@ async fn follow_cluster(
         sources.spawn_feeds(client.clone(), node, watch_timeout, shutdown);
     }
     if from_file {
-        return Ok(());
+        return Ok(Some(client));
     }
     let reloader = Reloader {
-        client,
+        client: client.clone(),
         watch_timeout,
         namespace: args.source.config_namespace.clone(),
         node: node.to_owned(),
@@ -482,5 +563,5 @@ async fn follow_cluster(
     if tokio::time::timeout(Duration::from_secs(5), initialized_rx).await.is_err() {
         warn!("the node configuration is not readable yet; starting on the built-in one");
     }
-    Ok(())
+    Ok(Some(client))
 }

@@ -10,8 +10,11 @@
 //! - [`document`]: the values written into it, tick by tick.
 //! - [`faults`]: garbage, truncated and oversized lines, exit and hang.
 //! - [`replay`]: `--replay FILE` instead of generated documents.
+//! - [`driver`]: a fake Neuron driver: its sysfs tree, kernel-log records, hardware
+//!   faults on a schedule or a control file.
 
 mod document;
+mod driver;
 mod faults;
 mod hardware;
 mod replay;
@@ -163,6 +166,34 @@ struct Args {
     /// Time between replayed documents ("500ms", "1s", "2m").
     #[arg(long, value_name = "DURATION", env = "NEURON_SIM_INTERVAL", default_value = "1s")]
     interval: Period,
+
+    /// Write a fake Neuron driver sysfs tree for the instance type under DIR (as under
+    /// /sys: devices/virtual/neuron_device/neuron<N>/..., module/neuron/version), and
+    /// keep it current (heartbeat, injected faults).
+    #[arg(long, value_name = "DIR", env = "NEURON_SIM_SYSFS_ROOT")]
+    sysfs_root: Option<PathBuf>,
+
+    /// Append the kernel-log records of injected faults to FILE, in /dev/kmsg's format.
+    #[arg(long, value_name = "FILE", env = "NEURON_SIM_KMSG")]
+    kmsg: Option<PathBuf>,
+
+    /// Inject a hardware fault after a delay: KIND[:DEVICE[:ARG]]@AFTER, e.g.
+    /// `hbm-ue:0@2s`, `dma:1:3@500ms` (core 3), `component:2:link_efa@1s`,
+    /// `power:0:invalid@1s`, `reset:0:2@1s` (repeatable; ';' separates several in the
+    /// environment). Kinds: hbm-ue, sram-ue, nc-ue, dma, repairable-hbm, component,
+    /// heartbeat-stall, power, reset, reload.
+    #[arg(long = "health-fault", value_name = "SPEC", env = "NEURON_SIM_HEALTH_FAULTS",
+          value_delimiter = ';', value_parser = parse_scheduled_fault)]
+    health_faults: Vec<(Duration, driver::Fault)>,
+
+    /// Inject the fault each line appended to FILE names (KIND[:DEVICE[:ARG]]), within
+    /// 50 ms: the way to trigger a fault at a chosen moment.
+    #[arg(long, value_name = "FILE", env = "NEURON_SIM_HEALTH_CONTROL")]
+    health_control: Option<PathBuf>,
+}
+
+fn parse_scheduled_fault(spec: &str) -> Result<(Duration, driver::Fault), String> {
+    driver::parse_scheduled(spec).map_err(|e| format!("{e:#}"))
 }
 
 impl Args {
@@ -227,6 +258,20 @@ fn run(args: &Args) -> Result<ExitCode> {
     } else {
         Source::Replay(replay::load(&args.replay)?, args.interval)
     };
+
+    if args.sysfs_root.is_some() || args.kmsg.is_some() {
+        // The control file's lines count from now on, also those written with the tree.
+        let control = args.health_control.clone().map(|c| (driver::control_start(&c), c)).map(|(at, c)| (c, at));
+        let fake =
+            driver::Driver::new(hardware::lookup(&args.instance_type)?, args.sysfs_root.clone(), args.kmsg.clone())?;
+        let schedule = args.health_faults.clone();
+        std::thread::spawn(move || {
+            if let Err(e) = fake.run(schedule, control) {
+                eprintln!("neuron-monitor-sim: error: fake driver: {e:#}");
+                std::process::exit(1);
+            }
+        });
+    }
 
     for i in 1..=args.stderr_lines {
         eprintln!("level=info msg=\"neuron-monitor-sim stderr line {i} of {}\"", args.stderr_lines);

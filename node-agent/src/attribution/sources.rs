@@ -55,6 +55,11 @@ impl Sources {
         Attribution::new(self.settings.proc_root.clone(), self.pods.clone(), self.devices.clone(), self.metrics.clone())
     }
 
+    /// Who holds which devices, by the kubelet's account (for the health series' pods).
+    pub fn devices(&self) -> SharedDevices {
+        self.devices.clone()
+    }
+
     /// Starts the pod watch of `node` and the kubelet poller, until `shutdown`.
     pub fn spawn_feeds(&self, client: kube::Client, node: &str, watch_timeout: Duration, shutdown: &CancellationToken) {
         let watcher = PodWatcher {

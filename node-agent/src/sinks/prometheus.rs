@@ -134,7 +134,7 @@ impl EncodeLabelValue for Value<'_> {
 
 /// The labels of one series: instance labels, the runtime's labels if any, its pod's
 /// labels if any, and up to three labels of the metric itself.
-struct Labels<'a> {
+pub(crate) struct Labels<'a> {
     instance: &'a InstanceLabels,
     runtime: Option<&'a RuntimeLabels>,
     /// The pod of a series without a runtime (an idle core held by a pod).
@@ -145,7 +145,7 @@ struct Labels<'a> {
 }
 
 impl<'a> Labels<'a> {
-    fn node(instance: &'a InstanceLabels) -> Self {
+    pub(crate) fn node(instance: &'a InstanceLabels) -> Self {
         Labels { instance, runtime: None, pod: None, config: None, extra: [None; 3] }
     }
 
@@ -165,11 +165,11 @@ impl<'a> Labels<'a> {
         self
     }
 
-    fn text(self, key: &'static str, value: &'a str) -> Self {
+    pub(crate) fn text(self, key: &'static str, value: &'a str) -> Self {
         self.with(key, Value::Text(value))
     }
 
-    fn number(self, key: &'static str, value: u32) -> Self {
+    pub(crate) fn number(self, key: &'static str, value: u32) -> Self {
         self.with(key, Value::Number(value))
     }
 }
@@ -212,7 +212,7 @@ impl EncodeLabelSet for Labels<'_> {
 }
 
 /// One metric family being assembled; its descriptor is written only if it has a series.
-struct Family<'s> {
+pub(crate) struct Family<'s> {
     name: &'static str,
     help: &'static str,
     kind: MetricType,
@@ -220,17 +220,17 @@ struct Family<'s> {
 }
 
 impl<'s> Family<'s> {
-    fn new(name: &'static str, help: &'static str, kind: MetricType) -> Self {
+    pub(crate) fn new(name: &'static str, help: &'static str, kind: MetricType) -> Self {
         Family { name, help, kind, series: Vec::new() }
     }
 
-    fn push(&mut self, labels: Labels<'s>, value: Option<f64>) {
+    pub(crate) fn push(&mut self, labels: Labels<'s>, value: Option<f64>) {
         if let Some(v) = value.filter(|v| v.is_finite()) {
             self.series.push((labels, v));
         }
     }
 
-    fn write(self, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+    pub(crate) fn write(self, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
         if self.series.is_empty() {
             return Ok(());
         }

@@ -6,6 +6,7 @@
 
 pub mod blackhole;
 pub mod cloudwatch;
+pub mod driver;
 pub mod kubelet;
 
 use std::{
@@ -104,6 +105,9 @@ impl Agent {
             .arg(&state_dir.0)
             .args(args)
             .env("NEURON_AGENT_LOG", "info")
+            // Hermetic by default: not this host's kernel log and sysfs (a flag overrides).
+            .env("NEURON_AGENT_KMSG_PATH", state_dir.0.join("no-kmsg"))
+            .env("NEURON_AGENT_SYSFS_ROOT", state_dir.0.join("no-sysfs"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());

@@ -620,11 +620,18 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     ]));
     assert_eq!(rules_of(operator_client.clone(), &ns).await, operator_here);
     assert_eq!(rules_of(operator_client.clone(), &team).await, set(&operator_cluster));
-    assert_eq!(
-        rules_of(agent_client.clone(), &ns).await,
-        set(&["/pods:list", "/pods:watch", "/configmaps:list", "/configmaps:watch", "/configmaps:patch"])
-    );
-    assert_eq!(rules_of(agent_client.clone(), &team).await, set(&["/pods:list", "/pods:watch"]));
+    let agent_cluster = [
+        "/pods:list",
+        "/pods:watch",
+        "/nodes/status:get",
+        "/nodes/status:patch",
+        "events.k8s.io/events:create",
+        "events.k8s.io/events:patch",
+    ];
+    let mut agent_here = set(&agent_cluster);
+    agent_here.extend(set(&["/configmaps:list", "/configmaps:watch", "/configmaps:patch"]));
+    assert_eq!(rules_of(agent_client.clone(), &ns).await, agent_here);
+    assert_eq!(rules_of(agent_client.clone(), &team).await, set(&agent_cluster));
 
     // A Neuron node (no kubelet runs here: a Node object is enough for both binaries).
     let node_name = format!("ip-10-0-{}-7.ec2.internal", random_u32() % 250);
@@ -702,6 +709,14 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
             ("--log-format", "text".into()),
         ],
     );
+    // A driver tree with one device in the invalid state: the Node condition and an
+    // Event, written with the chart's rules.
+    let device = dir.join("sys/devices/virtual/neuron_device/neuron0");
+    std::fs::create_dir_all(&device).unwrap();
+    std::fs::write(device.join("reset"), "2\n").unwrap();
+    std::fs::write(dir.join("kmsg"), "").unwrap();
+    agent_args.push(format!("--sysfs-root={}", dir.join("sys").display()));
+    agent_args.push(format!("--kmsg-path={}", dir.join("kmsg").display()));
     // No host to attribute on: an empty proc root.
     agent_args.push(format!("--proc-root={}", dir.join("proc").display()));
     let mut agent_env = chart_env(&agent_container, &[("spec.nodeName", node_name.clone())]);
@@ -735,6 +750,26 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     .await;
     assert!(agent_metrics.contains("neuron_agent_config{source=\"configmap\""), "runs the ConfigMap's configuration");
     assert!(sample(&agent_metrics, "neuron_agent_pod_watch_errors_total").unwrap_or(0.0) == 0.0);
+    let nodes = Api::<Node>::all(admin.clone());
+    let reason = wait("the NeuronHealth condition", Duration::from_secs(60), || async {
+        let status = nodes.get_status(&node_name).await.ok()?.status?;
+        let c = status.conditions?.into_iter().find(|c| c.type_ == "NeuronHealth")?;
+        (c.status == "True").then_some(c.reason)
+    })
+    .await;
+    assert_eq!(reason.as_deref(), Some("NeuronHasError_DEVICE_STATE_INVALID"));
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(admin.clone(), "default");
+    wait("the fault's Event", Duration::from_secs(60), || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node_name.as_str())
+                    && e.reason.as_deref() == Some("NeuronHasError_DEVICE_STATE_INVALID")
+            })
+            .then_some(())
+    })
+    .await;
 
     // The leader steps down (SIGTERM releases the lease); the other replica takes over and
     // renders the next change, which the agent applies and acknowledges.

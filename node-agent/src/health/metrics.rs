@@ -1,0 +1,378 @@
+//! The health model on `/metrics`, with the instance labels of the other node-level
+//! series and, on the device health series, the pods holding the device; and the
+//! agent's own `neuron_agent_health_*` metrics.
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    sync::{Arc, Mutex},
+};
+
+use api::limits::{MAX_NEURON_DEVICES, MAX_REPORT_LABEL_VALUE_BYTES};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet},
+    metrics::{counter::Counter, family::Family as CounterFamily, gauge::Gauge, MetricType},
+    registry::Registry,
+};
+
+use super::{
+    model::{HealthModel, State},
+    sysfs::{Ecc, PowerStatus, CORE_ERRORS},
+    SharedHealth,
+};
+use crate::{
+    attribution::podresources::{SharedDevices, Unit},
+    sinks::prometheus::{Family, Labels},
+    state::NodeState,
+    telemetry::WhatLabel,
+};
+
+pub const SOURCE_SYSFS: &str = "sysfs";
+pub const SOURCE_KMSG: &str = "kmsg";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TriggerLabel {
+    /// `start`, `event` (a `hw_error_event` notification) or `interval`.
+    pub trigger: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    pub source: &'static str,
+}
+
+/// The agent's own health-reader metrics; cloning shares them.
+#[derive(Clone, Default)]
+pub struct HealthMetrics {
+    pub sysfs_reads: CounterFamily<TriggerLabel, Counter>,
+    pub kmsg_records: Counter,
+    pub kmsg_overruns: Counter,
+    pub refused: CounterFamily<WhatLabel, Counter>,
+    pub state_write_errors: Counter,
+    pub up: CounterFamily<SourceLabel, Gauge>,
+}
+
+impl HealthMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = HealthMetrics::default();
+        let r = registry.sub_registry_with_prefix("neuron_agent_health");
+        r.register(
+            "sysfs_reads",
+            "Reads of the Neuron driver's sysfs tree, by trigger (start, event: a hw_error_event notification, interval)",
+            m.sysfs_reads.clone(),
+        );
+        r.register("kmsg_records", "Kernel-log records read", m.kmsg_records.clone());
+        r.register(
+            "kmsg_overruns",
+            "Kernel-log overruns (EPIPE: records the kernel dropped before the agent read them); reading continues",
+            m.kmsg_overruns.clone(),
+        );
+        r.register(
+            "refused",
+            "Health inputs beyond the limits, left out (sysfs_device, sysfs_core, kmsg_record_too_long, kmsg_field, \
+             error_name, state_file)",
+            m.refused.clone(),
+        );
+        r.register(
+            "state_write_errors",
+            "Failed writes of the persisted device health (the state directory)",
+            m.state_write_errors.clone(),
+        );
+        r.register(
+            "source_up",
+            "1 while a health source is readable (sysfs: the driver's device tree; kmsg: the kernel log)",
+            m.up.clone(),
+        );
+        m
+    }
+
+    pub fn refused(&self, what: &'static str) {
+        self.refused_by(what, 1);
+    }
+
+    pub fn refused_by(&self, what: &'static str, n: u64) {
+        self.refused.get_or_create(&WhatLabel { what }).inc_by(n);
+    }
+
+    pub fn source_up(&self, source: &'static str, up: bool) {
+        self.up.get_or_create(&SourceLabel { source }).set(i64::from(up));
+    }
+}
+
+/// Encodes the health model on each scrape.
+pub struct HealthCollector {
+    pub health: SharedHealth,
+    /// For the instance labels and the device count neuron-monitor reports.
+    pub state: Arc<Mutex<NodeState>>,
+    /// The kubelet's device allocations (with pod attribution).
+    pub devices: Option<SharedDevices>,
+}
+
+impl fmt::Debug for HealthCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("HealthCollector")
+    }
+}
+
+impl Collector for HealthCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let (instance, hardware) = {
+            let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            (state.instance.clone(), state.hardware.clone())
+        };
+        let (devices_reported, cores_per_device) = hardware
+            .map(|h| (h.device_count.unwrap_or(0).min(MAX_NEURON_DEVICES), h.cores_per_device))
+            .unwrap_or((0, None));
+        let health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        let pods = self.devices.as_ref().map(|d| {
+            let ownership = d.read().unwrap_or_else(|p| p.into_inner());
+            holders(ownership.allocations(), &health, cores_per_device)
+        });
+        encode_health(&health, &instance, devices_reported, pods.as_ref(), &mut encoder)
+    }
+}
+
+/// The pods holding each device, `namespace/pod` joined by commas, bounded.
+fn holders(
+    allocations: &[crate::attribution::podresources::Allocation],
+    health: &HealthModel,
+    cores_per_device: Option<u32>,
+) -> BTreeMap<u32, String> {
+    let mut by_device: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for a in allocations {
+        let device = match a.unit {
+            Unit::Device => Some(a.id),
+            Unit::Core => cores_per_device
+                .or_else(|| health.devices.values().find_map(|d| d.reading.as_ref()?.core_count))
+                .filter(|n| *n > 0)
+                .map(|n| a.id / n),
+        };
+        if let Some(device) = device.filter(|d| *d < MAX_NEURON_DEVICES) {
+            let pod = format!("{}/{}", a.namespace, a.pod);
+            let list = by_device.entry(device).or_default();
+            if !list.contains(&pod) {
+                list.push(pod);
+            }
+        }
+    }
+    by_device
+        .into_iter()
+        .map(|(d, mut pods)| {
+            pods.sort();
+            let mut joined = String::new();
+            for pod in pods {
+                if joined.len() + pod.len() + 1 > MAX_REPORT_LABEL_VALUE_BYTES {
+                    break;
+                }
+                if !joined.is_empty() {
+                    joined.push(',');
+                }
+                joined.push_str(&pod);
+            }
+            (d, joined)
+        })
+        .collect()
+}
+
+/// The health series. Devices: those the model knows and those neuron-monitor reports
+/// (unknown until read). `pods`: with attribution, the pods holding each device.
+pub fn encode_health(
+    health: &HealthModel,
+    instance: &crate::state::InstanceLabels,
+    devices_reported: u32,
+    pods: Option<&BTreeMap<u32, String>>,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), fmt::Error> {
+    let mut indices: Vec<u32> = health.devices.keys().copied().chain(0..devices_reported).collect();
+    indices.sort_unstable();
+    indices.dedup();
+    let state_of = |i: u32| health.devices.get(&i).map(|d| d.state()).unwrap_or(State::Unknown);
+    let index_text: BTreeMap<Option<u32>, String> =
+        indices.iter().map(|i| (Some(*i), i.to_string())).chain(std::iter::once((None, String::new()))).collect();
+    let idx = |d: Option<u32>| index_text.get(&d).map(String::as_str).unwrap_or_default();
+
+    let mut f = Family::new(
+        "neuron_device_health_state",
+        "1 for the Neuron device's current health state (healthy, unhealthy, unknown), 0 for the two others; \
+         pods: the pods holding the device",
+        MetricType::Gauge,
+    );
+    for i in &indices {
+        let state = state_of(*i);
+        let holding = pods.and_then(|p| p.get(i)).map(String::as_str);
+        for s in State::ALL {
+            let mut labels = Labels::node(instance).number("neuron_device_index", *i).text("state", s.as_str());
+            if pods.is_some() {
+                labels = labels.text("pods", holding.unwrap_or_default());
+            }
+            f.push(labels, Some(f64::from(u8::from(s == state))));
+        }
+    }
+    f.write(encoder)?;
+
+    let mut f = Family::new(
+        "neuron_node_health_state",
+        "1 for the node's Neuron health state: unhealthy if a device is, unknown if one is or none can be read",
+        MetricType::Gauge,
+    );
+    let node = health.node_state();
+    for s in State::ALL {
+        f.push(Labels::node(instance).text("state", s.as_str()), Some(f64::from(u8::from(s == node))));
+    }
+    f.write(encoder)?;
+
+    let mut f = Family::new(
+        "neuron_device_health_unknown",
+        "1 for why a Neuron device's health is unknown (no_driver, device_missing, unreadable, resetting, \
+         no_health_files, heartbeat_stalled)",
+        MetricType::Gauge,
+    );
+    for (i, d) in &health.devices {
+        if let Some(why) = d.unknown {
+            f.push(Labels::node(instance).number("neuron_device_index", *i).text("reason", why), Some(1.0));
+        }
+    }
+    f.write(encoder)?;
+
+    let mut f = Family::new(
+        "neuron_hardware_errors",
+        "NEURON_HW_ERR records of the kernel log by device and error name (empty device: the record named none)",
+        MetricType::Counter,
+    );
+    for ((device, name), count) in &health.kernel_errors {
+        f.push(
+            Labels::node(instance).text("neuron_device_index", idx(*device)).text("error", name),
+            Some(*count as f64),
+        );
+    }
+    f.write(encoder)?;
+
+    let mut f = Family::new(
+        "neuron_driver_errors",
+        "Error records of the Neuron driver (neuron:<function>:) in the kernel log, by function",
+        MetricType::Counter,
+    );
+    for (function, count) in &health.driver_errors {
+        f.push(Labels::node(instance).text("function", function), Some(*count as f64));
+    }
+    f.write(encoder)?;
+
+    // When each device's fault was first and last seen, by error name.
+    let mut seen: BTreeMap<(u32, &str), (u64, u64, &str)> = BTreeMap::new();
+    for (i, d) in &health.devices {
+        for r in d.reasons.values() {
+            let e = seen.entry((*i, &r.error)).or_insert((r.first_seen, r.last_seen, &r.action));
+            e.0 = e.0.min(r.first_seen);
+            e.1 = e.1.max(r.last_seen);
+        }
+    }
+    for (name, help, pick) in [
+        (
+            "neuron_device_fault_first_seen_timestamp_seconds",
+            "When the agent first saw a fault of the device, by error name and recommended action (until a driver \
+             reload or a reboot)",
+            0,
+        ),
+        (
+            "neuron_device_fault_last_seen_timestamp_seconds",
+            "When the agent last saw a fault of the device grow, by error name and recommended action",
+            1,
+        ),
+    ] {
+        let mut f = Family::new(name, help, MetricType::Gauge);
+        for ((i, error), (first, last, action)) in &seen {
+            let value = if pick == 0 { *first } else { *last };
+            let labels =
+                Labels::node(instance).number("neuron_device_index", *i).text("error", error).text("action", action);
+            f.push(labels, Some(value as f64));
+        }
+        f.write(encoder)?;
+    }
+
+    let readings = || health.devices.iter().filter_map(|(i, d)| d.reading.as_ref().map(|r| (*i, r)));
+
+    let mut f = Family::new(
+        "neuron_device_ecc_errors",
+        "ECC errors of a Neuron device by memory (hbm, sram) and kind (corrected, uncorrected, \
+         repairable_uncorrected), from the driver's sysfs counters (since the driver was loaded)",
+        MetricType::Counter,
+    );
+    for (i, r) in readings() {
+        for (ecc, value) in Ecc::ALL.iter().zip(r.ecc) {
+            let labels = Labels::node(instance)
+                .number("neuron_device_index", i)
+                .text("memory", ecc.memory())
+                .text("kind", ecc.kind());
+            f.push(labels, value.map(|v| v as f64));
+        }
+    }
+    f.write(encoder)?;
+
+    let mut f = Family::new(
+        "neuroncore_hardware_errors",
+        "Hardware errors of a NeuronCore by counter (hw_hbm_ue_error, hw_nc_ue_error, hw_dma_abort_error, \
+         hw_collectives_error, hw_repairable_hbm_ue_error); neuroncore: the core within its device",
+        MetricType::Counter,
+    );
+    for (i, r) in readings() {
+        for core in &r.cores {
+            for ((name, _), value) in CORE_ERRORS.iter().zip(core.errors) {
+                let labels = Labels::node(instance)
+                    .number("neuron_device_index", i)
+                    .number("neuroncore", core.index)
+                    .text("error", name);
+                f.push(labels, value.map(|v| v as f64));
+            }
+        }
+    }
+    f.write(encoder)?;
+
+    let mut f = Family::new(
+        "neuron_device_unhealthy_component",
+        "1 for each component the driver reports unhealthy on a Neuron device",
+        MetricType::Gauge,
+    );
+    for (i, r) in readings() {
+        for component in r.components.iter().flat_map(|c| c.names()) {
+            f.push(Labels::node(instance).number("neuron_device_index", i).text("component", component), Some(1.0));
+        }
+    }
+    f.write(encoder)?;
+
+    let mut f = Family::new(
+        "neuron_device_power_status",
+        "1 for the status of the Neuron device's latest power window (valid, no_data, invalid)",
+        MetricType::Gauge,
+    );
+    for (i, r) in readings() {
+        if let Some(power) = &r.power {
+            for s in PowerStatus::ALL {
+                let labels = Labels::node(instance).number("neuron_device_index", i).text("status", s.as_str());
+                f.push(labels, Some(f64::from(u8::from(power.status == s))));
+            }
+        }
+    }
+    f.write(encoder)?;
+
+    let mut f = Family::new(
+        "neuron_device_power_utilization_ratio",
+        "Power of the Neuron device as a share of its maximum over the latest one-minute window (stat: min, max, \
+         avg); only with a valid status",
+        MetricType::Gauge,
+    );
+    for (i, r) in readings() {
+        if let Some(values) = r.power.and_then(|p| p.utilization) {
+            for (stat, v) in ["min", "max", "avg"].iter().zip(values) {
+                f.push(Labels::node(instance).number("neuron_device_index", i).text("stat", stat), Some(v / 100.0));
+            }
+        }
+    }
+    f.write(encoder)?;
+
+    let mut f = Family::new("neuron_driver", "The Neuron driver's version", MetricType::Info);
+    if let Some(version) = &health.driver_version {
+        f.push(Labels::node(instance).text("version", version), Some(1.0));
+    }
+    f.write(encoder)
+}

@@ -1,0 +1,393 @@
+//! Neuron hardware health, off the report path. In the order the data flows:
+//!
+//! - [`sysfs`]: the driver's sysfs tree (ECC counters, unhealthy components, device
+//!   state, heartbeat, power, per-core hardware error counters, driver version);
+//! - [`kmsg`]: the kernel log (`NEURON_HW_ERR=<NAME>` records, the driver's `neuron:`
+//!   error records), followed from `/dev/kmsg` or a regular file;
+//! - [`model`]: the health of each device (healthy / unhealthy / unknown and why),
+//!   persisted per boot in the state directory;
+//! - [`metrics`]: its Prometheus series, and the agent's own `neuron_agent_health_*`;
+//! - [`node`]: with `--node-name`, the Node condition `NeuronHealth` and an Event per
+//!   new fault.
+//!
+//! Each reader runs on a thread of its own (blocking reads, `poll()`), and takes the
+//! model's lock only to fold a reading or a batch of records in.
+
+pub mod kmsg;
+pub mod metrics;
+pub mod model;
+pub mod node;
+pub mod sysfs;
+
+use std::{
+    fs,
+    io::Write,
+    os::unix::fs::OpenOptionsExt,
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+use api::limits::MAX_HEALTH_STATE_BYTES;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use self::{
+    kmsg::{Follower, LookBack},
+    metrics::HealthMetrics,
+    model::{Changes, HealthModel, Persisted},
+};
+use crate::{
+    config::check_state_dir,
+    ratelimit::{Decision, RateLimit},
+};
+
+/// The model, shared by the readers and the exposition.
+pub type SharedHealth = Arc<Mutex<HealthModel>>;
+
+/// The health state file in the state directory.
+pub const STATE_FILE: &str = "neuron-health.json";
+
+/// Where and how often the health signals are read.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The sysfs root (`/sys`).
+    pub sysfs_root: PathBuf,
+    /// `/dev/kmsg`, or a regular file followed as it grows.
+    pub kmsg_path: PathBuf,
+    /// The proc root: `sys/kernel/random/boot_id` and `uptime` are read there.
+    pub proc_root: PathBuf,
+    pub state_dir: PathBuf,
+    /// Re-read of the whole tree when no `hw_error_event` notification came.
+    pub interval: Duration,
+    /// A heartbeat unchanged for longer makes its device unknown.
+    pub heartbeat_timeout: Duration,
+    /// Kernel-log records this old at start-up are still taken.
+    pub kmsg_look_back: Duration,
+}
+
+/// Time between attempts to open a kernel log or sysfs root that is not there.
+const RETRY: Duration = Duration::from_secs(10);
+/// Longest single wait of a reader thread, so that it notices shutdown.
+const TICK: Duration = Duration::from_millis(500);
+
+/// Starts both readers; they stop with `shutdown`. Call within the tokio runtime.
+pub fn start(options: Options, metrics: HealthMetrics, shutdown: CancellationToken) -> SharedHealth {
+    let boot_id = read_boot_id(&options.proc_root);
+    let mut model = HealthModel::new(boot_id.clone().unwrap_or_default(), options.heartbeat_timeout);
+    if boot_id.is_none() {
+        warn!(proc_root = %options.proc_root.display(), "no boot id: the health state is not persisted across restarts");
+    } else if let Some(saved) = load_state(&options.state_dir, &metrics) {
+        if model.restore(saved) {
+            info!(file = STATE_FILE, "restored the devices' health of this boot");
+        }
+    }
+    let health = Arc::new(Mutex::new(model));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = Arc::new(StateWriter {
+        runtime: tokio::runtime::Handle::current(),
+        dir: options.state_dir.clone(),
+        enabled: boot_id.is_some(),
+        metrics: metrics.clone(),
+        log_limit: Mutex::new(RateLimit::new(5, Duration::from_secs(300))),
+    });
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
+    let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+        if let Err(e) = std::thread::Builder::new().name(name.to_owned()).spawn(f) {
+            warn!(error = %e, thread = name, "cannot start a health reader");
+        }
+    };
+    let sysfs = SysfsReader {
+        options: options.clone(),
+        health: health.clone(),
+        metrics: metrics.clone(),
+        writer: writer.clone(),
+        stop: stop.clone(),
+    };
+    spawn("health-sysfs", Box::new(move || sysfs.run()));
+    let kernel = KmsgReader { options, health: health.clone(), metrics, writer, stop };
+    spawn("health-kmsg", Box::new(move || kernel.run()));
+    health
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// The boot id (`<proc>/sys/kernel/random/boot_id`): a UUID.
+fn read_boot_id(proc_root: &Path) -> Option<String> {
+    let text = sysfs::read_small(&proc_root.join("sys/kernel/random/boot_id")).ok().flatten()?;
+    let id = text.trim();
+    (!id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')).then(|| id.to_owned())
+}
+
+/// Time since boot (`<proc>/uptime`), to which kernel-log timestamps compare.
+fn read_uptime(proc_root: &Path) -> Option<Duration> {
+    let text = sysfs::read_small(&proc_root.join("uptime")).ok().flatten()?;
+    let secs: f64 = text.split_whitespace().next()?.parse().ok()?;
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
+}
+
+fn load_state(dir: &Path, metrics: &HealthMetrics) -> Option<Persisted> {
+    let path = dir.join(STATE_FILE);
+    let meta = fs::symlink_metadata(&path).ok()?;
+    let refuse = |why: &str| {
+        metrics.refused("state_file");
+        warn!(file = %path.display(), why, "ignored the persisted health state");
+        None
+    };
+    if !meta.is_file() {
+        return refuse("not a regular file");
+    }
+    if meta.len() > MAX_HEALTH_STATE_BYTES as u64 {
+        return refuse("larger than the limit");
+    }
+    match fs::read(&path).map(|b| serde_json::from_slice::<Persisted>(&b)) {
+        Ok(Ok(saved)) => Some(saved),
+        Ok(Err(_)) => refuse("not a health state"),
+        Err(_) => refuse("unreadable"),
+    }
+}
+
+/// Writes the model's state when it changed: a temporary file, then a rename.
+struct StateWriter {
+    /// For the state directory's checks (async, shared with the configuration writer).
+    runtime: tokio::runtime::Handle,
+    dir: PathBuf,
+    enabled: bool,
+    metrics: HealthMetrics,
+    log_limit: Mutex<RateLimit>,
+}
+
+impl StateWriter {
+    fn save(&self, model: &mut HealthModel) {
+        if !std::mem::take(&mut model.dirty) || !self.enabled {
+            return;
+        }
+        let body = match serde_json::to_vec(&model.persisted()) {
+            Ok(body) => body,
+            Err(_) => return,
+        };
+        // The directory is checked before each write, as for the configuration files.
+        let checked = self.runtime.block_on(check_state_dir(&self.dir)).map_err(std::io::Error::other);
+        if let Err(e) = checked.and_then(|()| write_atomically(&self.dir, STATE_FILE, &body)) {
+            self.metrics.state_write_errors.inc();
+            let mut limit = self.log_limit.lock().unwrap_or_else(|p| p.into_inner());
+            if let Decision::Allow { suppressed_before } = limit.check() {
+                warn!(error = %e, suppressed_before, "cannot persist the devices' health");
+            }
+        }
+    }
+}
+
+fn write_atomically(dir: &Path, name: &str, body: &[u8]) -> std::io::Result<()> {
+    let partial = dir.join(format!(".{name}.{:016x}.partial", fastrand::u64(..)));
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&partial)?;
+    let written = file.write_all(body).and_then(|()| file.sync_data()).and_then(|()| {
+        drop(file);
+        fs::rename(&partial, dir.join(name))
+    });
+    if written.is_err() {
+        let _ = fs::remove_file(&partial);
+    }
+    written
+}
+
+/// Logs the faults an update found for the first time.
+fn log_changes(changes: &Changes) {
+    for (device, r) in &changes.new_faults {
+        warn!(
+            device = device.map(|d| d.to_string()).unwrap_or_default(),
+            error = %r.error,
+            component = %r.component,
+            counter = %r.counter,
+            core = r.core.map(|c| c.to_string()).unwrap_or_default(),
+            serial = r.serial.as_deref().unwrap_or_default(),
+            action = %r.action,
+            "Neuron hardware fault"
+        );
+    }
+    if changes.reasons_cleared {
+        info!("the Neuron driver was reloaded: the devices' faults are cleared");
+    }
+}
+
+struct SysfsReader {
+    options: Options,
+    health: SharedHealth,
+    metrics: HealthMetrics,
+    writer: Arc<StateWriter>,
+    stop: Arc<AtomicBool>,
+}
+
+impl SysfsReader {
+    fn run(self) {
+        let mut trigger = "start";
+        while !self.stop.load(Ordering::Relaxed) {
+            let reading = sysfs::read_node(&self.options.sysfs_root);
+            self.metrics.sysfs_reads.get_or_create(&metrics::TriggerLabel { trigger }).inc();
+            self.metrics.source_up(metrics::SOURCE_SYSFS, reading.driver_loaded && !reading.unreadable);
+            for what in &reading.refused {
+                self.metrics.refused(what);
+            }
+            let devices: Vec<u32> = reading.devices.iter().map(|d| d.index).collect();
+            {
+                let mut model = self.health.lock().unwrap_or_else(|p| p.into_inner());
+                let changes = model.apply_reading(reading, unix_now(), Instant::now());
+                log_changes(&changes);
+                self.writer.save(&mut model);
+            }
+            trigger = self.wait(&devices);
+        }
+    }
+
+    /// Waits for a `hw_error_event` notification of one of `devices` (POLLPRI: the
+    /// driver calls `sysfs_notify`), at most the interval. Regular files (a fake tree)
+    /// never notify: the interval re-reads them.
+    fn wait(&self, devices: &[u32]) -> &'static str {
+        let dir = self.options.sysfs_root.join(sysfs::DEVICES_DIR);
+        let files: Vec<fs::File> = devices
+            .iter()
+            .filter_map(|d| fs::File::open(dir.join(format!("neuron{d}")).join(sysfs::HW_ERROR_EVENT_FILE)).ok())
+            .collect();
+        // A sysfs attribute must be read once before poll() waits for its change.
+        for mut f in &files {
+            let _ = std::io::copy(&mut std::io::Read::take(&mut f, 64), &mut std::io::sink());
+        }
+        let mut fds: Vec<libc::pollfd> = files
+            .iter()
+            .map(|f| libc::pollfd { fd: std::os::unix::io::AsRawFd::as_raw_fd(f), events: libc::POLLPRI, revents: 0 })
+            .collect();
+        let deadline = Instant::now() + self.options.interval;
+        loop {
+            let now = Instant::now();
+            if now >= deadline || self.stop.load(Ordering::Relaxed) {
+                return "interval";
+            }
+            let wait = (deadline - now).min(TICK);
+            // SAFETY: `fds` are valid pollfds of files open for the duration of the call.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait.as_millis() as i32) };
+            if n > 0 && fds.iter().any(|p| p.revents & (libc::POLLPRI | libc::POLLERR) != 0) {
+                return "event";
+            }
+        }
+    }
+}
+
+struct KmsgReader {
+    options: Options,
+    health: SharedHealth,
+    metrics: HealthMetrics,
+    writer: Arc<StateWriter>,
+    stop: Arc<AtomicBool>,
+}
+
+impl KmsgReader {
+    fn run(self) {
+        let mut logged_failure = false;
+        while !self.stop.load(Ordering::Relaxed) {
+            let after_seq = self.health.lock().unwrap_or_else(|p| p.into_inner()).kmsg_seq;
+            let follower = Follower {
+                path: self.options.kmsg_path.clone(),
+                look_back: LookBack {
+                    window: self.options.kmsg_look_back,
+                    uptime: read_uptime(&self.options.proc_root),
+                    after_seq,
+                },
+            };
+            self.metrics.source_up(metrics::SOURCE_KMSG, true);
+            let outcome = follower.run(&self.stop, |batch| {
+                self.metrics.kmsg_records.inc_by(batch.records);
+                self.metrics.kmsg_overruns.inc_by(batch.overruns);
+                if batch.too_long > 0 {
+                    self.metrics.refused_by("kmsg_record_too_long", batch.too_long);
+                }
+                if batch.refused > 0 {
+                    self.metrics.refused_by("kmsg_field", batch.refused);
+                }
+                let mut model = self.health.lock().unwrap_or_else(|p| p.into_inner());
+                let changes = model.apply_events(batch.events, batch.last_seq, unix_now());
+                if changes.names_over_limit > 0 {
+                    self.metrics.refused_by("error_name", changes.names_over_limit);
+                }
+                log_changes(&changes);
+                self.writer.save(&mut model);
+            });
+            self.metrics.source_up(metrics::SOURCE_KMSG, false);
+            match outcome {
+                Ok(()) => return,
+                Err(e) => {
+                    if !std::mem::replace(&mut logged_failure, true) {
+                        warn!(path = %self.options.kmsg_path.display(), error = %e,
+                              "cannot read the kernel log: its hardware errors are not seen; retrying");
+                    }
+                }
+            }
+            let until = Instant::now() + RETRY;
+            while Instant::now() < until && !self.stop.load(Ordering::Relaxed) {
+                std::thread::sleep(TICK);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn writer(dir: PathBuf, runtime: &tokio::runtime::Runtime) -> StateWriter {
+        StateWriter {
+            runtime: runtime.handle().clone(),
+            dir,
+            enabled: true,
+            metrics: HealthMetrics::default(),
+            log_limit: Mutex::new(RateLimit::new(5, Duration::from_secs(300))),
+        }
+    }
+
+    fn faulty_model() -> HealthModel {
+        let mut model = HealthModel::new("boot".to_owned(), Duration::from_secs(60));
+        let event = kmsg::parse_event("NEURON_HW_ERR=DMA_ERROR nd-id=1", None).unwrap();
+        model.apply_events(vec![(Some(9), event)], Some(9), 1);
+        model
+    }
+
+    #[test]
+    fn the_state_is_written_only_into_a_checked_directory() {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let base = std::env::temp_dir().join(format!("health-state-{}-{}", std::process::id(), fastrand::u64(..)));
+        let (real, link) = (base.join("real"), base.join("link"));
+        fs::create_dir_all(&real).unwrap();
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+
+        // Through a symbolic link: refused, counted, nothing written.
+        let through_link = writer(link, &runtime);
+        let mut model = faulty_model();
+        through_link.save(&mut model);
+        assert_eq!(through_link.metrics.state_write_errors.get(), 1);
+        assert_eq!(fs::read_dir(&real).unwrap().count(), 0);
+
+        let direct = writer(real.clone(), &runtime);
+        let mut model = faulty_model();
+        direct.save(&mut model);
+        assert_eq!(direct.metrics.state_write_errors.get(), 0);
+        let saved = load_state(&real, &direct.metrics).expect("written and readable");
+        assert_eq!((saved.kmsg_seq, saved.devices.len()), (Some(9), 1));
+        assert!(!model.dirty, "written once");
+        let _ = fs::remove_dir_all(&base);
+    }
+}

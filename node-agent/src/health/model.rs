@@ -1,0 +1,686 @@
+//! The health of each Neuron device, folded from the sysfs readings and the kernel-log
+//! events: `healthy`, `unhealthy` or `unknown`, with the reasons that made it so.
+//!
+//! - A fault (a kernel `NEURON_HW_ERR` record, an uncorrected or repairable ECC count, a
+//!   per-core hardware error count, an unhealthy component, the invalid device state)
+//!   is a [`Reason`]; a device with a reason is unhealthy until the driver is reloaded
+//!   (its counters start again from zero, or its tree goes away and comes back) or the
+//!   node reboots (another boot id). The reasons are persisted per boot id
+//!   ([`Persisted`]), so an agent restart does not clear them.
+//! - Without a reason, a device is `unknown` when its health cannot be told: no driver
+//!   tree, unreadable files, a device being reset, a heartbeat that stopped advancing.
+//!   Never `healthy` for lack of data.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use api::limits::{MAX_HEALTH_ERROR_NAMES, MAX_HEALTH_REASONS_PER_DEVICE, MAX_NEURON_DEVICES};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    kmsg::{Event, HwError},
+    sysfs::{DeviceReading, DeviceState, Ecc, NodeReading, Power, CORE_ERRORS, REPAIRABLE_HBM_ERROR},
+};
+
+/// A device's health.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Healthy,
+    Unhealthy,
+    Unknown,
+}
+
+impl State {
+    pub const ALL: [State; 3] = [State::Healthy, State::Unhealthy, State::Unknown];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Healthy => "healthy",
+            State::Unhealthy => "unhealthy",
+            State::Unknown => "unknown",
+        }
+    }
+}
+
+/// What replaces the instance and what a driver reload repairs.
+pub const ACTION_TERMINATE: &str = "TERMINATE_INSTANCE";
+pub const ACTION_RELOAD: &str = "RELOAD_DRIVER_OR_REBOOT";
+
+/// The name of a fault from the sysfs tree that the kernel log has no name for.
+pub const UNHEALTHY_COMPONENT: &str = "UNHEALTHY_COMPONENT";
+pub const DEVICE_STATE_INVALID: &str = "DEVICE_STATE_INVALID";
+/// Kernel-log names beyond [`MAX_HEALTH_ERROR_NAMES`].
+pub const OTHER_ERROR: &str = "OTHER";
+
+/// Where a reason was seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    KernelLog,
+    Sysfs,
+}
+
+/// One fault of a device, as long as it lasts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reason {
+    /// The `NEURON_HW_ERR` name, or the equivalent for a sysfs signal.
+    pub error: String,
+    /// The unhealthy component, for [`UNHEALTHY_COMPONENT`]; else empty.
+    pub component: String,
+    /// The sysfs counter (relative to the device directory) it comes from; else empty.
+    pub counter: String,
+    pub source: Source,
+    /// The recommended action.
+    pub action: String,
+    /// Core within the device, when the record or counter names one.
+    pub core: Option<u32>,
+    pub serial: Option<String>,
+    /// Seconds since the epoch.
+    pub first_seen: u64,
+    pub last_seen: u64,
+    /// Records seen, or the counter's value.
+    pub count: u64,
+}
+
+type ReasonKey = (String, String, String);
+
+fn key(r: &Reason) -> ReasonKey {
+    (r.error.clone(), r.component.clone(), r.counter.clone())
+}
+
+/// The default action of an error name: a repairable error needs a driver reload.
+pub fn default_action(error: &str) -> &'static str {
+    if error.contains("REPAIRABLE") {
+        ACTION_RELOAD
+    } else {
+        ACTION_TERMINATE
+    }
+}
+
+/// One device as the model knows it.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceHealth {
+    pub reasons: BTreeMap<ReasonKey, Reason>,
+    /// The latest reading of its sysfs directory, if it has one.
+    pub reading: Option<DeviceReading>,
+    /// Why its health cannot be told, when it cannot.
+    pub unknown: Option<&'static str>,
+    /// The latest heartbeat value and when it last changed.
+    heartbeat: Option<(String, Instant)>,
+    /// [`DeviceReading::counter_sum`] of the latest reading (or of the previous agent's).
+    counter_sum: Option<u64>,
+}
+
+impl DeviceHealth {
+    pub fn state(&self) -> State {
+        if !self.reasons.is_empty() {
+            State::Unhealthy
+        } else if self.unknown.is_some() || self.reading.is_none() {
+            State::Unknown
+        } else {
+            State::Healthy
+        }
+    }
+
+    /// The reason a Node condition or an alert names: the latest fatal one.
+    pub fn worst(&self) -> Option<&Reason> {
+        self.reasons.values().max_by_key(|r| (r.action == ACTION_TERMINATE, r.last_seen))
+    }
+
+    pub fn power(&self) -> Option<&Power> {
+        self.reading.as_ref().and_then(|r| r.power.as_ref())
+    }
+
+    fn upsert(&mut self, reason: Reason, bump: bool) -> bool {
+        if let Some(r) = self.reasons.get_mut(&key(&reason)) {
+            let count = if bump { r.count.saturating_add(1) } else { reason.count.max(r.count) };
+            if count == r.count {
+                return false;
+            }
+            r.count = count;
+            r.last_seen = reason.last_seen;
+            if reason.serial.is_some() {
+                r.serial = reason.serial;
+            }
+            return true;
+        }
+        if self.reasons.len() >= MAX_HEALTH_REASONS_PER_DEVICE {
+            return false;
+        }
+        self.reasons.insert(key(&reason), reason);
+        true
+    }
+}
+
+/// What the agent knows about the node's devices.
+#[derive(Debug)]
+pub struct HealthModel {
+    pub boot_id: String,
+    pub devices: BTreeMap<u32, DeviceHealth>,
+    /// Faults of the kernel log that name no device.
+    pub node_reasons: BTreeMap<ReasonKey, Reason>,
+    /// `NEURON_HW_ERR` records by (device, name): `neuron_hardware_errors_total`.
+    pub kernel_errors: BTreeMap<(Option<u32>, String), u64>,
+    /// `neuron:` error records by driver function.
+    pub driver_errors: BTreeMap<String, u64>,
+    pub kmsg_seq: Option<u64>,
+    /// The latest sysfs reading of the node as a whole.
+    pub driver_loaded: bool,
+    pub tree_unreadable: bool,
+    pub driver_version: Option<String>,
+    /// A sysfs reading happened.
+    pub read_once: bool,
+    /// Changed since the last [`HealthModel::persisted`].
+    pub dirty: bool,
+    /// The faults restored from the previous agent of this boot (it announced them):
+    /// (device, error, component, counter).
+    pub restored: Vec<(Option<u32>, String, String, String)>,
+    heartbeat_timeout: Duration,
+}
+
+/// What changed in one update, for the outputs that announce faults.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Devices (None: the node) with a reason first seen in this update.
+    pub new_faults: Vec<(Option<u32>, Reason)>,
+    /// Error names counted under [`OTHER_ERROR`] or `other` because of the limit.
+    pub names_over_limit: u64,
+    pub reasons_cleared: bool,
+}
+
+impl HealthModel {
+    pub fn new(boot_id: String, heartbeat_timeout: Duration) -> Self {
+        HealthModel {
+            boot_id,
+            devices: BTreeMap::new(),
+            node_reasons: BTreeMap::new(),
+            kernel_errors: BTreeMap::new(),
+            driver_errors: BTreeMap::new(),
+            kmsg_seq: None,
+            driver_loaded: false,
+            tree_unreadable: false,
+            driver_version: None,
+            read_once: false,
+            dirty: false,
+            restored: Vec::new(),
+            heartbeat_timeout,
+        }
+    }
+
+    /// The node's state: unhealthy if a device is, unknown if one is or none is known.
+    pub fn node_state(&self) -> State {
+        let states: Vec<State> = self.devices.values().map(DeviceHealth::state).collect();
+        if !self.node_reasons.is_empty() || states.contains(&State::Unhealthy) {
+            State::Unhealthy
+        } else if states.is_empty() || states.contains(&State::Unknown) {
+            State::Unknown
+        } else {
+            State::Healthy
+        }
+    }
+
+    /// Folds one reading of the sysfs tree in (`now`: seconds since the epoch).
+    pub fn apply_reading(&mut self, node: NodeReading, now: u64, mono: Instant) -> Changes {
+        let mut changes = Changes::default();
+        self.read_once = true;
+        let was_loaded = self.driver_loaded;
+        self.driver_loaded = node.driver_loaded;
+        self.tree_unreadable = node.unreadable;
+        self.driver_version = node.driver_version;
+        // A driver reload: the tree came back, or a device's counters went down.
+        let reloaded = (!was_loaded && node.driver_loaded && self.devices.values().any(|d| d.reading.is_some()))
+            || node.devices.iter().any(|r| {
+                self.devices.get(&r.index).and_then(|d| d.counter_sum).is_some_and(|sum| r.counter_sum() < sum)
+            });
+        if reloaded {
+            self.clear_reasons(&mut changes);
+        }
+        let present: Vec<u32> = node.devices.iter().map(|d| d.index).collect();
+        for (index, device) in &mut self.devices {
+            if !present.contains(index) {
+                device.unknown = Some(if node.driver_loaded { "device_missing" } else { "no_driver" });
+            }
+        }
+        for reading in node.devices {
+            let index = reading.index;
+            let device = self.devices.entry(index).or_default();
+            device.unknown = unknown_why(&reading);
+            let heartbeat = reading.heartbeat.clone();
+            match (&mut device.heartbeat, heartbeat) {
+                (Some((value, since)), Some(new)) if *value == new => {
+                    if mono.duration_since(*since) > self.heartbeat_timeout {
+                        device.unknown = device.unknown.or(Some("heartbeat_stalled"));
+                    }
+                }
+                (slot, new) => *slot = new.map(|v| (v, mono)),
+            }
+            for reason in sysfs_reasons(&reading, now) {
+                let new = !device.reasons.contains_key(&key(&reason));
+                if device.upsert(reason.clone(), false) {
+                    self.dirty = true;
+                    if new {
+                        changes.new_faults.push((Some(index), reason));
+                    }
+                }
+            }
+            device.counter_sum = Some(reading.counter_sum());
+            device.reading = Some(reading);
+        }
+        changes
+    }
+
+    fn clear_reasons(&mut self, changes: &mut Changes) {
+        for device in self.devices.values_mut() {
+            if !device.reasons.is_empty() {
+                device.reasons.clear();
+                changes.reasons_cleared = true;
+            }
+        }
+        changes.reasons_cleared |= !self.node_reasons.is_empty();
+        self.node_reasons.clear();
+        self.dirty = true;
+    }
+
+    /// Folds kernel-log events in.
+    pub fn apply_events(&mut self, events: Vec<(Option<u64>, Event)>, last_seq: Option<u64>, now: u64) -> Changes {
+        let mut changes = Changes::default();
+        for (_, event) in events {
+            match event {
+                Event::HwError(e) => self.apply_hw_error(e, now, &mut changes),
+                Event::DriverError { function } => {
+                    let known = self.driver_errors.contains_key(&function);
+                    let function = if known || self.driver_errors.len() < MAX_HEALTH_ERROR_NAMES {
+                        function
+                    } else {
+                        changes.names_over_limit += 1;
+                        "other".to_owned()
+                    };
+                    *self.driver_errors.entry(function).or_default() += 1;
+                }
+            }
+        }
+        // Persisted with the next fault: what a restart must not count twice is the
+        // records with events, and those are persisted with their sequence number.
+        if last_seq.is_some() {
+            self.kmsg_seq = last_seq;
+        }
+        changes
+    }
+
+    fn apply_hw_error(&mut self, e: HwError, now: u64, changes: &mut Changes) {
+        let names: std::collections::BTreeSet<&String> = self.kernel_errors.keys().map(|(_, n)| n).collect();
+        let name = if names.contains(&e.name) || names.len() < MAX_HEALTH_ERROR_NAMES {
+            e.name
+        } else {
+            changes.names_over_limit += 1;
+            OTHER_ERROR.to_owned()
+        };
+        *self.kernel_errors.entry((e.device, name.clone())).or_default() += 1;
+        let reason = Reason {
+            action: e.action.unwrap_or_else(|| default_action(&name).to_owned()),
+            error: name,
+            component: String::new(),
+            counter: String::new(),
+            source: Source::KernelLog,
+            core: e.core,
+            serial: e.serial,
+            first_seen: now,
+            last_seen: now,
+            count: 1,
+        };
+        self.dirty = true;
+        match e.device {
+            Some(index) => {
+                let device = self.devices.entry(index).or_default();
+                let new = !device.reasons.contains_key(&key(&reason));
+                device.upsert(reason.clone(), true);
+                if new {
+                    changes.new_faults.push((Some(index), reason));
+                }
+            }
+            None => {
+                let slot = self.node_reasons.entry(key(&reason));
+                match slot {
+                    std::collections::btree_map::Entry::Occupied(mut o) => {
+                        let r = o.get_mut();
+                        r.count = r.count.saturating_add(1);
+                        r.last_seen = now;
+                    }
+                    std::collections::btree_map::Entry::Vacant(v) => {
+                        changes.new_faults.push((None, reason.clone()));
+                        v.insert(reason);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The state to persist.
+    pub fn persisted(&self) -> Persisted {
+        Persisted {
+            boot_id: self.boot_id.clone(),
+            kmsg_seq: self.kmsg_seq,
+            devices: self
+                .devices
+                .iter()
+                .filter(|(_, d)| !d.reasons.is_empty() || d.reading.is_some())
+                .map(|(i, d)| PersistedDevice {
+                    index: *i,
+                    counter_sum: d.counter_sum.unwrap_or(0),
+                    reasons: d.reasons.values().cloned().collect(),
+                })
+                .collect(),
+            node_reasons: self.node_reasons.values().cloned().collect(),
+            kernel_errors: self.kernel_errors.iter().map(|((d, n), c)| (*d, n.clone(), *c)).collect(),
+        }
+    }
+
+    /// Restores what a previous agent of the same boot persisted; `false` (nothing
+    /// restored) for another boot.
+    pub fn restore(&mut self, saved: Persisted) -> bool {
+        if saved.boot_id != self.boot_id {
+            return false;
+        }
+        self.kmsg_seq = saved.kmsg_seq;
+        for d in saved.devices.into_iter().filter(|d| d.index < MAX_NEURON_DEVICES) {
+            let device = self.devices.entry(d.index).or_default();
+            device.counter_sum = Some(d.counter_sum);
+            for r in d.reasons.into_iter().take(MAX_HEALTH_REASONS_PER_DEVICE) {
+                device.reasons.insert(key(&r), r);
+            }
+        }
+        for r in saved.node_reasons.into_iter().take(MAX_HEALTH_REASONS_PER_DEVICE) {
+            self.node_reasons.insert(key(&r), r);
+        }
+        let devices = self.devices.iter().flat_map(|(i, d)| d.reasons.keys().map(move |k| (Some(*i), k)));
+        self.restored = devices
+            .chain(self.node_reasons.keys().map(|k| (None, k)))
+            .map(|(d, (e, c, n))| (d, e.clone(), c.clone(), n.clone()))
+            .collect();
+        for (d, n, c) in saved.kernel_errors.into_iter().take(MAX_HEALTH_ERROR_NAMES * 4) {
+            if d.is_none_or(|d| d < MAX_NEURON_DEVICES) {
+                self.kernel_errors.insert((d, n), c);
+            }
+        }
+        true
+    }
+}
+
+/// Why a device's health cannot be told from its reading (before the heartbeat).
+fn unknown_why(r: &DeviceReading) -> Option<&'static str> {
+    if !r.unreadable.is_empty() {
+        Some("unreadable")
+    } else if r.state == Some(DeviceState::Resetting) {
+        Some("resetting")
+    } else if !r.has_health_signal() {
+        Some("no_health_files")
+    } else {
+        None
+    }
+}
+
+/// The faults a reading shows, with the counters' values as counts.
+fn sysfs_reasons(r: &DeviceReading, now: u64) -> Vec<Reason> {
+    let reason = |error: &str, component: &str, counter: String, core: Option<u32>, count: u64| Reason {
+        error: error.to_owned(),
+        component: component.to_owned(),
+        counter,
+        source: Source::Sysfs,
+        action: default_action(error).to_owned(),
+        core,
+        serial: r.serial.clone(),
+        first_seen: now,
+        last_seen: now,
+        count,
+    };
+    let mut out = Vec::new();
+    if r.state == Some(DeviceState::Invalid) {
+        out.push(reason(DEVICE_STATE_INVALID, "", "reset".to_owned(), None, 1));
+    }
+    for (ecc, value) in Ecc::ALL.iter().zip(r.ecc) {
+        if let (Some(error), Some(n)) = (ecc.fault(), value.filter(|n| *n > 0)) {
+            out.push(reason(error, "", format!("stats/hardware/{}", ecc.files().0), None, n));
+        }
+    }
+    for component in r.components.iter().flat_map(|c| c.names()) {
+        out.push(reason(UNHEALTHY_COMPONENT, component, "unhealthy_components".to_owned(), None, 1));
+    }
+    for core in &r.cores {
+        for ((name, error), value) in CORE_ERRORS.iter().zip(core.errors) {
+            if let Some(n) = value.filter(|n| *n > 0) {
+                let counter = format!("neuron_core{}/stats/status/{name}/total", core.index);
+                out.push(reason(error, "", counter, Some(core.index), n));
+            }
+        }
+    }
+    debug_assert!(out.iter().all(|r| r.error != REPAIRABLE_HBM_ERROR || r.action == ACTION_RELOAD));
+    out
+}
+
+/// The health state file, keyed by boot id.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Persisted {
+    pub boot_id: String,
+    pub kmsg_seq: Option<u64>,
+    pub devices: Vec<PersistedDevice>,
+    pub node_reasons: Vec<Reason>,
+    pub kernel_errors: Vec<(Option<u32>, String, u64)>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PersistedDevice {
+    pub index: u32,
+    pub counter_sum: u64,
+    pub reasons: Vec<Reason>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health::{
+        kmsg::parse_event,
+        sysfs::{parse_components, CoreReading},
+    };
+
+    fn ready(index: u32) -> DeviceReading {
+        DeviceReading {
+            index,
+            core_count: Some(2),
+            state: Some(DeviceState::Ready),
+            ecc: [Some(0); 5],
+            ..DeviceReading::default()
+        }
+    }
+
+    fn node(devices: Vec<DeviceReading>) -> NodeReading {
+        NodeReading { driver_loaded: true, devices, ..NodeReading::default() }
+    }
+
+    fn model() -> HealthModel {
+        HealthModel::new("boot-a".to_owned(), Duration::from_secs(60))
+    }
+
+    fn event(text: &str) -> (Option<u64>, Event) {
+        (Some(1), parse_event(text, Some(3)).unwrap())
+    }
+
+    #[test]
+    fn ready_devices_are_healthy_and_no_driver_is_unknown() {
+        let mut m = model();
+        assert_eq!(m.node_state(), State::Unknown, "nothing read yet");
+        m.apply_reading(node(vec![ready(0), ready(1)]), 10, Instant::now());
+        assert_eq!(m.devices[&0].state(), State::Healthy);
+        assert_eq!(m.node_state(), State::Healthy);
+        let mut empty = model();
+        empty.apply_reading(NodeReading::default(), 10, Instant::now());
+        assert_eq!(empty.node_state(), State::Unknown);
+        // The tree goes away: known devices become unknown, never healthy.
+        m.apply_reading(NodeReading::default(), 11, Instant::now());
+        assert_eq!(m.devices[&0].state(), State::Unknown);
+        assert_eq!(m.devices[&0].unknown, Some("no_driver"));
+    }
+
+    #[test]
+    fn unreadable_resetting_and_silent_devices_are_unknown() {
+        let mut m = model();
+        let mut broken = ready(0);
+        broken.unreadable.push("reset".to_owned());
+        let mut resetting = ready(1);
+        resetting.state = Some(DeviceState::Resetting);
+        let silent = DeviceReading { index: 2, ..DeviceReading::default() };
+        m.apply_reading(node(vec![broken, resetting, silent]), 10, Instant::now());
+        let why: Vec<_> = m.devices.values().map(|d| (d.state(), d.unknown)).collect();
+        assert_eq!(
+            why,
+            [
+                (State::Unknown, Some("unreadable")),
+                (State::Unknown, Some("resetting")),
+                (State::Unknown, Some("no_health_files"))
+            ]
+        );
+        assert_eq!(m.node_state(), State::Unknown);
+        // One unhealthy device makes the node unhealthy, whatever the others are.
+        let mut invalid = ready(3);
+        invalid.state = Some(DeviceState::Invalid);
+        m.apply_reading(
+            node(vec![invalid, DeviceReading { index: 2, ..DeviceReading::default() }]),
+            11,
+            Instant::now(),
+        );
+        assert_eq!(m.node_state(), State::Unhealthy);
+    }
+
+    #[test]
+    fn a_stalled_heartbeat_is_unknown() {
+        let mut m = HealthModel::new("b".to_owned(), Duration::from_secs(30));
+        let t0 = Instant::now();
+        let beat = |v: &str| DeviceReading { heartbeat: Some(v.to_owned()), ..ready(0) };
+        m.apply_reading(node(vec![beat("1")]), 0, t0);
+        m.apply_reading(node(vec![beat("2")]), 20, t0 + Duration::from_secs(20));
+        m.apply_reading(node(vec![beat("2")]), 45, t0 + Duration::from_secs(45));
+        assert_eq!(m.devices[&0].state(), State::Healthy, "25 s without a change");
+        m.apply_reading(node(vec![beat("2")]), 60, t0 + Duration::from_secs(60));
+        assert_eq!((m.devices[&0].state(), m.devices[&0].unknown), (State::Unknown, Some("heartbeat_stalled")));
+        m.apply_reading(node(vec![beat("3")]), 61, t0 + Duration::from_secs(61));
+        assert_eq!(m.devices[&0].state(), State::Healthy);
+    }
+
+    #[test]
+    fn each_sysfs_fault_makes_its_device_unhealthy_with_its_reason() {
+        let mut m = model();
+        let mut hbm = ready(0);
+        hbm.ecc[0] = Some(2);
+        let mut repairable = ready(1);
+        repairable.ecc[1] = Some(1);
+        let mut component = ready(2);
+        component.components = Some(parse_components("link_efa\n"));
+        let mut invalid = ready(3);
+        invalid.state = Some(DeviceState::Invalid);
+        let mut dma = ready(4);
+        dma.cores = vec![CoreReading { index: 1, errors: [None, None, Some(1), None, None] }];
+        let changes = m.apply_reading(node(vec![hbm, repairable, component, invalid, dma]), 100, Instant::now());
+        let faults: Vec<_> = changes.new_faults.iter().map(|(d, r)| (d.unwrap(), r.error.as_str())).collect();
+        assert_eq!(
+            faults,
+            [
+                (0, "HBM_UNCORRECTABLE_ERROR"),
+                (1, REPAIRABLE_HBM_ERROR),
+                (2, UNHEALTHY_COMPONENT),
+                (3, DEVICE_STATE_INVALID),
+                (4, "DMA_ERROR")
+            ]
+        );
+        assert!(m.devices.values().all(|d| d.state() == State::Unhealthy));
+        let repair = m.devices[&1].worst().unwrap();
+        assert_eq!(repair.action, ACTION_RELOAD, "repairable: reload the driver, not replace the instance");
+        assert_eq!(m.devices[&0].worst().unwrap().action, ACTION_TERMINATE);
+        assert_eq!(m.devices[&2].worst().unwrap().component, "link_efa");
+        assert_eq!(m.devices[&4].worst().unwrap().core, Some(1));
+        assert_eq!(m.devices[&0].worst().unwrap().count, 2);
+        // Unchanged counters: nothing new, the first-seen time stays.
+        let mut again = ready(0);
+        again.ecc[0] = Some(3);
+        let changes = m.apply_reading(node(vec![again]), 200, Instant::now());
+        assert!(changes.new_faults.is_empty());
+        let r = m.devices[&0].worst().unwrap();
+        assert_eq!((r.first_seen, r.last_seen, r.count), (100, 200, 3));
+    }
+
+    #[test]
+    fn kernel_records_are_counted_and_sticky() {
+        let mut m = model();
+        m.apply_reading(node(vec![ready(0), ready(1)]), 10, Instant::now());
+        let line =
+            "kernel: NEURON_HW_ERR=NC_UNCORRECTABLE_ERROR nd-id=1 nc-id=0 serial-num=abc action=TERMINATE_INSTANCE";
+        let changes = m.apply_events(vec![event(line), event(line)], Some(7), 20);
+        assert_eq!(changes.new_faults.len(), 1, "one new fault, counted twice");
+        assert_eq!(m.kernel_errors[&(Some(1), "NC_UNCORRECTABLE_ERROR".to_owned())], 2);
+        assert_eq!(m.devices[&1].state(), State::Unhealthy);
+        assert_eq!(m.devices[&1].worst().unwrap().count, 2);
+        assert_eq!(m.devices[&1].worst().unwrap().serial.as_deref(), Some("abc"));
+        // A later healthy-looking reading does not clear it.
+        m.apply_reading(node(vec![ready(0), ready(1)]), 30, Instant::now());
+        assert_eq!(m.devices[&1].state(), State::Unhealthy);
+        assert_eq!(m.node_state(), State::Unhealthy);
+        // A record without a device makes the node unhealthy.
+        let mut n = model();
+        n.apply_events(vec![event("NEURON_HW_ERR=DMA_ERROR")], None, 1);
+        assert_eq!(n.node_state(), State::Unhealthy);
+    }
+
+    #[test]
+    fn a_driver_reload_clears_the_reasons() {
+        let mut m = model();
+        let mut faulty = ready(0);
+        faulty.ecc[0] = Some(1);
+        faulty.hw_error_event = Some(5);
+        m.apply_reading(node(vec![faulty]), 10, Instant::now());
+        m.apply_events(vec![event("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=0")], None, 11);
+        assert_eq!(m.devices[&0].state(), State::Unhealthy);
+        // Counters back to zero: the driver was reloaded.
+        let changes = m.apply_reading(node(vec![ready(0)]), 20, Instant::now());
+        assert!(changes.reasons_cleared);
+        assert_eq!(m.devices[&0].state(), State::Healthy);
+        // The tree going away and coming back is a reload too.
+        m.apply_events(vec![event("NEURON_HW_ERR=DMA_ERROR nd-id=0")], None, 21);
+        m.apply_reading(NodeReading::default(), 22, Instant::now());
+        assert_eq!(m.devices[&0].state(), State::Unhealthy);
+        m.apply_reading(node(vec![ready(0)]), 23, Instant::now());
+        assert_eq!(m.devices[&0].state(), State::Healthy);
+    }
+
+    #[test]
+    fn persisted_state_survives_a_restart_of_the_same_boot_only() {
+        let mut m = model();
+        m.apply_reading(node(vec![ready(0)]), 10, Instant::now());
+        m.apply_events(vec![event("NEURON_HW_ERR=SRAM_UNCORRECTABLE_ERROR nd-id=0")], Some(42), 11);
+        let saved = m.persisted();
+        let text = serde_json::to_string(&saved).unwrap();
+        let back: Persisted = serde_json::from_str(&text).unwrap();
+        let mut restarted = model();
+        assert!(restarted.restore(back.clone()));
+        assert_eq!(restarted.kmsg_seq, Some(42));
+        assert_eq!(
+            restarted.restored,
+            [(Some(0), "SRAM_UNCORRECTABLE_ERROR".to_owned(), String::new(), String::new())]
+        );
+        restarted.apply_reading(node(vec![ready(0)]), 20, Instant::now());
+        assert_eq!(restarted.devices[&0].state(), State::Unhealthy);
+        assert_eq!(restarted.kernel_errors[&(Some(0), "SRAM_UNCORRECTABLE_ERROR".to_owned())], 1);
+        let mut rebooted = HealthModel::new("boot-b".to_owned(), Duration::from_secs(60));
+        assert!(!rebooted.restore(back));
+        assert!(rebooted.devices.is_empty());
+    }
+
+    #[test]
+    fn error_names_are_bounded() {
+        let mut m = model();
+        let events: Vec<_> =
+            (0..MAX_HEALTH_ERROR_NAMES + 3).map(|i| event(&format!("NEURON_HW_ERR=E{i} nd-id=0"))).collect();
+        let changes = m.apply_events(events, None, 1);
+        assert_eq!(changes.names_over_limit, 3);
+        assert_eq!(m.kernel_errors[&(Some(0), OTHER_ERROR.to_owned())], 3);
+    }
+}

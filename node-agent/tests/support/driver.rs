@@ -1,0 +1,98 @@
+//! The simulator as a fake Neuron driver for the health tests: a sysfs tree, a kernel
+//! log and a control file that injects faults (`neuron-monitor-sim --sysfs-root --kmsg
+//! --health-control`). Killed when dropped.
+
+use std::{
+    io::Write,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use super::{sim, TempDir};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// The simulator as a fake driver (its reports go nowhere): a sysfs tree, a kernel log
+/// and a control file that injects faults.
+pub struct FakeDriver {
+    child: Child,
+    dir: TempDir,
+}
+
+impl FakeDriver {
+    pub fn start(instance_type: &str) -> FakeDriver {
+        let dir = TempDir::new("health");
+        let child = Command::new(sim())
+            .arg(format!("--instance-type={instance_type}"))
+            .arg("--sysfs-root")
+            .arg(dir.0.join("sys"))
+            .arg("--kmsg")
+            .arg(dir.0.join("kmsg"))
+            .arg("--health-control")
+            .arg(dir.0.join("control"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the simulator");
+        let driver = FakeDriver { child, dir };
+        let version = driver.sys().join("module/neuron/version");
+        let start = std::time::Instant::now();
+        while !version.exists() {
+            assert!(start.elapsed() < WAIT, "the simulator wrote no tree");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        driver
+    }
+
+    pub fn sys(&self) -> PathBuf {
+        self.dir.0.join("sys")
+    }
+
+    pub fn kmsg(&self) -> PathBuf {
+        self.dir.0.join("kmsg")
+    }
+
+    /// Injects faults (`KIND[:DEVICE[:ARG]]`) through the control file.
+    pub fn inject(&self, faults: &[&str]) {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.0.join("control"))
+            .expect("control file");
+        for fault in faults {
+            writeln!(file, "{fault}").expect("write the control file");
+        }
+    }
+
+    /// Appends a raw kernel-log record.
+    pub fn record(&self, line: &str) {
+        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(self.kmsg()).expect("kmsg");
+        writeln!(file, "{line}").expect("append a kernel record");
+    }
+
+    /// The agent's health flags for this driver, with quick re-reads for the tests.
+    pub fn agent_args(&self) -> Vec<String> {
+        let (sys, kmsg) = (self.sys(), self.kmsg());
+        vec![
+            "--sysfs-root".into(),
+            sys.display().to_string(),
+            "--kmsg-path".into(),
+            kmsg.display().to_string(),
+            "--health-interval".into(),
+            "200ms".into(),
+            "--heartbeat-timeout".into(),
+            "3s".into(),
+            "--period".into(),
+            "500ms".into(),
+        ]
+    }
+}
+
+impl Drop for FakeDriver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
