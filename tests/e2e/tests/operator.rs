@@ -697,6 +697,9 @@ async fn a_config_file_renders_on_a_host_as_the_operator_renders_it_for_a_node()
     );
     let (ok, out) = s.apply(&yaml);
     assert!(ok, "{out}");
+    // Without a nodeSelector these configs match every Neuron node of the control plane,
+    // those of later tests too: deleted however this test ends.
+    let _delete = DeleteOnDrop { cp: s.cp, yaml: yaml.clone() };
     let cluster_hash = s
         .wait("the node's configuration with both routes", || async {
             let cm = s.configmap(&node).await?;
@@ -735,4 +738,19 @@ async fn a_config_file_renders_on_a_host_as_the_operator_renders_it_for_a_node()
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
     Api::<Node>::all(s.client.clone()).delete(&node, &DeleteParams::default()).await.unwrap();
+}
+
+/// Deletes the objects of a YAML document stream when dropped (also when a test panics).
+struct DeleteOnDrop {
+    cp: &'static ControlPlane,
+    yaml: String,
+}
+
+impl Drop for DeleteOnDrop {
+    fn drop(&mut self) {
+        let (ok, out, err) = kubectl(self.cp, &["delete", "--ignore-not-found", "-f", "-"], Some(&self.yaml));
+        if !ok {
+            eprintln!("cleaning up: kubectl delete failed: {out}{err}");
+        }
+    }
 }
