@@ -187,18 +187,27 @@ pub fn encode_health(
     let mut indices: Vec<u32> = health.devices.keys().copied().chain(0..devices_reported).collect();
     indices.sort_unstable();
     indices.dedup();
-    let state_of = |i: u32| health.devices.get(&i).map(|d| d.state()).unwrap_or(State::Unknown);
-    let index_text: BTreeMap<Option<u32>, String> =
-        indices.iter().map(|i| (Some(*i), i.to_string())).chain(std::iter::once((None, String::new()))).collect();
-    let idx = |d: Option<u32>| index_text.get(&d).map(String::as_str).unwrap_or_default();
+    encode_states(health, instance, &indices, pods, encoder)?;
+    encode_faults(health, instance, &indices, encoder)?;
+    encode_readings(health, instance, encoder)
+}
 
+/// Each device's and the node's state, and why a state is unknown.
+fn encode_states(
+    health: &HealthModel,
+    instance: &crate::state::InstanceLabels,
+    indices: &[u32],
+    pods: Option<&BTreeMap<u32, String>>,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), fmt::Error> {
+    let state_of = |i: u32| health.devices.get(&i).map(|d| d.state()).unwrap_or(State::Unknown);
     let mut f = Family::new(
         "neuron_device_health_state",
         "1 for the Neuron device's current health state (healthy, unhealthy, unknown), 0 for the two others; \
          pods: the pods holding the device",
         MetricType::Gauge,
     );
-    for i in &indices {
+    for i in indices {
         let state = state_of(*i);
         let holding = pods.and_then(|p| p.get(i)).map(String::as_str);
         for s in State::ALL {
@@ -233,7 +242,20 @@ pub fn encode_health(
             f.push(Labels::node(instance).number("neuron_device_index", *i).text("reason", why), Some(1.0));
         }
     }
-    f.write(encoder)?;
+    f.write(encoder)
+}
+
+/// What the kernel log said (by device and error name, by driver function), and when
+/// each device's faults were first and last seen.
+fn encode_faults(
+    health: &HealthModel,
+    instance: &crate::state::InstanceLabels,
+    indices: &[u32],
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), fmt::Error> {
+    let index_text: BTreeMap<Option<u32>, String> =
+        indices.iter().map(|i| (Some(*i), i.to_string())).chain(std::iter::once((None, String::new()))).collect();
+    let idx = |d: Option<u32>| index_text.get(&d).map(String::as_str).unwrap_or_default();
 
     let mut f = Family::new(
         "neuron_hardware_errors",
@@ -289,7 +311,16 @@ pub fn encode_health(
         }
         f.write(encoder)?;
     }
+    Ok(())
+}
 
+/// What the driver's sysfs tree reads: ECC and core error counters, unhealthy components,
+/// power, the driver's version.
+fn encode_readings(
+    health: &HealthModel,
+    instance: &crate::state::InstanceLabels,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), fmt::Error> {
     let readings = || health.devices.iter().filter_map(|(i, d)| d.reading.as_ref().map(|r| (*i, r)));
 
     let mut f = Family::new(

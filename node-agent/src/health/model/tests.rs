@@ -1,0 +1,197 @@
+use super::*;
+use crate::health::{
+    kmsg::parse_event,
+    sysfs::{parse_components, CoreReading},
+};
+
+fn ready(index: u32) -> DeviceReading {
+    DeviceReading {
+        index,
+        core_count: Some(2),
+        state: Some(DeviceState::Ready),
+        ecc: [Some(0); 5],
+        ..DeviceReading::default()
+    }
+}
+
+fn node(devices: Vec<DeviceReading>) -> NodeReading {
+    NodeReading { driver_loaded: true, devices, ..NodeReading::default() }
+}
+
+fn model() -> HealthModel {
+    HealthModel::new("boot-a".to_owned(), Duration::from_secs(60))
+}
+
+fn event(text: &str) -> (Option<u64>, Event) {
+    (Some(1), parse_event(text, Some(3)).unwrap())
+}
+
+#[test]
+fn ready_devices_are_healthy_and_no_driver_is_unknown() {
+    let mut m = model();
+    assert_eq!(m.node_state(), State::Unknown, "nothing read yet");
+    m.apply_reading(node(vec![ready(0), ready(1)]), 10, Instant::now());
+    assert_eq!(m.devices[&0].state(), State::Healthy);
+    assert_eq!(m.node_state(), State::Healthy);
+    let mut empty = model();
+    empty.apply_reading(NodeReading::default(), 10, Instant::now());
+    assert_eq!(empty.node_state(), State::Unknown);
+    // The tree goes away: known devices become unknown, never healthy.
+    m.apply_reading(NodeReading::default(), 11, Instant::now());
+    assert_eq!(m.devices[&0].state(), State::Unknown);
+    assert_eq!(m.devices[&0].unknown, Some("no_driver"));
+}
+
+#[test]
+fn unreadable_resetting_and_silent_devices_are_unknown() {
+    let mut m = model();
+    let mut broken = ready(0);
+    broken.unreadable.push("reset".to_owned());
+    let mut resetting = ready(1);
+    resetting.state = Some(DeviceState::Resetting);
+    let silent = DeviceReading { index: 2, ..DeviceReading::default() };
+    m.apply_reading(node(vec![broken, resetting, silent]), 10, Instant::now());
+    let why: Vec<_> = m.devices.values().map(|d| (d.state(), d.unknown)).collect();
+    assert_eq!(
+        why,
+        [
+            (State::Unknown, Some("unreadable")),
+            (State::Unknown, Some("resetting")),
+            (State::Unknown, Some("no_health_files"))
+        ]
+    );
+    assert_eq!(m.node_state(), State::Unknown);
+    // One unhealthy device makes the node unhealthy, whatever the others are.
+    let mut invalid = ready(3);
+    invalid.state = Some(DeviceState::Invalid);
+    m.apply_reading(node(vec![invalid, DeviceReading { index: 2, ..DeviceReading::default() }]), 11, Instant::now());
+    assert_eq!(m.node_state(), State::Unhealthy);
+}
+
+#[test]
+fn a_stalled_heartbeat_is_unknown() {
+    let mut m = HealthModel::new("b".to_owned(), Duration::from_secs(30));
+    let t0 = Instant::now();
+    let beat = |v: &str| DeviceReading { heartbeat: Some(v.to_owned()), ..ready(0) };
+    m.apply_reading(node(vec![beat("1")]), 0, t0);
+    m.apply_reading(node(vec![beat("2")]), 20, t0 + Duration::from_secs(20));
+    m.apply_reading(node(vec![beat("2")]), 45, t0 + Duration::from_secs(45));
+    assert_eq!(m.devices[&0].state(), State::Healthy, "25 s without a change");
+    m.apply_reading(node(vec![beat("2")]), 60, t0 + Duration::from_secs(60));
+    assert_eq!((m.devices[&0].state(), m.devices[&0].unknown), (State::Unknown, Some("heartbeat_stalled")));
+    m.apply_reading(node(vec![beat("3")]), 61, t0 + Duration::from_secs(61));
+    assert_eq!(m.devices[&0].state(), State::Healthy);
+}
+
+#[test]
+fn each_sysfs_fault_makes_its_device_unhealthy_with_its_reason() {
+    let mut m = model();
+    let mut hbm = ready(0);
+    hbm.ecc[0] = Some(2);
+    let mut repairable = ready(1);
+    repairable.ecc[1] = Some(1);
+    let mut component = ready(2);
+    component.components = Some(parse_components("link_efa\n"));
+    let mut invalid = ready(3);
+    invalid.state = Some(DeviceState::Invalid);
+    let mut dma = ready(4);
+    dma.cores = vec![CoreReading { index: 1, errors: [None, None, Some(1), None, None] }];
+    let changes = m.apply_reading(node(vec![hbm, repairable, component, invalid, dma]), 100, Instant::now());
+    let faults: Vec<_> = changes.new_faults.iter().map(|(d, r)| (d.unwrap(), r.error.as_str())).collect();
+    assert_eq!(
+        faults,
+        [
+            (0, "HBM_UNCORRECTABLE_ERROR"),
+            (1, REPAIRABLE_HBM_ERROR),
+            (2, UNHEALTHY_COMPONENT),
+            (3, DEVICE_STATE_INVALID),
+            (4, "DMA_ERROR")
+        ]
+    );
+    assert!(m.devices.values().all(|d| d.state() == State::Unhealthy));
+    let repair = m.devices[&1].worst().unwrap();
+    assert_eq!(repair.action, ACTION_RELOAD, "repairable: reload the driver, not replace the instance");
+    assert_eq!(m.devices[&0].worst().unwrap().action, ACTION_TERMINATE);
+    assert_eq!(m.devices[&2].worst().unwrap().component, "link_efa");
+    assert_eq!(m.devices[&4].worst().unwrap().core, Some(1));
+    assert_eq!(m.devices[&0].worst().unwrap().count, 2);
+    // Unchanged counters: nothing new, the first-seen time stays.
+    let mut again = ready(0);
+    again.ecc[0] = Some(3);
+    let changes = m.apply_reading(node(vec![again]), 200, Instant::now());
+    assert!(changes.new_faults.is_empty());
+    let r = m.devices[&0].worst().unwrap();
+    assert_eq!((r.first_seen, r.last_seen, r.count), (100, 200, 3));
+}
+
+#[test]
+fn kernel_records_are_counted_and_sticky() {
+    let mut m = model();
+    m.apply_reading(node(vec![ready(0), ready(1)]), 10, Instant::now());
+    let line = "kernel: NEURON_HW_ERR=NC_UNCORRECTABLE_ERROR nd-id=1 nc-id=0 serial-num=abc action=TERMINATE_INSTANCE";
+    let changes = m.apply_events(vec![event(line), event(line)], Some(7), 20);
+    assert_eq!(changes.new_faults.len(), 1, "one new fault, counted twice");
+    assert_eq!(m.kernel_errors[&(Some(1), "NC_UNCORRECTABLE_ERROR".to_owned())], 2);
+    assert_eq!(m.devices[&1].state(), State::Unhealthy);
+    assert_eq!(m.devices[&1].worst().unwrap().count, 2);
+    assert_eq!(m.devices[&1].worst().unwrap().serial.as_deref(), Some("abc"));
+    // A later healthy-looking reading does not clear it.
+    m.apply_reading(node(vec![ready(0), ready(1)]), 30, Instant::now());
+    assert_eq!(m.devices[&1].state(), State::Unhealthy);
+    assert_eq!(m.node_state(), State::Unhealthy);
+    // A record without a device makes the node unhealthy.
+    let mut n = model();
+    n.apply_events(vec![event("NEURON_HW_ERR=DMA_ERROR")], None, 1);
+    assert_eq!(n.node_state(), State::Unhealthy);
+}
+
+#[test]
+fn a_driver_reload_clears_the_reasons() {
+    let mut m = model();
+    let mut faulty = ready(0);
+    faulty.ecc[0] = Some(1);
+    faulty.hw_error_event = Some(5);
+    m.apply_reading(node(vec![faulty]), 10, Instant::now());
+    m.apply_events(vec![event("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=0")], None, 11);
+    assert_eq!(m.devices[&0].state(), State::Unhealthy);
+    // Counters back to zero: the driver was reloaded.
+    let changes = m.apply_reading(node(vec![ready(0)]), 20, Instant::now());
+    assert!(changes.reasons_cleared);
+    assert_eq!(m.devices[&0].state(), State::Healthy);
+    // The tree going away and coming back is a reload too.
+    m.apply_events(vec![event("NEURON_HW_ERR=DMA_ERROR nd-id=0")], None, 21);
+    m.apply_reading(NodeReading::default(), 22, Instant::now());
+    assert_eq!(m.devices[&0].state(), State::Unhealthy);
+    m.apply_reading(node(vec![ready(0)]), 23, Instant::now());
+    assert_eq!(m.devices[&0].state(), State::Healthy);
+}
+
+#[test]
+fn persisted_state_survives_a_restart_of_the_same_boot_only() {
+    let mut m = model();
+    m.apply_reading(node(vec![ready(0)]), 10, Instant::now());
+    m.apply_events(vec![event("NEURON_HW_ERR=SRAM_UNCORRECTABLE_ERROR nd-id=0")], Some(42), 11);
+    let saved = m.persisted();
+    let text = serde_json::to_string(&saved).unwrap();
+    let back: Persisted = serde_json::from_str(&text).unwrap();
+    let mut restarted = model();
+    assert!(restarted.restore(back.clone()));
+    assert_eq!(restarted.kmsg_seq, Some(42));
+    assert_eq!(restarted.restored, [(Some(0), "SRAM_UNCORRECTABLE_ERROR".to_owned(), String::new(), String::new())]);
+    restarted.apply_reading(node(vec![ready(0)]), 20, Instant::now());
+    assert_eq!(restarted.devices[&0].state(), State::Unhealthy);
+    assert_eq!(restarted.kernel_errors[&(Some(0), "SRAM_UNCORRECTABLE_ERROR".to_owned())], 1);
+    let mut rebooted = HealthModel::new("boot-b".to_owned(), Duration::from_secs(60));
+    assert!(!rebooted.restore(back));
+    assert!(rebooted.devices.is_empty());
+}
+
+#[test]
+fn error_names_are_bounded() {
+    let mut m = model();
+    let events: Vec<_> =
+        (0..MAX_HEALTH_ERROR_NAMES + 3).map(|i| event(&format!("NEURON_HW_ERR=E{i} nd-id=0"))).collect();
+    let changes = m.apply_events(events, None, 1);
+    assert_eq!(changes.names_over_limit, 3);
+    assert_eq!(m.kernel_errors[&(Some(0), OTHER_ERROR.to_owned())], 3);
+}
