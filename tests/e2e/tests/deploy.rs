@@ -45,7 +45,7 @@ const UNIT_AGENT: &str = "/usr/local/bin/neuron-node-agent";
 const UNIT_CONFIG: &str = "/etc/neuron-monitor/configs.yaml";
 
 /// The highest `systemd-analyze security` exposure accepted (0 = fully sandboxed, 10 =
-/// not at all; systemd calls up to 3.9 "OK"). The unit measures 2.4 with systemd 252.
+/// not at all; systemd calls up to 3.9 "OK"). The unit measures 2.2 with systemd 252.
 const MAX_EXPOSURE: f64 = 3.0;
 
 fn read(relative: &str) -> String {
