@@ -8,6 +8,8 @@
 #                 localstack/static; the CloudWatch of the tests, no Docker (started by
 #                 node-agent/tests/support/cloudwatch.rs through tests/tools/localstack_launcher.py)
 #   prometheus, promtool   Debian's `prometheus` package (on PATH, /usr/bin)
+#   systemd-analyze        Debian's `systemd` package (on PATH, /usr/bin), for the unit of
+#                          deploy/ec2 (tests/e2e/tests/deploy.rs); nothing is started
 # Idempotent: each step is skipped when its stamp (pinned version or source hash)
 # matches. Each step prints one line; a warm run takes a few seconds.
 # Go caches stay at their defaults (~/.cache/go-build, ~/go/pkg/mod).
@@ -172,8 +174,22 @@ install_prometheus() {
     step prometheus "installed $(prometheus --version 2>&1 | awk 'NR == 1 { print $3; exit }') (Debian package) in $((SECONDS - t))s"
 }
 
+# systemd-analyze only: the package is installed, never booted or started (no systemd
+# runs in these containers; `verify` and `security --offline` read files).
+install_systemd_analyze() {
+    if command -v systemd-analyze >/dev/null; then
+        step systemd "cached ($(systemd-analyze --version | awk 'NR == 1 { print $2; exit }'), Debian package)"
+        return
+    fi
+    local t=$SECONDS
+    quiet systemd as_root apt-get update
+    quiet systemd as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends systemd
+    step systemd "installed $(systemd-analyze --version | awk 'NR == 1 { print $2; exit }') (Debian package) in $((SECONDS - t))s"
+}
+
 install_controlplane
 install_helm
 install_localstack
 install_prometheus
+install_systemd_analyze
 echo "tools ready in $tools/bin ($((SECONDS - started))s)"
