@@ -72,10 +72,15 @@ apps=(
   'tag=llama-train,cores=0-15,util=85,rps=40,errors=1;tag=serve-bert,cores=16-17,util=30,rps=250;tag=warm-spare,cores=18,util=0'
   'tag=serve-llama,cores=0-1,util=60,rps=120'
 )
+# Each simulated node has a fake Neuron driver (sysfs tree, kernel log); a line appended
+# to its faults file injects a hardware fault (see neuron-monitor-sim --help).
 for i in 0 1; do
+  touch "$run/kmsg-$i" "$run/faults-$i"
   NEURON_SIM_INSTANCE_TYPE=${types[$i]} NEURON_SIM_APPS=${apps[$i]} NEURON_SIM_ECC_EVERY=30 \
+    NEURON_SIM_SYSFS_ROOT=$run/sysfs-$i NEURON_SIM_KMSG=$run/kmsg-$i NEURON_SIM_HEALTH_CONTROL=$run/faults-$i \
     "$bin/neuron-node-agent" --node-name "${nodes[$i]}" --config-namespace neuron-monitor \
     --monitor-command "$bin/neuron-monitor-sim" --listen "127.0.0.1:${agent_ports[$i]}" \
+    --sysfs-root "$run/sysfs-$i" --kmsg-path "$run/kmsg-$i" \
     --state-dir "$run/agent-$i" --cluster-name demo --log warn 2>"$run/agent-$i.log" &
   pids+=($!)
 done
@@ -148,6 +153,13 @@ $prometheus_line
 
   Edit a config and watch the agents reload within a second:
     kubectl patch nmc cluster -n neuron-monitor --type merge -p '{"spec":{"period":"3s"}}'
+
+  Break a Neuron device (an uncorrectable HBM error on device 3 of ${nodes[0]}) and see it
+  in the metrics, the Node condition and an Event:
+    echo hbm-ue:3 >> $run/faults-0
+    curl -s http://127.0.0.1:${agent_ports[0]}/metrics | grep '^neuron_device_health_state.*unhealthy'
+    kubectl get node ${nodes[0]} -o jsonpath='{.status.conditions[?(@.type=="NeuronHealth")]}'
+    kubectl get events --field-selector involvedObject.name=${nodes[0]}
 
   Ctrl-C stops everything.
 
