@@ -36,15 +36,9 @@ use neuron_node_agent::{
     state::NodeState,
 };
 use prometheus_client::registry::Registry;
+use support::compact_fixture;
 
-fn compact_fixture(name: &str) -> String {
-    let dir = std::env::var("NEURON_FIXTURES")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/neuron-monitor").to_owned());
-    let path = format!("{dir}/{name}");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {path}: {e}"));
-    let value: serde_json::Value = serde_json::from_str(&text).expect("fixture is JSON");
-    serde_json::to_string(&value).expect("re-encode")
-}
+mod support;
 
 fn pipeline(c: &mut Criterion) {
     let line = compact_fixture("trn1n.32xlarge-32runtimes.json");

@@ -196,10 +196,13 @@ fn units(cw: &CloudWatch, metric: &Metric) -> BTreeSet<String> {
     out.datapoints().iter().filter_map(|d| d.unit().map(|u| u.as_str().to_owned())).collect()
 }
 
+/// A datum as stored: namespace, metric name, dimensions, timestamp.
+type DatumKey<'a> = (&'a str, &'a str, &'a BTreeMap<String, String>, i64);
+
 /// The datums LocalStack stored: its raw datapoints grouped by metric and timestamp (a
 /// datum's values share its timestamp, and a sink's flushes are at least a second apart),
 /// with the values of each.
-fn datums(stored: &[StoredValue]) -> BTreeMap<(&str, &str, &BTreeMap<String, String>, i64), Vec<f64>> {
+fn datums(stored: &[StoredValue]) -> BTreeMap<DatumKey<'_>, Vec<f64>> {
     let mut out: BTreeMap<_, Vec<f64>> = BTreeMap::new();
     for s in stored {
         out.entry(s.datum()).or_default().push(s.value);
