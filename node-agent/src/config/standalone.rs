@@ -18,6 +18,7 @@ use std::{
 
 use api::{
     crd::NeuronMonitorConfig,
+    limits::MAX_CONFIGS_PER_NODE,
     render::{render_all, RenderedNode},
     validate::{validate, ConfigKey, ValidConfig},
 };
@@ -42,6 +43,12 @@ pub fn render_file(path: &Path, body: &[u8]) -> Result<RenderedNode, ConfigFileE
     let mut configs: Vec<ValidConfig> = Vec::new();
     for (index, document) in serde_norway::Deserializer::from_slice(body).enumerate() {
         let number = index + 1;
+        // Checked before the document is read: a file of thousands of small documents
+        // must not cost thousands of validations.
+        if configs.len() == MAX_CONFIGS_PER_NODE {
+            let reason = format!("more than {MAX_CONFIGS_PER_NODE} configs: a node runs at most that many");
+            return Err(document_error(number.to_string(), reason));
+        }
         let value = serde_norway::Value::deserialize(document)
             .map_err(|e| document_error(number.to_string(), e.to_string()))?;
         if value.is_null() {
@@ -159,5 +166,26 @@ impl Follower {
                 warn!(error = %e, "configuration file not applied; keeping the last good configuration");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(name: &str) -> String {
+        format!("apiVersion: neuronmonitor.io/v1alpha1\nkind: NeuronMonitorConfig\nmetadata: {{ name: {name}, namespace: ops }}\nspec: {{}}\n")
+    }
+
+    #[test]
+    fn a_file_may_hold_as_many_configs_as_a_node_runs_and_no_more() {
+        let file = |n: usize| (0..n).map(|i| doc(&format!("c{i}"))).collect::<Vec<_>>().join("---\n");
+        let path = Path::new("configs.yaml");
+        let rendered = render_file(path, file(3).as_bytes()).expect("three configs");
+        assert_eq!(rendered.config.routes.len(), 3);
+        let err = render_file(path, file(MAX_CONFIGS_PER_NODE + 1).as_bytes()).expect_err("one too many");
+        let text = err.to_string();
+        assert!(text.contains(&format!("document {}", MAX_CONFIGS_PER_NODE + 1)), "{text}");
+        assert!(text.contains("more than 512 configs"), "{text}");
     }
 }
