@@ -30,7 +30,6 @@ use std::{
 };
 
 use prometheus_client::{
-    encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
@@ -43,13 +42,8 @@ use self::{
 };
 use crate::{
     state::{NodeState, PodRef},
-    telemetry::{ReasonLabel, ResultLabel},
+    telemetry::{ReasonLabel, ResultLabel, SourceLabel},
 };
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SourceLabel {
-    pub source: &'static str,
-}
 
 /// Why a runtime has no pod; the values of the `reason` label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

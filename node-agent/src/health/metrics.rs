@@ -12,7 +12,7 @@ use api::limits::{MAX_NEURON_DEVICES, MAX_REPORT_LABEL_VALUE_BYTES};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeLabelSet},
-    metrics::{counter::Counter, family::Family as CounterFamily, gauge::Gauge, MetricType},
+    metrics::{counter::Counter, family::Family as MetricFamily, gauge::Gauge, MetricType},
     registry::Registry,
 };
 
@@ -25,7 +25,7 @@ use crate::{
     attribution::podresources::{SharedDevices, Unit},
     sinks::prometheus::{Family, Labels},
     state::NodeState,
-    telemetry::WhatLabel,
+    telemetry::{SourceLabel, WhatLabel},
 };
 
 pub const SOURCE_SYSFS: &str = "sysfs";
@@ -37,20 +37,15 @@ pub struct TriggerLabel {
     pub trigger: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SourceLabel {
-    pub source: &'static str,
-}
-
 /// The agent's own health-reader metrics; cloning shares them.
 #[derive(Clone, Default)]
 pub struct HealthMetrics {
-    pub sysfs_reads: CounterFamily<TriggerLabel, Counter>,
+    pub sysfs_reads: MetricFamily<TriggerLabel, Counter>,
     pub kmsg_records: Counter,
     pub kmsg_overruns: Counter,
-    pub refused: CounterFamily<WhatLabel, Counter>,
+    pub refused: MetricFamily<WhatLabel, Counter>,
     pub state_write_errors: Counter,
-    pub up: CounterFamily<SourceLabel, Gauge>,
+    pub up: MetricFamily<SourceLabel, Gauge>,
 }
 
 impl HealthMetrics {
