@@ -108,6 +108,9 @@ fn default_taint_errors() -> Vec<String> {
     DEFAULT_TAINT_ERRORS.map(str::to_owned).to_vec()
 }
 
+/// The health condition's type when neither a config nor the agent's flag sets one.
+pub const DEFAULT_CONDITION_TYPE: &str = "NeuronHealth";
+
 /// The default CloudWatch Logs group of the hardware events.
 pub const DEFAULT_LOG_GROUP: &str = "/aws/neuron/hardware-events";
 

@@ -239,3 +239,37 @@ fn the_agent_taints_its_node_on_a_fatal_fault_as_its_configuration_says() {
     drop(agent);
     rt.block_on(nodes.delete(&node, &DeleteParams::default())).expect("delete the Node");
 }
+
+/// The look-back of the node configuration (`spec.health.kmsgLookBack`) is in force when
+/// the kernel-log reader starts: the agent reads its configuration first.
+#[test]
+fn the_configured_look_back_applies_from_the_agents_start() {
+    let rt = runtime();
+    let cp = ControlPlane::shared();
+    let client = rt.block_on(cp.client());
+    let namespace = rt.block_on(cp.namespace("nm-lookback"));
+    let node = format!("neuron-node-{:08x}", random_u32());
+    rt.block_on(write_node_config(&client, &namespace, &node, serde_json::json!({ "kmsgLookBack": "10m" })));
+    let driver = FakeDriver::start("trn1.2xlarge");
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .expect("uptime");
+    assert!(uptime > 300.0, "the test needs a host up for 5 minutes");
+    // Three minutes old: beyond the flag's look-back (1m), within the configuration's (10m).
+    let stamp = ((uptime - 180.0) * 1e6) as u64;
+    driver.record(&format!("3,7,{stamp},-;NEURON_HW_ERR=DMA_ERROR nd-id=0 nc-id=0 action=TERMINATE_INSTANCE"));
+    let mut args = driver.agent_args();
+    args.extend(["--kmsg-lookback", "1m", "--node-name", &node, "--config-namespace", &namespace].map(str::to_owned));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = Agent::start_with_env(
+        sim(),
+        &["--instance-type=trn1.2xlarge"],
+        &args,
+        &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))],
+    );
+    agent.wait_for("the old record counted", WAIT, |m| {
+        let n = m.sum("neuron_hardware_errors_total", &[("neuron_device_index", "0"), ("error", "DMA_ERROR")]);
+        (n == 1.0).then_some(())
+    });
+}

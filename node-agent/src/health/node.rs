@@ -33,7 +33,7 @@ use super::{
 use crate::attribution::podresources::{SharedDevices, Unit};
 
 /// The default condition type.
-pub const CONDITION_TYPE: &str = "NeuronHealth";
+pub const CONDITION_TYPE: &str = api::node_config::DEFAULT_CONDITION_TYPE;
 /// How often the model is compared with what the Node shows.
 const TICK: Duration = Duration::from_millis(250);
 /// Bytes of a condition message or an Event note.

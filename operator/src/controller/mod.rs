@@ -17,8 +17,8 @@ use api::{
     cloudwatch::cost::{self, NodeFacts},
     crd::NeuronMonitorConfig,
     node_config::{
-        configmap_name, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION, MANAGED_LABEL, MONITOR_CONFIG_KEY,
-        NODE_ANNOTATION, NODE_CONFIG_KEY,
+        configmap_name, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION, DEFAULT_CONDITION_TYPE, MANAGED_LABEL,
+        MONITOR_CONFIG_KEY, NODE_ANNOTATION, NODE_CONFIG_KEY,
     },
 };
 use futures::{Stream, TryStreamExt};
@@ -59,9 +59,6 @@ const RESYNC: Duration = Duration::from_secs(300);
 pub const WATCH_SECONDS: u32 = 20;
 /// Changes arriving together (a rollout touching many nodes) are handled in one pass.
 const DEBOUNCE: Duration = Duration::from_millis(100);
-/// The health condition's type on nodes whose configuration does not set one (the
-/// agent's `--health-condition-type` default).
-pub const DEFAULT_HEALTH_CONDITION: &str = "NeuronHealth";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -320,7 +317,7 @@ impl Controller {
                 && self
                     .nodes
                     .get(&reflector::ObjectRef::new(node))
-                    .is_some_and(|n| nodes::condition_is_true(&n, condition_type.unwrap_or(DEFAULT_HEALTH_CONDITION)))
+                    .is_some_and(|n| nodes::condition_is_true(&n, condition_type.unwrap_or(DEFAULT_CONDITION_TYPE)))
         });
         let health_conflicts = rendering.health_conflicts();
         let facts: HashMap<String, NodeFacts> = nodes.iter().map(|n| (n.name_any(), nodes::facts(n))).collect();
