@@ -50,6 +50,12 @@ const PERIOD_PATTERN: &str = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$";
         json_path = ".status.appliedNodes",
         description = "Nodes whose agent runs this config"
     ),
+    printcolumn(
+        name = "Unhealthy",
+        type_ = "integer",
+        json_path = ".status.unhealthyNodes",
+        description = "Matched nodes whose Neuron health condition is True"
+    ),
     printcolumn(name = "Accepted", type_ = "string", json_path = ".status.conditions[?(@.type==\"Accepted\")].status"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
@@ -80,6 +86,88 @@ pub struct NeuronMonitorConfigSpec {
     /// Where the metrics go. Default: Prometheus only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sinks: Option<SinksSpec>,
+
+    /// Hardware health on the matched nodes: the Node condition's type, an optional
+    /// NoSchedule taint, the kernel-log look-back, a CloudWatch Logs event stream. Only
+    /// configs in the operator's namespace may set this. Default: metrics, the condition
+    /// `NeuronHealth` and Events on; no taint; no CloudWatch Logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthSpec>,
+}
+
+/// Node condition types the kubelet writes: the health condition must never replace one.
+pub const KUBELET_CONDITION_TYPES: [&str; 5] =
+    ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable"];
+/// A condition type: an optional DNS-subdomain prefix and `/`, then a name of at most 63
+/// letters, digits, `-`, `_`, `.` starting and ending with a letter or digit.
+pub const CONDITION_TYPE_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
+/// An error name as the kernel log writes it (`NEURON_HW_ERR=<NAME>`), or the agent's
+/// name for a sysfs signal.
+pub const ERROR_NAME_PATTERN: &str = r"^[A-Z][A-Z0-9_]{0,63}$";
+/// A CloudWatch Logs group name (CreateLogGroup's characters).
+pub const LOG_GROUP_PATTERN: &str = r"^[A-Za-z0-9_/.#-]+$";
+/// An AWS region, as for the CloudWatch sink.
+pub const REGION_PATTERN: &str = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$";
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthSpec {
+    /// Type of the Node condition carrying the devices' health. Default: the agent's
+    /// `--health-condition-type` (`NeuronHealth`). Never one of the kubelet's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 317), regex(pattern = CONDITION_TYPE_PATTERN))]
+    #[x_kube(validation = Rule::new("!(self in ['Ready', 'MemoryPressure', 'DiskPressure', 'PIDPressure', 'NetworkUnavailable'])").message("must not be a condition type the kubelet writes"))]
+    pub condition_type: Option<String>,
+
+    /// A NoSchedule taint on a node with a fatal error, so that new pods stop landing
+    /// on it. Default: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taint: Option<HealthTaintSpec>,
+
+    /// Kernel-log records this old are still taken when the agent starts (1s to 24h).
+    /// Default: the agent's `--kmsg-lookback` (5m). A change applies at the next start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), regex(pattern = PERIOD_PATTERN))]
+    #[x_kube(validation = Rule::new(LOOK_BACK_RULE).message(LOOK_BACK_MESSAGE))]
+    pub kmsg_look_back: Option<String>,
+
+    /// One JSON event per fault and per state change in CloudWatch Logs, one stream per
+    /// instance. Absent: no CloudWatch Logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<HealthLogsSpec>,
+}
+
+const LOOK_BACK_RULE: &str = "duration(self) >= duration('1s') && duration(self) <= duration('24h')";
+const LOOK_BACK_MESSAGE: &str = "must be a duration from 1s to 24h, such as 5m";
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthTaintSpec {
+    /// Taint nodes with a fatal error. Default: false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+
+    /// The error names that taint (`NEURON_HW_ERR` names, or the agent's names for sysfs
+    /// signals such as DEVICE_STATE_INVALID). Default: SRAM_UNCORRECTABLE_ERROR,
+    /// NC_UNCORRECTABLE_ERROR, HBM_UNCORRECTABLE_ERROR, DMA_ERROR, HANG_ON_COLLECTIVES.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32), extend("x-kubernetes-list-type" = "set"), inner(length(max = 64), regex(pattern = ERROR_NAME_PATTERN)))]
+    pub errors: Option<Vec<String>>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthLogsSpec {
+    /// Log group. Default: /aws/neuron/hardware-events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512), regex(pattern = LOG_GROUP_PATTERN))]
+    #[x_kube(validation = Rule::new("!self.startsWith('aws/')").message("log groups starting with aws/ are reserved for AWS services"))]
+    pub group: Option<String>,
+
+    /// AWS region. Default: the node's own region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32), regex(pattern = REGION_PATTERN))]
+    pub region: Option<String>,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -215,7 +303,7 @@ pub struct CloudWatchSinkSpec {
 
     /// AWS region. Default: the node's own region.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 32), regex(pattern = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$"))]
+    #[schemars(length(max = 32), regex(pattern = REGION_PATTERN))]
     pub region: Option<String>,
 
     /// Dimensions of every metric. Default: ClusterName, NodeName, NeuronCore,
@@ -296,4 +384,9 @@ pub struct NeuronMonitorConfigStatus {
     /// Monthly cost of those metrics at the public per-metric price, in USD.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_monthly_cost_usd: Option<String>,
+
+    /// Matched nodes (of `matchedNodes`) whose Neuron health condition is True: a device
+    /// has a fault.
+    #[serde(default)]
+    pub unhealthy_nodes: i32,
 }

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::hash::content_hash;
 use crate::{
     crd::CloudWatchSinkSpec,
+    duration::Period,
     monitor_config::{MonitorConfig, RuntimeGroup, SystemGroup},
 };
 
@@ -47,6 +48,80 @@ pub struct NodeConfig {
     pub monitor: MonitorConfig,
     /// One route per NeuronMonitorConfig that applies to the node, sorted by config.
     pub routes: Vec<Route>,
+    /// The hardware-health settings of one config of the operator's namespace (the first
+    /// in [`ValidConfig::precedes`] order that has a `health` section); `None`: the
+    /// agent's flags, no taint, no CloudWatch Logs. Absent from the JSON when `None`, so
+    /// configurations without it keep their content hash.
+    ///
+    /// [`ValidConfig::precedes`]: crate::validate::ValidConfig::precedes
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<NodeHealth>,
+}
+
+/// What the agent does with the devices' health, as one config asked (defaults resolved,
+/// except those the agent's flags give).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeHealth {
+    /// `namespace/name` of the config these settings come from.
+    pub config: String,
+    /// The Node condition's type; `None`: the agent's `--health-condition-type`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition_type: Option<String>,
+    /// The NoSchedule taint; `None`: no taint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taint: Option<NodeTaint>,
+    /// The kernel-log look-back at start-up; `None`: the agent's `--kmsg-lookback`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kmsg_look_back: Option<Period>,
+    /// The CloudWatch Logs event stream; `None`: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<LogDestination>,
+}
+
+/// The error names that taint the node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeTaint {
+    /// Sorted, without duplicates.
+    #[serde(default = "default_taint_errors")]
+    pub errors: Vec<String>,
+}
+
+impl Default for NodeTaint {
+    fn default() -> Self {
+        NodeTaint { errors: default_taint_errors() }
+    }
+}
+
+/// The errors that taint by default: the fatal `NEURON_HW_ERR` names (those AWS's
+/// node-problem-detector configuration treats as permanent; the instance is replaced).
+pub const DEFAULT_TAINT_ERRORS: [&str; 5] = [
+    "DMA_ERROR",
+    "HANG_ON_COLLECTIVES",
+    "HBM_UNCORRECTABLE_ERROR",
+    "NC_UNCORRECTABLE_ERROR",
+    "SRAM_UNCORRECTABLE_ERROR",
+];
+
+fn default_taint_errors() -> Vec<String> {
+    DEFAULT_TAINT_ERRORS.map(str::to_owned).to_vec()
+}
+
+/// The health condition's type when neither a config nor the agent's flag sets one.
+pub const DEFAULT_CONDITION_TYPE: &str = "NeuronHealth";
+
+/// The default CloudWatch Logs group of the hardware events.
+pub const DEFAULT_LOG_GROUP: &str = "/aws/neuron/hardware-events";
+
+/// Where the hardware events go in CloudWatch Logs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogDestination {
+    pub group: String,
+    /// `None`: the node's own region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
 }
 
 /// What one NeuronMonitorConfig receives on this node.

@@ -10,6 +10,10 @@
 //! (a route) only what it asked for. A union longer than [`MAX_UNION_FILTER`] is
 //! dropped: neuron-monitor then reports every application, still a superset.
 //!
+//! A node takes the health settings (`spec.health`) of one config: the first with a
+//! `health` section in the order budgets are shared out (the oldest, then by name); the
+//! others are reported as overridden there ([`Rendering::health_conflicts`]).
+//!
 //! Output is deterministic: the same configs and labels, in any order, give
 //! byte-identical JSON, so an unchanged input writes nothing.
 //!
@@ -106,6 +110,18 @@ pub struct NodeGroup {
     /// The nodes, sorted by name.
     pub nodes: Vec<String>,
     pub rendered: RenderedNode,
+    /// Configs with a `health` section whose settings are not the ones in force here
+    /// (another config's came first), sorted.
+    pub health_overridden: Vec<ConfigKey>,
+}
+
+/// A config whose health settings give way to another's on some of its nodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthConflict {
+    /// Nodes where another config's health settings are in force.
+    pub nodes: usize,
+    /// `namespace/name` of that config (on the first such nodes).
+    pub in_force: String,
 }
 
 /// The result of [`render_all`]: what every matched node runs, shared between nodes
@@ -196,6 +212,22 @@ impl Rendering {
         counts
     }
 
+    /// Configs whose health settings are not in force on some of their nodes, because
+    /// another config's come first there ([`ValidConfig::precedes`]).
+    pub fn health_conflicts(&self) -> BTreeMap<ConfigKey, HealthConflict> {
+        let mut conflicts: BTreeMap<ConfigKey, HealthConflict> = BTreeMap::new();
+        for group in &self.groups {
+            let in_force = group.rendered.config.health.as_ref().map(|h| h.config.as_str()).unwrap_or_default();
+            for key in &group.health_overridden {
+                conflicts
+                    .entry(key.clone())
+                    .or_insert_with(|| HealthConflict { nodes: 0, in_force: in_force.to_owned() })
+                    .nodes += group.nodes.len();
+            }
+        }
+        conflicts
+    }
+
     /// The nodes a config is rendered for, sorted by group then name.
     pub fn matched_node_names<'a>(&'a self, config: &'a ConfigKey) -> impl Iterator<Item = &'a str> + 'a {
         self.groups
@@ -249,7 +281,15 @@ fn merge_sorted(configs: &[&ValidConfig]) -> NodeConfig {
         // Every group carries its period: the root's would never be used.
         monitor: MonitorConfig { period: None, neuron_runtimes, system_metrics },
         routes: configs.iter().map(|c| c.route.clone()).collect(),
+        health: health_in_force(configs).and_then(|c| c.health.clone()),
     }
+}
+
+/// Of the configs with a `health` section, the one whose settings a node takes: the
+/// first in [`ValidConfig::precedes`] order (the oldest, then by name), so a new config
+/// never changes an established one's settings.
+fn health_in_force<'a>(configs: &[&'a ValidConfig]) -> Option<&'a ValidConfig> {
+    configs.iter().copied().filter(|c| c.health.is_some()).min_by(|a, b| a.precedes(b))
 }
 
 fn shortest<G: Ord + Copy>(into: &mut BTreeMap<G, Period>, from: &BTreeMap<G, Period>) {
@@ -383,10 +423,14 @@ where
         if admitted.is_empty() {
             continue;
         }
+        let in_force = health_in_force(&admitted).map(|c| &c.key);
+        let health_overridden =
+            admitted.iter().filter(|c| c.health.is_some() && Some(&c.key) != in_force).map(|c| c.key.clone()).collect();
         groups.push(NodeGroup {
             configs: admitted.iter().map(|c| c.key.clone()).collect(),
             nodes: names,
             rendered: RenderedNode::new(merge_sorted(&admitted))?,
+            health_overridden,
         });
     }
     let by_node =

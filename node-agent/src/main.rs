@@ -16,6 +16,8 @@ use neuron_node_agent::{
     health::{
         self,
         metrics::{HealthCollector, HealthMetrics},
+        settings::{HealthDefaults, SettingsReceiver},
+        taint::{TaintMetrics, Tainter},
     },
     http::{self, HttpState},
     kubernetes,
@@ -267,18 +269,25 @@ struct HealthArgs {
     health_condition_type: String,
 }
 
-/// A condition type: a name of at most 63 characters (letters, digits, `-_.`), optionally
-/// prefixed with a DNS subdomain and `/`.
+/// A condition type: an optional DNS-subdomain prefix and `/`, then a name of at most 63
+/// characters; not one of the kubelet's (the rule of `spec.health.conditionType`).
 fn parse_condition_type(s: &str) -> Result<String, String> {
-    let ok = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/');
-    if s.is_empty() || s.len() > 63 || !s.bytes().all(ok) || !s.as_bytes()[0].is_ascii_alphanumeric() {
-        return Err("at most 63 letters, digits, '-', '_', '.', '/', starting with a letter or digit".to_owned());
-    }
+    api::validate::check_condition_type(s)?;
     Ok(s.to_owned())
 }
 
 impl HealthArgs {
-    fn options(&self, proc_root: &std::path::Path, state_dir: &std::path::Path) -> health::Options {
+    /// What the flags give when no configuration sets health.
+    fn defaults(&self) -> HealthDefaults {
+        HealthDefaults { condition_type: self.health_condition_type.clone(), kmsg_look_back: self.kmsg_lookback }
+    }
+
+    fn options(
+        &self,
+        proc_root: &std::path::Path,
+        state_dir: &std::path::Path,
+        settings: SettingsReceiver,
+    ) -> health::Options {
         health::Options {
             sysfs_root: self.sysfs_root.clone(),
             kmsg_path: self.kmsg_path.clone(),
@@ -286,7 +295,7 @@ impl HealthArgs {
             state_dir: state_dir.to_owned(),
             interval: self.health_interval.max(Duration::from_millis(50)),
             heartbeat_timeout: self.heartbeat_timeout,
-            kmsg_look_back: self.kmsg_lookback,
+            settings,
         }
     }
 }
@@ -430,7 +439,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     open_state_dir(&state_dir).await?;
     let launcher = args.monitor.launcher(state_dir.clone(), &metrics);
     let builtin = MonitorConfig::all_groups(args.monitor.period);
-    let (activator, launch_specs) = Activator::start(launcher, builtin, metrics.clone())
+    let (activator, launch_specs) = Activator::start(launcher, builtin, args.health.defaults(), metrics.clone())
         .await
         .with_context(|| format!("writing the neuron-monitor configuration in {}", state_dir.display()))?;
     match source {
@@ -456,12 +465,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
         options: args.cloudwatch.options(args.source.node_name.clone()),
         metrics: cloudwatch_metrics,
     };
-    // Hardware health: its readers run on threads of their own, off the report path.
+    // On a node: the node's ConfigMap (its health settings too) before the health readers
+    // start, so the kernel-log look-back a configuration sets applies from the start.
     let shutdown = CancellationToken::new();
-    let health_options = args.health.options(&args.attribution.proc_root, &state_dir);
+    let client = match &args.source.node_name {
+        Some(node) => {
+            follow_cluster(&args, node, source, attribution.as_ref(), &activator, &metrics, &shutdown).await?
+        }
+        None => None,
+    };
+    // Hardware health: its readers run on threads of their own, off the report path.
+    let health_options = args.health.options(&args.attribution.proc_root, &state_dir, activator.health_settings());
     let health = health::start(health_options, HealthMetrics::register(&mut registry), shutdown.clone());
     let devices = attribution.as_ref().map(attribution::Sources::devices);
     registry.register_collector(Box::new(HealthCollector { health: health.clone(), state: state.clone(), devices }));
+    let taint_metrics = TaintMetrics::register(&mut registry);
     let http_state = Arc::new(HttpState {
         exposition: Exposition::new(registry, state, activator.routing()),
         pipeline: pipeline.clone(),
@@ -479,18 +497,23 @@ async fn run(args: Args) -> anyhow::Result<()> {
             standalone::Follower { path: path.to_owned(), activator: activator.clone(), metrics: metrics.clone() };
         tokio::spawn(follower.run(shutdown.clone()));
     }
-    if let Some(node) = &args.source.node_name {
-        let client = follow_cluster(&args, node, source, attribution.as_ref(), &activator, &metrics, &shutdown).await?;
-        if let Some(client) = client {
-            let reporter = health::node::NodeReporter {
-                client,
-                node: node.clone(),
-                condition_type: args.health.health_condition_type.clone(),
-                health: health.clone(),
-                devices: attribution.as_ref().map(attribution::Sources::devices),
-            };
-            tokio::spawn(reporter.run(shutdown.clone()));
-        }
+    if let (Some(node), Some(client)) = (&args.source.node_name, client) {
+        let reporter = health::node::NodeReporter {
+            client: client.clone(),
+            node: node.clone(),
+            settings: activator.health_settings(),
+            health: health.clone(),
+            devices: attribution.as_ref().map(attribution::Sources::devices),
+        };
+        tokio::spawn(reporter.run(shutdown.clone()));
+        let tainter = Tainter {
+            client,
+            node: node.clone(),
+            health: health.clone(),
+            settings: activator.health_settings(),
+            metrics: taint_metrics,
+        };
+        tokio::spawn(tainter.run(shutdown.clone()));
     }
     let supervisor = Supervisor { config: args.monitor.supervisor_config(), pipeline, metrics };
     let supervisor = tokio::spawn(supervisor.run(launch_specs, shutdown.clone()));

@@ -228,6 +228,7 @@ mod tests {
                 route("a/one", Some("a"), Some("^serve"), &[RuntimeGroup::MemoryUsed]),
                 route("ops/all", None, None, &[RuntimeGroup::NeuroncoreCounters]),
             ],
+            health: None,
         };
         let routing = Routing::compile(&config).unwrap();
         let view = routing.prometheus_view(Some("a"), "serve-1").unwrap();
@@ -242,7 +243,8 @@ mod tests {
     fn nothing_exported_without_a_prometheus_route() {
         let mut r = route("a/one", Some("a"), None, &[RuntimeGroup::MemoryUsed]);
         r.prometheus = None;
-        let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![r] }).unwrap();
+        let routing =
+            Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![r], health: None }).unwrap();
         assert_eq!(routing.prometheus_view(Some("a"), "x"), None);
     }
 
@@ -257,7 +259,7 @@ mod tests {
                 r
             })
             .collect();
-        let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes }).unwrap();
+        let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes, health: None }).unwrap();
         let view = routing.prometheus_view(None, "x").unwrap();
         assert_eq!(view.extra_labels.len(), MAX_EXTRA_LABELS_PER_SERIES);
         assert_eq!(view.dropped_labels, 60 * 16 - MAX_EXTRA_LABELS_PER_SERIES);
@@ -268,7 +270,11 @@ mod tests {
 
     #[test]
     fn a_bad_filter_is_an_error() {
-        let config = NodeConfig { monitor: Default::default(), routes: vec![route("a/one", None, Some("("), &[])] };
+        let config = NodeConfig {
+            monitor: Default::default(),
+            routes: vec![route("a/one", None, Some("("), &[])],
+            health: None,
+        };
         assert!(Routing::compile(&config).is_err());
     }
 }

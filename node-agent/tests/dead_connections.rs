@@ -33,6 +33,7 @@ fn node_configmap(node: &str, namespace: &str, period: &str) -> (ConfigMap, Stri
     let config = NodeConfig {
         monitor: MonitorConfig::all_groups(period.parse::<Period>().expect("period")),
         routes: Vec::new(),
+        health: None,
     };
     let body = serde_json::to_string(&config).expect("json");
     let hash = content_hash(body.as_bytes());

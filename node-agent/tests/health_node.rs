@@ -1,18 +1,30 @@
 //! Neuron hardware health on the Node, on the real control plane: the condition
 //! `NeuronHealth` and an Event per new fault naming the device, core, serial number,
-//! action and the pod that held the device (from the kubelet's pod-resources API).
+//! action and the pod that held the device (from the kubelet's pod-resources API); the
+//! health settings of the node configuration (condition type, NoSchedule taint) followed
+//! at runtime.
 
 mod support;
 
 use std::{ffi::OsStr, time::Duration};
 
-use k8s_openapi::api::{core::v1::Node, events::v1::Event};
+use api::{
+    crd::NeuronMonitorConfig,
+    node_config::{configmap_name, CONFIG_HASH_ANNOTATION, NODE_CONFIG_KEY},
+    render::{render, RenderedNode},
+    validate::validate,
+};
+use k8s_openapi::api::{
+    core::v1::{ConfigMap, Node, Taint},
+    events::v1::Event,
+};
 use kube::{
-    api::{ListParams, PostParams},
-    Api,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    Api, Client,
 };
 use neuron_e2e::{random_u32, wait_for, ControlPlane};
 use neuron_node_agent::attribution::podresources::NEURONDEVICE;
+use neuron_node_agent::health::taint::TAINT_KEY;
 use support::{
     driver::FakeDriver,
     kubelet::{holding, PodResourcesServer},
@@ -27,8 +39,13 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// The node's `NeuronHealth` condition as (status, reason).
 async fn condition(nodes: &Api<Node>, node: &str) -> Option<(String, String)> {
+    condition_of(nodes, node, "NeuronHealth").await
+}
+
+/// The node's condition `type_` as (status, reason).
+async fn condition_of(nodes: &Api<Node>, node: &str, type_: &str) -> Option<(String, String)> {
     let node = nodes.get_status(node).await.ok()?;
-    let c = node.status?.conditions?.into_iter().find(|c| c.type_ == "NeuronHealth")?;
+    let c = node.status?.conditions?.into_iter().find(|c| c.type_ == type_)?;
     Some((c.status, c.reason.unwrap_or_default()))
 }
 
@@ -96,4 +113,163 @@ fn a_fault_sets_the_node_condition_and_publishes_an_event_naming_the_pod() {
     assert_eq!((unhealthy[0].value, unhealthy[0].labels["pods"].as_str()), (1.0, "team-a/train-0"));
     let idle = m.find("neuron_device_health_state", &[("neuron_device_index", "0"), ("state", "healthy")]);
     assert_eq!(idle[0].labels["pods"], "", "a device no pod holds");
+}
+
+/// The node's taints.
+async fn taints(nodes: &Api<Node>, node: &str) -> Option<Vec<Taint>> {
+    Some(nodes.get(node).await.ok()?.spec?.taints.unwrap_or_default())
+}
+
+/// Writes the node's ConfigMap in `namespace` as the operator renders it for one config of
+/// the operator's namespace with this `health` section.
+async fn write_node_config(client: &Client, namespace: &str, node: &str, health: serde_json::Value) {
+    let spec = serde_json::json!({ "health": health });
+    let mut config = NeuronMonitorConfig::new("fleet", serde_json::from_value(spec).expect("spec"));
+    config.metadata.namespace = Some(namespace.to_owned());
+    let valid = validate(&config, namespace).expect("a valid config");
+    let rendered = RenderedNode::new(render(&[&valid])).expect("rendered");
+    let cm = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": { "name": configmap_name(node), "namespace": namespace,
+                      "annotations": { CONFIG_HASH_ANNOTATION: rendered.hash } },
+        "data": { NODE_CONFIG_KEY: rendered.json },
+    });
+    Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .patch(&configmap_name(node), &PatchParams::apply("e2e").force(), &Patch::Apply(&cm))
+        .await
+        .expect("write the node ConfigMap");
+}
+
+/// Tainting is off by default and follows the node configuration at runtime: on, a fatal
+/// fault taints the Node NoSchedule (another writer's taint kept) and a driver reload
+/// takes the taint away; a fault outside the taint list does not taint; turned off, the
+/// taint goes though the fault stays. The condition's type follows the configuration too.
+#[test]
+fn the_agent_taints_its_node_on_a_fatal_fault_as_its_configuration_says() {
+    let rt = runtime();
+    let cp = ControlPlane::shared();
+    let client = rt.block_on(cp.client());
+    let namespace = rt.block_on(cp.namespace("nm-taint"));
+    let node = format!("neuron-node-{:08x}", random_u32());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let other = serde_json::json!({ "key": "example.com/maintenance", "value": "planned", "effect": "NoSchedule" });
+    let object: Node = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": node }, "spec": { "taints": [other] }
+    }))
+    .expect("node");
+    // The API server adds its own (node.kubernetes.io/not-ready): other writers' taints.
+    let created = rt.block_on(nodes.create(&PostParams::default(), &object)).expect("create the Node");
+    let others = created.spec.and_then(|s| s.taints).unwrap_or_default();
+    let other: Taint = serde_json::from_value(other).expect("taint");
+    assert!(others.contains(&other), "{others:?}");
+    let with = |taint: Option<Taint>| others.iter().cloned().chain(taint).collect::<Vec<Taint>>();
+    rt.block_on(write_node_config(&client, &namespace, &node, serde_json::json!({ "taint": { "enabled": true } })));
+
+    let driver = FakeDriver::start("trn1.2xlarge");
+    let mut args = driver.agent_args();
+    args.extend(["--node-name", &node, "--config-namespace", &namespace].map(str::to_owned));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = Agent::start_with_env(
+        sim(),
+        &["--instance-type=trn1.2xlarge"],
+        &args,
+        &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))],
+    );
+    let ours = |error: &str| Taint {
+        key: TAINT_KEY.to_owned(),
+        value: Some(error.to_owned()),
+        effect: "NoSchedule".to_owned(),
+        time_added: None,
+    };
+    let taints_are = |wanted: Vec<Taint>| {
+        let nodes = nodes.clone();
+        let node = node.clone();
+        async move {
+            let got = wait_for(WAIT, || async { taints(&nodes, &node).await.filter(|t| *t == wanted) }).await;
+            assert_eq!(got, Some(wanted));
+        }
+    };
+
+    let healthy = rt
+        .block_on(wait_for(WAIT, || async { condition(&nodes, &node).await.filter(|(status, _)| status == "False") }));
+    assert_eq!(healthy.map(|c| c.1).as_deref(), Some("NeuronHasNoError"));
+    assert_eq!(rt.block_on(taints(&nodes, &node)), Some(with(None)), "healthy: no taint of ours");
+
+    // A fatal fault: tainted, the other taint kept.
+    driver.inject(&["nc-ue:0:0"]);
+    rt.block_on(taints_are(with(Some(ours("NC_UNCORRECTABLE_ERROR")))));
+    let m = agent.metrics();
+    assert_eq!(m.find("neuron_agent_health_taint_active", &[])[0].value, 1.0);
+    let writes = m.find("neuron_agent_health_taint_writes_total", &[("action", "add"), ("result", "written")]);
+    assert_eq!(writes[0].value, 1.0);
+    // A driver reload clears the fault, and the taint.
+    driver.inject(&["reload"]);
+    rt.block_on(taints_are(with(None)));
+
+    // At runtime: another condition type, and only DMA errors taint.
+    let health =
+        serde_json::json!({ "conditionType": "NeuronHardware", "taint": { "enabled": true, "errors": ["DMA_ERROR"] } });
+    rt.block_on(write_node_config(&client, &namespace, &node, health));
+    let renamed = rt.block_on(wait_for(WAIT, || async {
+        let new = condition_of(&nodes, &node, "NeuronHardware").await?;
+        condition(&nodes, &node).await.is_none().then_some(new)
+    }));
+    assert_eq!(renamed.map(|c| c.1).as_deref(), Some("NeuronHasNoError"), "the old type's condition removed");
+    driver.inject(&["nc-ue:0:0"]);
+    let faulty = rt.block_on(wait_for(WAIT, || async {
+        condition_of(&nodes, &node, "NeuronHardware").await.filter(|(status, _)| status == "True")
+    }));
+    assert!(faulty.is_some(), "the fault reaches the renamed condition");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(rt.block_on(taints(&nodes, &node)), Some(with(None)), "not in the taint list");
+    driver.inject(&["dma:0"]);
+    rt.block_on(taints_are(with(Some(ours("DMA_ERROR")))));
+
+    // Tainting turned off: the taint goes, the fault stays.
+    rt.block_on(write_node_config(
+        &client,
+        &namespace,
+        &node,
+        serde_json::json!({ "conditionType": "NeuronHardware" }),
+    ));
+    rt.block_on(taints_are(with(None)));
+    let still = rt.block_on(condition_of(&nodes, &node, "NeuronHardware"));
+    assert_eq!(still.map(|c| c.0).as_deref(), Some("True"));
+    drop(agent);
+    rt.block_on(nodes.delete(&node, &DeleteParams::default())).expect("delete the Node");
+}
+
+/// The look-back of the node configuration (`spec.health.kmsgLookBack`) is in force when
+/// the kernel-log reader starts: the agent reads its configuration first.
+#[test]
+fn the_configured_look_back_applies_from_the_agents_start() {
+    let rt = runtime();
+    let cp = ControlPlane::shared();
+    let client = rt.block_on(cp.client());
+    let namespace = rt.block_on(cp.namespace("nm-lookback"));
+    let node = format!("neuron-node-{:08x}", random_u32());
+    rt.block_on(write_node_config(&client, &namespace, &node, serde_json::json!({ "kmsgLookBack": "10m" })));
+    let driver = FakeDriver::start("trn1.2xlarge");
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .expect("uptime");
+    assert!(uptime > 300.0, "the test needs a host up for 5 minutes");
+    // Three minutes old: beyond the flag's look-back (1m), within the configuration's (10m).
+    let stamp = ((uptime - 180.0) * 1e6) as u64;
+    driver.record(&format!("3,7,{stamp},-;NEURON_HW_ERR=DMA_ERROR nd-id=0 nc-id=0 action=TERMINATE_INSTANCE"));
+    let mut args = driver.agent_args();
+    args.extend(["--kmsg-lookback", "1m", "--node-name", &node, "--config-namespace", &namespace].map(str::to_owned));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = Agent::start_with_env(
+        sim(),
+        &["--instance-type=trn1.2xlarge"],
+        &args,
+        &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))],
+    );
+    agent.wait_for("the old record counted", WAIT, |m| {
+        let n = m.sum("neuron_hardware_errors_total", &[("neuron_device_index", "0"), ("error", "DMA_ERROR")]);
+        (n == 1.0).then_some(())
+    });
 }

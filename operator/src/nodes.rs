@@ -99,6 +99,13 @@ pub fn facts(node: &Node) -> NodeFacts {
     }
 }
 
+/// Whether the node has the condition `condition_type` with status True (for the Neuron
+/// health condition: a device has a fault).
+pub fn condition_is_true(node: &Node, condition_type: &str) -> bool {
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.into_iter().flatten().any(|c| c.type_ == condition_type && c.status == "True")
+}
+
 /// Comma-separated items, trimmed, empty ones dropped.
 pub fn split_list(list: &str) -> Vec<String> {
     list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect()

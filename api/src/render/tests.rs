@@ -607,3 +607,41 @@ fn sixty_configs_of_sixteen_labels_on_the_same_runtimes_add_at_most_the_bound() 
     assert_eq!(on_series.len(), MAX_EXTRA_LABELS_PER_SERIES);
     assert_eq!(out.refused().len(), 58);
 }
+
+#[test]
+fn a_node_takes_the_oldest_health_settings_and_the_others_are_told() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let aged = |name: &str, secs: i64, spec: serde_json::Value| {
+        let mut c = NeuronMonitorConfig::new(name, serde_json::from_value(spec).unwrap());
+        c.metadata.namespace = Some(OPERATOR_NS.to_owned());
+        c.metadata.creation_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap()));
+        validate(&c, OPERATOR_NS).unwrap()
+    };
+    let old = aged("z-old", 100, json!({"health": {"conditionType": "OldType"}}));
+    let new = aged(
+        "a-new",
+        200,
+        json!({"health": {"conditionType": "NewType"}, "nodeSelector": {"matchLabels": {"pool": "x"}}}),
+    );
+    let plain = aged("b-plain", 50, json!({}));
+    let nodes = [node("n1", &[("pool", "x")]), node("n2", &[])];
+    let rendering = render_all(nodes.iter(), &[new.clone(), plain.clone(), old.clone()]).unwrap();
+    for n in ["n1", "n2"] {
+        let health = rendering.get(n).unwrap().health.as_ref().expect("health settings");
+        assert_eq!(
+            health.condition_type.as_deref(),
+            Some("OldType"),
+            "{n}: the oldest config's, not the first by name"
+        );
+    }
+    let conflicts = rendering.health_conflicts();
+    assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+    let conflict = &conflicts[&new.key];
+    assert_eq!((conflict.nodes, conflict.in_force.as_str()), (1, "neuron-monitor/z-old"));
+    // Alone, the newer one is in force; without any, nothing is rendered (same hash as before).
+    let alone = render_all(nodes.iter(), &[new.clone(), plain.clone()]).unwrap();
+    assert_eq!(alone.get("n1").unwrap().health.as_ref().unwrap().condition_type.as_deref(), Some("NewType"));
+    assert_eq!(alone.get("n2").unwrap().health, None);
+    assert!(!alone.rendered("n2").unwrap().json.contains("health"), "absent from the JSON");
+    assert!(alone.health_conflicts().is_empty());
+}

@@ -20,6 +20,9 @@
 //! - `sinks.prometheus` absent or without `enabled`: Prometheus on, no extra labels.
 //!   `sinks.cloudwatch` is copied as given; the agent fills in its defaults.
 //! - `nodeSelector` absent: every Neuron node.
+//! - `health` (operator namespace only): absent, the agent's flags, no taint, no
+//!   CloudWatch Logs; `taint.errors` absent, the fatal errors; `logs.group` absent,
+//!   `/aws/neuron/hardware-events`. Resolved into the rendered [`NodeHealth`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -28,7 +31,7 @@ use crate::crd::{NeuronMonitorConfig, RuntimeSelectorSpec, SystemMetricsSpec};
 use crate::duration::Period;
 use crate::limits::MAX_CONFIG_RENDERED_BYTES;
 use crate::monitor_config::{RuntimeGroup, SystemGroup, DEFAULT_PERIOD};
-use crate::node_config::{Route, RouteRuntimes};
+use crate::node_config::{NodeHealth, Route, RouteRuntimes};
 use k8s_openapi::jiff::Timestamp;
 
 /// Bounds of every period (the schema's CEL rule says the same).
@@ -155,6 +158,8 @@ pub struct ValidConfig {
     pub runtime_groups: BTreeMap<RuntimeGroup, Period>,
     /// Each system group the config collects, at its period.
     pub system_groups: BTreeMap<SystemGroup, Period>,
+    /// The nodes' health settings (`spec.health`), for a config of the operator's namespace.
+    pub health: Option<NodeHealth>,
 }
 
 impl ValidConfig {
@@ -220,6 +225,7 @@ pub fn validate(config: &NeuronMonitorConfig, operator_namespace: &str) -> Resul
         ));
     }
 
+    let health = node_health(spec.health.as_ref(), &key, cluster_wide, operator_namespace)?;
     let sinks = spec.sinks.clone().unwrap_or_default();
     let prometheus = prometheus_route(sinks.prometheus.as_ref())?;
     if let Some(cloudwatch) = &sinks.cloudwatch {
@@ -247,6 +253,7 @@ pub fn validate(config: &NeuronMonitorConfig, operator_namespace: &str) -> Resul
         applications,
         runtime_groups,
         system_groups,
+        health,
     })
 }
 
@@ -393,12 +400,14 @@ fn parse_period(value: Option<&str>, field: &str) -> Result<Option<Period>, Inva
     Ok(Some(period))
 }
 
+mod health;
 mod selector;
 mod sinks;
 mod tag_filter;
 
-pub use self::selector::Selector;
+pub use self::{health::check_condition_type, selector::Selector};
 use self::{
+    health::node_health,
     sinks::{check_cloudwatch, prometheus_route},
     tag_filter::check_tag_filter,
 };

@@ -427,3 +427,76 @@ fn configs_are_given_room_operator_namespace_first_then_oldest_then_by_name() {
     let order: Vec<String> = configs.iter().map(|c| c.key.to_string()).collect();
     assert_eq!(order, ["neuron-monitor/newest", "team-a/old", "team-z/old", "team-b/new", "team-a/unstamped"]);
 }
+
+#[test]
+fn health_is_for_the_operator_namespace_only() {
+    let refused = invalid("team-a", json!({"health": {}}));
+    assert_eq!((refused.field.as_str(), refused.kind), ("spec.health", Refusal::InvalidSpec));
+    assert!(refused.reason.contains(OPERATOR_NS), "{}", refused.reason);
+    assert_eq!(valid("team-a", json!({})).health, None);
+}
+
+#[test]
+fn health_defaults_resolve_and_leave_the_flags_theirs() {
+    use crate::node_config::{LogDestination, NodeTaint, DEFAULT_LOG_GROUP};
+    // Absent: nothing for the nodes (the agent's flags, no taint, no logs).
+    assert_eq!(valid(OPERATOR_NS, json!({})).health, None);
+    let h = valid(OPERATOR_NS, json!({"health": {}})).health.expect("health");
+    assert_eq!((h.config.as_str(), h.condition_type, h.kmsg_look_back), ("neuron-monitor/c", None, None));
+    assert_eq!((h.taint, h.logs), (None, None), "taint and logs off by default");
+    let h = valid(OPERATOR_NS, json!({"health": {"taint": {"enabled": true}, "logs": {}, "kmsgLookBack": "10m"}}))
+        .health
+        .expect("health");
+    assert_eq!(h.taint, Some(NodeTaint::default()));
+    assert_eq!(h.taint.unwrap().errors.len(), 5, "the fatal errors");
+    assert_eq!(h.logs, Some(LogDestination { group: DEFAULT_LOG_GROUP.to_owned(), region: None }));
+    assert_eq!(h.kmsg_look_back, Some(secs(600)));
+    let h = valid(
+        OPERATOR_NS,
+        json!({"health": {"conditionType": "example.com/NeuronHardware", "taint": {"enabled": true, "errors": ["DMA_ERROR", "DEVICE_STATE_INVALID"]},
+               "logs": {"group": "/team/neuron", "region": "eu-west-1"}}}),
+    )
+    .health
+    .expect("health");
+    assert_eq!(h.condition_type.as_deref(), Some("example.com/NeuronHardware"));
+    assert_eq!(h.taint.unwrap().errors, ["DEVICE_STATE_INVALID", "DMA_ERROR"], "sorted");
+    assert_eq!(h.logs.unwrap().region.as_deref(), Some("eu-west-1"));
+    // Tainting off: no taint for the nodes, but the list is still checked.
+    let off = valid(OPERATOR_NS, json!({"health": {"taint": {"enabled": false, "errors": ["DMA_ERROR"]}}}));
+    assert_eq!(off.health.unwrap().taint, None);
+}
+
+#[test]
+fn invalid_health_values_are_refused_by_field() {
+    let cases = [
+        (json!({"conditionType": "Ready"}), "spec.health.conditionType"),
+        (json!({"conditionType": "DiskPressure"}), "spec.health.conditionType"),
+        (json!({"conditionType": ""}), "spec.health.conditionType"),
+        (json!({"conditionType": "-Neuron"}), "spec.health.conditionType"),
+        (json!({"conditionType": "Neuron Health"}), "spec.health.conditionType"),
+        (json!({"conditionType": "Example.com/Neuron"}), "spec.health.conditionType"),
+        (json!({"conditionType": "a".repeat(64)}), "spec.health.conditionType"),
+        (json!({"taint": {"enabled": true, "errors": []}}), "spec.health.taint.errors"),
+        (json!({"taint": {"enabled": true, "errors": ["dma_error"]}}), "spec.health.taint.errors[0]"),
+        (json!({"taint": {"enabled": false, "errors": ["DMA_ERROR", "DMA_ERROR"]}}), "spec.health.taint.errors[1]"),
+        (json!({"taint": {"enabled": true, "errors": ["A".repeat(65)]}}), "spec.health.taint.errors[0]"),
+        (json!({"kmsgLookBack": "500ms"}), "spec.health.kmsgLookBack"),
+        (json!({"kmsgLookBack": "25h"}), "spec.health.kmsgLookBack"),
+        (json!({"kmsgLookBack": "5"}), "spec.health.kmsgLookBack"),
+        (json!({"logs": {"group": "aws/neuron"}}), "spec.health.logs.group"),
+        (json!({"logs": {"group": "neuron events"}}), "spec.health.logs.group"),
+        (json!({"logs": {"group": ""}}), "spec.health.logs.group"),
+        (json!({"logs": {"group": "g".repeat(513)}}), "spec.health.logs.group"),
+        (json!({"logs": {"region": "us_west_2"}}), "spec.health.logs.region"),
+    ];
+    for (health, field) in cases {
+        let refused = invalid(OPERATOR_NS, json!({ "health": health }));
+        assert_eq!(refused.field, field, "{health}: {refused}");
+    }
+    let many: Vec<String> = (0..33).map(|i| format!("E{i}")).collect();
+    let refused = invalid(OPERATOR_NS, json!({"health": {"taint": {"enabled": true, "errors": many}}}));
+    assert_eq!(refused.field, "spec.health.taint.errors");
+    for ok in ["NeuronHealth", "neuron.example.com/hardware_health", "a", "Neuron-Health.v2"] {
+        assert_eq!(check_condition_type(ok), Ok(()), "{ok}");
+    }
+}

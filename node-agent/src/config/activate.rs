@@ -1,8 +1,8 @@
 //! Putting a node configuration in force: the built-in one, a file's or the ConfigMap's
 //! all go through [`Activator`], which writes neuron-monitor's configuration file, hands
 //! neuron-monitor's supervisor the new launch spec and swaps the routing table, together,
-//! so the next report is read under the new table. A configuration that fails any step
-//! changes nothing.
+//! so the next report is read under the new table, and sends its health settings to their
+//! followers. A configuration that fails any step changes nothing.
 
 use std::{
     path::{Path, PathBuf},
@@ -11,13 +11,14 @@ use std::{
 
 use api::{
     monitor_config::MonitorConfig,
-    node_config::{content_hash, NodeConfig, NODE_CONFIG_KEY},
+    node_config::{content_hash, NodeConfig, NodeHealth, NODE_CONFIG_KEY},
 };
 use tokio::{io::AsyncReadExt, sync::watch};
 use tracing::info;
 
 use super::Launcher;
 use crate::{
+    health::settings::{self, HealthDefaults, HealthSettings, SettingsReceiver},
     monitor::LaunchSpec,
     routing::{Routing, RoutingError, SharedRouting},
     telemetry::AgentMetrics,
@@ -101,6 +102,7 @@ pub struct Candidate {
     monitor: MonitorConfig,
     routing: Routing,
     routes: usize,
+    health: Option<NodeHealth>,
 }
 
 impl Candidate {
@@ -110,7 +112,7 @@ impl Candidate {
 
     pub fn new(config: NodeConfig) -> Result<Self, ActivationError> {
         let routing = Routing::compile(&config)?;
-        Ok(Candidate { monitor: config.monitor, routing, routes: config.routes.len() })
+        Ok(Candidate { monitor: config.monitor, routing, routes: config.routes.len(), health: config.health })
     }
 }
 
@@ -122,15 +124,18 @@ pub struct Activator {
     routing: SharedRouting,
     metrics: AgentMetrics,
     in_force: Mutex<(Origin, String)>,
+    health_defaults: HealthDefaults,
+    health: watch::Sender<HealthSettings>,
 }
 
 impl Activator {
-    /// Starts on the built-in configuration `builtin`. The receiver is for neuron-monitor's
-    /// supervisor: it sees each new launch spec, and the end of the agent when the
-    /// activator is dropped.
+    /// Starts on the built-in configuration `builtin`, with the health settings of the
+    /// flags. The receiver is for neuron-monitor's supervisor: it sees each new launch
+    /// spec, and the end of the agent when the activator is dropped.
     pub async fn start(
         launcher: Launcher,
         builtin: MonitorConfig,
+        health_defaults: HealthDefaults,
         metrics: AgentMetrics,
     ) -> Result<(Self, watch::Receiver<LaunchSpec>), ActivationError> {
         let spec = launcher.prepare(&builtin).await?;
@@ -138,7 +143,14 @@ impl Activator {
         let routing = SharedRouting::default();
         metrics.config_in_force(Origin::Builtin.as_str(), "");
         let in_force = Mutex::new((Origin::Builtin, String::new()));
-        Ok((Activator { launcher, builtin, launch, routing, metrics, in_force }, specs))
+        let (health, _) = settings::channel(&health_defaults);
+        let activator = Activator { launcher, builtin, launch, routing, metrics, in_force, health_defaults, health };
+        Ok((activator, specs))
+    }
+
+    /// The health settings of the configuration in force, followed as it changes.
+    pub fn health_settings(&self) -> SettingsReceiver {
+        self.health.subscribe()
     }
 
     /// The routing table of the configuration in force, as the sinks read it.
@@ -155,13 +167,13 @@ impl Activator {
     /// Back to the built-in configuration (every group, Prometheus only).
     pub async fn activate_builtin(&self) -> Result<(), ActivationError> {
         let builtin = self.builtin.clone();
-        self.put_in_force(Origin::Builtin, "", &builtin, Routing::default()).await
+        self.put_in_force(Origin::Builtin, "", &builtin, Routing::default(), None).await
     }
 
     /// Puts a rendered configuration in force; `hash` names its content.
     pub async fn activate(&self, origin: Origin, hash: &str, candidate: Candidate) -> Result<(), ActivationError> {
-        let Candidate { monitor, routing, routes } = candidate;
-        self.put_in_force(origin, hash, &monitor, routing).await?;
+        let Candidate { monitor, routing, routes, health } = candidate;
+        self.put_in_force(origin, hash, &monitor, routing, health.as_ref()).await?;
         info!(source = origin.as_str(), %hash, routes, "node configuration in force");
         Ok(())
     }
@@ -179,10 +191,23 @@ impl Activator {
         hash: &str,
         monitor: &MonitorConfig,
         routing: Routing,
+        health: Option<&NodeHealth>,
     ) -> Result<(), ActivationError> {
         let spec = self.launcher.prepare(monitor).await?;
         self.routing.replace(routing);
         self.launch.send_replace(spec);
+        let settings = self.health_defaults.resolve(health);
+        // Only a change wakes the followers (a new route alone is not one for them).
+        self.health.send_if_modified(|current| {
+            let changed = *current != settings;
+            if changed {
+                info!(config = ?settings.config, condition_type = %settings.condition_type,
+                      taint = settings.taint_errors.is_some(), logs = ?settings.logs.as_ref().map(|l| &l.group),
+                      "health settings in force");
+                *current = settings;
+            }
+            changed
+        });
         self.metrics.config_in_force(origin.as_str(), hash);
         *self.in_force.lock().unwrap_or_else(|p| p.into_inner()) = (origin, hash.to_owned());
         Ok(())

@@ -8,7 +8,8 @@
 //!   persisted per boot in the state directory;
 //! - [`metrics`]: its Prometheus series, and the agent's own `neuron_agent_health_*`;
 //! - [`node`]: with `--node-name`, the Node condition `NeuronHealth` and an Event per
-//!   new fault.
+//!   new fault; [`taint`]: the optional NoSchedule taint of a node with a fatal error;
+//! - [`settings`]: the health settings in force (flags, then the node configuration).
 //!
 //! Each reader runs on a thread of its own (blocking reads, `poll()`), and takes the
 //! model's lock only to fold a reading or a batch of records in.
@@ -17,7 +18,9 @@ pub mod kmsg;
 pub mod metrics;
 pub mod model;
 pub mod node;
+pub mod settings;
 pub mod sysfs;
+pub mod taint;
 
 use std::{
     fs,
@@ -65,8 +68,8 @@ pub struct Options {
     pub interval: Duration,
     /// A heartbeat unchanged for longer makes its device unknown.
     pub heartbeat_timeout: Duration,
-    /// Kernel-log records this old at start-up are still taken.
-    pub kmsg_look_back: Duration,
+    /// The settings in force: the kernel-log look-back is read at each start of its reader.
+    pub settings: settings::SettingsReceiver,
 }
 
 /// Time between attempts to open a kernel log or sysfs root that is not there.
@@ -304,7 +307,7 @@ impl KmsgReader {
             let follower = Follower {
                 path: self.options.kmsg_path.clone(),
                 look_back: LookBack {
-                    window: self.options.kmsg_look_back,
+                    window: self.options.settings.borrow().kmsg_look_back,
                     uptime: read_uptime(&self.options.proc_root),
                     after_seq,
                 },

@@ -3,6 +3,9 @@
 //! `NeuronHasError_<NAME>`) and an Event for every new fault, naming the device, core,
 //! serial number, recommended action and the pods holding the device.
 //!
+//! The condition's type follows the settings in force: when a configuration changes it,
+//! the next write adds the new type and deletes the old one this agent wrote.
+//!
 //! API calls: `get` of `nodes/status` (the Node's uid and current condition), a
 //! strategic-merge `patch` of `nodes/status` when the condition changes, `create` (and `patch` for
 //! repeats) of `events.k8s.io` Events. The chart's RBAC grants exactly these.
@@ -24,12 +27,13 @@ use tracing::{info, warn};
 
 use super::{
     model::{HealthModel, Reason, State},
+    settings::SettingsReceiver,
     SharedHealth,
 };
 use crate::attribution::podresources::{SharedDevices, Unit};
 
 /// The default condition type.
-pub const CONDITION_TYPE: &str = "NeuronHealth";
+pub const CONDITION_TYPE: &str = api::node_config::DEFAULT_CONDITION_TYPE;
 /// How often the model is compared with what the Node shows.
 const TICK: Duration = Duration::from_millis(250);
 /// Bytes of a condition message or an Event note.
@@ -41,7 +45,10 @@ type FaultKey = (Option<u32>, String, String, String);
 pub struct NodeReporter {
     pub client: Client,
     pub node: String,
-    pub condition_type: String,
+    /// The condition's type is the one in force ([`HealthSettings::condition_type`]).
+    ///
+    /// [`HealthSettings::condition_type`]: super::settings::HealthSettings::condition_type
+    pub settings: SettingsReceiver,
     pub health: SharedHealth,
     pub devices: Option<SharedDevices>,
 }
@@ -111,17 +118,23 @@ impl NodeReporter {
         // The faults restored from the previous agent of this boot were announced by it.
         let mut announced: BTreeSet<FaultKey> =
             self.health.lock().unwrap_or_else(|p| p.into_inner()).restored.iter().cloned().collect();
-        let mut shown: Option<(&'static str, String, String)> = None;
+        // The condition as written, with its type.
+        let mut shown: Option<(String, (&'static str, String, String))> = None;
         loop {
+            let condition_type = self.settings.borrow().condition_type.clone();
             let wanted = {
                 let model = self.health.lock().unwrap_or_else(|p| p.into_inner());
                 model.read_once.then(|| condition(&model))
             };
-            if let Some(wanted) = wanted.filter(|w| shown.as_ref() != Some(w)) {
-                match self.patch_condition(&nodes, &wanted).await {
+            let written =
+                |w: &(&str, String, String)| shown.as_ref().is_some_and(|(t, c)| *t == condition_type && c == w);
+            if let Some(wanted) = wanted.filter(|w| !written(w)) {
+                // A new type: the condition of the old one, written by this agent, goes.
+                let old_type = shown.as_ref().map(|(t, _)| t.clone()).filter(|t| *t != condition_type);
+                match self.patch_condition(&nodes, &condition_type, &wanted, old_type.as_deref()).await {
                     Ok(()) => {
-                        info!(status = wanted.0, reason = %wanted.1, "Node condition {}", self.condition_type);
-                        shown = Some(wanted);
+                        info!(status = wanted.0, reason = %wanted.1, "Node condition {condition_type}");
+                        shown = Some((condition_type, wanted));
                     }
                     Err(e) => warn!(error = %e, "cannot write the Node's health condition; retrying"),
                 }
@@ -224,31 +237,38 @@ impl NodeReporter {
         pods
     }
 
+    /// Writes the condition `condition_type`; removes the condition `replaces` (the type
+    /// this agent wrote before the settings changed it) in the same patch.
     async fn patch_condition(
         &self,
         nodes: &Api<Node>,
+        condition_type: &str,
         (status, reason, message): &(&str, String, String),
+        replaces: Option<&str>,
     ) -> kube::Result<()> {
         // The transition time changes only with the status (kept from the Node's condition).
         let current = nodes.get_status(&self.node).await?;
-        let existing = current
-            .status
-            .and_then(|s| s.conditions)
-            .and_then(|c| c.into_iter().find(|c| c.type_ == self.condition_type));
+        let existing =
+            current.status.and_then(|s| s.conditions).and_then(|c| c.into_iter().find(|c| c.type_ == condition_type));
         let now = Time(Timestamp::now());
         let transition = match &existing {
             Some(c) if c.status == *status => c.last_transition_time.clone().unwrap_or_else(|| now.clone()),
             _ => now.clone(),
         };
         let condition = NodeCondition {
-            type_: self.condition_type.clone(),
+            type_: condition_type.to_owned(),
             status: (*status).to_owned(),
             reason: Some(reason.clone()),
             message: Some(message.clone()),
             last_heartbeat_time: Some(now),
             last_transition_time: Some(transition),
         };
-        let patch = serde_json::json!({ "status": { "conditions": [condition] } });
+        let mut conditions = vec![serde_json::to_value(condition).map_err(kube::Error::SerdeError)?];
+        if let Some(old) = replaces {
+            // Conditions merge by type: this directive deletes the old type's entry.
+            conditions.push(serde_json::json!({ "type": old, "$patch": "delete" }));
+        }
+        let patch = serde_json::json!({ "status": { "conditions": conditions } });
         nodes.patch_status(&self.node, &PatchParams::default(), &Patch::Strategic(patch)).await?;
         Ok(())
     }

@@ -17,8 +17,8 @@ use api::{
     cloudwatch::cost::{self, NodeFacts},
     crd::NeuronMonitorConfig,
     node_config::{
-        configmap_name, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION, MANAGED_LABEL, MONITOR_CONFIG_KEY,
-        NODE_ANNOTATION, NODE_CONFIG_KEY,
+        configmap_name, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION, DEFAULT_CONDITION_TYPE, MANAGED_LABEL,
+        MONITOR_CONFIG_KEY, NODE_ANNOTATION, NODE_CONFIG_KEY,
     },
 };
 use futures::{Stream, TryStreamExt};
@@ -155,14 +155,20 @@ impl Controller {
                 nodes_writer,
                 watcher(node_api, watcher::Config::default().timeout(WATCH_SECONDS))
                     .default_backoff()
-                    // Node objects are large; keep what deciding and rendering need.
+                    // Node objects are large; keep what deciding and rendering need, and
+                    // of the conditions their type and status (the unhealthy-node count).
                     .modify(|node: &mut Node| {
                         node.managed_fields_mut().clear();
                         if let Some(status) = node.status.as_mut() {
                             status.images = None;
-                            status.conditions = None;
                             status.volumes_attached = None;
                             status.volumes_in_use = None;
+                            for c in status.conditions.iter_mut().flatten() {
+                                c.reason = None;
+                                c.message = None;
+                                c.last_heartbeat_time = None;
+                                c.last_transition_time = None;
+                            }
                         }
                     }),
             ),
@@ -303,6 +309,17 @@ impl Controller {
                 && configmap.as_ref().and_then(|cm| cm.annotations().get(APPLIED_HASH_ANNOTATION))
                     == Some(&rendered.hash)
         });
+        // Of those, the nodes whose health condition (the type their configuration sets)
+        // is True: a Neuron device has a fault.
+        let unhealthy = rendering.count_matched_where(|node, rendered| {
+            let condition_type = rendered.config.health.as_ref().and_then(|h| h.condition_type.as_deref());
+            written.contains(node)
+                && self
+                    .nodes
+                    .get(&reflector::ObjectRef::new(node))
+                    .is_some_and(|n| nodes::condition_is_true(&n, condition_type.unwrap_or(DEFAULT_CONDITION_TYPE)))
+        });
+        let health_conflicts = rendering.health_conflicts();
         let facts: HashMap<String, NodeFacts> = nodes.iter().map(|n| (n.name_any(), nodes::facts(n))).collect();
         for (config, verdict) in verdicts {
             let Ok(key) = ConfigKey::of(&config) else { continue };
@@ -320,6 +337,8 @@ impl Controller {
                 matched: rendering.matched_nodes(&key),
                 carried: carried.get(&key).copied().unwrap_or(0),
                 applied: applied.get(&key).copied().unwrap_or(0),
+                unhealthy: unhealthy.get(&key).copied().unwrap_or(0),
+                health: config.spec.health.is_some().then(|| health_conflicts.get(&key).cloned()),
                 estimate,
             };
             if let Err(e) = self.update_status(&config, outcome).await {

@@ -1,5 +1,5 @@
 //! What the controller tells users about a config: its status (conditions, counts,
-//! cost estimate), written by server-side apply, and an Event when its Accepted state
+//! unhealthy nodes, cost estimate), written by server-side apply, and an Event when its Accepted state
 //! changes.
 
 use api::{
@@ -19,7 +19,10 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::{Controller, Error, MANAGER};
-use api::validate::{Invalid, Refusal};
+use api::{
+    render::HealthConflict,
+    validate::{Invalid, Refusal},
+};
 
 use crate::telemetry::ReasonLabel;
 
@@ -32,13 +35,18 @@ pub(super) struct Outcome {
     pub(super) carried: usize,
     /// Of those, nodes whose agent acknowledged that content.
     pub(super) applied: usize,
+    /// Of the carried nodes, those whose health condition is True.
+    pub(super) unhealthy: usize,
+    /// For a config with a `health` section: where another config's settings are in
+    /// force instead (`Some(None)`: nowhere).
+    pub(super) health: Option<Option<HealthConflict>>,
     /// CloudWatch metrics and monthly cost, for an accepted config with a CloudWatch sink.
     pub(super) estimate: Option<CostEstimate>,
 }
 
 impl Controller {
     pub(super) async fn update_status(&self, config: &NeuronMonitorConfig, outcome: Outcome) -> Result<(), Error> {
-        let Outcome { verdict, matched, carried, applied, estimate } = outcome;
+        let Outcome { verdict, matched, carried, applied, unhealthy, health, estimate } = outcome;
         let previous = config.status.clone().unwrap_or_default();
         let generation = config.metadata.generation;
         // Only what reached the nodes' ConfigMaps is claimed.
@@ -74,15 +82,32 @@ impl Controller {
         } else {
             (false, "Applying", format!("{applied} of {matched} node(s) run the current configuration"))
         };
-        let conditions = vec![
+        let mut conditions = vec![
             condition(&previous, "Accepted", accepted, accepted_reason, &accepted_message, generation),
             condition(&previous, "Ready", ready, ready_reason, &ready_message, generation),
         ];
+        // Health settings: only one config's are in force on a node; the others are told.
+        if let (true, Some(conflict)) = (accepted, health) {
+            let (in_force, reason, message) = match conflict {
+                None => (true, "InForce", format!("its health settings are in force on its {carried} node(s)")),
+                Some(c) => (
+                    false,
+                    "Overridden",
+                    format!(
+                        "on {} of its {matched} node(s) the health settings of {} are in force instead: a node takes \
+                         those of the oldest config with a health section (then by name)",
+                        c.nodes, c.in_force
+                    ),
+                ),
+            };
+            conditions.push(condition(&previous, "HealthSettings", in_force, reason, &message, generation));
+        }
         let status = NeuronMonitorConfigStatus {
             observed_generation: generation,
             conditions,
             matched_nodes: i32::try_from(carried).unwrap_or(i32::MAX),
             applied_nodes: i32::try_from(applied).unwrap_or(i32::MAX),
+            unhealthy_nodes: i32::try_from(unhealthy).unwrap_or(i32::MAX),
             estimated_cloud_watch_metrics: estimate.as_ref().map(|e| e.metrics as i64),
             estimated_monthly_cost_usd: estimate.as_ref().map(CostEstimate::monthly_usd_text),
         };

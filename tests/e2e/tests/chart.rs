@@ -625,6 +625,7 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         "/pods:watch",
         "/nodes/status:get",
         "/nodes/status:patch",
+        "/nodes:patch",
         "events.k8s.io/events:create",
         "events.k8s.io/events:patch",
     ];
@@ -770,6 +771,18 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
             .then_some(())
     })
     .await;
+    // Tainting turned on in the default config: the agent taints its Node with the
+    // chart's rules (patch of nodes), without a restart.
+    let health = json!({ "spec": { "health": { "taint": { "enabled": true, "errors": ["DEVICE_STATE_INVALID"] } } } });
+    configs.patch(&default_config, &PatchParams::default(), &Patch::Merge(health)).await.unwrap();
+    let taint = wait("the agent's NoSchedule taint", Duration::from_secs(60), || async {
+        let spec = nodes.get(&node_name).await.ok()?.spec?;
+        spec.taints?.into_iter().find(|t| t.key == "neuronmonitor.io/hardware-error")
+    })
+    .await;
+    assert_eq!((taint.effect.as_str(), taint.value.as_deref()), ("NoSchedule", Some("DEVICE_STATE_INVALID")));
+    // What the nodes run now (the agent follows it): the next change is compared with it.
+    let first_hash = configmaps.get(&cm_name).await.unwrap().annotations()[CONFIG_HASH_ANNOTATION].clone();
 
     // The leader steps down (SIGTERM releases the lease); the other replica takes over and
     // renders the next change, which the agent applies and acknowledges.

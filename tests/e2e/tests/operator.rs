@@ -203,7 +203,7 @@ async fn configs_render_into_node_configmaps_with_status_and_clean_up() {
     let (ok, table, err) = kubectl(s.cp, &["get", "nmc", "-n", &team, "--no-headers"], None);
     assert!(ok, "{err}");
     let columns: Vec<&str> = table.split_whitespace().collect();
-    assert_eq!(&columns[..5], &["serving", "1", "0", "True", "False"], "kubectl get nmc: {table}");
+    assert_eq!(&columns[..6], &["serving", "1", "0", "0", "True", "False"], "kubectl get nmc: {table}");
 
     // Deleting a config takes its route away; deleting a node takes its ConfigMap.
     Api::<NeuronMonitorConfig>::namespaced(s.client.clone(), &team)
@@ -226,7 +226,7 @@ async fn configs_render_into_node_configmaps_with_status_and_clean_up() {
 async fn invalid_configs_are_refused_at_admission_naming_the_field() {
     let _serial = SERIAL.lock().await;
     let s = Scenario::new("nm-admission").await;
-    let cases: [(&str, &str); 7] = [
+    let cases: [(&str, &str); 13] = [
         ("  period: 500ms\n", "spec.period"),
         ("  period: 2h\n", "spec.period"),
         ("  runtimes:\n  - metrics:\n    - type: gpu_counters\n", "spec.runtimes[0].metrics[0].type"),
@@ -237,6 +237,12 @@ async fn invalid_configs_are_refused_at_admission_naming_the_field() {
             "spec.sinks.cloudwatch.storageResolution",
         ),
         ("  sinks:\n    cloudwatch:\n      namespace: ''\n", "spec.sinks.cloudwatch.namespace"),
+        ("  health:\n    conditionType: Ready\n", "spec.health.conditionType"),
+        ("  health:\n    conditionType: 'Neuron Health'\n", "spec.health.conditionType"),
+        ("  health:\n    kmsgLookBack: 25h\n", "spec.health.kmsgLookBack"),
+        ("  health:\n    taint:\n      enabled: true\n      errors: [dma_error]\n", "spec.health.taint.errors[0]"),
+        ("  health:\n    logs:\n      group: aws/neuron\n", "spec.health.logs.group"),
+        ("  health:\n    logs:\n      region: us_west_2\n", "spec.health.logs.region"),
     ];
     for (i, (spec, field)) in cases.iter().enumerate() {
         let (ok, out) = s.apply(&config_yaml(&s.ns, &format!("bad-{i}"), &s.run, spec));
@@ -296,6 +302,13 @@ async fn what_admission_cannot_check_is_reported_and_changes_nothing() {
         .await;
     assert_eq!(nowhere.1, "NoMatchingNodes");
     assert!(nowhere.2.contains("spec.nodeSelector"), "{nowhere:?}");
+    // Health settings from a team namespace.
+    assert!(s.apply(&config_yaml(&team, "healer", &s.run, "  health:\n    taint:\n      enabled: true\n")).0);
+    let healer = s
+        .wait("healer rejected", || async { s.condition(&team, "healer", "Accepted").await.filter(|c| c.0 == "False") })
+        .await;
+    assert_eq!(healer.1, "InvalidSpec");
+    assert!(healer.2.contains("spec.health"), "{healer:?}");
     Api::<Node>::all(s.client.clone()).delete(&node, &DeleteParams::default()).await.unwrap();
 }
 
@@ -738,6 +751,92 @@ async fn a_config_file_renders_on_a_host_as_the_operator_renders_it_for_a_node()
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
     Api::<Node>::all(s.client.clone()).delete(&node, &DeleteParams::default()).await.unwrap();
+}
+
+/// `spec.health`: rendered into the nodes' configuration (one config's settings per node,
+/// the oldest's; the other config told in its status), and the matched nodes whose health
+/// condition (of the configured type) is True counted in status and `kubectl get`.
+#[tokio::test]
+async fn health_settings_are_rendered_and_unhealthy_nodes_counted() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-health").await;
+    let (_operator, _) = s.operator();
+    let (a, b) = (format!("{}-a", s.run), format!("{}-b", s.run));
+    s.node(&a, "trn1.32xlarge").await;
+    s.node(&b, "trn1.2xlarge").await;
+    let health = "  health:\n    conditionType: e2e.example.com/NeuronHardware\n    kmsgLookBack: 10m\n    taint:\n      \
+                  enabled: true\n      errors: [NC_UNCORRECTABLE_ERROR, DMA_ERROR]\n    logs:\n      region: us-west-2\n";
+    assert!(s.apply(&config_yaml(&s.ns, "fleet", &s.run, health)).0);
+    let expected = json!({
+        "config": format!("{}/fleet", s.ns),
+        "conditionType": "e2e.example.com/NeuronHardware",
+        "taint": { "errors": ["DMA_ERROR", "NC_UNCORRECTABLE_ERROR"] },
+        "kmsgLookBack": "10m",
+        "logs": { "group": "/aws/neuron/hardware-events", "region": "us-west-2" },
+    });
+    for node in [&a, &b] {
+        let config = s
+            .wait("the health settings in the node's configuration", || async {
+                s.node_config(node).await.filter(|c| c.health.is_some())
+            })
+            .await;
+        assert_eq!(serde_json::to_value(&config.health).unwrap(), expected, "{node}");
+    }
+    let status = s
+        .wait("the fleet config's status", || async {
+            let status = s.config(&s.ns, "fleet").await?.status?;
+            (status.matched_nodes == 2).then_some(status)
+        })
+        .await;
+    assert_eq!(status.unhealthy_nodes, 0);
+    let settings = status.conditions.iter().find(|c| c.type_ == "HealthSettings").expect("HealthSettings");
+    assert_eq!((settings.status.as_str(), settings.reason.as_str()), ("True", "InForce"));
+
+    // A node whose configured condition is True is unhealthy; the default type on the
+    // other node is not the one its configuration names.
+    let nodes: Api<Node> = Api::all(s.client.clone());
+    let set_condition = |node: String, type_: &'static str, status: &'static str| {
+        let nodes = nodes.clone();
+        async move {
+            let patch = json!({ "status": { "conditions": [{ "type": type_, "status": status, "reason": "E2E" }] } });
+            nodes.patch_status(&node, &PatchParams::default(), &Patch::Strategic(patch)).await.unwrap();
+        }
+    };
+    set_condition(a.clone(), "e2e.example.com/NeuronHardware", "True").await;
+    set_condition(b.clone(), "NeuronHealth", "True").await;
+    s.wait("one unhealthy node", || async {
+        (s.config(&s.ns, "fleet").await?.status?.unhealthy_nodes == 1).then_some(())
+    })
+    .await;
+    let (ok, table, err) = kubectl(s.cp, &["get", "nmc", "-n", &s.ns, "fleet", "--no-headers"], None);
+    assert!(ok, "{err}");
+    let columns: Vec<&str> = table.split_whitespace().collect();
+    assert_eq!(&columns[..4], &["fleet", "2", "0", "1"], "kubectl get nmc: {table}");
+    set_condition(a.clone(), "e2e.example.com/NeuronHardware", "False").await;
+    s.wait("healthy again", || async { (s.config(&s.ns, "fleet").await?.status?.unhealthy_nodes == 0).then_some(()) })
+        .await;
+
+    // A newer config with health settings: the nodes keep the fleet's, and it is told.
+    assert!(s.apply(&config_yaml(&s.ns, "newer", &s.run, "  health:\n    conditionType: Other\n")).0);
+    let overridden = s
+        .wait("the newer config told", || async {
+            s.condition(&s.ns, "newer", "HealthSettings").await.filter(|c| c.0 == "False")
+        })
+        .await;
+    assert_eq!(overridden.1, "Overridden");
+    assert!(
+        overridden.2.contains(&format!("{}/fleet", s.ns)) && overridden.2.contains("on 2 of its 2"),
+        "{overridden:?}"
+    );
+    assert_eq!(
+        s.node_config(&a).await.unwrap().health.unwrap().condition_type.as_deref(),
+        Some("e2e.example.com/NeuronHardware")
+    );
+    let fleet = s.condition(&s.ns, "fleet", "HealthSettings").await.unwrap();
+    assert_eq!(fleet.0, "True", "{fleet:?}");
+    for node in [&a, &b] {
+        nodes.delete(node, &DeleteParams::default()).await.unwrap();
+    }
 }
 
 /// Deletes the objects of a YAML document stream when dropped (also when a test panics).

@@ -41,7 +41,8 @@ fn route(namespace: Option<&str>, filter: Option<&str>, spec: CloudWatchSinkSpec
 
 /// Samples `state` once through the sink of `route`; the datums of one flush.
 fn sample(route: Route, state: &NodeState, agent: &AgentDimensions) -> Vec<Datum> {
-    let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![route] }).unwrap();
+    let routing =
+        Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![route], health: None }).unwrap();
     let (route, runtimes) = routing.cloudwatch_routes().next().unwrap();
     let settings = SinkSettings::check(route.cloudwatch.as_ref().unwrap()).unwrap();
     let mut view = View::new(route, runtimes, agent, settings.dimension_sets, true);
@@ -290,6 +291,7 @@ fn counters_send_increases_since_the_previous_sample() {
             s.metrics = Some(vec![CloudWatchMetric::NeuronExecutionErrors]);
             s
         })],
+        health: None,
     })
     .unwrap();
     let (r, runtimes) = routing.cloudwatch_routes().next().unwrap();

@@ -135,6 +135,7 @@ fn pod_labels_go_on_runtime_series_and_on_idle_cores_a_pod_holds() {
             }),
             cloudwatch: None,
         }],
+        health: None,
     };
     let routing = SharedRouting::default();
     routing.replace(Routing::compile(&config).unwrap());
@@ -174,7 +175,9 @@ fn extra_labels_beyond_the_cap_are_left_off_and_counted() {
         })
         .collect();
     let routing = SharedRouting::default();
-    routing.replace(Routing::compile(&api::node_config::NodeConfig { monitor: Default::default(), routes }).unwrap());
+    routing.replace(
+        Routing::compile(&api::node_config::NodeConfig { monitor: Default::default(), routes, health: None }).unwrap(),
+    );
     let text =
         Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), routing).render(Format::Classic).unwrap();
     for line in series(&text, "execution_status_total") {
