@@ -123,6 +123,7 @@ fn populated_attribution(state: &NodeState, proc_root: &Path) -> Attribution {
         PathBuf::from(proc_root),
         Arc::new(RwLock::new(pods)),
         Arc::new(RwLock::new(devices)),
+        Default::default(),
         AttributionMetrics::default(),
     )
 }

@@ -175,6 +175,12 @@ struct AttributionArgs {
     /// answer.
     #[arg(long, env = "NEURON_AGENT_POD_RESOURCES_KEEP", default_value = "5m", value_parser = parse_duration)]
     pod_resources_keep: Duration,
+
+    /// On ECS: the ECS agent's introspection API (`http://127.0.0.1:51678` on a container
+    /// instance). A runtime in an ECS task's container gets the task's ARN, family and the
+    /// container's name as labels and CloudWatch dimensions.
+    #[arg(long, env = "NEURON_AGENT_ECS_AGENT_URI", value_parser = attribution::ecs::parse_agent_uri)]
+    ecs_agent_uri: Option<::http::Uri>,
 }
 
 /// The CloudWatch sinks of the node configuration's routes.
@@ -370,6 +376,7 @@ impl AttributionArgs {
             kubelet_interval: self.pod_resources_interval,
             kubelet_timeout: self.pod_resources_timeout,
             kubelet_keep: self.pod_resources_keep,
+            ecs_agent: self.ecs_agent_uri.clone(),
         }
     }
 }
@@ -451,23 +458,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     // Reports → node state (→ pods, on a node) → sinks.
     let state = Arc::new(Mutex::new(NodeState::default()));
-    let attribution =
-        args.source.node_name.as_ref().map(|_| attribution::Sources::new(args.attribution.settings(), &mut registry));
+    let attributes = args.source.node_name.is_some() || args.attribution.ecs_agent_uri.is_some();
+    let attribution = attributes.then(|| attribution::Sources::new(args.attribution.settings(), &mut registry));
     let mut pipeline = Pipeline::new(state.clone(), metrics.clone());
     if let Some(sources) = &attribution {
         pipeline = pipeline.with_attribution(sources.attribution());
     }
     let pipeline = Arc::new(pipeline);
-    let cloudwatch_sinks = cloudwatch::Sinks {
-        state: state.clone(),
-        routing: activator.routing(),
-        reports: pipeline.subscribe(),
-        options: args.cloudwatch.options(args.source.node_name.clone()),
-        metrics: cloudwatch_metrics,
-    };
+    let shutdown = CancellationToken::new();
+    if let Some(sources) = &attribution {
+        sources.spawn_ecs_feed(&shutdown);
+    }
     // On a node: the node's ConfigMap (its health settings too) before the health readers
     // start, so the kernel-log look-back a configuration sets applies from the start.
-    let shutdown = CancellationToken::new();
     let client = match &args.source.node_name {
         Some(node) => {
             follow_cluster(&args, node, source, attribution.as_ref(), &activator, &metrics, &shutdown).await?
@@ -476,7 +479,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     // Hardware health: its readers run on threads of their own, off the report path.
     let health_options = args.health.options(&args.attribution.proc_root, &state_dir, activator.health_settings());
-    let health = health::start(health_options, HealthMetrics::register(&mut registry), shutdown.clone());
+    let reports = health::Reports { state: state.clone(), applied: pipeline.subscribe() };
+    let health = health::start(health_options, reports, HealthMetrics::register(&mut registry), shutdown.clone());
+    let cloudwatch_sinks = cloudwatch::Sinks {
+        state: state.clone(),
+        routing: activator.routing(),
+        reports: pipeline.subscribe(),
+        options: args.cloudwatch.options(args.source.node_name.clone()),
+        metrics: cloudwatch_metrics,
+        health: health.clone(),
+    };
     let devices = attribution.as_ref().map(attribution::Sources::devices);
     registry.register_collector(Box::new(HealthCollector { health: health.clone(), state: state.clone(), devices }));
     let taint_metrics = TaintMetrics::register(&mut registry);

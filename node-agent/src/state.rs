@@ -69,12 +69,23 @@ pub struct PodRef {
     pub labels: Vec<(String, String)>,
 }
 
+/// The ECS task container a runtime runs in (set by attribution from the ECS agent).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EcsContainer {
+    pub task_arn: String,
+    /// The task definition's family.
+    pub family: String,
+    /// The container's name in the task definition.
+    pub container: String,
+}
+
 /// Labels of every series of one runtime.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuntimeLabels {
     pub instance: Arc<InstanceLabels>,
     pub runtime_tag: String,
     pub pod: Option<Arc<PodRef>>,
+    pub ecs: Option<Arc<EcsContainer>>,
 }
 
 /// A core of the host no runtime holds.

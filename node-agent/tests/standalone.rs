@@ -1,5 +1,6 @@
 //! The agent without Kubernetes (`--config FILE`): the NeuronMonitorConfig documents
-//! users `kubectl apply`, run on a host by the real agent binary on the simulator.
+//! users `kubectl apply`, run on a host by the real agent binary on the simulator; on ECS,
+//! with a stand-in for the ECS agent's introspection API (the ECS agent needs Docker).
 
 mod support;
 
@@ -9,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use support::{cloudwatch, sim, Agent, TempDir, AGENT};
+use support::{cloudwatch, kubelet::FakeProc, sim, Agent, TempDir, AGENT};
 
 /// Two applications: a server and a trainer.
 const APPS: [&str; 2] = ["--app=tag=serve-1,cores=0,util=40", "--app=tag=train-1,cores=1,util=80"];
@@ -194,5 +195,125 @@ fn two_documents_publish_to_their_own_cloudwatch_namespaces() {
             assert!(v.dimensions.get(dimension).is_some_and(|d| !d.is_empty()), "{dimension} on {v:?}");
         }
     }
+    drop(agent);
+}
+
+/// A stand-in for the ECS agent's introspection API: `GET /v1/tasks` answers `tasks`.
+struct EcsAgent {
+    addr: std::net::SocketAddr,
+    requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl EcsAgent {
+    fn start(tasks: String) -> EcsAgent {
+        use std::io::BufReader;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the ECS agent stand-in");
+        let addr = listener.local_addr().expect("local address");
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        // Lives as long as the test process; each connection is one request.
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let mut reader = BufReader::new(&stream);
+                let Ok(Some(request)) = cloudwatch::read_message(&mut reader) else { continue };
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let (status, body) = match request.start.split(' ').nth(1) {
+                    Some("/v1/tasks") => ("HTTP/1.1 200 OK", tasks.clone().into_bytes()),
+                    _ => ("HTTP/1.1 404 Not Found", Vec::new()),
+                };
+                let headers = vec![("content-type".to_owned(), "application/json".to_owned())];
+                let response = cloudwatch::HttpMessage { start: status.to_owned(), headers, body };
+                let _ = response.write_to(&mut &stream);
+            }
+        });
+        EcsAgent { addr, requests }
+    }
+}
+
+#[test]
+fn an_ecs_task_s_runtime_carries_its_task_in_labels_and_dimensions() {
+    const TRAINER: &str = "5b1e7c2d9f3a4b6c8d0e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e";
+    const SERVER: &str = "c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00";
+    let arn = |id: &str| format!("arn:aws:ecs:us-west-2:123456789012:task/neuron/{id}");
+    let (train_task, serve_task) = ("0f1e2d3c4b5a69788796a5b4c3d2e1f0", "9a8b7c6d5e4f30211203f4e5d6c7b8a9");
+    let task = |id: &str, family: &str, container: &str, docker_id: &str| {
+        serde_json::json!({"Arn": arn(id), "DesiredStatus": "RUNNING", "KnownStatus": "RUNNING", "Family": family,
+            "Version": "1", "Containers": [{"DockerId": docker_id, "DockerName": format!("ecs-{family}-1-{container}"), "Name": container}]})
+    };
+    let tasks = serde_json::json!({"Tasks": [task(train_task, "bert-training", "trainer", TRAINER),
+                                              task(serve_task, "llama-inference", "server", SERVER)]});
+    let ecs = EcsAgent::start(tasks.to_string());
+    // The trainer in an ECS cgroup of cgroup v1 (task limits, cgroupfs), the server in one
+    // of cgroup v2 (systemd), a third application directly on the host.
+    let proc = FakeProc::new();
+    proc.process(4301, &format!("4:memory:/ecs/{train_task}/{TRAINER}\n1:name=systemd:/ecs/{train_task}/{TRAINER}\n"));
+    proc.process(4302, &format!("0::/ecstasks.slice/ecstasks-{serve_task}.slice/docker-{SERVER}.scope\n"));
+    proc.process(4303, "0::/system.slice/batch.service\n");
+
+    let cw = cloudwatch::CloudWatch::start();
+    let namespace = cw.namespace("Ecs");
+    let dir = TempDir::new("standalone-ecs");
+    let file = dir.0.join("neuron-monitor.yaml");
+    write(
+        &file,
+        &format!(
+            "apiVersion: neuronmonitor.io/v1alpha1\nkind: NeuronMonitorConfig\nmetadata: {{ name: all }}\n\
+             spec:\n  period: 1s\n  runtimes:\n  - metrics: [{{type: neuroncore_counters}}]\n  sinks:\n    cloudwatch:\n\
+             \x20     namespace: {namespace}\n      region: us-east-1\n\
+             \x20     dimensions: [TaskDefinitionFamily, TaskArn, ContainerName, NeuronCore]\n\
+             \x20     metrics: [neuroncore_utilization]\n      flushInterval: 1s\n"
+        ),
+    );
+    let apps = [
+        "--instance-type=trn1.32xlarge",
+        "--app=tag=train-1,cores=0,util=80,pid=4301",
+        "--app=tag=serve-1,cores=1,util=40,pid=4302",
+        "--app=tag=batch-1,cores=2,util=10,pid=4303",
+    ];
+    let uri = format!("http://{}", ecs.addr);
+    let proc_root = proc.root().to_str().expect("a UTF-8 path");
+    let agent = cloudwatch::start_agent_with_config_file(
+        &apps,
+        &file,
+        cw.addr(),
+        &["--proc-root", proc_root, "--ecs-agent-uri", &uri],
+    );
+
+    // Prometheus: each task's runtime carries its task; the host's carries none.
+    let labels = agent.wait_for("the ECS task labels on /metrics", Duration::from_secs(30), |m| {
+        let of = |tag: &str| {
+            let sample = m.find("neuroncore_utilization_ratio", &[("runtime_tag", tag)]).into_iter().next()?;
+            Some(["ecs_task_family", "ecs_container", "ecs_task_arn"].map(|k| sample.labels.get(k).cloned()))
+        };
+        let (train, serve, batch) = (of("train-1")?, of("serve-1")?, of("batch-1")?);
+        train[0].is_some().then_some((train, serve, batch))
+    });
+    let some = |v: [&str; 3]| v.map(|s| Some(s.to_owned()));
+    assert_eq!(labels.0, some(["bert-training", "trainer", &arn(train_task)]));
+    assert_eq!(labels.1, some(["llama-inference", "server", &arn(serve_task)]));
+    assert_eq!(labels.2, [None, None, None], "a host process is in no task");
+    let metrics = agent.metrics();
+    assert_eq!(metrics.value("neuron_agent_runtimes_attributed", &[("source", "ecs")]), Some(2.0));
+    assert_eq!(metrics.value("neuron_agent_ecs_containers", &[]), Some(2.0));
+    assert!(ecs.requests.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+
+    // CloudWatch: the task's family, ARN and container as dimensions, with the values;
+    // the host process's core (2) and the idle ones without them.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut by_core = std::collections::BTreeMap::new();
+    while !(by_core.contains_key("0") && by_core.contains_key("1") && by_core.contains_key("2")) {
+        for v in cw.stored().into_iter().filter(|v| v.namespace == namespace) {
+            let d = |k: &str| v.dimensions.get(k).cloned().unwrap_or_default();
+            by_core.insert(d("NeuronCore"), (d("TaskDefinitionFamily"), d("TaskArn"), d("ContainerName"), v.value));
+        }
+        assert!(Instant::now() < deadline, "datapoints of cores 0, 1 and 2; so far {by_core:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let task =
+        |family: &str, arn: String, container: &str, value: f64| (family.to_owned(), arn, container.to_owned(), value);
+    assert_eq!(by_core["0"], task("bert-training", arn(train_task), "trainer", 80.0));
+    assert_eq!(by_core["1"], task("llama-inference", arn(serve_task), "server", 40.0));
+    assert_eq!(by_core["2"], task("", String::new(), "", 10.0));
+    assert!(by_core.iter().filter(|(core, _)| !["0", "1"].contains(&core.as_str())).all(|(_, t)| t.0.is_empty()));
     drop(agent);
 }

@@ -79,7 +79,7 @@ const fn shape(
 }
 
 /// Every metric a sink can publish, in a fixed order.
-pub const CATALOGUE: [MetricShape; 11] = {
+pub const CATALOGUE: [MetricShape; 12] = {
     use CloudWatchMetric as M;
     use Level::*;
     use Unit::*;
@@ -147,6 +147,7 @@ pub const CATALOGUE: [MetricShape; 11] = {
             Some(("EventType", &ECC_EVENT_TYPES)),
             None,
         ),
+        shape(M::NeurondeviceUnhealthy, "neurondevice_unhealthy", Count, NodeDevice, None, None),
     ]
 };
 
@@ -182,6 +183,8 @@ pub fn dimension_name(d: Dimension) -> &'static str {
         Dimension::Namespace => "Namespace",
         Dimension::PodName => "PodName",
         Dimension::ContainerName => "ContainerName",
+        Dimension::TaskArn => "TaskArn",
+        Dimension::TaskDefinitionFamily => "TaskDefinitionFamily",
     }
 }
 
@@ -191,9 +194,12 @@ pub fn applies(d: Dimension, level: Level) -> bool {
     match d {
         Dimension::NeuronCore => level == Level::Core,
         Dimension::NeuronDevice => level != Level::Runtime,
-        Dimension::RuntimeTag | Dimension::Namespace | Dimension::PodName | Dimension::ContainerName => {
-            level != Level::NodeDevice
-        }
+        Dimension::RuntimeTag
+        | Dimension::Namespace
+        | Dimension::PodName
+        | Dimension::ContainerName
+        | Dimension::TaskArn
+        | Dimension::TaskDefinitionFamily => level != Level::NodeDevice,
         _ => true,
     }
 }
@@ -253,7 +259,7 @@ mod tests {
         let mut names: Vec<&str> = CATALOGUE.iter().map(|s| s.name).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 11);
+        assert_eq!(names.len(), CATALOGUE.len());
         for s in &CATALOGUE {
             assert_eq!(shape_of(s.metric), s);
         }

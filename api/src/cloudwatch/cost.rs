@@ -163,7 +163,15 @@ pub fn estimate(spec: &NeuronMonitorConfigSpec, sees_node_level: bool, nodes: &[
 /// Distinct dimension-value combinations of one metric level under one dimension set.
 fn combinations(level: Level, set: &[Dimension], nodes: &[NodeFacts]) -> u64 {
     let has = |d: Dimension| set.contains(&d) && applies(d, level);
-    let per_app = [Dimension::RuntimeTag, Dimension::PodName, Dimension::ContainerName].into_iter().any(has);
+    let per_app = [
+        Dimension::RuntimeTag,
+        Dimension::PodName,
+        Dimension::ContainerName,
+        Dimension::TaskArn,
+        Dimension::TaskDefinitionFamily,
+    ]
+    .into_iter()
+    .any(has);
     let per_node = has(Dimension::NodeName) || has(Dimension::InstanceId);
     // (combinations on one node, whether they are the node's own even when the node is not named)
     let on_node = |n: &NodeFacts| -> (u64, bool) {
@@ -261,7 +269,7 @@ mod tests {
     }
 
     #[test]
-    fn node_level_config_adds_ecc_per_device() {
+    fn node_level_config_adds_ecc_and_health_per_device() {
         let mut s = spec(sink(None));
         s.system_metrics = Some(SystemMetricsSpec {
             period: None,
@@ -269,7 +277,8 @@ mod tests {
         });
         let namespaced = estimate(&s, false, &[trn1_32()]).unwrap().metrics;
         let ops = estimate(&s, true, &[trn1_32()]).unwrap().metrics;
-        assert_eq!(ops - namespaced, 4 * 16);
+        // ECC events of 4 kinds and the health of each of the 16 devices.
+        assert_eq!(ops - namespaced, (4 + 1) * 16);
         // Without `systemMetrics`, a config in the operator's namespace collects every
         // node-level group (as validation decides), ECC included.
         let default_ops = estimate(&spec(sink(None)), true, &[trn1_32()]).unwrap().metrics;

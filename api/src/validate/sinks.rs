@@ -14,7 +14,7 @@ const MAX_LABEL_VALUE: usize = 128;
 const MAX_ROLLUPS: usize = 10;
 /// Label names the node agent already puts on its series (see the CRD's CEL rule): an
 /// extra label with one of these names would produce duplicate labels.
-const RESERVED_LABELS: [&str; 18] = [
+const RESERVED_LABELS: [&str; 21] = [
     "instance_name",
     "instance_id",
     "instance_type",
@@ -33,6 +33,9 @@ const RESERVED_LABELS: [&str; 18] = [
     "percentile",
     "event_type",
     "neuron_device_index",
+    "ecs_task_arn",
+    "ecs_task_family",
+    "ecs_container",
 ];
 
 pub(super) fn prometheus_route(spec: Option<&PrometheusSinkSpec>) -> Result<Option<PrometheusRoute>, Invalid> {

@@ -6,7 +6,8 @@
 //! - cgroupfs driver: `…/kubepods/<qos>/pod<uid>/<id>` (containerd, Docker) or `…/crio-<id>`.
 //!
 //! Seen from a private cgroup namespace the path is relative to the agent's own cgroup
-//! (`/../../kubepods-…`); the pod segment is found wherever it sits. Anything else that
+//! (`/../../kubepods-…`); the pod segment is found wherever it sits. Containers without
+//! a pod (Docker, ECS tasks) are [`Placement::Container`]. Anything else that
 //! mentions Kubernetes is [`Placement::Unknown`]: counted by the caller, never guessed.
 
 /// Where a process sits.
@@ -93,11 +94,15 @@ fn parse_path(path: &str) -> Placement {
     if segments.iter().any(|s| s.contains("kubepods")) {
         return Placement::Unknown;
     }
-    // Plain Docker: `/docker/<id>` (cgroupfs) or `/system.slice/docker-<id>.scope`.
+    // Docker without Kubernetes: `/docker/<id>` (cgroupfs), `…/docker-<id>.scope` (systemd:
+    // `system.slice`, or ECS's `ecstasks.slice/ecstasks-<task>.slice` with task limits on
+    // cgroup v2), ECS's `/ecs/<task>/<id>` (cgroupfs with task limits, cgroup v1).
     for (i, segment) in segments.iter().enumerate() {
+        let parent = |n: usize| i.checked_sub(n).map(|j| segments[j]);
         let id = match segment.strip_prefix("docker-").and_then(|s| s.strip_suffix(".scope")) {
             Some(id) => Some(id),
-            None if i > 0 && segments[i - 1] == "docker" => Some(*segment),
+            None if parent(1) == Some("docker") => Some(*segment),
+            None if parent(2) == Some("ecs") && parent(1).is_some_and(is_uid) => Some(*segment),
             None => None,
         };
         if let Some(id) = id.filter(|id| is_container_id(id)) {
@@ -111,7 +116,7 @@ fn parse_path(path: &str) -> Placement {
 /// (systemd, dashes of the UID written as underscores).
 fn pod_uid(segment: &str, under_kubepods: bool) -> Option<String> {
     if let Some(uid) = segment.strip_prefix("pod") {
-        return (under_kubepods && is_pod_uid(uid)).then(|| uid.to_owned());
+        return (under_kubepods && is_uid(uid)).then(|| uid.to_owned());
     }
     let slice = segment.strip_suffix(".slice")?;
     let (prefix, uid) = slice.rsplit_once("-pod")?;
@@ -119,11 +124,12 @@ fn pod_uid(segment: &str, under_kubepods: bool) -> Option<String> {
         return None;
     }
     let uid = uid.replace('_', "-");
-    is_pod_uid(&uid).then_some(uid)
+    is_uid(&uid).then_some(uid)
 }
 
-/// A UUID (`metadata.uid` of API pods), or the 32-hex hash that is the UID of a static pod.
-fn is_pod_uid(uid: &str) -> bool {
+/// A UUID (`metadata.uid` of API pods; an ECS task ID of the old format), or 32 hex
+/// digits (the UID of a static pod; an ECS task ID of the current format).
+fn is_uid(uid: &str) -> bool {
     let b = uid.as_bytes();
     match b.len() {
         32 => b.iter().all(u8::is_ascii_hexdigit),
@@ -208,6 +214,22 @@ mod tests {
         assert_eq!(parse("0::/\n"), Placement::Host);
         assert_eq!(parse(file!("docker-without-kubernetes")), Placement::Container { container_id: CID.to_owned() });
         assert_eq!(parse(&format!("4:memory:/docker/{CID}\n")), Placement::Container { container_id: CID.to_owned() });
+    }
+
+    #[test]
+    fn ecs_task_containers_are_containers() {
+        let container = Placement::Container { container_id: CID.to_owned() };
+        // cgroup v1, task limits on (cgroupfs): every hierarchy under /ecs/<task>/<id>.
+        assert_eq!(parse(file!("v1-ecs-task")), container);
+        // cgroup v2, task limits on (systemd), seen from the host and from a container's
+        // own cgroup namespace.
+        let task = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
+        assert_eq!(parse(&format!("0::/ecstasks.slice/ecstasks-{task}.slice/docker-{CID}.scope\n")), container);
+        assert_eq!(parse(&format!("0::/../../ecstasks.slice/ecstasks-{task}.slice/docker-{CID}.scope\n")), container);
+        // An old-format task ID is a UUID.
+        assert_eq!(parse(&format!("3:cpu:/ecs/{UID}/{CID}\n")), container);
+        // Not a task ID: not ECS's layout.
+        assert_eq!(parse(&format!("3:cpu:/ecs/web/{CID}\n")), Placement::Host);
     }
 
     #[test]

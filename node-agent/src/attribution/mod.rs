@@ -4,7 +4,9 @@
 //! - the process: `/proc/<pid>/cgroup` ([`cgroup`]) gives pod UID and container ID, the
 //!   pod watch ([`pods`]) gives their names; read once per PID and cached;
 //! - the devices: the kubelet's pod-resources API ([`podresources`]) says which
-//!   container holds which cores.
+//!   container holds which cores;
+//! - without Kubernetes, on ECS: a process in a Docker container takes the ECS task and
+//!   container the ECS agent lists for it ([`ecs`]).
 //!
 //! On the report path, [`Attribution::attribute`] only looks up caches: a runtime takes
 //! the pod of its process; a runtime whose process cannot be placed takes the pod holding
@@ -15,6 +17,7 @@
 //! [`sources`] sets it up on a node: the caches, and the tasks that feed them.
 
 pub mod cgroup;
+pub mod ecs;
 pub mod podresources;
 pub mod pods;
 pub mod sources;
@@ -37,11 +40,12 @@ use tracing::{debug, warn};
 
 use self::{
     cgroup::Placement,
+    ecs::SharedEcs,
     podresources::{DeviceOwnership, SharedDevices},
     pods::{PodIndex, SharedPods},
 };
 use crate::{
-    state::{NodeState, PodRef},
+    state::{EcsContainer, NodeState, PodRef},
     telemetry::{ReasonLabel, ResultLabel, SourceLabel},
 };
 
@@ -92,6 +96,8 @@ pub struct AttributionMetrics {
     pub kubelet_requests: Family<ResultLabel, Counter>,
     pub pods: Gauge,
     pub pod_watch_errors: Counter,
+    pub ecs_requests: Family<ResultLabel, Counter>,
+    pub ecs_containers: Gauge,
 }
 
 impl AttributionMetrics {
@@ -110,7 +116,7 @@ impl AttributionMetrics {
         );
         r.register(
             "runtimes_attributed",
-            "Runtimes of the latest report with a pod, by source (process, devices)",
+            "Runtimes of the latest report with a pod or an ECS task, by source (process, devices, ecs)",
             m.attributed.clone(),
         );
         r.register(
@@ -136,6 +142,12 @@ impl AttributionMetrics {
         );
         r.register("pods", "Running pods of this node known to the pod watch", m.pods.clone());
         r.register("pod_watch_errors", "Errors of the watch of this node's pods", m.pod_watch_errors.clone());
+        r.register(
+            "ecs_agent_requests",
+            "Calls to the ECS agent's introspection API, by result (ok, error, timeout)",
+            m.ecs_requests.clone(),
+        );
+        r.register("ecs_containers", "Containers of running ECS tasks the ECS agent lists", m.ecs_containers.clone());
         m
     }
 }
@@ -153,6 +165,7 @@ pub struct Attribution {
     proc_root: PathBuf,
     pods: SharedPods,
     devices: SharedDevices,
+    ecs: SharedEcs,
     metrics: AttributionMetrics,
     cache: Mutex<Cache>,
 }
@@ -169,9 +182,11 @@ struct PidEntry {
     /// `None`: the cgroup file was not readable.
     placement: Option<Placement>,
     read_at: Instant,
-    /// The process's pod, resolved against the pod index of generation `resolved_at`.
+    /// The process's pod, and its ECS task container when it has no pod, resolved against
+    /// the pod and ECS indexes of generations `resolved_at`.
     resolved: Result<Arc<PodRef>, Unattributed>,
-    resolved_at: Option<u64>,
+    ecs: Option<Arc<EcsContainer>>,
+    resolved_at: Option<(u64, u64)>,
     disagreement_counted: bool,
     round: u64,
 }
@@ -214,13 +229,21 @@ impl CoreOwners {
 }
 
 impl Attribution {
-    pub fn new(proc_root: PathBuf, pods: SharedPods, devices: SharedDevices, metrics: AttributionMetrics) -> Self {
-        Attribution { proc_root, pods, devices, metrics, cache: Mutex::default() }
+    pub fn new(
+        proc_root: PathBuf,
+        pods: SharedPods,
+        devices: SharedDevices,
+        ecs: SharedEcs,
+        metrics: AttributionMetrics,
+    ) -> Self {
+        Attribution { proc_root, pods, devices, ecs, metrics, cache: Mutex::default() }
     }
 
     /// Sets the pod of every runtime and idle core of `state` (after [`NodeState::apply`]).
     pub fn attribute(&self, state: &mut NodeState) {
         let pods = self.pods.read().unwrap_or_else(|p| p.into_inner());
+        let ecs = self.ecs.read().unwrap_or_else(|p| p.into_inner());
+        let generations = (pods.generation(), ecs.generation());
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let cache = &mut *cache;
         cache.round += 1;
@@ -231,6 +254,7 @@ impl Attribution {
 
         let mut by_process = 0;
         let mut by_devices = 0;
+        let mut by_ecs = 0;
         let mut unattributed = [0i64; Unattributed::ALL.len()];
         for rt in &mut state.runtimes {
             let process = match rt.pid {
@@ -241,9 +265,13 @@ impl Attribution {
                         *entry = self.read_process(pid);
                     }
                     entry.round = round;
-                    if entry.resolved_at != Some(pods.generation()) {
+                    if entry.resolved_at != Some(generations) {
                         entry.resolved = resolve(entry.placement.as_ref(), &pods);
-                        entry.resolved_at = Some(pods.generation());
+                        entry.ecs = match &entry.placement {
+                            Some(Placement::Container { container_id }) => ecs.container(container_id).cloned(),
+                            _ => None,
+                        };
+                        entry.resolved_at = Some(generations);
                     }
                     Ok(entry)
                 }
@@ -253,10 +281,13 @@ impl Attribution {
             let first = held.next().flatten();
             let device_pod = first.filter(|f| held.all(|o| o.is_some_and(|o| Arc::ptr_eq(o, f))));
 
-            let (resolved, counted) = match process {
-                Err(reason) => (Err(reason), None),
-                Ok(entry) => (entry.resolved.as_ref().map_err(|r| *r), Some(&mut entry.disagreement_counted)),
+            let (resolved, counted, ecs_container) = match process {
+                Err(reason) => (Err(reason), None, None),
+                Ok(entry) => {
+                    (entry.resolved.as_ref().map_err(|r| *r), Some(&mut entry.disagreement_counted), entry.ecs.clone())
+                }
             };
+            let mut chosen_ecs = None;
             let chosen = match resolved {
                 Ok(p) => {
                     let other = rt.cores.iter().filter_map(|c| cache.owners.get(c.index)).find(|o| disagree(p, o));
@@ -283,14 +314,21 @@ impl Attribution {
                         by_devices += 1;
                         Some(d.clone())
                     }
+                    None if ecs_container.is_some() => {
+                        by_ecs += 1;
+                        chosen_ecs = ecs_container;
+                        None
+                    }
                     None => {
                         unattributed[reason as usize] += 1;
                         None
                     }
                 },
             };
-            if rt.labels.pod != chosen {
-                Arc::make_mut(&mut rt.labels).pod = chosen;
+            if rt.labels.pod != chosen || rt.labels.ecs != chosen_ecs {
+                let labels = Arc::make_mut(&mut rt.labels);
+                labels.pod = chosen;
+                labels.ecs = chosen_ecs;
             }
         }
         for idle in &mut state.idle_cores {
@@ -303,6 +341,7 @@ impl Attribution {
 
         self.metrics.attributed.get_or_create(&SourceLabel { source: "process" }).set(by_process);
         self.metrics.attributed.get_or_create(&SourceLabel { source: "devices" }).set(by_devices);
+        self.metrics.attributed.get_or_create(&SourceLabel { source: "ecs" }).set(by_ecs);
         for (reason, count) in Unattributed::ALL.iter().zip(unattributed) {
             self.metrics.unattributed.get_or_create(&ReasonLabel { reason: reason.as_str() }).set(count);
         }
@@ -331,6 +370,7 @@ impl Attribution {
             placement,
             read_at: Instant::now(),
             resolved: Err(Unattributed::ProcUnreadable),
+            ecs: None,
             resolved_at: None,
             disagreement_counted: false,
             round: 0,

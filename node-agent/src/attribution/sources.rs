@@ -1,5 +1,6 @@
-//! Pod attribution set up on a node: the caches the report path reads, and the tasks
-//! that keep them current (the pod watch, the kubelet poller).
+//! Attribution set up on a host: the caches the report path reads, and the tasks that
+//! keep them current (on Kubernetes the pod watch and the kubelet poller, on ECS the ECS
+//! agent poller).
 
 use std::{
     path::PathBuf,
@@ -11,6 +12,7 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    ecs::{self, EcsPoller, SharedEcs},
     podresources::{DeviceOwnership, KubeletPoller, SharedDevices},
     pods::{PodIndex, PodLabelKeys, PodWatcher, SharedPods},
     Attribution, AttributionMetrics,
@@ -29,6 +31,8 @@ pub struct Settings {
     pub kubelet_timeout: Duration,
     /// How long the last known device allocations outlive a kubelet that stopped answering.
     pub kubelet_keep: Duration,
+    /// The ECS agent's introspection API, on ECS.
+    pub ecs_agent: Option<http::Uri>,
 }
 
 /// The caches of pod attribution and what feeds them.
@@ -36,6 +40,7 @@ pub struct Sources {
     settings: Settings,
     pods: SharedPods,
     devices: SharedDevices,
+    ecs: SharedEcs,
     metrics: AttributionMetrics,
 }
 
@@ -45,6 +50,7 @@ impl Sources {
         Sources {
             pods: Arc::new(RwLock::new(PodIndex::new(PodLabelKeys::new(&settings.pod_labels)))),
             devices: Arc::new(RwLock::new(DeviceOwnership::default())),
+            ecs: SharedEcs::default(),
             metrics: AttributionMetrics::register(registry),
             settings,
         }
@@ -52,7 +58,13 @@ impl Sources {
 
     /// The report path's side: lookups in these caches.
     pub fn attribution(&self) -> Attribution {
-        Attribution::new(self.settings.proc_root.clone(), self.pods.clone(), self.devices.clone(), self.metrics.clone())
+        Attribution::new(
+            self.settings.proc_root.clone(),
+            self.pods.clone(),
+            self.devices.clone(),
+            self.ecs.clone(),
+            self.metrics.clone(),
+        )
     }
 
     /// Who holds which devices, by the kubelet's account (for the health series' pods).
@@ -76,6 +88,21 @@ impl Sources {
             timeout: self.settings.kubelet_timeout,
             keep_for: self.settings.kubelet_keep,
             devices: self.devices.clone(),
+            metrics: self.metrics.clone(),
+        };
+        tokio::spawn(poller.run(shutdown.clone()));
+    }
+
+    /// With an ECS agent to ask, starts its poller, until `shutdown`.
+    pub fn spawn_ecs_feed(&self, shutdown: &CancellationToken) {
+        let Some(agent) = self.settings.ecs_agent.clone() else {
+            return;
+        };
+        let poller = EcsPoller {
+            agent,
+            interval: ecs::POLL_INTERVAL,
+            timeout: ecs::POLL_TIMEOUT,
+            index: self.ecs.clone(),
             metrics: self.metrics.clone(),
         };
         tokio::spawn(poller.run(shutdown.clone()));

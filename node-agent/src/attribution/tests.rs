@@ -89,6 +89,7 @@ struct Fixture {
     proc: FakeProc,
     pods: SharedPods,
     devices: SharedDevices,
+    ecs: SharedEcs,
     metrics: AttributionMetrics,
     attribution: Attribution,
     state: NodeState,
@@ -99,9 +100,10 @@ impl Fixture {
         let proc = FakeProc::new();
         let pods: SharedPods = Arc::new(RwLock::new(PodIndex::new(PodLabelKeys::new(&["app"]))));
         let devices: SharedDevices = Arc::new(RwLock::new(DeviceOwnership::default()));
+        let ecs: SharedEcs = Arc::default();
         let metrics = AttributionMetrics::default();
-        let attribution = Attribution::new(proc.0.clone(), pods.clone(), devices.clone(), metrics.clone());
-        Fixture { proc, pods, devices, metrics, attribution, state: NodeState::default() }
+        let attribution = Attribution::new(proc.0.clone(), pods.clone(), devices.clone(), ecs.clone(), metrics.clone());
+        Fixture { proc, pods, devices, ecs, metrics, attribution, state: NodeState::default() }
     }
 
     fn pods(&self, pods: &[Pod]) {
@@ -121,6 +123,12 @@ impl Fixture {
     fn runtime(&self, tag: &str) -> Option<(String, String, String)> {
         let rt = self.state.runtimes.iter().find(|r| r.labels.runtime_tag == tag).unwrap();
         rt.labels.pod.as_ref().map(|p| (p.namespace.clone(), p.pod.clone(), p.container.clone()))
+    }
+
+    /// (task family, container) of a runtime.
+    fn ecs_task(&self, tag: &str) -> Option<(String, String)> {
+        let rt = self.state.runtimes.iter().find(|r| r.labels.runtime_tag == tag).unwrap();
+        rt.labels.ecs.as_ref().map(|e| (e.family.clone(), e.container.clone()))
     }
 
     fn idle(&self) -> Vec<(u32, Option<String>)> {
@@ -261,4 +269,35 @@ fn pod_labels_follow_pod_changes() {
     f.report(&[("t", 101, &[0])]);
     let labels = &f.state.runtimes[0].labels.pod.as_ref().unwrap().labels;
     assert_eq!(labels, &vec![("label_app".to_owned(), "train-v2".to_owned())]);
+}
+
+#[test]
+fn a_process_in_an_ecs_task_takes_the_task_and_container_the_ecs_agent_lists() {
+    let mut f = Fixture::new();
+    let listing = include_str!("testdata/ecs/tasks.json");
+    let trainer = "5b1e7c2d9f3a4b6c8d0e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e";
+    f.proc.process(700, &format!("3:cpu:/ecs/0f1e2d3c4b5a69788796a5b4c3d2e1f0/{trainer}\n"));
+    // A Docker container no task lists, and a host process.
+    f.proc.process(701, &format!("0::/system.slice/docker-{}.scope\n", cid(9)));
+    f.proc.process(702, "0::/system.slice/sshd.service\n");
+    let apps: &[(&str, u32, &[u32])] = &[("train", 700, &[0]), ("other", 701, &[1]), ("host", 702, &[2])];
+
+    // Before the ECS agent answered: no task.
+    f.report(apps);
+    assert_eq!(f.ecs_task("train"), None);
+    assert_eq!(f.unattributed(Unattributed::NotInPod), 3);
+
+    f.ecs.write().unwrap().replace(ecs::parse_tasks(listing.as_bytes()).unwrap());
+    f.report(apps);
+    assert_eq!(f.ecs_task("train"), Some(("bert-training".into(), "trainer".into())));
+    assert_eq!(f.runtime("train"), None, "an ECS task is not a pod");
+    assert_eq!(f.ecs_task("other"), None);
+    assert_eq!(f.ecs_task("host"), None);
+    assert_eq!(f.attributed("ecs"), 1);
+    assert_eq!(f.unattributed(Unattributed::NotInPod), 2);
+
+    // The task stopped: its label goes with the next listing.
+    f.ecs.write().unwrap().replace(Default::default());
+    f.report(apps);
+    assert_eq!(f.ecs_task("train"), None);
 }

@@ -4,6 +4,7 @@
 //!   state, heartbeat, power, per-core hardware error counters, driver version);
 //! - [`kmsg`]: the kernel log (`NEURON_HW_ERR=<NAME>` records, the driver's `neuron:`
 //!   error records), followed from `/dev/kmsg` or a regular file;
+//! - [`monitor`]: neuron-monitor's reports (ECC events, hardware execution errors);
 //! - [`model`]: the health of each device (healthy / unhealthy / unknown and why),
 //!   persisted per boot in the state directory;
 //! - [`metrics`]: its Prometheus series, and the agent's own `neuron_agent_health_*`;
@@ -17,6 +18,7 @@
 pub mod kmsg;
 pub mod metrics;
 pub mod model;
+pub mod monitor;
 pub mod node;
 pub mod settings;
 pub mod sysfs;
@@ -35,6 +37,7 @@ use std::{
 };
 
 use api::limits::MAX_HEALTH_STATE_BYTES;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -42,10 +45,12 @@ use self::{
     kmsg::{Follower, LookBack},
     metrics::HealthMetrics,
     model::{Changes, HealthModel, Persisted},
+    monitor::MonitorReader,
 };
 use crate::{
     config::check_state_dir,
     ratelimit::{Decision, RateLimit},
+    state::NodeState,
 };
 
 /// The model, shared by the readers and the exposition.
@@ -77,8 +82,14 @@ const RETRY: Duration = Duration::from_secs(10);
 /// Longest single wait of a reader thread, so that it notices shutdown.
 const TICK: Duration = Duration::from_millis(500);
 
-/// Starts both readers; they stop with `shutdown`. Call within the tokio runtime.
-pub fn start(options: Options, metrics: HealthMetrics, shutdown: CancellationToken) -> SharedHealth {
+/// The node state and the count of reports applied to it (`Pipeline::subscribe`).
+pub struct Reports {
+    pub state: Arc<Mutex<NodeState>>,
+    pub applied: watch::Receiver<u64>,
+}
+
+/// Starts the readers; they stop with `shutdown`. Call within the tokio runtime.
+pub fn start(options: Options, reports: Reports, metrics: HealthMetrics, shutdown: CancellationToken) -> SharedHealth {
     let boot_id = read_boot_id(&options.proc_root);
     let mut model = HealthModel::new(boot_id.clone().unwrap_or_default(), options.heartbeat_timeout);
     if boot_id.is_none() {
@@ -117,8 +128,11 @@ pub fn start(options: Options, metrics: HealthMetrics, shutdown: CancellationTok
         stop: stop.clone(),
     };
     spawn("health-sysfs", Box::new(move || sysfs.run()));
-    let kernel = KmsgReader { options, health: health.clone(), metrics, writer, stop };
+    let kernel = KmsgReader { options, health: health.clone(), metrics, writer: writer.clone(), stop: stop.clone() };
     spawn("health-kmsg", Box::new(move || kernel.run()));
+    let monitor =
+        MonitorReader { health: health.clone(), writer, stop, state: reports.state, applied: reports.applied };
+    spawn("health-monitor", Box::new(move || monitor.run()));
     health
 }
 

@@ -10,6 +10,9 @@
 //! - Without a reason, a device is `unknown` when its health cannot be told: no driver
 //!   tree, unreadable files, a device being reset, a heartbeat that stopped advancing.
 //!   Never `healthy` for lack of data.
+//! - neuron-monitor's reports are a third source ([`HealthModel::apply_monitor`]), for what
+//!   the other two did not already say: its uncorrected ECC events for a device without a
+//!   sysfs reading, and executions failed by a hardware error on a device with no reason.
 
 use std::{
     collections::BTreeMap,
@@ -51,6 +54,8 @@ pub const ACTION_RELOAD: &str = "RELOAD_DRIVER_OR_REBOOT";
 /// The name of a fault from the sysfs tree that the kernel log has no name for.
 pub const UNHEALTHY_COMPONENT: &str = "UNHEALTHY_COMPONENT";
 pub const DEVICE_STATE_INVALID: &str = "DEVICE_STATE_INVALID";
+/// Executions that failed with a hardware error (neuron-monitor's `execution_stats`).
+pub const EXECUTION_HW_ERROR: &str = "EXECUTION_HARDWARE_ERROR";
 /// Kernel-log names beyond [`MAX_HEALTH_ERROR_NAMES`].
 pub const OTHER_ERROR: &str = "OTHER";
 
@@ -60,6 +65,7 @@ pub const OTHER_ERROR: &str = "OTHER";
 pub enum Source {
     KernelLog,
     Sysfs,
+    NeuronMonitor,
 }
 
 /// One fault of a device, as long as it lasts.
@@ -283,6 +289,54 @@ impl HealthModel {
         self.dirty = true;
     }
 
+    /// Folds in what neuron-monitor's latest report says of the devices' health.
+    pub fn apply_monitor(&mut self, signals: &MonitorSignals, now: u64) -> Changes {
+        let mut changes = Changes::default();
+        let reason = |error: &str, counter: &str, count: u64| Reason {
+            error: error.to_owned(),
+            component: String::new(),
+            counter: counter.to_owned(),
+            source: Source::NeuronMonitor,
+            action: default_action(error).to_owned(),
+            core: None,
+            serial: None,
+            first_seen: now,
+            last_seen: now,
+            count,
+        };
+        let mut found = Vec::new();
+        for (device, memory, count) in &signals.uncorrected_ecc {
+            // The driver's own counters, when read, say the same with more detail.
+            if self.devices.get(device).is_none_or(|d| d.reading.is_none()) && *count > 0 {
+                let (error, counter) = match *memory {
+                    "hbm" => ("HBM_UNCORRECTABLE_ERROR", "neuron_hw_counters/mem_ecc_uncorrected"),
+                    _ => ("SRAM_UNCORRECTABLE_ERROR", "neuron_hw_counters/sram_ecc_uncorrected"),
+                };
+                found.push((*device, reason(error, counter, *count)));
+            }
+        }
+        for (device, count) in &signals.hardware_errors {
+            // The kernel log or the driver's counters usually name the fault first.
+            if self.devices.get(device).is_none_or(|d| d.reasons.is_empty()) && *count > 0 {
+                found.push((*device, reason(EXECUTION_HW_ERROR, "execution_stats/error_summary/hardware", *count)));
+            }
+        }
+        for (index, reason) in found {
+            if index >= MAX_NEURON_DEVICES {
+                continue;
+            }
+            let device = self.devices.entry(index).or_default();
+            let new = !device.reasons.contains_key(&key(&reason));
+            if device.upsert(reason.clone(), false) {
+                self.dirty = true;
+                if new {
+                    changes.new_faults.push((Some(index), reason));
+                }
+            }
+        }
+        changes
+    }
+
     /// Folds kernel-log events in.
     pub fn apply_events(&mut self, events: Vec<(Option<u64>, Event)>, last_seq: Option<u64>, now: u64) -> Changes {
         let mut changes = Changes::default();
@@ -457,6 +511,16 @@ fn sysfs_reasons(r: &DeviceReading, now: u64) -> Vec<Reason> {
     }
     debug_assert!(out.iter().all(|r| r.error != REPAIRABLE_HBM_ERROR || r.action == ACTION_RELOAD));
     out
+}
+
+/// What one neuron-monitor report says of the devices' health.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MonitorSignals {
+    /// (device, memory `hbm`/`sram`, uncorrected ECC events since the agent started).
+    pub uncorrected_ecc: Vec<(u32, &'static str, u64)>,
+    /// (device, executions failed by a hardware error since the agent started, of the
+    /// applications on that device's cores).
+    pub hardware_errors: Vec<(u32, u64)>,
 }
 
 /// The health state file, keyed by boot id.

@@ -201,6 +201,11 @@ impl EncodeLabelSet for Labels<'_> {
                 }
             }
         }
+        if let Some(ecs) = self.runtime.and_then(|rt| rt.ecs.as_deref()) {
+            ("ecs_task_arn", ecs.task_arn.as_str()).encode(encoder.encode_label())?;
+            ("ecs_task_family", ecs.family.as_str()).encode(encoder.encode_label())?;
+            ("ecs_container", ecs.container.as_str()).encode(encoder.encode_label())?;
+        }
         for (key, value) in self.config.into_iter().flatten() {
             (key.as_str(), value.as_str()).encode(encoder.encode_label())?;
         }

@@ -47,6 +47,7 @@ impl NodeState {
                     instance: self.instance.clone(),
                     runtime_tag: tag,
                     pod: None,
+                    ecs: None,
                 })),
             };
             state.pid = entry.pid;

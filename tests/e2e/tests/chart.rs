@@ -699,6 +699,18 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     }
 
     // The agent, as the DaemonSet runs it: it follows and acknowledges its ConfigMap.
+    // The driver's tree is the node's /sys, mounted read-only where --sysfs-root says.
+    let sysfs_root = strings(&agent_container["args"])
+        .into_iter()
+        .find_map(|a| a.strip_prefix("--sysfs-root=").map(str::to_owned))
+        .expect("the chart gives the agent --sysfs-root");
+    let sys_mount = agent_container["volumeMounts"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .find(|m| m["mountPath"].as_str() == Some(sysfs_root.as_str()))
+        .expect("a volume mounted at --sysfs-root");
+    assert_eq!(sys_mount["readOnly"].as_bool(), Some(true), "the sysfs tree is mounted read-only: {sys_mount:?}");
     let agent_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let mut agent_args = chart_args(
         &agent_container,
@@ -708,6 +720,7 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
             ("--state-dir", dir.join("state").display().to_string()),
             ("--pod-resources-socket", dir.join("kubelet.sock").display().to_string()),
             ("--log-format", "text".into()),
+            ("--sysfs-root", dir.join("sys").display().to_string()),
         ],
     );
     // A driver tree with one device in the invalid state: the Node condition and an
@@ -716,7 +729,6 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     std::fs::create_dir_all(&device).unwrap();
     std::fs::write(device.join("reset"), "2\n").unwrap();
     std::fs::write(dir.join("kmsg"), "").unwrap();
-    agent_args.push(format!("--sysfs-root={}", dir.join("sys").display()));
     agent_args.push(format!("--kmsg-path={}", dir.join("kmsg").display()));
     // No host to attribute on: an empty proc root.
     agent_args.push(format!("--proc-root={}", dir.join("proc").display()));
@@ -998,12 +1010,19 @@ impl Drop for Tied {
 }
 
 /// A standalone agent on the simulator (no Kubernetes), serving on a free port.
+/// The agent on the simulator, with the simulator's fake driver tree and kernel log.
 fn standalone_agent(state_dir: &Path, sim_args: &[&str]) -> (Tied, SocketAddr) {
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (sys, kmsg) = (state_dir.join("sys"), state_dir.join("kmsg"));
     let mut command = Command::new(workspace_bin("neuron-node-agent"));
     command
         .arg("--monitor-command")
         .arg(workspace_bin("neuron-monitor-sim"))
+        .arg(format!("--monitor-arg=--sysfs-root={}", sys.display()))
+        .arg(format!("--monitor-arg=--kmsg={}", kmsg.display()))
+        .arg(format!("--sysfs-root={}", sys.display()))
+        .arg(format!("--kmsg-path={}", kmsg.display()))
+        .arg("--health-interval=1s")
         .arg(format!("--listen={addr}"))
         .arg(format!("--state-dir={}", state_dir.display()))
         .arg("--period=1s")
@@ -1058,12 +1077,18 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     }
     assert!(queries.len() >= 20, "{} queries", queries.len());
 
-    // Two simulated nodes: a healthy trn1 with ECC events, and an inf2 whose
-    // neuron-monitor crashes, writes garbage and has a group in error.
+    // Two simulated nodes: a trn1 with ECC events and an uncorrectable HBM error on its
+    // device, and an inf2 whose neuron-monitor crashes, writes garbage and has a group in
+    // error.
     let dir = std::env::temp_dir().join(format!("neuron-e2e-dashboard-{:08x}", random_u32()));
-    let healthy = standalone_agent(
+    let trn1 = standalone_agent(
         &dir.join("a"),
-        &["--instance-type=trn1.2xlarge", "--app=tag=serve,cores=0,util=60,rps=50,errors=2", "--ecc-every=2"],
+        &[
+            "--instance-type=trn1.2xlarge",
+            "--app=tag=serve,cores=0,util=60,rps=50,errors=2",
+            "--ecc-every=2",
+            "--health-fault=hbm-ue:0@1s",
+        ],
     );
     let faulty = standalone_agent(
         &dir.join("b"),
@@ -1077,7 +1102,7 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     );
     let scrape = format!(
         "  - job_name: neuron-node-agent\n    static_configs:\n      - targets: ['{}']\n        labels: {{node: sim-a}}\n      - targets: ['{}']\n        labels: {{node: sim-b}}\n",
-        healthy.1, faulty.1
+        trn1.1, faulty.1
     );
     let prometheus = Prometheus::start(&scrape).expect("prometheus");
     prometheus
@@ -1105,7 +1130,7 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     assert!(empty.is_empty(), "queries without data:\n{}", empty.join("\n"));
     println!("{} dashboard queries answered in {:?}", queries.len(), started.elapsed());
     drop(prometheus);
-    drop(healthy);
+    drop(trn1);
     drop(faulty);
     let _ = std::fs::remove_dir_all(&dir);
 }

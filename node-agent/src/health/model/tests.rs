@@ -195,3 +195,43 @@ fn error_names_are_bounded() {
     assert_eq!(changes.names_over_limit, 3);
     assert_eq!(m.kernel_errors[&(Some(0), OTHER_ERROR.to_owned())], 3);
 }
+
+#[test]
+fn neuron_monitor_fills_in_what_sysfs_and_the_kernel_log_did_not_say() {
+    let mut m = model();
+    // Device 0 has a sysfs reading, device 1 none (an older driver, or no tree mounted).
+    m.apply_reading(node(vec![ready(0)]), 100, Instant::now());
+    let signals = MonitorSignals { uncorrected_ecc: vec![(0, "hbm", 2), (1, "sram", 1)], hardware_errors: vec![] };
+    let changes = m.apply_monitor(&signals, 110);
+    // Device 0's own counters say nothing: the driver's tree wins over neuron-monitor.
+    assert_eq!(m.devices[&0].state(), State::Healthy);
+    assert_eq!(m.devices[&1].state(), State::Unhealthy);
+    assert_eq!(changes.new_faults.len(), 1, "{changes:?}");
+    let (device, reason) = &changes.new_faults[0];
+    assert_eq!(
+        (*device, reason.error.as_str(), reason.source),
+        (Some(1), "SRAM_UNCORRECTABLE_ERROR", Source::NeuronMonitor)
+    );
+    // The same count again is no new fault.
+    assert!(m.apply_monitor(&signals, 120).new_faults.is_empty());
+
+    // Executions failed by a hardware error on device 0, which has no reason yet.
+    let errors = MonitorSignals { uncorrected_ecc: vec![], hardware_errors: vec![(0, 3)] };
+    let changes = m.apply_monitor(&errors, 130);
+    assert_eq!(m.devices[&0].state(), State::Unhealthy);
+    assert_eq!(changes.new_faults.len(), 1);
+    assert_eq!(m.devices[&0].worst().map(|r| (r.error.as_str(), r.count)), Some((EXECUTION_HW_ERROR, 3)));
+    // Nothing counted: nothing changes.
+    let none = MonitorSignals { uncorrected_ecc: vec![(2, "hbm", 0)], hardware_errors: vec![(3, 0)] };
+    assert!(m.apply_monitor(&none, 140).new_faults.is_empty());
+    assert!(!m.devices.contains_key(&2) && !m.devices.contains_key(&3));
+}
+
+#[test]
+fn a_device_the_kernel_log_named_takes_no_execution_error_reason() {
+    let mut m = model();
+    m.apply_events(vec![event("NEURON_HW_ERR=NC_UNCORRECTABLE_ERROR nd-id=4 nc-id=1")], Some(1), 100);
+    let changes = m.apply_monitor(&MonitorSignals { uncorrected_ecc: vec![], hardware_errors: vec![(4, 1)] }, 101);
+    assert!(changes.new_faults.is_empty(), "{changes:?}");
+    assert_eq!(m.devices[&4].reasons.len(), 1);
+}

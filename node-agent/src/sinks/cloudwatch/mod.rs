@@ -38,6 +38,7 @@ use self::{
     select::{AgentDimensions, View},
 };
 use crate::{
+    health::{model::State, SharedHealth},
     routing::{Routing, Selection, SharedRouting},
     state::NodeState,
 };
@@ -79,6 +80,22 @@ pub struct Sinks {
     pub reports: watch::Receiver<u64>,
     pub options: Options,
     pub metrics: CloudWatchMetrics,
+    /// The devices' health, for `neurondevice_unhealthy`.
+    pub health: SharedHealth,
+}
+
+/// (device, unhealthy) of every device whose health is known.
+fn device_health(health: &SharedHealth) -> Vec<(u32, bool)> {
+    let model = health.lock().unwrap_or_else(|p| p.into_inner());
+    model
+        .devices
+        .iter()
+        .filter_map(|(index, device)| match device.state() {
+            State::Healthy => Some((*index, false)),
+            State::Unhealthy => Some((*index, true)),
+            State::Unknown => None,
+        })
+        .collect()
 }
 
 impl Sinks {
@@ -101,11 +118,13 @@ impl Sinks {
             if running.is_empty() {
                 continue;
             }
+            let devices = device_health(&self.health);
             let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             for sink in &running {
                 let mut collect = sink.shared.collect.lock().unwrap_or_else(|p| p.into_inner());
                 let (view, acc) = &mut *collect;
                 view.sample(&state, acc);
+                view.sample_health(&state.instance, &devices, acc);
                 if !state.instance.region.is_empty() {
                     let mut region = sink.shared.region.lock().unwrap_or_else(|p| p.into_inner());
                     if region.as_deref() != Some(state.instance.region.as_str()) {

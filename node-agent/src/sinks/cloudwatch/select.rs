@@ -26,7 +26,7 @@ use api::{
 use super::datum::{Accumulator, MetricKey, MAX_DIMENSIONS};
 use crate::{
     routing::Selection,
-    state::{InstanceLabels, NodeState, PodRef, RuntimeState},
+    state::{EcsContainer, InstanceLabels, NodeState, PodRef, RuntimeState},
 };
 
 /// The sink's selection, and the counter values it last saw.
@@ -60,6 +60,7 @@ struct Origin<'a> {
     instance: &'a InstanceLabels,
     runtime_tag: Option<&'a str>,
     pod: Option<&'a PodRef>,
+    ecs: Option<&'a EcsContainer>,
     core: Option<u32>,
     device: Option<u32>,
 }
@@ -121,6 +122,7 @@ impl View {
                 instance,
                 runtime_tag: Some(&rt.labels.runtime_tag),
                 pod: rt.labels.pod.as_deref(),
+                ecs: rt.labels.ecs.as_deref(),
                 core: None,
                 device: None,
             };
@@ -149,7 +151,8 @@ impl View {
         self.sample_idle_cores(acc, state, &device_of);
         if self.node_level && self.publishes(CloudWatchMetric::NeurondeviceHwEccEvents) {
             for (device, totals) in &state.system.ecc_totals {
-                let origin = Origin { instance, runtime_tag: None, pod: None, core: None, device: Some(*device) };
+                let origin =
+                    Origin { instance, runtime_tag: None, pod: None, ecs: None, core: None, device: Some(*device) };
                 let previous = self.ecc_seen.insert(*device, *totals);
                 let shape = shape_of(CloudWatchMetric::NeurondeviceHwEccEvents);
                 for (i, total) in totals.iter().enumerate() {
@@ -249,10 +252,24 @@ impl View {
                 instance: &state.instance,
                 runtime_tag: None,
                 pod,
+                ecs: None,
                 core: Some(core.index),
                 device: device_of(core.index),
             };
             self.gauge(acc, CloudWatchMetric::NeuroncoreUtilization, origin, None, 0.0);
+        }
+    }
+
+    /// Samples the devices' health (device, unhealthy): 1 while unhealthy, 0 while
+    /// healthy; a device whose health is unknown is left out.
+    pub fn sample_health(&mut self, instance: &InstanceLabels, devices: &[(u32, bool)], acc: &mut Accumulator) {
+        if !self.node_level || !self.publishes(CloudWatchMetric::NeurondeviceUnhealthy) {
+            return;
+        }
+        for (device, unhealthy) in devices {
+            let origin =
+                Origin { instance, runtime_tag: None, pod: None, ecs: None, core: None, device: Some(*device) };
+            self.gauge(acc, CloudWatchMetric::NeurondeviceUnhealthy, origin, None, f64::from(u8::from(*unhealthy)));
         }
     }
 
@@ -304,7 +321,11 @@ impl View {
                 Dimension::RuntimeTag => o.runtime_tag.map(str::to_owned),
                 Dimension::Namespace => o.pod.map(|p| p.namespace.clone()),
                 Dimension::PodName => o.pod.map(|p| p.pod.clone()),
-                Dimension::ContainerName => o.pod.map(|p| p.container.clone()),
+                Dimension::ContainerName => {
+                    o.pod.map(|p| p.container.clone()).or_else(|| o.ecs.map(|e| e.container.clone()))
+                }
+                Dimension::TaskArn => o.ecs.map(|e| e.task_arn.clone()),
+                Dimension::TaskDefinitionFamily => o.ecs.map(|e| e.family.clone()),
             };
             // CloudWatch takes 1..=1024 characters.
             if let Some(v) = value.filter(|v| !v.is_empty()) {

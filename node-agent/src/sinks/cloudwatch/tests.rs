@@ -39,13 +39,18 @@ fn route(namespace: Option<&str>, filter: Option<&str>, spec: CloudWatchSinkSpec
     }
 }
 
-/// Samples `state` once through the sink of `route`; the datums of one flush.
-fn sample(route: Route, state: &NodeState, agent: &AgentDimensions) -> Vec<Datum> {
+/// The sink of `route`, fresh.
+fn view(route: Route, agent: &AgentDimensions) -> View {
     let routing =
         Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![route], health: None }).unwrap();
     let (route, runtimes) = routing.cloudwatch_routes().next().unwrap();
     let settings = SinkSettings::check(route.cloudwatch.as_ref().unwrap()).unwrap();
-    let mut view = View::new(route, runtimes, agent, settings.dimension_sets, true);
+    View::new(route, runtimes, agent, settings.dimension_sets, true)
+}
+
+/// Samples `state` once through the sink of `route`; the datums of one flush.
+fn sample(route: Route, state: &NodeState, agent: &AgentDimensions) -> Vec<Datum> {
+    let mut view = view(route, agent);
     let mut acc = Accumulator::default();
     view.sample(state, &mut acc);
     acc.drain(std::time::SystemTime::UNIX_EPOCH, 60)
@@ -323,4 +328,41 @@ fn counters_send_increases_since_the_previous_sample() {
     state.apply(&Report::parse(&line).unwrap());
     late.sample(&state, &mut acc);
     assert_eq!(sum(acc.drain(std::time::SystemTime::UNIX_EPOCH, 60)), per_report);
+}
+
+/// The devices' health through the sink of `route`: (device, values) of
+/// `neurondevice_unhealthy`.
+fn health_datums(route: Route, devices: &[(u32, bool)]) -> Vec<(String, Values)> {
+    let mut view = view(route, &AgentDimensions::default());
+    let mut acc = Accumulator::default();
+    view.sample_health(&state_of(TRN1N_32).instance, devices, &mut acc);
+    let mut out: Vec<(String, Values)> = acc
+        .drain(std::time::SystemTime::UNIX_EPOCH, 60)
+        .into_iter()
+        .filter(|d| d.key.name == "neurondevice_unhealthy")
+        .map(|d| {
+            let device = d.key.dimensions.iter().find(|(n, _)| *n == "NeuronDevice").map(|(_, v)| v.clone());
+            (device.unwrap_or_default(), d.values)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[test]
+fn device_health_is_a_metric_of_node_level_sinks_only() {
+    let devices = [(0, false), (3, true)];
+    let datums = health_datums(route(None, None, cw("Ops/Neuron")), &devices);
+    assert_eq!(
+        datums,
+        vec![
+            ("0".to_owned(), Values::Distribution(vec![(0.0, 1.0)])),
+            ("3".to_owned(), Values::Distribution(vec![(1.0, 1.0)]))
+        ]
+    );
+    // A team's config sees no node-level data; an allow-list without it sends none.
+    assert!(health_datums(route(Some("team-a"), None, cw("TeamA/Neuron")), &devices).is_empty());
+    let utilization_only =
+        CloudWatchSinkSpec { metrics: Some(vec![CloudWatchMetric::NeuroncoreUtilization]), ..cw("Ops/Neuron") };
+    assert!(health_datums(route(None, None, utilization_only), &devices).is_empty());
 }
