@@ -7,7 +7,7 @@
 //! - an `events.k8s.io` Event for the Node with reason `NeuronHasError_<NAME>` naming the
 //!   device.
 //!
-//! Fault k is error k/16 of four names on device k mod 16, a new fault every time (each
+//! Fault k is error k/8 of four names on device k mod 8, a new fault every time (each
 //! gets its own Event and changes that device's line of the condition's message).
 //! Prints p50, p95 and max per signal.
 //!
@@ -31,7 +31,9 @@ use kube::{
 use neuron_e2e::{free_port, http_get, random_u32, spawn_tied, workspace_bin, ControlPlane, Process};
 
 const NAMES: [&str; 4] = ["HBM_UNCORRECTABLE_ERROR", "NC_UNCORRECTABLE_ERROR", "SRAM_UNCORRECTABLE_ERROR", "DMA_ERROR"];
-const DEVICES: usize = 16;
+/// Devices faults go to: the condition's message (at most 1,000 bytes) lists each
+/// faulty device's latest fault, and 8 lines fit.
+const DEVICES: usize = 8;
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn main() {
@@ -49,6 +51,7 @@ fn main() {
 
     let dir = std::env::temp_dir().join(format!("neuron-bench-health-{:08x}", random_u32()));
     let (sys, kmsg) = (dir.join("sys"), dir.join("kmsg"));
+    std::fs::create_dir_all(&dir).expect("create the bench's directory");
     let mut sim = Command::new(workspace_bin("neuron-monitor-sim"));
     sim.args(["--instance-type=trn1.32xlarge", "--sysfs-root"])
         .arg(&sys)

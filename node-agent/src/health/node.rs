@@ -211,7 +211,12 @@ impl NodeReporter {
             // Event reasons are at most 128 characters; error names at most 64.
             reason: format!("NeuronHasError_{}", r.error),
             note: Some(note),
-            action: "DetectHardwareFault".to_owned(),
+            // Events of one key (regarding, reason, action, …) are merged into one series:
+            // the device in the action keeps one device's fault from hiding another's.
+            action: match device {
+                Some(d) => format!("DetectHardwareFaultOnDevice{d}"),
+                None => "DetectHardwareFault".to_owned(),
+            },
             secondary: None,
         }
     }
