@@ -154,9 +154,8 @@ pub struct Record {
 /// The records of one update of the model (call with the model's lock held, after the
 /// update): a `fault` per new fault, a `state_change` per device or node state changed.
 pub fn records(changes: &Changes, model: &HealthModel, timestamp_ms: i64) -> Vec<Record> {
-    let time = k8s_openapi::jiff::Timestamp::from_millisecond(timestamp_ms)
-        .map(|t| format!("{t:.3}"))
-        .unwrap_or_default();
+    let time =
+        k8s_openapi::jiff::Timestamp::from_millisecond(timestamp_ms).map(|t| format!("{t:.3}")).unwrap_or_default();
     let driver_version = model.driver_version.as_deref().map(|v| cut(v.trim(), MAX_FIELD_BYTES));
     let state_of = |device: Option<u32>| match device {
         Some(d) => model.devices.get(&d).map_or(State::Unknown, |d| d.state()),
@@ -238,8 +237,7 @@ impl Feed {
     /// Hands the records of an update over (with the model's lock held): never waits;
     /// nothing to do while the stream is off.
     pub fn send(&self, changes: &Changes, model: &HealthModel) {
-        if (changes.new_faults.is_empty() && changes.state_changes.is_empty()) || self.destination.borrow().is_none()
-        {
+        if (changes.new_faults.is_empty() && changes.state_changes.is_empty()) || self.destination.borrow().is_none() {
             return;
         }
         for record in records(changes, model, unix_millis()) {
@@ -280,7 +278,11 @@ impl LogMetrics {
              rejected, response, other); all but rejected are retried",
             m.failures.clone(),
         );
-        r.register("queue_events", "Events waiting to be sent, including those of the request in flight", m.queue.clone());
+        r.register(
+            "queue_events",
+            "Events waiting to be sent, including those of the request in flight",
+            m.queue.clone(),
+        );
         r.register(
             "invalid_destination",
             "1 while the configured log group or region is not valid (nothing is sent)",
@@ -542,6 +544,9 @@ fn hostname() -> String {
 pub struct Batch {
     pub records: Vec<Record>,
     pub events: Vec<InputLogEvent>,
+    /// Records left out because one alone is over the byte limit (cannot happen with
+    /// the bounded fields; counted as failed rather than looped on).
+    pub oversized: usize,
 }
 
 /// The next request's events, taken from the front of `queue`: at most
@@ -551,6 +556,7 @@ pub struct Batch {
 /// known, goes into the records that lack it. Every field of a record is bounded, so
 /// one record is far below the byte limit.
 pub fn take_batch(queue: &mut VecDeque<Record>, identity: &Identity) -> Batch {
+    let mut out = Batch::default();
     let mut batch: Vec<(Record, String)> = Vec::new();
     let (mut bytes, mut min, mut max) = (0usize, i64::MAX, i64::MIN);
     while let Some(record) = queue.front() {
@@ -567,6 +573,11 @@ pub fn take_batch(queue: &mut VecDeque<Record>, identity: &Identity) -> Batch {
         }
         let message = serde_json::to_string(&record).unwrap_or_default();
         let size = message.len() + EVENT_OVERHEAD_BYTES;
+        if size > MAX_REQUEST_BYTES {
+            queue.pop_front();
+            out.oversized += 1;
+            continue;
+        }
         if bytes + size > MAX_REQUEST_BYTES {
             break;
         }
@@ -576,7 +587,6 @@ pub fn take_batch(queue: &mut VecDeque<Record>, identity: &Identity) -> Batch {
         batch.push((record, message));
     }
     batch.sort_by_key(|(r, _)| r.timestamp_ms);
-    let mut out = Batch::default();
     for (record, message) in batch {
         if let Ok(event) = InputLogEvent::builder().timestamp(record.timestamp_ms).message(message).build() {
             out.events.push(event);
@@ -587,7 +597,12 @@ pub fn take_batch(queue: &mut VecDeque<Record>, identity: &Identity) -> Batch {
 }
 
 /// How many events of a request of `n` CloudWatch Logs refused (too old, expired, too new).
-pub fn rejected_count(n: usize, too_old_end: Option<i32>, expired_end: Option<i32>, too_new_start: Option<i32>) -> usize {
+pub fn rejected_count(
+    n: usize,
+    too_old_end: Option<i32>,
+    expired_end: Option<i32>,
+    too_new_start: Option<i32>,
+) -> usize {
     let index = |i: Option<i32>| i.and_then(|i| usize::try_from(i).ok());
     let old = [index(too_old_end), index(expired_end)].into_iter().flatten().map(|i| i + 1).max().unwrap_or(0);
     let new = index(too_new_start).map_or(0, |i| n.saturating_sub(i));
@@ -682,6 +697,14 @@ impl Sender {
             }
             self.metrics.invalid.set(0);
             let (identity, instance_region) = self.identity();
+            // The first events wait a little for the instance id that names the stream.
+            if identity.instance_id.is_none()
+                && self.started.elapsed() < INSTANCE_ID_WAIT
+                && !self.closing.is_cancelled()
+            {
+                self.pause(&stop, Duration::from_millis(250)).await;
+                continue;
+            }
             let Some(region) = destination.region.clone().or(instance_region) else {
                 // No region yet: the events wait for neuron-monitor's first report.
                 self.pause(&stop, Duration::from_millis(500)).await;
@@ -736,9 +759,9 @@ impl Sender {
     async fn wait(&self) -> bool {
         let notified = self.queue.notify.notified();
         let Some(oldest) = self.queue.oldest_ms() else {
+            // Nothing to send, closing or not: wait for more (or for `stop`).
             tokio::select! {
                 _ = notified => {}
-                _ = self.closing.cancelled() => {}
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
             return false;
@@ -786,15 +809,8 @@ impl Sender {
         identity: &Identity,
         log_limit: &mut RateLimit,
     ) -> Outcome {
-        // The first events wait a little for the instance id that names the stream.
-        if identity.instance_id.is_none()
-            && self.started.elapsed() < INSTANCE_ID_WAIT
-            && !self.closing.is_cancelled()
-        {
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            return Outcome::Done;
-        }
-        let Batch { records, events } = self.queue.take(identity);
+        let Batch { records, events, oversized } = self.queue.take(identity);
+        self.metrics.events("failed", oversized);
         if events.is_empty() {
             self.queue.finish();
             return Outcome::Done;

@@ -72,6 +72,11 @@ fn a_request_stays_within_1_mib_counting_26_bytes_an_event() {
     let used: usize = (0..n).map(|_| size(&record(0, pad))).sum();
     assert!(used <= MAX_REQUEST_BYTES);
     assert_eq!(take_batch(&mut exact, &Identity::default()).events.len(), n);
+    // One record over the limit alone (cannot be built from bounded fields) is left
+    // out and counted, never retried in a loop.
+    let mut huge: VecDeque<Record> = [record(0, MAX_REQUEST_BYTES), record(1, 1)].into();
+    let batch = take_batch(&mut huge, &Identity::default());
+    assert_eq!((batch.oversized, batch.events.len()), (1, 1));
 }
 
 #[test]
