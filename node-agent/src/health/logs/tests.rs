@@ -252,3 +252,57 @@ fn the_feed_never_waits_and_counts_what_it_drops() {
     let dropped = metrics.events.get_or_create(&ResultLabel { result: "dropped" }).get() as usize;
     assert_eq!(received + dropped, handed);
 }
+
+/// Yields until `done` holds (no clock involved: the runtime's time is paused).
+async fn until(done: impl Fn() -> bool) {
+    while !done() {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_destination_follows_its_watch_and_an_invalid_one_sends_nothing() {
+    let metrics = LogMetrics::default();
+    let (tx, destination) = watch::channel(None);
+    let (feed, records_rx) = channel(destination.clone(), &metrics);
+    let health: SharedHealth = Arc::new(Mutex::new(HealthModel::new("boot".to_owned(), Duration::from_secs(60))));
+    let sink = LogSink {
+        destination,
+        records: records_rx,
+        state: Arc::default(),
+        health: health.clone(),
+        devices: None,
+        node_name: Some("node-a".to_owned()),
+        options: LogOptions {
+            queue_events: 100,
+            flush_interval: Duration::ZERO,
+            backoff: Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(1) },
+            request_timeout: Duration::from_secs(1),
+            shutdown_timeout: Duration::from_secs(1),
+        },
+        metrics: metrics.clone(),
+    };
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(sink.run(shutdown.clone()));
+    let fault = |seq: u64| {
+        let mut model = health.lock().unwrap();
+        let e = parse_event(&format!("NEURON_HW_ERR=DMA_ERROR nd-id={seq}"), None).unwrap();
+        let changes = model.apply_events(vec![(Some(seq), e)], Some(seq), seq);
+        feed.send(&changes, &model);
+    };
+    let dropped = || metrics.events.get_or_create(&ResultLabel { result: "dropped" }).get();
+    // Off: nothing is handed over or queued.
+    fault(1);
+    tokio::task::yield_now().await;
+    assert_eq!((metrics.queue.get(), dropped()), (0, 0));
+    // Turned on with a group CloudWatch Logs would refuse: flagged, its events dropped
+    // and counted, no request made.
+    tx.send_replace(Some(LogDestination { group: "not a group".to_owned(), region: Some("us-west-2".to_owned()) }));
+    fault(2);
+    until(|| metrics.invalid.get() == 1 && dropped() == 2).await;
+    assert_eq!(metrics.queue.get(), 0);
+    assert_eq!(metrics.failures.get_or_create(&ReasonLabel { reason: "auth" }).get(), 0, "no request made");
+    shutdown.cancel();
+    task.await.unwrap();
+    assert_eq!(metrics.events.get_or_create(&ResultLabel { result: "sent" }).get(), 0);
+}
