@@ -517,6 +517,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let health_options = args.health.options(&args.attribution.proc_root, &state_dir);
     let health_metrics = HealthMetrics::register(&mut registry);
     let log_metrics = LogMetrics::register(&mut registry);
+    // Its sender lives as long as the agent, for whatever else will set the destination
+    // (the NeuronMonitorConfig's `health.logs`).
     let (log_destination_tx, log_destination) = watch::channel(args.health.log_destination());
     let (feed, log_records) = logs::channel(log_destination.clone(), &log_metrics);
     let health = health::start(health_options, health_metrics, Some(feed), shutdown.clone());
