@@ -124,6 +124,20 @@ pub struct LogDestination {
     pub region: Option<String>,
 }
 
+impl LogDestination {
+    /// The field that is not valid, if one is not (a destination from the agent's flags
+    /// or a hand-written node configuration has not been through admission).
+    pub fn check(&self) -> Result<(), &'static str> {
+        if crate::validate::check_log_group(&self.group).is_err() {
+            return Err("group");
+        }
+        match &self.region {
+            Some(r) if !crate::cloudwatch::sink::valid_region(r) => Err("region"),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// What one NeuronMonitorConfig receives on this node.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

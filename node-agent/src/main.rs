@@ -15,6 +15,7 @@ use neuron_node_agent::{
     config::{open_state_dir, standalone, Activator, Launcher, Reloader},
     health::{
         self,
+        logs::{self, LogDestination, LogMetrics, LogSink},
         metrics::{HealthCollector, HealthMetrics},
         settings::{HealthDefaults, SettingsReceiver},
         taint::{TaintMetrics, Tainter},
@@ -31,7 +32,7 @@ use neuron_node_agent::{
     telemetry::AgentMetrics,
 };
 use prometheus_client::registry::Registry;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -273,6 +274,40 @@ struct HealthArgs {
     #[arg(long, env = "NEURON_AGENT_HEALTH_CONDITION_TYPE", default_value = health::node::CONDITION_TYPE,
           value_parser = parse_condition_type)]
     health_condition_type: String,
+
+    /// CloudWatch Logs group of the hardware-health event stream: one JSON event per new
+    /// fault and per device or node state change, one stream per instance id. Unset: no
+    /// stream. (The NeuronMonitorConfig's `health.logs` names one too; its usual name is
+    /// /aws/neuron/hardware-events.)
+    #[arg(long, env = "NEURON_AGENT_HEALTH_LOG_GROUP", value_parser = parse_log_group)]
+    health_log_group: Option<String>,
+
+    /// Region of the log group. Default: the instance's region (neuron-monitor's
+    /// instance_info).
+    #[arg(long, env = "NEURON_AGENT_HEALTH_LOG_REGION", requires = "health_log_group", value_parser = parse_region)]
+    health_log_region: Option<String>,
+
+    /// Events of the stream kept waiting at most (during a CloudWatch Logs outage);
+    /// beyond it the oldest are dropped and counted.
+    #[arg(long, env = "NEURON_AGENT_HEALTH_LOG_QUEUE_EVENTS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    health_log_queue_events: u32,
+
+    /// How long an event may wait for others to share its PutLogEvents request.
+    #[arg(long, env = "NEURON_AGENT_HEALTH_LOG_FLUSH_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    health_log_flush_interval: Duration,
+}
+
+fn parse_log_group(s: &str) -> Result<String, String> {
+    api::validate::check_log_group(s)?;
+    Ok(s.to_owned())
+}
+
+fn parse_region(s: &str) -> Result<String, String> {
+    if !api::cloudwatch::sink::valid_region(s) {
+        return Err("a region name, e.g. us-west-2".to_owned());
+    }
+    Ok(s.to_owned())
 }
 
 /// A condition type: an optional DNS-subdomain prefix and `/`, then a name of at most 63
@@ -302,6 +337,23 @@ impl HealthArgs {
             interval: self.health_interval.max(Duration::from_millis(50)),
             heartbeat_timeout: self.heartbeat_timeout,
             settings,
+        }
+    }
+
+    /// The stream's destination from the flags (`None`: off).
+    fn log_destination(&self) -> Option<LogDestination> {
+        let group = self.health_log_group.clone()?;
+        Some(LogDestination { group, region: self.health_log_region.clone() })
+    }
+
+    /// The stream sends as the CloudWatch sinks do: their retry and time limits.
+    fn log_options(&self, cloudwatch: &CloudWatchArgs) -> logs::LogOptions {
+        logs::LogOptions {
+            queue_events: self.health_log_queue_events as usize,
+            flush_interval: self.health_log_flush_interval,
+            backoff: Backoff { initial: cloudwatch.cloudwatch_retry_initial, max: cloudwatch.cloudwatch_retry_max },
+            request_timeout: cloudwatch.cloudwatch_request_timeout,
+            shutdown_timeout: cloudwatch.cloudwatch_shutdown_timeout,
         }
     }
 }
@@ -477,10 +529,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
-    // Hardware health: its readers run on threads of their own, off the report path.
+    // Hardware health: its readers run on threads of their own, off the report path, and
+    // hand their changes to the CloudWatch Logs stream without waiting. The stream goes
+    // where the node configuration's `health.logs` says, else where the flags say.
     let health_options = args.health.options(&args.attribution.proc_root, &state_dir, activator.health_settings());
+    let health_metrics = HealthMetrics::register(&mut registry);
+    let log_metrics = LogMetrics::register(&mut registry);
+    let log_destination = follow_log_destination(activator.health_settings(), args.health.log_destination(), &shutdown);
+    let (feed, log_records) = logs::channel(log_destination.clone(), &log_metrics);
     let reports = health::Reports { state: state.clone(), applied: pipeline.subscribe() };
-    let health = health::start(health_options, reports, HealthMetrics::register(&mut registry), shutdown.clone());
+    let health = health::start(health_options, reports, health_metrics, Some(feed), shutdown.clone());
     let cloudwatch_sinks = cloudwatch::Sinks {
         state: state.clone(),
         routing: activator.routing(),
@@ -490,6 +548,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         health: health.clone(),
     };
     let devices = attribution.as_ref().map(attribution::Sources::devices);
+    let log_sink = LogSink {
+        destination: log_destination,
+        records: log_records,
+        state: state.clone(),
+        health: health.clone(),
+        devices: devices.clone(),
+        node_name: args.source.node_name.clone(),
+        options: args.health.log_options(&args.cloudwatch),
+        metrics: log_metrics,
+    };
     registry.register_collector(Box::new(HealthCollector { health: health.clone(), state: state.clone(), devices }));
     let taint_metrics = TaintMetrics::register(&mut registry);
     let http_state = Arc::new(HttpState {
@@ -504,6 +572,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let server =
         tokio::spawn(http::serve(listener, http_state, args.http.limits(), metrics.http.clone(), shutdown.clone()));
     let cloudwatch_sinks = tokio::spawn(cloudwatch_sinks.run(shutdown.clone()));
+    let log_sink = tokio::spawn(log_sink.run(shutdown.clone()));
     if let ConfigSource::Config(path) = source {
         let follower =
             standalone::Follower { path: path.to_owned(), activator: activator.clone(), metrics: metrics.clone() };
@@ -538,11 +607,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     // The launch channel stays open until the supervisor stopped: its closing means "stop".
     drop(activator);
-    // The sinks bound their own final flush; this only guards against a stuck task.
+    // The sinks (flushing since the cancel, side by side) bound their own final flush;
+    // this only guards against a stuck task.
     let limit = args.cloudwatch.cloudwatch_shutdown_timeout + Duration::from_secs(2);
-    match tokio::time::timeout(limit, cloudwatch_sinks).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => error!(error = %e, "CloudWatch sinks task failed"),
+    let flushed = futures::future::join(cloudwatch_sinks, log_sink);
+    match tokio::time::timeout(limit, flushed).await {
+        Ok((cloudwatch, logs)) => {
+            if let Err(e) = cloudwatch {
+                error!(error = %e, "CloudWatch sinks task failed");
+            }
+            if let Err(e) = logs {
+                error!(error = %e, "CloudWatch Logs stream task failed");
+            }
+        }
         Err(_) => warn!("the CloudWatch sinks did not stop in time"),
     }
     if let Err(e) = server.await {
@@ -550,6 +627,33 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     info!("stopped");
     Ok(())
+}
+
+/// The CloudWatch Logs destination in force: the health settings' (a node configuration's
+/// `health.logs`), else the flags'; kept current until `shutdown`.
+fn follow_log_destination(
+    mut settings: health::settings::SettingsReceiver,
+    flags: Option<LogDestination>,
+    shutdown: &CancellationToken,
+) -> watch::Receiver<Option<LogDestination>> {
+    let in_force = move |settings: &health::settings::HealthSettings| settings.logs.clone().or_else(|| flags.clone());
+    let (tx, rx) = watch::channel(in_force(&settings.borrow_and_update()));
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                changed = settings.changed() => if changed.is_err() { return },
+            }
+            let destination = in_force(&settings.borrow_and_update());
+            tx.send_if_modified(|current| {
+                let changed = *current != destination;
+                *current = destination;
+                changed
+            });
+        }
+    });
+    rx
 }
 
 /// On a node: starts pod attribution's feeds and, unless a file gives the configuration,

@@ -6,7 +6,8 @@
 #   localstack    pip install localstack-core[base-runtime]==$LOCALSTACK_VERSION into
 #                 localstack/venv (Python >= 3.12, from pyenv), its service catalog prebuilt in
 #                 localstack/static; the CloudWatch of the tests, no Docker (started by
-#                 node-agent/tests/support/cloudwatch.rs through tests/tools/localstack_launcher.py)
+#                 node-agent/tests/support/cloudwatch.rs through tests/tools/localstack_launcher.py);
+#                 plus moto-ext==$MOTO_VERSION, the backend of its CloudWatch Logs
 #   prometheus, promtool   Debian's `prometheus` package (on PATH, /usr/bin)
 #   systemd-analyze        Debian's `systemd` package (on PATH, /usr/bin), for the unit of
 #                          deploy/ec2 (tests/e2e/tests/deploy.rs); nothing is started
@@ -21,6 +22,10 @@ LOCALSTACK_VERSION=2026.3.0
 # version (with cbor2 6 it finds "no component plugins"), and service-identity, which
 # its TLS setup wants.
 LOCALSTACK_PINS=("cbor2<6" "pyopenssl<26" "cryptography<47" "service-identity")
+# CloudWatch Logs in LocalStack runs on moto (its `runtime` extra, which brings every
+# service's dependencies; the logs backend needs moto-ext alone). The lowest version
+# localstack-core 2026.3.0 accepts.
+MOTO_VERSION=5.1.22
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 tools=${NEURON_TOOLS_DIR:-$repo/target/tools}
@@ -149,6 +154,21 @@ install_localstack() {
     step localstack "installed $LOCALSTACK_VERSION (Python $version) in $((SECONDS - t))s"
 }
 
+# Added to the venv (nothing else of it changes, so LocalStacks running from it are
+# undisturbed); again whenever the venv was made anew.
+install_localstack_logs() {
+    local dir=$tools/localstack
+    local stamp="moto-ext $MOTO_VERSION on $(cat "$stamps/localstack" 2>/dev/null)"
+    if stamped localstack-logs "$stamp" "$dir/venv/bin/python" && "$dir/venv/bin/python" -c 'import moto.logs' 2>/dev/null; then
+        step localstack "logs backend cached (moto-ext $MOTO_VERSION)"
+        return
+    fi
+    local t=$SECONDS
+    quiet localstack-logs "$dir/venv/bin/python" -m pip install --no-input "moto-ext==$MOTO_VERSION" "${LOCALSTACK_PINS[@]}"
+    echo "$stamp" >"$stamps/localstack-logs"
+    step localstack "logs backend installed (moto-ext $MOTO_VERSION) in $((SECONDS - t))s"
+}
+
 as_root() {
     if [[ $(id -u) == 0 ]]; then "$@"; else sudo -n "$@"; fi
 }
@@ -190,6 +210,7 @@ install_systemd_analyze() {
 install_controlplane
 install_helm
 install_localstack
+install_localstack_logs
 install_prometheus
 install_systemd_analyze
 echo "tools ready in $tools/bin ($((SECONDS - started))s)"

@@ -152,7 +152,8 @@ fn taint_errors(errors: &[String]) -> Result<Vec<String>, Invalid> {
     Ok(out.into_iter().collect())
 }
 
-fn check_log_group(group: &str) -> Result<(), String> {
+/// A log group CloudWatch Logs accepts and AWS does not reserve.
+pub fn check_log_group(group: &str) -> Result<(), String> {
     let chars_ok = group.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '/' | '.' | '#' | '-'));
     if group.is_empty() || group.len() > MAX_LOG_GROUP || !chars_ok {
         return Err(format!("is 1 to {MAX_LOG_GROUP} letters, digits, '_', '/', '.', '#' or '-'"));

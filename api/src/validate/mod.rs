@@ -405,11 +405,14 @@ mod selector;
 mod sinks;
 mod tag_filter;
 
-pub use self::{health::check_condition_type, selector::Selector};
 use self::{
     health::node_health,
     sinks::{check_cloudwatch, prometheus_route},
     tag_filter::check_tag_filter,
+};
+pub use self::{
+    health::{check_condition_type, check_log_group},
+    selector::Selector,
 };
 
 #[cfg(test)]

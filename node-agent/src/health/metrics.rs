@@ -129,7 +129,7 @@ impl Collector for HealthCollector {
 }
 
 /// The pods holding each device, `namespace/pod` joined by commas, bounded.
-fn holders(
+pub(crate) fn holders(
     allocations: &[crate::attribution::podresources::Allocation],
     health: &HealthModel,
     cores_per_device: Option<u32>,

@@ -10,12 +10,15 @@
 //! - [`metrics`]: its Prometheus series, and the agent's own `neuron_agent_health_*`;
 //! - [`node`]: with `--node-name`, the Node condition `NeuronHealth` and an Event per
 //!   new fault; [`taint`]: the optional NoSchedule taint of a node with a fatal error;
+//! - [`logs`]: with a log group, a JSON event per new fault and per state change in
+//!   CloudWatch Logs, one stream per instance;
 //! - [`settings`]: the health settings in force (flags, then the node configuration).
 //!
 //! Each reader runs on a thread of its own (blocking reads, `poll()`), and takes the
 //! model's lock only to fold a reading or a batch of records in.
 
 pub mod kmsg;
+pub mod logs;
 pub mod metrics;
 pub mod model;
 pub mod monitor;
@@ -89,7 +92,14 @@ pub struct Reports {
 }
 
 /// Starts the readers; they stop with `shutdown`. Call within the tokio runtime.
-pub fn start(options: Options, reports: Reports, metrics: HealthMetrics, shutdown: CancellationToken) -> SharedHealth {
+/// `feed`: where the changes of each update go for the CloudWatch Logs stream.
+pub fn start(
+    options: Options,
+    reports: Reports,
+    metrics: HealthMetrics,
+    feed: Option<logs::Feed>,
+    shutdown: CancellationToken,
+) -> SharedHealth {
     let boot_id = read_boot_id(&options.proc_root);
     let mut model = HealthModel::new(boot_id.clone().unwrap_or_default(), options.heartbeat_timeout);
     if boot_id.is_none() {
@@ -125,13 +135,21 @@ pub fn start(options: Options, reports: Reports, metrics: HealthMetrics, shutdow
         health: health.clone(),
         metrics: metrics.clone(),
         writer: writer.clone(),
+        feed: feed.clone(),
         stop: stop.clone(),
     };
     spawn("health-sysfs", Box::new(move || sysfs.run()));
-    let kernel = KmsgReader { options, health: health.clone(), metrics, writer: writer.clone(), stop: stop.clone() };
+    let kernel = KmsgReader {
+        options,
+        health: health.clone(),
+        metrics,
+        writer: writer.clone(),
+        feed: feed.clone(),
+        stop: stop.clone(),
+    };
     spawn("health-kmsg", Box::new(move || kernel.run()));
     let monitor =
-        MonitorReader { health: health.clone(), writer, stop, state: reports.state, applied: reports.applied };
+        MonitorReader { health: health.clone(), writer, feed, stop, state: reports.state, applied: reports.applied };
     spawn("health-monitor", Box::new(move || monitor.run()));
     health
 }
@@ -224,7 +242,15 @@ fn write_atomically(dir: &Path, name: &str, body: &[u8]) -> std::io::Result<()> 
     written
 }
 
-/// Logs the faults an update found for the first time.
+/// Announces what an update changed: the faults it found for the first time in the
+/// agent's log, and every change to the CloudWatch Logs stream (without waiting).
+fn announce(changes: &Changes, model: &HealthModel, feed: Option<&logs::Feed>) {
+    log_changes(changes);
+    if let Some(feed) = feed {
+        feed.send(changes, model);
+    }
+}
+
 fn log_changes(changes: &Changes) {
     for (device, r) in &changes.new_faults {
         warn!(
@@ -248,6 +274,7 @@ struct SysfsReader {
     health: SharedHealth,
     metrics: HealthMetrics,
     writer: Arc<StateWriter>,
+    feed: Option<logs::Feed>,
     stop: Arc<AtomicBool>,
 }
 
@@ -265,7 +292,7 @@ impl SysfsReader {
             {
                 let mut model = self.health.lock().unwrap_or_else(|p| p.into_inner());
                 let changes = model.apply_reading(reading, unix_now(), Instant::now());
-                log_changes(&changes);
+                announce(&changes, &model, self.feed.as_ref());
                 self.writer.save(&mut model);
             }
             trigger = self.wait(&devices);
@@ -310,6 +337,7 @@ struct KmsgReader {
     health: SharedHealth,
     metrics: HealthMetrics,
     writer: Arc<StateWriter>,
+    feed: Option<logs::Feed>,
     stop: Arc<AtomicBool>,
 }
 
@@ -341,7 +369,7 @@ impl KmsgReader {
                 if changes.names_over_limit > 0 {
                     self.metrics.refused_by("error_name", changes.names_over_limit);
                 }
-                log_changes(&changes);
+                announce(&changes, &model, self.feed.as_ref());
                 self.writer.save(&mut model);
             });
             self.metrics.source_up(metrics::SOURCE_KMSG, false);

@@ -194,6 +194,33 @@ pub struct Changes {
     /// Error names counted under [`OTHER_ERROR`] or `other` because of the limit.
     pub names_over_limit: u64,
     pub reasons_cleared: bool,
+    /// Devices and the node (None) whose state this update changed, in index order, the
+    /// node last.
+    pub state_changes: Vec<StateChange>,
+}
+
+/// A device's (None: the node's) state before and after an update. A device seen for
+/// the first time has no state before; one found healthy then is not a change (the
+/// agent's first reading), one found unhealthy or unknown is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateChange {
+    pub device: Option<u32>,
+    pub before: Option<State>,
+    pub after: State,
+}
+
+impl Changes {
+    /// The state of `device` before and after this update (the same twice when it did
+    /// not change).
+    pub fn states_of(&self, device: Option<u32>, now: State) -> (Option<State>, State) {
+        self.state_changes.iter().find(|c| c.device == device).map_or((Some(now), now), |c| (c.before, c.after))
+    }
+}
+
+/// Every device's state and the node's, to compare before and after an update.
+struct Snapshot {
+    devices: BTreeMap<u32, State>,
+    node: State,
 }
 
 impl HealthModel {
@@ -227,8 +254,40 @@ impl HealthModel {
         }
     }
 
+    fn snapshot(&self) -> Snapshot {
+        Snapshot { devices: self.devices.iter().map(|(i, d)| (*i, d.state())).collect(), node: self.node_state() }
+    }
+
+    /// What changed since `before`.
+    fn state_changes(&self, before: &Snapshot) -> Vec<StateChange> {
+        let mut out: Vec<StateChange> = self
+            .devices
+            .iter()
+            .filter_map(|(i, d)| {
+                let (before, after) = (before.devices.get(i).copied(), d.state());
+                let changed = match before {
+                    Some(b) => b != after,
+                    None => after != State::Healthy,
+                };
+                changed.then_some(StateChange { device: Some(*i), before, after })
+            })
+            .collect();
+        let node = self.node_state();
+        if node != before.node {
+            out.push(StateChange { device: None, before: Some(before.node), after: node });
+        }
+        out
+    }
+
     /// Folds one reading of the sysfs tree in (`now`: seconds since the epoch).
     pub fn apply_reading(&mut self, node: NodeReading, now: u64, mono: Instant) -> Changes {
+        let before = self.snapshot();
+        let mut changes = self.fold_reading(node, now, mono);
+        changes.state_changes = self.state_changes(&before);
+        changes
+    }
+
+    fn fold_reading(&mut self, node: NodeReading, now: u64, mono: Instant) -> Changes {
         let mut changes = Changes::default();
         self.read_once = true;
         let was_loaded = self.driver_loaded;
@@ -291,6 +350,7 @@ impl HealthModel {
 
     /// Folds in what neuron-monitor's latest report says of the devices' health.
     pub fn apply_monitor(&mut self, signals: &MonitorSignals, now: u64) -> Changes {
+        let before = self.snapshot();
         let mut changes = Changes::default();
         let reason = |error: &str, counter: &str, count: u64| Reason {
             error: error.to_owned(),
@@ -334,11 +394,13 @@ impl HealthModel {
                 }
             }
         }
+        changes.state_changes = self.state_changes(&before);
         changes
     }
 
     /// Folds kernel-log events in.
     pub fn apply_events(&mut self, events: Vec<(Option<u64>, Event)>, last_seq: Option<u64>, now: u64) -> Changes {
+        let before = self.snapshot();
         let mut changes = Changes::default();
         for (_, event) in events {
             match event {
@@ -360,6 +422,7 @@ impl HealthModel {
         if last_seq.is_some() {
             self.kmsg_seq = last_seq;
         }
+        changes.state_changes = self.state_changes(&before);
         changes
     }
 

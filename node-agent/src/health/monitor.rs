@@ -12,7 +12,7 @@ use std::{
 
 use tokio::sync::watch;
 
-use super::{log_changes, model::MonitorSignals, unix_now, SharedHealth, StateWriter, TICK};
+use super::{announce, logs, model::MonitorSignals, unix_now, SharedHealth, StateWriter, TICK};
 use crate::state::NodeState;
 
 /// Indices into `SystemState::ecc_totals` (`DeviceEccCounters::KINDS`).
@@ -55,6 +55,7 @@ pub fn signals(state: &NodeState) -> MonitorSignals {
 pub(super) struct MonitorReader {
     pub health: SharedHealth,
     pub writer: Arc<StateWriter>,
+    pub feed: Option<logs::Feed>,
     pub stop: Arc<AtomicBool>,
     pub state: Arc<Mutex<NodeState>>,
     pub applied: watch::Receiver<u64>,
@@ -74,7 +75,7 @@ impl MonitorReader {
             let signals = signals(&self.state.lock().unwrap_or_else(|p| p.into_inner()));
             let mut model = self.health.lock().unwrap_or_else(|p| p.into_inner());
             let changes = model.apply_monitor(&signals, unix_now());
-            log_changes(&changes);
+            announce(&changes, &model, self.feed.as_ref());
             self.writer.save(&mut model);
         }
     }

@@ -1,6 +1,7 @@
-//! CloudWatch for the tests: LocalStack (installed by `tests/tools/install.sh`), one per
-//! test binary, on a free loopback port; a fault-injecting proxy in front of it; the agent
-//! started with AWS settings pointing at either; and what LocalStack stored, read back.
+//! CloudWatch and CloudWatch Logs for the tests: LocalStack (installed by
+//! `tests/tools/install.sh`), one per test binary, on a free loopback port; a
+//! fault-injecting proxy in front of it; the agent started with AWS settings pointing at
+//! either; and what LocalStack stored, read back.
 //!
 //! LocalStack has no reset: each test works in CloudWatch namespaces of its own
 //! ([`CloudWatch::namespace`]). Where it differs from CloudWatch (see
@@ -94,8 +95,8 @@ impl LocalStack {
                 .env("PATH", std::env::var_os("PATH").unwrap_or_default())
                 .env("HOME", &root)
                 .env("OVERRIDE_IN_DOCKER", "0") // this machine has /.dockerenv
-                .env("SERVICES", "cloudwatch")
-                .env("EAGER_SERVICE_LOADING", "1") // ready = CloudWatch (and its raw listing) served
+                .env("SERVICES", "cloudwatch,logs")
+                .env("EAGER_SERVICE_LOADING", "1") // ready = both (and the raw listing) served
                 .env("GATEWAY_LISTEN", addr.to_string())
                 .env("DNS_ADDRESS", "0") // else a DNS server on 0.0.0.0:53
                 .env("DISABLE_EVENTS", "1")
@@ -124,7 +125,7 @@ impl LocalStack {
                     let _ = std::fs::remove_dir_all(&root);
                     break;
                 }
-                if cloudwatch_running(addr) {
+                if services_running(addr) {
                     let ready_after = started.elapsed();
                     eprintln!(
                         "LocalStack (pid {pid}) ready on {addr} in {ready_after:.1?}; log {}",
@@ -152,12 +153,12 @@ impl LocalStack {
     }
 }
 
-/// LocalStack's health endpoint says CloudWatch is running.
-fn cloudwatch_running(addr: SocketAddr) -> bool {
+/// LocalStack's health endpoint says CloudWatch and CloudWatch Logs are running.
+fn services_running(addr: SocketAddr) -> bool {
     let Some((200, body)) = http_get(addr, "/_localstack/health", None) else { return false };
     serde_json::from_str::<serde_json::Value>(&body)
         .ok()
-        .is_some_and(|health| health["services"]["cloudwatch"] == "running")
+        .is_some_and(|health| ["cloudwatch", "logs"].iter().all(|s| health["services"][s] == "running"))
 }
 
 /// One datapoint as LocalStack stored it: a datum's values expanded by their counts, one
@@ -303,6 +304,54 @@ pub fn read_message(r: &mut impl BufRead) -> std::io::Result<Option<HttpMessage>
     Ok(Some(msg))
 }
 
+/// Which service's writes a [`FaultProxy`] faults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Service {
+    /// PutMetricData (RPC v2 CBOR: the operation is in the path).
+    CloudWatch,
+    /// PutLogEvents (AWS JSON 1.1: the operation is in `X-Amz-Target`).
+    Logs,
+}
+
+impl Service {
+    fn is_write(self, req: &HttpMessage) -> bool {
+        match self {
+            Service::CloudWatch => req.start.contains("PutMetricData"),
+            Service::Logs => req.header("x-amz-target").is_some_and(|t| t.ends_with(".PutLogEvents")),
+        }
+    }
+
+    /// The service's error codes for throttling and for a server error.
+    fn codes(self) -> (&'static str, &'static str) {
+        match self {
+            Service::CloudWatch => ("Throttling", "InternalServiceError"),
+            Service::Logs => ("ThrottlingException", "ServiceUnavailableException"),
+        }
+    }
+
+    fn error(self, status: u16, code: &str, message: &str) -> HttpMessage {
+        match self {
+            Service::CloudWatch => error_response(status, code, message),
+            Service::Logs => json_error_response(status, code, message),
+        }
+    }
+}
+
+/// A CloudWatch Logs error as the service sends it over AWS JSON 1.1.
+pub fn json_error_response(status: u16, code: &str, message: &str) -> HttpMessage {
+    let body = serde_json::json!({ "__type": code, "message": message }).to_string();
+    let reason = if status >= 500 { "Internal Server Error" } else { "Bad Request" };
+    let headers = [
+        ("content-type", "application/x-amz-json-1.1".to_owned()),
+        ("x-amzn-requestid", format!("test-{}", fastrand::u64(..))),
+    ];
+    HttpMessage {
+        start: format!("HTTP/1.1 {status} {reason}"),
+        headers: headers.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+        body: body.into_bytes(),
+    }
+}
+
 /// A CloudWatch error as the service sends it over RPC v2 CBOR: the code in the body's
 /// `__type` and, query-compatible, in a header.
 pub fn error_response(status: u16, code: &str, message: &str) -> HttpMessage {
@@ -361,7 +410,7 @@ pub enum Fault {
     Stall(Duration),
 }
 
-/// A PutMetricData request that went through the proxy.
+/// A write (PutMetricData, PutLogEvents) that went through the proxy.
 #[derive(Clone, Debug)]
 pub struct Forwarded {
     /// Body bytes once decompressed (PutMetricData's 1 MB limit applies to them).
@@ -371,8 +420,9 @@ pub struct Forwarded {
     pub status: u16,
 }
 
-/// An HTTP proxy on 127.0.0.1 in front of CloudWatch that answers PutMetricData requests
-/// with the planned faults, one per request, then forwards the rest (and logs them).
+/// An HTTP proxy on 127.0.0.1 in front of CloudWatch that answers the writes of one
+/// service (PutMetricData or PutLogEvents) with the planned faults, one per request, then
+/// forwards the rest (and logs them).
 pub struct FaultProxy {
     pub addr: SocketAddr,
     plan: Arc<Mutex<VecDeque<Fault>>>,
@@ -383,7 +433,13 @@ pub struct FaultProxy {
 }
 
 impl FaultProxy {
+    /// In front of CloudWatch's PutMetricData.
     pub fn start(upstream: SocketAddr) -> FaultProxy {
+        Self::start_for(upstream, Service::CloudWatch)
+    }
+
+    pub fn start_for(upstream: SocketAddr, service: Service) -> FaultProxy {
+        let (throttling, server_error) = service.codes();
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
         let addr = listener.local_addr().expect("addr");
         let plan: Arc<Mutex<VecDeque<Fault>>> = Arc::default();
@@ -396,16 +452,16 @@ impl FaultProxy {
             listener,
             stop.clone(),
             Arc::new(move |req: HttpMessage| {
-                let put = req.start.contains("PutMetricData");
+                let put = service.is_write(&req);
                 let fault = if put { p.lock().unwrap().pop_front() } else { None };
                 match fault {
                     Some(Fault::Throttle) => {
                         i.fetch_add(1, Ordering::Relaxed);
-                        return error_response(400, "Throttling", "Rate exceeded");
+                        return service.error(400, throttling, "Rate exceeded");
                     }
                     Some(Fault::ServerError) => {
                         i.fetch_add(1, Ordering::Relaxed);
-                        return error_response(500, "InternalServiceError", "injected");
+                        return service.error(500, server_error, "injected");
                     }
                     Some(Fault::Slow(d)) => {
                         i.fetch_add(1, Ordering::Relaxed);
@@ -414,7 +470,7 @@ impl FaultProxy {
                     Some(Fault::Stall(d)) => {
                         i.fetch_add(1, Ordering::Relaxed);
                         std::thread::sleep(d);
-                        return error_response(503, "ServiceUnavailable", "stalled");
+                        return service.error(503, "ServiceUnavailable", "stalled");
                     }
                     None => {}
                 }
@@ -438,7 +494,7 @@ impl FaultProxy {
         FaultProxy { addr, plan, injected, forwarded, log, stop }
     }
 
-    /// The PutMetricData requests forwarded so far.
+    /// The writes forwarded so far.
     pub fn requests(&self) -> Vec<Forwarded> {
         self.log.lock().unwrap().clone()
     }
@@ -500,6 +556,17 @@ pub fn start_agent_following_operator(
     spawn_agent(sim_args, None, endpoint, args, env)
 }
 
+/// The agent on its built-in configuration (Prometheus only), with the AWS settings of a
+/// test: for what it sends to CloudWatch Logs.
+pub fn start_agent_builtin(
+    sim_args: &[&str],
+    endpoint: SocketAddr,
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Agent {
+    spawn_agent(sim_args, None, endpoint, args, env)
+}
+
 /// The agent running the NeuronMonitorConfig documents of `file` (`--config`), without
 /// Kubernetes.
 pub fn start_agent_with_config_file(
@@ -538,6 +605,7 @@ fn spawn_agent(
             .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .env("AWS_ENDPOINT_URL_CLOUDWATCH", format!("http://{endpoint}"))
+            .env("AWS_ENDPOINT_URL_CLOUDWATCH_LOGS", format!("http://{endpoint}"))
             // LocalStack on a loaded 2-core machine can take seconds for a request of
             // 1,000 datums; one timed out while LocalStack still stores it would be stored
             // twice by the retry. (A test's own --cloudwatch-request-timeout wins.)
@@ -561,4 +629,17 @@ pub fn sdk_client(addr: SocketAddr) -> aws_sdk_cloudwatch::Client {
         .http_client(aws_smithy_http_client::Builder::new().build_http())
         .build();
     aws_sdk_cloudwatch::Client::from_conf(config)
+}
+
+/// An SDK client of the CloudWatch Logs at `addr`, as a user would read the events.
+pub fn logs_client(addr: SocketAddr, region: &str) -> aws_sdk_cloudwatchlogs::Client {
+    use aws_sdk_cloudwatchlogs::config::{BehaviorVersion, Credentials, Region};
+    let config = aws_sdk_cloudwatchlogs::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new(region.to_owned()))
+        .endpoint_url(format!("http://{addr}"))
+        .credentials_provider(Credentials::new("AKIDTEST", "test-secret", None, None, "tests"))
+        .http_client(aws_smithy_http_client::Builder::new().build_http())
+        .build();
+    aws_sdk_cloudwatchlogs::Client::from_conf(config)
 }

@@ -302,6 +302,14 @@ fn templates_render_what_the_chart_promises() {
     let all: Vec<&Value> =
         rules.as_sequence().unwrap().iter().flat_map(|g| g["rules"].as_sequence().unwrap()).collect();
     assert!(all.iter().all(|r| r["labels"]["team"] == "ml-platform" && r["labels"]["severity"].is_string()));
+    // The hardware-health event stream: off by default, its flags when enabled.
+    let agent_args = |docs: &[Value]| -> Vec<String> {
+        let ds = one(docs, "DaemonSet");
+        let args = ds["spec"]["template"]["spec"]["containers"][0]["args"].as_sequence().expect("agent args");
+        args.iter().filter_map(|a| a.as_str()).filter(|a| a.starts_with("--health-log")).map(str::to_owned).collect()
+    };
+    assert!(agent_args(&docs).is_empty());
+    assert_eq!(agent_args(&irsa), ["--health-log-group=/aws/neuron/hardware-events", "--health-log-region=us-west-2"]);
     let pm = documents(&template("ns", Some(&chart_dir().join("ci/podmonitor-values.yaml")), &api));
     let text = serde_norway::to_string(&one(&pm, "PrometheusRule")["spec"]).unwrap();
     assert!(!text.contains("NeuronMonitorOutputRejected") && text.contains("NeuronAgentDown"));

@@ -20,6 +20,9 @@
 //! - `deploy/iam/neuron-node-agent-policy.json`: only `cloudwatch:PutMetricData`, under a
 //!   `cloudwatch:namespace` condition that admits every namespace of the example configs;
 //!   and the agent's source calls no other CloudWatch operation (by name, from the model).
+//! - `deploy/iam/neuron-node-agent-health-logs-policy.json` (attached only when the
+//!   hardware-health event stream is on): exactly the CloudWatch Logs operations the
+//!   agent's source calls, on the default log group and its streams only.
 //!
 //! Needs `cargo build --workspace --bins` (the agent and the simulator) and the tools of
 //! `tests/tools/install.sh` (systemd-analyze; LocalStack's venv for botocore).
@@ -39,6 +42,7 @@ const UNIT: &str = "deploy/ec2/neuron-node-agent.service";
 const CONFIGS: &str = "deploy/ec2/configs.yaml";
 const TASK_DEFINITION: &str = "deploy/ecs/task-definition.json";
 const POLICY: &str = "deploy/iam/neuron-node-agent-policy.json";
+const LOGS_POLICY: &str = "deploy/iam/neuron-node-agent-health-logs-policy.json";
 
 /// Where the unit expects the agent and its configuration.
 const UNIT_AGENT: &str = "/usr/local/bin/neuron-node-agent";
@@ -499,10 +503,20 @@ fn the_iam_policy_allows_put_metric_data_only_in_the_configured_namespaces() {
 
     // The agent calls no other CloudWatch operation: none of the model's operation names
     // appears as a method call in its source but PutMetricData.
-    let listed = aws_api_shape(&["operations", "cloudwatch"]);
+    assert_eq!(
+        called_operations("cloudwatch"),
+        BTreeSet::from(["put_metric_data".to_owned()]),
+        "CloudWatch operations the agent calls"
+    );
+}
+
+/// The operations of an AWS service (botocore's model) that the agent's source calls, by
+/// the SDK's method names (`.put_metric_data()`).
+fn called_operations(service: &str) -> BTreeSet<String> {
+    let listed = aws_api_shape(&["operations", service]);
     assert!(listed.status.success(), "{}", output_text(&listed));
     let operations: Vec<String> = String::from_utf8_lossy(&listed.stdout).lines().map(str::to_owned).collect();
-    assert!(operations.iter().any(|o| o == "put_metric_data") && operations.len() > 20, "{operations:?}");
+    assert!(operations.len() > 20, "{service}: {operations:?}");
     let mut called = BTreeSet::new();
     for file in rust_files(&repo_root().join("node-agent/src")) {
         let text = std::fs::read_to_string(&file).expect("read source");
@@ -512,7 +526,44 @@ fn the_iam_policy_allows_put_metric_data_only_in_the_configured_namespaces() {
             }
         }
     }
-    assert_eq!(called, BTreeSet::from(["put_metric_data".to_owned()]), "CloudWatch operations the agent calls");
+    called
+}
+
+#[test]
+fn the_health_logs_policy_allows_exactly_the_log_calls_of_the_agent_on_its_group() {
+    let policy: Value = serde_json::from_str(&read(LOGS_POLICY)).unwrap_or_else(|e| panic!("{LOGS_POLICY}: {e}"));
+    assert_eq!(policy["Version"], "2012-10-17");
+    let statements = policy["Statement"].as_array().expect("Statement list");
+    let mut actions = BTreeSet::new();
+    for statement in statements {
+        assert_eq!(statement["Effect"], "Allow", "{statement}");
+        assert!(statement.get("NotAction").is_none() && statement.get("NotResource").is_none(), "{statement}");
+        actions.extend(one_or_many(&statement["Action"]).into_iter().map(str::to_owned));
+        // The default group and its streams, in any region and account: nothing else.
+        for resource in one_or_many(&statement["Resource"]) {
+            let rest = resource.strip_prefix("arn:aws:logs:*:*:log-group:/aws/neuron/hardware-events");
+            assert!(matches!(rest, Some("" | ":log-stream:*")), "{resource}");
+        }
+    }
+    // logs:CreateLogGroup ↔ create_log_group, …
+    let snake = |action: &str| {
+        let name = action.strip_prefix("logs:").unwrap_or_else(|| panic!("not a logs action: {action}"));
+        let mut out = String::new();
+        for c in name.chars() {
+            if c.is_ascii_uppercase() && !out.is_empty() {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        }
+        out
+    };
+    let allowed: BTreeSet<String> = actions.iter().map(|a| snake(a)).collect();
+    assert_eq!(
+        allowed,
+        BTreeSet::from(["create_log_group", "create_log_stream", "put_log_events"].map(str::to_owned)),
+        "{LOGS_POLICY}"
+    );
+    assert_eq!(called_operations("logs"), allowed, "CloudWatch Logs operations the agent calls");
 }
 
 fn rust_files(dir: &Path) -> Vec<PathBuf> {

@@ -235,3 +235,31 @@ fn a_device_the_kernel_log_named_takes_no_execution_error_reason() {
     assert!(changes.new_faults.is_empty(), "{changes:?}");
     assert_eq!(m.devices[&4].reasons.len(), 1);
 }
+
+#[test]
+fn updates_report_the_state_changes_they_make() {
+    let change = |device, before, after| StateChange { device, before, after };
+    let mut m = model();
+    // The first reading: healthy devices are no change, the node's state is (unknown before).
+    let mut silent = ready(1);
+    silent.state = Some(DeviceState::Resetting);
+    let changes = m.apply_reading(node(vec![ready(0), silent]), 10, Instant::now());
+    assert_eq!(changes.state_changes, [change(Some(1), None, State::Unknown)]);
+    let changes = m.apply_reading(node(vec![ready(0), ready(1)]), 11, Instant::now());
+    assert_eq!(
+        changes.state_changes,
+        [change(Some(1), Some(State::Unknown), State::Healthy), change(None, Some(State::Unknown), State::Healthy)]
+    );
+    assert!(m.apply_reading(node(vec![ready(0), ready(1)]), 12, Instant::now()).state_changes.is_empty());
+    // A kernel record: the device and the node turn unhealthy, and the fault knows both states.
+    let changes = m.apply_events(vec![event("NEURON_HW_ERR=DMA_ERROR nd-id=1")], Some(2), 13);
+    assert_eq!(
+        changes.state_changes,
+        [change(Some(1), Some(State::Healthy), State::Unhealthy), change(None, Some(State::Healthy), State::Unhealthy)]
+    );
+    assert_eq!(changes.states_of(Some(1), State::Unhealthy), (Some(State::Healthy), State::Unhealthy));
+    assert_eq!(changes.states_of(Some(0), State::Healthy), (Some(State::Healthy), State::Healthy));
+    // A second fault of an unhealthy device changes no state.
+    let changes = m.apply_events(vec![event("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=1")], Some(3), 14);
+    assert_eq!((changes.new_faults.len(), changes.state_changes.len()), (1, 0));
+}

@@ -228,15 +228,23 @@ pub fn classify_service(status: u16, code: &str) -> Failure {
     }
 }
 
-/// The SDK client of one sink: the standard credential chain (environment, web identity
-/// for IRSA, container credentials for EKS Pod Identity, instance profile), the endpoint
-/// from `AWS_ENDPOINT_URL_CLOUDWATCH` / `AWS_ENDPOINT_URL` when set, no SDK retries.
+/// The SDK client of one sink (see [`sdk_config`]; the endpoint from
+/// `AWS_ENDPOINT_URL_CLOUDWATCH` / `AWS_ENDPOINT_URL` when set).
 pub async fn client(region: &str, attempt_timeout: Duration) -> Client {
+    Client::new(&sdk_config(region, attempt_timeout).await)
+}
+
+/// The configuration of every AWS client of the agent (CloudWatch, CloudWatch Logs): the
+/// standard credential chain (environment, web identity for IRSA, container credentials
+/// for EKS Pod Identity, instance profile), rustls on ring, no SDK retries (the callers
+/// retry and count each attempt), a time limit per attempt. Each service's client takes
+/// its endpoint from `AWS_ENDPOINT_URL_<SERVICE>` / `AWS_ENDPOINT_URL` when set.
+pub async fn sdk_config(region: &str, attempt_timeout: Duration) -> aws_config::SdkConfig {
     use aws_smithy_http_client::tls;
     let http = aws_smithy_http_client::Builder::new()
         .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
         .build_https();
-    let config = aws_config::defaults(BehaviorVersion::latest())
+    aws_config::defaults(BehaviorVersion::latest())
         .region(Region::new(region.to_owned()))
         .http_client(http)
         .retry_config(RetryConfig::disabled())
@@ -247,8 +255,7 @@ pub async fn client(region: &str, attempt_timeout: Duration) -> Client {
                 .build(),
         )
         .load()
-        .await;
-    Client::new(&config)
+        .await
 }
 
 /// One datum in the SDK's terms.
