@@ -1164,3 +1164,28 @@ fn container_insights_naming_publishes_exactly_its_names_and_sets() {
     let errors = agent.metrics().sum("execution_errors_total", &[]);
     assert!(sum > 0.0 && sum <= errors, "{sum} of {errors}");
 }
+
+/// Every Container Insights set has `ClusterName`: without `--cluster-name` the sink is
+/// left out, counted and logged, while a classic sink beside it runs.
+#[test]
+fn a_container_insights_sink_needs_a_cluster_name() {
+    let cw = CloudWatch::start();
+    let insights = CloudWatchSinkSpec {
+        namespace: cw.namespace("ContainerInsights"),
+        naming: Some(api::crd::CloudWatchNaming::ContainerInsights),
+        flush_interval: Some("1s".to_owned()),
+        ..Default::default()
+    };
+    let config = node_config(vec![
+        route("ops/insights", None, None, insights),
+        route("ops/classic", None, None, sink(&cw, "Ops/Neuron", &[Dimension::RuntimeTag], "1s")),
+    ]);
+    let agent = start_agent(SIM_SMALL, &config, cw.addr(), &["--silence-timeout", "1h"]);
+    let m = wait_settled(&agent, "ops/classic", 6.0);
+    let invalid =
+        |reason| sink_value(&m, "neuron_agent_cloudwatch_invalid_sinks", "ops/insights", &[("reason", reason)]);
+    assert_eq!(invalid("cluster_name"), 1.0);
+    assert_eq!(sink_value(&m, "neuron_agent_cloudwatch_datums_sent_total", "ops/insights", &[]), 0.0);
+    assert!(list_metrics(&cw, "ContainerInsights", &[]).is_empty());
+    assert!(!list_metrics(&cw, "Ops/Neuron", &[]).is_empty());
+}
