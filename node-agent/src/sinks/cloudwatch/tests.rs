@@ -494,3 +494,32 @@ fn container_insights_leaves_out_sets_with_unknown_values() {
     spec.naming = Some(api::crd::CloudWatchNaming::ContainerInsights);
     assert!(sample(route(None, None, spec), &state, &AgentDimensions::default()).is_empty());
 }
+
+#[test]
+fn container_insights_on_a_32_pod_node_fits_two_requests() {
+    let mut state = state_of(TRN1N_32);
+    for (i, rt) in state.runtimes.iter_mut().enumerate() {
+        let pod = PodRef {
+            namespace: "team-a".into(),
+            pod: format!("serve-{i:02}"),
+            owner: format!("serve-{i:02}"),
+            container: "main".into(),
+            labels: vec![],
+        };
+        Arc::make_mut(&mut rt.labels).pod = Some(Arc::new(pod));
+    }
+    let ops = insights(None, &state);
+    let requests = split(ops.clone(), "ContainerInsights");
+    let bytes: usize = ops.iter().map(Datum::encoded_size).sum();
+    eprintln!(
+        "{} runtimes: {} datums, {} requests, ~{bytes} bytes per flush",
+        state.runtimes.len(),
+        ops.len(),
+        requests.len()
+    );
+    // No ECC or latency in this report. node_: 7 per-core metrics × (1 + 1 + 32 cores)
+    // and errors + device memory × 2 sets; pod_: 7 × (1 + 1 namespace + 3 × 32);
+    // container_: 7 × (1 + 3 × 32). One datum per metric per flush.
+    assert_eq!(ops.len(), 7 * 34 + 2 * 2 + 7 * (2 + 3 * 32) + 7 * (1 + 3 * 32));
+    assert_eq!(requests.len(), 2);
+}
