@@ -302,10 +302,30 @@ pub enum CloudWatchMetric {
     NeurondeviceUnhealthy,
 }
 
+/// How a CloudWatch sink names what it publishes.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CloudWatchNaming {
+    /// This project's metrics (`metrics`), under `dimensions` and `rollups`.
+    #[default]
+    Classic,
+    /// The names, units and dimension sets of CloudWatch Container Insights' Neuron
+    /// metrics (`node_…`, `pod_…`, `container_…`), so its dashboards and alarms work on
+    /// this data. Fixed: `dimensions`, `rollups` and `metrics` do not apply.
+    ContainerInsights,
+}
+
+/// With Container Insights naming, the dimension sets and metrics are Container
+/// Insights' own: a list of ours would be silently meaningless, so it is refused.
+const INSIGHTS_FIXED: &str = "Container Insights naming publishes its own metrics and dimension sets";
+
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.naming) || self.naming != 'ContainerInsights' || !has(self.dimensions)").message(INSIGHTS_FIXED).field_path(".dimensions"))]
+#[x_kube(validation = Rule::new("!has(self.naming) || self.naming != 'ContainerInsights' || !has(self.rollups)").message(INSIGHTS_FIXED).field_path(".rollups"))]
+#[x_kube(validation = Rule::new("!has(self.naming) || self.naming != 'ContainerInsights' || !has(self.metrics)").message(INSIGHTS_FIXED).field_path(".metrics"))]
 pub struct CloudWatchSinkSpec {
-    /// CloudWatch namespace of the metrics, e.g. `TeamA/Neuron`.
+    /// CloudWatch namespace of the metrics, e.g. `TeamA/Neuron` (`ContainerInsights` for
+    /// Container Insights' own dashboards).
     #[schemars(length(min = 1, max = 255), regex(pattern = r"^[A-Za-z0-9._/#: -]+$"))]
     #[x_kube(validation = Rule::new("!self.startsWith('AWS/')").message("namespaces starting with AWS/ are reserved for AWS services"))]
     pub namespace: String,
@@ -314,6 +334,10 @@ pub struct CloudWatchSinkSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32), regex(pattern = REGION_PATTERN))]
     pub region: Option<String>,
+
+    /// Names, units and dimension sets: `Classic` (default) or `ContainerInsights`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub naming: Option<CloudWatchNaming>,
 
     /// Dimensions of every metric. Default: ClusterName, NodeName, NeuronCore,
     /// NeuronDevice, Namespace, PodName, ContainerName.
@@ -329,7 +353,7 @@ pub struct CloudWatchSinkSpec {
 
     /// Metrics to publish. Default: all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 11), extend("x-kubernetes-list-type" = "set"))]
+    #[schemars(length(max = 12), extend("x-kubernetes-list-type" = "set"))]
     pub metrics: Option<Vec<CloudWatchMetric>>,
 
     /// Storage resolution in seconds: 1 (high resolution) or 60. Default: 60.

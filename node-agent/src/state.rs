@@ -63,6 +63,9 @@ impl InstanceLabels {
 pub struct PodRef {
     pub namespace: String,
     pub pod: String,
+    /// The workload the pod belongs to, as Container Insights names it (its `PodName`):
+    /// the Deployment, DaemonSet or CronJob; the pod's own name when it has none.
+    pub owner: String,
     /// Empty when the process is known to be in the pod but not in which container.
     pub container: String,
     /// Allow-listed pod labels as (metric label name, value), in allow-list order.

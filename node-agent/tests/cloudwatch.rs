@@ -260,6 +260,8 @@ fn what_is_stored_is_what_the_simulator_produced() {
         "neuron_execution_status",
         "neuron_execution_latency",
         "neurondevice_hw_ecc_events",
+        // `--ecc-every=1` counts uncorrectable SRAM errors: the device's health is known.
+        "neurondevice_unhealthy",
     ]
     .into_iter()
     .map(str::to_owned)
@@ -901,4 +903,291 @@ fn the_operator_gives_each_team_its_own_cloudwatch_namespace() {
     drop(agent);
     rt.block_on(nodes.delete(&node, &DeleteParams::default())).expect("delete the node");
     eprintln!("operator → agent → CloudWatch per namespace: {:?}", started.elapsed());
+}
+
+/// The Container Insights list of the reference (`shared/reference/container-insights-neuron.md`),
+/// written out here apart from the catalogue: (metric name, dimension names) of a family,
+/// without the `UltraServer` and `Service` sets the agent cannot fill.
+fn container_insights_list(node: bool, ecc: bool) -> BTreeSet<(String, BTreeSet<String>)> {
+    type Set = BTreeSet<String>;
+    const PER_CORE: [&str; 7] = [
+        "neuroncore_utilization",
+        "neuroncore_memory_usage_constants",
+        "neuroncore_memory_usage_model_code",
+        "neuroncore_memory_usage_model_shared_scratchpad",
+        "neuroncore_memory_usage_runtime_memory",
+        "neuroncore_memory_usage_tensors",
+        "neuroncore_memory_usage_total",
+    ];
+    const ECC: &str = "neurondevice_hw_ecc_events_total";
+    let sets = |sets: &[&[&str]]| -> Vec<BTreeSet<String>> {
+        sets.iter().map(|s| s.iter().map(|d| (*d).to_owned()).collect()).collect()
+    };
+    let (c, ns, pod, full, ctr) = ("ClusterName", "Namespace", "PodName", "FullPodName", "ContainerName");
+    let (id, node_name, itype, dev, core) = ("InstanceId", "NodeName", "InstanceType", "NeuronDevice", "NeuronCore");
+    let mut out = BTreeSet::new();
+    let mut add = |name: String, sets: Vec<BTreeSet<String>>| {
+        for s in sets {
+            out.insert((name.clone(), s));
+        }
+    };
+    // (prefix, per-core sets, per-device sets)
+    let mut families: Vec<(&str, Vec<Set>, Vec<Set>)> = vec![
+        (
+            "pod_",
+            sets(&[&[c], &[c, ns], &[c, ns, pod], &[c, ns, pod, full], &[c, ns, pod, full, dev, core]]),
+            sets(&[&[c], &[c, ns], &[c, ns, pod], &[c, ns, pod, full], &[c, ns, pod, full, dev]]),
+        ),
+        (
+            "container_",
+            sets(&[&[c], &[c, ns, pod, ctr], &[c, ns, pod, full, ctr], &[c, ns, pod, full, ctr, dev, core]]),
+            sets(&[&[c], &[c, ns, pod, ctr], &[c, ns, pod, full, ctr], &[c, ns, pod, full, ctr, dev]]),
+        ),
+    ];
+    if node {
+        families.push((
+            "node_",
+            sets(&[&[c], &[c, id, node_name], &[c, itype, id, node_name, dev, core]]),
+            sets(&[&[c], &[c, id, node_name], &[c, id, node_name, dev]]),
+        ));
+        for name in [
+            "node_neuron_execution_errors_total",
+            "node_neurondevice_runtime_memory_used_bytes",
+            "node_neuron_execution_latency",
+        ] {
+            add(name.to_owned(), sets(&[&[c], &[c, id, node_name]]));
+        }
+    }
+    for (prefix, per_core, per_device) in families {
+        for suffix in PER_CORE {
+            add(format!("{prefix}{suffix}"), per_core.clone());
+        }
+        if ecc {
+            add(format!("{prefix}{ECC}"), per_device);
+        }
+    }
+    out
+}
+
+/// `naming: ContainerInsights` on a trn1.32xlarge-size node with two teams' pods of two
+/// workloads (a Deployment's, a CronJob's), attributed through the real API server, a test
+/// kubelet and a fake /proc: the operator namespace's config publishes exactly the
+/// reference's names and dimension sets with its units and value formats, each team's
+/// only its own pods' `pod_` and `container_` series.
+#[test]
+fn container_insights_naming_publishes_exactly_its_names_and_sets() {
+    use api::crd::CloudWatchNaming;
+    use k8s_openapi::api::{apps::v1::ReplicaSet, batch::v1::Job};
+    use neuron_node_agent::attribution::podresources::{NEURONCORE, NEURONDEVICE};
+    use support::kubelet::{container_id, containerd_cgroup, holding, running_pod_with, FakeProc, PodResourcesServer};
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let cp = neuron_e2e::ControlPlane::shared();
+    let node = format!("neuron-node-{:08x}", neuron_e2e::random_u32());
+    let (a, b) = rt.block_on(async { (cp.namespace("ci-a").await, cp.namespace("ci-b").await) });
+    let client = rt.block_on(cp.client());
+    // The owners exist (no controller runs them), so the garbage collector keeps the pods.
+    let template = |labels: serde_json::Value, restart: &str| {
+        serde_json::json!({"metadata": {"labels": labels}, "spec": {"restartPolicy": restart,
+            "containers": [{"name": "c", "image": "registry.invalid/neuron-app:1"}]}})
+    };
+    let rs: ReplicaSet = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "train-6d4cf56db6"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "train"}},
+                 "template": template(serde_json::json!({"app": "train"}), "Always")}
+    }))
+    .expect("replica set");
+    let job: Job = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "nightly-eval-29412345"},
+        "spec": {"suspend": true, "template": template(serde_json::json!({"app": "eval"}), "Never")}
+    }))
+    .expect("job");
+    let (rs_uid, job_uid) = rt.block_on(async {
+        let pp = kube::api::PostParams::default();
+        let rs = kube::Api::<ReplicaSet>::namespaced(client.clone(), &a).create(&pp, &rs).await.expect("create rs");
+        let job = kube::Api::<Job>::namespaced(client.clone(), &b).create(&pp, &job).await.expect("create job");
+        (rs.metadata.uid.expect("uid"), job.metadata.uid.expect("uid"))
+    });
+    let owner = |api_version: &str, kind: &str, name: &str, uid: &str| serde_json::json!({"apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": true});
+    let (train, eval) = ("train-6d4cf56db6-x7k2p", "nightly-eval-29412345-q8z4m");
+    let (cid_a, cid_b) = (container_id(0xa3), container_id(0xb3));
+    let uid_a = rt.block_on(running_pod_with(
+        &client,
+        &a,
+        train,
+        &node,
+        "main",
+        &cid_a,
+        serde_json::json!({"app": "train", "pod-template-hash": "6d4cf56db6"}),
+        Some(owner("apps/v1", "ReplicaSet", "train-6d4cf56db6", &rs_uid)),
+    ));
+    let uid_b = rt.block_on(running_pod_with(
+        &client,
+        &b,
+        eval,
+        &node,
+        "eval",
+        &cid_b,
+        serde_json::json!({"app": "eval"}),
+        Some(owner("batch/v1", "Job", "nightly-eval-29412345", &job_uid)),
+    ));
+    let proc = FakeProc::new();
+    proc.process(4201, &containerd_cgroup(&uid_a, &cid_a));
+    proc.process(4202, &containerd_cgroup(&uid_b, &cid_b));
+    let dir = support::TempDir::new("kubelet");
+    let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
+    kubelet
+        .set(vec![holding(&a, train, "main", NEURONDEVICE, &[0, 1]), holding(&b, eval, "eval", NEURONCORE, &[4, 5])]);
+
+    let cw = CloudWatch::start();
+    let insights = |namespace: &str| CloudWatchSinkSpec {
+        namespace: cw.namespace(namespace),
+        naming: Some(CloudWatchNaming::ContainerInsights),
+        flush_interval: Some("1s".to_owned()),
+        ..Default::default()
+    };
+    let config = node_config(vec![
+        route("a/cw", Some(&a), None, insights("TeamA")),
+        route("b/cw", Some(&b), None, insights("TeamB")),
+        route("ops/all", None, None, insights("ContainerInsights")),
+    ]);
+    let sim = [
+        "--instance-type=trn1.32xlarge",
+        "--app=tag=train,cores=0-2,util=80,rps=20,errors=2,pid=4201",
+        "--app=tag=eval,cores=4,util=50,rps=40,pid=4202",
+        "--ecc-every=1",
+    ];
+    let args = [
+        "--cluster-name",
+        "prod",
+        "--node-name",
+        node.as_str(),
+        "--proc-root",
+        proc.root().to_str().expect("utf-8 path"),
+        "--pod-resources-socket",
+        kubelet.socket.to_str().expect("utf-8 path"),
+        "--pod-resources-interval",
+        "300ms",
+    ];
+    let kubeconfig = cp.kubeconfig.as_os_str();
+    let agent =
+        support::cloudwatch::start_agent_with_env(&sim, &config, cw.addr(), &args, &[("KUBECONFIG", kubeconfig)]);
+    agent.wait_for("both teams' sinks sending", Duration::from_secs(60), |m| {
+        let sent = |s| sink_value(m, "neuron_agent_cloudwatch_datums_sent_total", s, &[]);
+        (sent("a/cw") > 0.0 && sent("b/cw") > 0.0 && sent("ops/all") > 0.0).then_some(())
+    });
+    // Two more flushes with everything attributed.
+    std::thread::sleep(Duration::from_millis(2500));
+    let m = agent.metrics();
+
+    let published = |metrics: &[Metric]| -> BTreeSet<(String, BTreeSet<String>)> {
+        metrics
+            .iter()
+            .map(|m| (m.metric_name().unwrap_or_default().to_owned(), dimension_map(m).into_keys().collect()))
+            .collect()
+    };
+    let ops = list_metrics(&cw, "ContainerInsights", &[]);
+    assert_eq!(published(&ops), container_insights_list(true, true));
+    for (namespace, team) in [("TeamA", &a), ("TeamB", &b)] {
+        let metrics = list_metrics(&cw, namespace, &[]);
+        assert_eq!(published(&metrics), container_insights_list(false, false), "{namespace}");
+        for metric in &metrics {
+            let d = dimension_map(metric);
+            assert!(d.get("Namespace").is_none_or(|ns| ns == team), "{metric:?}");
+        }
+    }
+    for metric in &ops {
+        let name = metric.metric_name().unwrap_or_default();
+        let unit = match name {
+            n if n.ends_with("neuroncore_utilization") => "Percent",
+            "node_neuron_execution_latency" => "Seconds",
+            n if n.ends_with("_total") && !n.contains("memory") => "Count",
+            _ => "Bytes",
+        };
+        assert_eq!(units(&cw, metric), BTreeSet::from([unit.to_owned()]), "{metric:?}");
+    }
+
+    // Value formats: PodName the workload, FullPodName the pod, core<N> and device<M>.
+    let core = |pod: &str, full: &str, ns: &str, device: &str, core: &str| {
+        [
+            ("ClusterName", "prod"),
+            ("Namespace", ns),
+            ("PodName", pod),
+            ("FullPodName", full),
+            ("NeuronDevice", device),
+            ("NeuronCore", core),
+        ]
+        .map(|(n, v)| (n, v.to_owned()))
+    };
+    let stat = |cw_ns: &str, name: &str, d: &[(&str, String)], s: &str| {
+        let d: Vec<(&str, &str)> = d.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        statistic(&cw, cw_ns, name, &d, s)
+    };
+    let train_core0 = core("train", train, &a, "device0", "core0");
+    assert_eq!(stat("TeamA", "pod_neuroncore_utilization", &train_core0, "Average"), Some(80.0));
+    assert_eq!(stat("ContainerInsights", "pod_neuroncore_utilization", &train_core0, "Average"), Some(80.0));
+    // The core the train pod holds and does not use: its own, at 0 %.
+    let train_core3 = core("train", train, &a, "device1", "core3");
+    assert_eq!(stat("TeamA", "pod_neuroncore_utilization", &train_core3, "Maximum"), Some(0.0));
+    let eval_core4 = core("nightly-eval", eval, &b, "device2", "core4");
+    assert_eq!(stat("TeamB", "pod_neuroncore_utilization", &eval_core4, "Average"), Some(50.0));
+    let node_core =
+        [("ClusterName", "prod"), ("NodeName", node.as_str()), ("NeuronDevice", "device2"), ("NeuronCore", "core4")];
+    let node_core: Vec<(&str, String)> = node_core.iter().map(|(n, v)| (*n, (*v).to_owned())).collect();
+    let stored_node_core: Vec<_> = cw
+        .stored()
+        .into_iter()
+        .filter(|s| {
+            s.name == "node_neuroncore_utilization" && node_core.iter().all(|(n, v)| s.dimensions.get(*n) == Some(v))
+        })
+        .collect();
+    assert!(!stored_node_core.is_empty() && stored_node_core.iter().all(|s| s.value == 50.0));
+
+    // The node's device memory: the sum over both runtimes (the CloudWatch agent keeps one).
+    let device_memory = m.sum("neuron_runtime_memory_used_bytes", &[("memory_location", "neuron_device")]);
+    let per_runtime: Vec<f64> = ["train", "eval"]
+        .iter()
+        .filter_map(|tag| {
+            m.value("neuron_runtime_memory_used_bytes", &[("runtime_tag", tag), ("memory_location", "neuron_device")])
+        })
+        .collect();
+    assert_eq!(per_runtime.len(), 2);
+    assert!(per_runtime.iter().all(|v| *v > 0.0) && device_memory == per_runtime.iter().sum::<f64>());
+    // The finest node set: LocalStack matches a query's dimensions as a subset.
+    let name = "node_neurondevice_runtime_memory_used_bytes";
+    let finest = ops.iter().filter(|m| m.metric_name() == Some(name)).map(dimension_map).max_by_key(|d| d.len());
+    let finest = finest.unwrap_or_default();
+    let node_dims: Vec<(&str, String)> = finest.iter().map(|(n, v)| (n.as_str(), v.clone())).collect();
+    assert_eq!(finest.get("NodeName"), Some(&node));
+    assert!(finest.get("InstanceId").is_some_and(|id| id.starts_with("i-")), "{finest:?}");
+    assert_eq!(stat("ContainerInsights", name, &node_dims, "Maximum"), Some(device_memory));
+    // Errors: deltas summed over types and runtimes, never more than the agent counted.
+    let sum = stat("ContainerInsights", "node_neuron_execution_errors_total", &node_dims, "Sum").unwrap_or(0.0);
+    let errors = agent.metrics().sum("execution_errors_total", &[]);
+    assert!(sum > 0.0 && sum <= errors, "{sum} of {errors}");
+}
+
+/// Every Container Insights set has `ClusterName`: without `--cluster-name` the sink is
+/// left out, counted and logged, while a classic sink beside it runs.
+#[test]
+fn a_container_insights_sink_needs_a_cluster_name() {
+    let cw = CloudWatch::start();
+    let insights = CloudWatchSinkSpec {
+        namespace: cw.namespace("ContainerInsights"),
+        naming: Some(api::crd::CloudWatchNaming::ContainerInsights),
+        flush_interval: Some("1s".to_owned()),
+        ..Default::default()
+    };
+    let config = node_config(vec![
+        route("ops/insights", None, None, insights),
+        route("ops/classic", None, None, sink(&cw, "Ops/Neuron", &[Dimension::RuntimeTag], "1s")),
+    ]);
+    let agent = start_agent(SIM_SMALL, &config, cw.addr(), &["--silence-timeout", "1h"]);
+    let m = wait_settled(&agent, "ops/classic", 6.0);
+    let invalid =
+        |reason| sink_value(&m, "neuron_agent_cloudwatch_invalid_sinks", "ops/insights", &[("reason", reason)]);
+    assert_eq!(invalid("cluster_name"), 1.0);
+    assert_eq!(sink_value(&m, "neuron_agent_cloudwatch_datums_sent_total", "ops/insights", &[]), 0.0);
+    assert!(list_metrics(&cw, "ContainerInsights", &[]).is_empty());
+    assert!(!list_metrics(&cw, "Ops/Neuron", &[]).is_empty());
 }

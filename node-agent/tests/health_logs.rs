@@ -15,11 +15,15 @@ use std::{
     time::{Duration, Instant},
 };
 
+use api::{
+    monitor_config::MonitorConfig,
+    node_config::{LogDestination, NodeConfig, NodeHealth},
+};
 use neuron_e2e::{random_u32, ControlPlane};
 use neuron_node_agent::attribution::podresources::NEURONDEVICE;
 use serde_json::Value;
 use support::{
-    cloudwatch::{logs_client, start_agent_builtin, Fault, FaultProxy, LocalStack, Service},
+    cloudwatch::{logs_client, start_agent, start_agent_builtin, Fault, FaultProxy, LocalStack, Service},
     driver::FakeDriver,
     kubelet::{holding, PodResourcesServer},
     Agent, Metrics, TempDir,
@@ -368,4 +372,32 @@ fn sigterm_sends_the_queued_events() {
     assert_eq!(events.len(), expected, "{events:#?}");
     let errors: Vec<&str> = events.iter().filter_map(|(_, e)| e["error"].as_str()).collect();
     assert!(errors.contains(&"SRAM_UNCORRECTABLE_ERROR") && errors.contains(&"DMA_ERROR"), "{errors:?}");
+}
+
+/// The node configuration's `health.logs` (a NeuronMonitorConfig's `spec.health.logs`,
+/// rendered by the operator) chooses the group over the agent's flags.
+#[test]
+fn the_node_configurations_log_group_wins_over_the_flags() {
+    let ls = LocalStack::shared();
+    let driver = FakeDriver::start("trn1.32xlarge");
+    let (configured, flagged) = (group(), group());
+    let mut args = driver.agent_args();
+    args.extend(["--health-log-group", &flagged].map(str::to_owned));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let health = NodeHealth {
+        config: "ops/health".to_owned(),
+        logs: Some(LogDestination { group: configured.clone(), region: Some("us-west-2".to_owned()) }),
+        ..NodeHealth::default()
+    };
+    let monitor = MonitorConfig::all_groups("1s".parse().expect("period"));
+    let node_config = serde_json::to_value(NodeConfig { monitor, routes: Vec::new(), health: Some(health) })
+        .expect("a node configuration");
+    let agent = start_agent(&["--instance-type=trn1.32xlarge"], &node_config, ls.addr, &args);
+    let instance = instance_id(&agent);
+    driver.inject(&["hbm-ue:5"]);
+    wait_state(&agent, "5", "unhealthy");
+    let streams = wait_stored(ls.addr, "us-west-2", &configured, 2);
+    let events = &streams[&instance];
+    assert!(events.iter().any(|(_, e)| e["error"] == "HBM_UNCORRECTABLE_ERROR" && e["device"] == 5), "{events:#?}");
+    assert!(stored(ls.addr, "us-west-2", &flagged).is_empty(), "nothing in the flags' group");
 }

@@ -1,11 +1,14 @@
 //! What a CloudWatch sink publishes, metric by metric: names, units, the level each
-//! value belongs to, the split dimension of each metric, and the dimension sets. The node
-//! agent builds its datums from this catalogue; the cost estimate counts from it.
+//! value belongs to, the split dimension of each metric, and the dimension sets, for each
+//! naming: the classic one here, Container Insights' in [`insights`]. The node agent
+//! builds its datums from this catalogue; the cost estimate counts from it.
+
+pub mod insights;
 
 use std::collections::BTreeSet;
 
 use crate::{
-    crd::{CloudWatchMetric, Dimension, NeuronMonitorConfigSpec},
+    crd::{CloudWatchMetric, CloudWatchNaming, CloudWatchSinkSpec, Dimension, NeuronMonitorConfigSpec},
     monitor_config::{RuntimeGroup, SystemGroup},
 };
 
@@ -204,13 +207,16 @@ pub fn applies(d: Dimension, level: Level) -> bool {
     }
 }
 
-/// The metrics a config publishes: its allow-list (default: all) restricted to the groups
-/// it collects. ECC counters need the node-level group, which only configs that see the
-/// node-level groups (those in the operator's namespace) get.
-pub fn published_metrics(spec: &NeuronMonitorConfigSpec, sees_node_level: bool) -> Vec<&'static MetricShape> {
-    let Some(cloudwatch) = spec.sinks.as_ref().and_then(|s| s.cloudwatch.as_ref()) else {
-        return Vec::new();
-    };
+/// The naming of a sink's spec (`Classic` when unset).
+pub fn naming_of(spec: &CloudWatchSinkSpec) -> CloudWatchNaming {
+    spec.naming.unwrap_or_default()
+}
+
+/// The groups a config collects: (runtime groups, system groups).
+fn collected_groups(
+    spec: &NeuronMonitorConfigSpec,
+    sees_node_level: bool,
+) -> (BTreeSet<RuntimeGroup>, BTreeSet<SystemGroup>) {
     let runtime_groups: BTreeSet<RuntimeGroup> = match &spec.runtimes {
         // No `runtimes`: every application, every runtime group.
         None => RuntimeGroup::ALL.into_iter().collect(),
@@ -223,10 +229,40 @@ pub fn published_metrics(spec: &NeuronMonitorConfigSpec, sees_node_level: bool) 
         Some(system) => system.metrics.iter().map(|g| g.kind).collect(),
         None => SystemGroup::ALL.into_iter().collect(),
     };
+    (runtime_groups, system_groups)
+}
+
+/// The metrics a config publishes with the classic naming: its allow-list (default: all)
+/// restricted to the groups it collects. ECC counters need the node-level group, which
+/// only configs that see the node-level groups (those in the operator's namespace) get.
+pub fn published_metrics(spec: &NeuronMonitorConfigSpec, sees_node_level: bool) -> Vec<&'static MetricShape> {
+    let Some(cloudwatch) = spec.sinks.as_ref().and_then(|s| s.cloudwatch.as_ref()) else {
+        return Vec::new();
+    };
+    let (runtime_groups, system_groups) = collected_groups(spec, sees_node_level);
     CATALOGUE
         .iter()
         .filter(|s| cloudwatch.metrics.as_ref().is_none_or(|allowed| allowed.contains(&s.metric)))
         .filter(|s| match (s.runtime_group, s.system_group) {
+            (Some(g), _) => runtime_groups.contains(&g),
+            (None, Some(g)) => system_groups.contains(&g),
+            (None, None) => false,
+        })
+        .collect()
+}
+
+/// The metrics a config publishes with the Container Insights naming: those of the groups
+/// it collects; the `node_` family only for a config that sees the node (one in the
+/// operator's namespace), as a team's config sends only its pods' series.
+pub fn published_insights(spec: &NeuronMonitorConfigSpec, sees_node_level: bool) -> Vec<&'static insights::Metric> {
+    if spec.sinks.as_ref().and_then(|s| s.cloudwatch.as_ref()).is_none() {
+        return Vec::new();
+    }
+    let (runtime_groups, system_groups) = collected_groups(spec, sees_node_level);
+    insights::METRICS
+        .iter()
+        .filter(|m| sees_node_level || m.family != insights::Family::Node)
+        .filter(|m| match (m.source.runtime_group(), m.source.system_group()) {
             (Some(g), _) => runtime_groups.contains(&g),
             (None, Some(g)) => system_groups.contains(&g),
             (None, None) => false,

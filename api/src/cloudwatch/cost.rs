@@ -30,6 +30,15 @@
 //!   the larger node's count is taken), while application combinations still add up
 //!   (pods have distinct names on distinct nodes).
 //!
+//! With the Container Insights naming (`catalogue::insights`) the sets are fixed and
+//! every value goes under each set of its metric, so the count is, per published metric,
+//! the sum over its sets of the combinations of the set's finest dimension: NeuronCore
+//! `C` per node; NeuronDevice `D` per node for the node family, and one per pod and device
+//! it holds (`C`, under the assumption below) for the pod and container families; the pod
+//! (PodName, FullPodName, ContainerName) `C` per node; Namespace 1 for a namespaced config
+//! and up to the pod count for the operator's; the node (NodeName, InstanceId) 1 per node;
+//! ClusterName alone 1. Pod and container names differ across nodes, so they add up.
+//!
 //! Assumptions, all making the figure an upper bound for a steady state: every core is
 //! busy with a single-core application (fewer, larger applications mean fewer runtime
 //! combinations); every application the config sees publishes every metric of its
@@ -39,9 +48,9 @@
 //! account's total, so a config priced alone from the first tier is priced at the
 //! highest rate — again an upper bound.
 
-use super::catalogue::{applies, dimension_sets, published_metrics, Level};
+use super::catalogue::{applies, dimension_sets, insights, naming_of, published_insights, published_metrics, Level};
 use crate::{
-    crd::{Dimension, NeuronMonitorConfigSpec},
+    crd::{CloudWatchNaming, Dimension, NeuronMonitorConfigSpec},
     hardware::InstanceType,
 };
 
@@ -148,6 +157,15 @@ impl CostEstimate {
 /// `None` when the config has no CloudWatch sink.
 pub fn estimate(spec: &NeuronMonitorConfigSpec, sees_node_level: bool, nodes: &[NodeFacts]) -> Option<CostEstimate> {
     let cloudwatch = spec.sinks.as_ref()?.cloudwatch.as_ref()?;
+    if naming_of(cloudwatch) == CloudWatchNaming::ContainerInsights {
+        let total = published_insights(spec, sees_node_level)
+            .iter()
+            .flat_map(|m| {
+                m.dimension_sets().iter().map(move |set| insights_combinations(m.family, set, nodes, sees_node_level))
+            })
+            .fold(0u64, u64::saturating_add);
+        return Some(CostEstimate { metrics: total, monthly_usd: monthly_metric_cost_usd(total) });
+    }
     let metrics = published_metrics(spec, sees_node_level);
     let sets = dimension_sets(cloudwatch.dimensions.as_deref(), cloudwatch.rollups.as_deref());
     let mut total: u64 = 0;
@@ -214,6 +232,39 @@ fn combinations(level: Level, set: &[Dimension], nodes: &[NodeFacts]) -> u64 {
         }
     }
     groups.values().map(|(own, shared)| own + shared).fold(0u64, u64::saturating_add)
+}
+
+/// Distinct dimension-value combinations of one Container Insights set (the module doc).
+fn insights_combinations(
+    family: insights::Family,
+    set: &[insights::Dimension],
+    nodes: &[NodeFacts],
+    sees_node_level: bool,
+) -> u64 {
+    use insights::Dimension as D;
+    let sum = |f: &dyn Fn(&NodeFacts) -> u64| nodes.iter().map(f).fold(0u64, u64::saturating_add);
+    let cores = sum(&|n| u64::from(n.cores));
+    let has = |d: D| set.contains(&d);
+    if has(D::NeuronCore) {
+        cores
+    } else if has(D::NeuronDevice) {
+        match family {
+            insights::Family::Node => sum(&|n| n.devices()),
+            insights::Family::Pod | insights::Family::Container => cores,
+        }
+    } else if has(D::PodName) || has(D::FullPodName) || has(D::ContainerName) {
+        cores
+    } else if has(D::Namespace) {
+        if sees_node_level {
+            cores.max(1)
+        } else {
+            1
+        }
+    } else if has(D::NodeName) || has(D::InstanceId) {
+        nodes.len() as u64
+    } else {
+        1
+    }
 }
 
 /// PutMetricData requests per month for `requests_per_flush` requests every
@@ -343,6 +394,30 @@ mod tests {
         let set = vec![Dimension::AvailabilityZone, Dimension::NeuronCore];
         let e = estimate(&spec(sink(Some(set))), false, &nodes).unwrap();
         assert_eq!(e.metrics, 2 * (6 * 32 + 1 + 6 + 6 + 2));
+    }
+
+    #[test]
+    fn container_insights_naming_counts_its_own_sets() {
+        let mut cw = sink(None);
+        cw.naming = Some(CloudWatchNaming::ContainerInsights);
+        let nodes = [trn1_32(), trn1_32()];
+        // A team's config: pod and container families, 7 per-core metrics each, no ECC.
+        // Pod sets: {C} 1, {C,Ns} 1, {C,Ns,Pod} 64, {…,FullPod} 64, {…,Device,Core} 64.
+        // Container sets: {C} 1, {C,Ns,Pod,Ctr} 64, {…,FullPod,Ctr} 64, {…,Device,Core} 64.
+        let team = estimate(&spec(cw.clone()), false, &nodes).unwrap().metrics;
+        assert_eq!(team, 7 * (2 + 3 * 64) + 7 * (1 + 3 * 64));
+        // The operator's config adds the node family and ECC, and may see every namespace.
+        let ops = estimate(&spec(cw), true, &nodes).unwrap().metrics;
+        let node = 7 * (1 + 2 + 64) + (1 + 2 + 32) + 3 * (1 + 2);
+        let pod = 7 * (1 + 64 + 3 * 64) + (1 + 64 + 3 * 64);
+        let container = 8 * (1 + 3 * 64);
+        assert_eq!(ops, node + pod + container);
+        // One node, as the README quotes it.
+        let mut one = sink(None);
+        one.naming = Some(CloudWatchNaming::ContainerInsights);
+        let one = estimate(&spec(one), true, &[trn1_32()]).unwrap().metrics;
+        assert_eq!(one, (7 * 34 + 18 + 6) + (8 * (1 + 4 * 32)) + 8 * (1 + 3 * 32));
+        assert_eq!(one, 2070);
     }
 
     #[test]

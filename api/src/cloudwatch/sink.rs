@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::catalogue::dimension_sets;
 use crate::{
-    crd::{CloudWatchSinkSpec, Dimension},
+    crd::{CloudWatchNaming, CloudWatchSinkSpec, Dimension},
     duration::Period,
 };
 
@@ -24,7 +24,9 @@ pub struct SinkSettings {
     pub namespace: String,
     /// `None`: the instance's region (the agent reads it from the reports).
     pub region: Option<String>,
-    /// The spec's set (or the default), then each distinct roll-up.
+    pub naming: CloudWatchNaming,
+    /// The spec's set (or the default), then each distinct roll-up; empty with the
+    /// Container Insights naming, whose sets are its own (`catalogue::insights`).
     pub dimension_sets: Vec<Vec<Dimension>>,
     pub storage_resolution: i32,
     pub flush_interval: Duration,
@@ -72,7 +74,25 @@ impl SinkSettings {
                 d
             }
         };
-        let sets = dimension_sets(spec.dimensions.as_deref(), spec.rollups.as_deref());
+        let naming = spec.naming.unwrap_or_default();
+        if naming == CloudWatchNaming::ContainerInsights {
+            // Its names and sets are fixed: a list of ours would be silently meaningless.
+            let ours = [
+                ("dimensions", spec.dimensions.is_some()),
+                ("rollups", spec.rollups.is_some()),
+                ("metrics", spec.metrics.is_some()),
+            ];
+            if let Some((field, _)) = ours.into_iter().find(|(_, set)| *set) {
+                return Err(SinkError::new(
+                    field,
+                    "Container Insights naming publishes its own metrics and dimension sets; remove this field",
+                ));
+            }
+        }
+        let sets = match naming {
+            CloudWatchNaming::Classic => dimension_sets(spec.dimensions.as_deref(), spec.rollups.as_deref()),
+            CloudWatchNaming::ContainerInsights => Vec::new(),
+        };
         if let Some(big) = sets.iter().map(Vec::len).find(|n| *n > MAX_SET_DIMENSIONS) {
             return Err(SinkError::new(
                 "dimensions",
@@ -82,6 +102,7 @@ impl SinkSettings {
         Ok(SinkSettings {
             namespace: spec.namespace.clone(),
             region: spec.region.clone(),
+            naming,
             dimension_sets: sets,
             storage_resolution,
             flush_interval,
@@ -145,5 +166,43 @@ mod tests {
         assert_eq!(field(|s| s.flush_interval = Some("500ms".into())), "flushInterval");
         assert_eq!(field(|s| s.flush_interval = Some("soon".into())), "flushInterval");
         assert_eq!(field(|s| s.flush_interval = Some("2h".into())), "flushInterval");
+    }
+
+    #[test]
+    fn container_insights_naming_refuses_our_own_lists() {
+        let insights = |s: &mut CloudWatchSinkSpec| s.naming = Some(CloudWatchNaming::ContainerInsights);
+        let ok = {
+            let mut s = spec("ContainerInsights");
+            insights(&mut s);
+            SinkSettings::check(&s).unwrap()
+        };
+        assert_eq!(ok.naming, CloudWatchNaming::ContainerInsights);
+        assert!(ok.dimension_sets.is_empty());
+        assert_eq!(
+            field(|s| {
+                insights(s);
+                s.dimensions = Some(vec![Dimension::PodName]);
+            }),
+            "dimensions"
+        );
+        assert_eq!(
+            field(|s| {
+                insights(s);
+                s.rollups = Some(vec![vec![Dimension::ClusterName]]);
+            }),
+            "rollups"
+        );
+        assert_eq!(
+            field(|s| {
+                insights(s);
+                s.metrics = Some(vec![]);
+            }),
+            "metrics"
+        );
+        // The classic naming takes them, as before.
+        let mut classic = spec("Team/Neuron");
+        classic.naming = Some(CloudWatchNaming::Classic);
+        classic.dimensions = Some(vec![Dimension::PodName]);
+        assert_eq!(SinkSettings::check(&classic).unwrap().dimension_sets, vec![vec![Dimension::PodName]]);
     }
 }

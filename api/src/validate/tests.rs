@@ -340,6 +340,15 @@ fn sinks_are_copied_into_the_route_and_checked() {
             json!({"cloudwatch": {"namespace": "N", "rollups": [["ClusterName"], ["Namespace", "Namespace"]]}}),
             "spec.sinks.cloudwatch.rollups[1][1]",
         ),
+        (
+            json!({"cloudwatch": {"namespace": "N", "naming": "ContainerInsights", "dimensions": ["PodName"]}}),
+            "spec.sinks.cloudwatch.dimensions",
+        ),
+        (
+            json!({"cloudwatch": {"namespace": "N", "naming": "ContainerInsights",
+                                  "metrics": ["neuroncore_utilization"]}}),
+            "spec.sinks.cloudwatch.metrics",
+        ),
     ];
     for (sinks, field) in cases {
         let e = invalid("team-a", json!({ "sinks": sinks }));

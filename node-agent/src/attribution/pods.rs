@@ -77,10 +77,12 @@ impl PodEntry {
             .iter()
             .filter_map(|(key, label)| meta.labels.as_ref()?.get(key).map(|v| (label.clone(), v.clone())))
             .collect();
+        let owner = workload_name(pod);
         let pod_ref = |container: &str| {
             Arc::new(PodRef {
                 namespace: namespace.clone(),
                 pod: name.clone(),
+                owner: owner.clone(),
                 container: container.to_owned(),
                 labels: labels.clone(),
             })
@@ -121,6 +123,43 @@ impl PodEntry {
         let entry =
             PodEntry { namespace: namespace.clone(), name: name.clone(), pod_level: pod_ref(""), containers, ids };
         Some((uid.clone(), entry))
+    }
+}
+
+/// The workload a pod belongs to, as Container Insights names it: the Deployment of a
+/// ReplicaSet's pod (the ReplicaSet's name without the pod's `pod-template-hash`), the
+/// DaemonSet, the CronJob of a Job's pod (the Job's name without the CronJob's
+/// scheduled-time suffix of 8 to 10 digits), else the Job name's first word (up to the
+/// first `-` or `.`, as the CloudWatch agent does); StatefulSet pods, ownerless pods and
+/// pods of other kinds keep their own name. Read from the pod alone: the agent watches no
+/// ReplicaSets or Jobs.
+pub fn workload_name(pod: &Pod) -> String {
+    let own = pod.metadata.name.clone().unwrap_or_default();
+    let refs = pod.metadata.owner_references.as_deref().unwrap_or_default();
+    let Some(owner) = refs.iter().find(|o| o.controller == Some(true)).or(refs.first()) else {
+        return own;
+    };
+    let name = owner.name.as_str();
+    match owner.kind.as_str() {
+        "ReplicaSet" => {
+            let hash = pod.metadata.labels.as_ref().and_then(|l| l.get("pod-template-hash"));
+            match hash.and_then(|h| name.strip_suffix(h.as_str())).and_then(|n| n.strip_suffix('-')) {
+                Some(deployment) if !deployment.is_empty() => deployment.to_owned(),
+                _ => name.to_owned(),
+            }
+        }
+        "DaemonSet" => name.to_owned(),
+        "Job" => match name.rsplit_once('-') {
+            Some((cronjob, suffix))
+                if !cronjob.is_empty()
+                    && (8..=10).contains(&suffix.len())
+                    && suffix.bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                cronjob.to_owned()
+            }
+            _ => name.split(['-', '.']).next().filter(|p| !p.is_empty()).unwrap_or(name).to_owned(),
+        },
+        _ => own,
     }
 }
 
@@ -297,7 +336,11 @@ impl PodWatcher {
 fn strip(mut pod: Pod) -> Pod {
     pod.metadata.managed_fields = None;
     pod.metadata.annotations = None;
-    pod.metadata.owner_references = None;
+    // Only the controller's reference is read (`workload_name`).
+    if let Some(refs) = &mut pod.metadata.owner_references {
+        refs.retain(|r| r.controller == Some(true));
+        refs.truncate(1);
+    }
     if let Some(spec) = &mut pod.spec {
         spec.volumes = None;
         for c in &mut spec.containers {
@@ -339,6 +382,40 @@ mod tests {
             "status": {"phase": phase, "containerStatuses": statuses}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn workload_names_follow_container_insights() {
+        let owned = |kind: &str, owner: &str, hash: Option<&str>| {
+            let mut p = pod("u1", "a", "the-pod-x1", "Running", &[]);
+            p.metadata.owner_references = Some(vec![serde_json::from_value(json!({
+                "apiVersion": "apps/v1", "kind": kind, "name": owner, "uid": "o1", "controller": true
+            }))
+            .unwrap()]);
+            if let Some(h) = hash {
+                p.metadata.labels.get_or_insert_with(Default::default).insert("pod-template-hash".into(), h.into());
+            }
+            workload_name(&p)
+        };
+        assert_eq!(owned("ReplicaSet", "train-6d4cf56db6", Some("6d4cf56db6")), "train");
+        assert_eq!(owned("ReplicaSet", "train-6d4cf56db6", None), "train-6d4cf56db6");
+        assert_eq!(owned("DaemonSet", "probe", None), "probe");
+        assert_eq!(owned("Job", "nightly-eval-29412345", None), "nightly-eval");
+        assert_eq!(owned("Job", "bert.finetune-7", None), "bert");
+        assert_eq!(owned("StatefulSet", "serve", None), "the-pod-x1");
+        assert_eq!(owned("Workflow", "wf", None), "the-pod-x1");
+        assert_eq!(workload_name(&pod("u1", "a", "alone", "Running", &[])), "alone");
+        // The index keeps the controller's reference through `strip`, and puts it on the refs.
+        let mut p = pod("u1", "a", "train-6d4cf56db6-abcde", "Running", &[("main", Some(CID_A))]);
+        p.metadata.labels.get_or_insert_with(Default::default).insert("pod-template-hash".into(), "6d4cf56db6".into());
+        p.metadata.owner_references = Some(vec![serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "train-6d4cf56db6", "uid": "o1", "controller": true
+        }))
+        .unwrap()]);
+        let mut index = PodIndex::new(PodLabelKeys::default());
+        index.replace(&[strip(p)]);
+        let main = index.for_process("u1", Some(CID_A)).unwrap();
+        assert_eq!((main.pod.as_str(), main.owner.as_str()), ("train-6d4cf56db6-abcde", "train"));
     }
 
     #[test]

@@ -198,9 +198,26 @@ pub async fn running_pod(
     container: &str,
     cid: &str,
 ) -> String {
+    running_pod_with(client, namespace, name, node, container, cid, serde_json::json!({"app": name}), None).await
+}
+
+/// [`running_pod`] with its labels and the controller that owns it (an `ownerReferences`
+/// entry; the owner must exist, or the garbage collector deletes the pod).
+#[allow(clippy::too_many_arguments)]
+pub async fn running_pod_with(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    node: &str,
+    container: &str,
+    cid: &str,
+    labels: serde_json::Value,
+    owner: Option<serde_json::Value>,
+) -> String {
     let api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(client.clone(), namespace);
+    let owners: Vec<serde_json::Value> = owner.into_iter().collect();
     let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "labels": {"app": name}},
+        "metadata": {"name": name, "labels": labels, "ownerReferences": owners},
         "spec": {
             "nodeName": node,
             "automountServiceAccountToken": false,

@@ -256,6 +256,16 @@ async fn invalid_configs_are_refused_at_admission_naming_the_field() {
         "  sinks:\n    cloudwatch:\n      namespace: Team\n      dimensions: [PodName, PodName]\n",
     ));
     assert!(!ok && out.contains("spec.sinks.cloudwatch.dimensions"), "{out}");
+    // Container Insights naming has its own metrics and sets: ours are refused by field.
+    for field in ["dimensions: [PodName]", "rollups: [[ClusterName]]", "metrics: [neuroncore_utilization]"] {
+        let spec = format!("  sinks:\n    cloudwatch:\n      namespace: ContainerInsights\n      naming: ContainerInsights\n      {field}\n");
+        let (ok, out) = s.apply(&config_yaml(&s.ns, "insights", &s.run, &spec));
+        let name = field.split(':').next().unwrap_or_default();
+        assert!(!ok && out.contains(&format!("spec.sinks.cloudwatch.{name}")), "{field}: {out}");
+    }
+    let spec = "  sinks:\n    cloudwatch:\n      namespace: ContainerInsights\n      naming: ContainerInsights\n";
+    let (ok, out) = s.apply(&config_yaml(&s.ns, "insights", &s.run, spec));
+    assert!(ok, "{out}");
 }
 
 #[tokio::test]

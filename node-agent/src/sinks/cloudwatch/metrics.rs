@@ -75,7 +75,8 @@ impl CloudWatchMetrics {
         registry.register(
             "invalid_sinks",
             "1 for each configured CloudWatch sink left out because its settings are invalid (reason: region, \
-             namespace, resolution, flush_interval, dimensions)",
+             namespace, resolution, flush_interval, dimensions, rollups, metrics; cluster_name: a Container \
+             Insights sink without --cluster-name)",
             m.invalid.clone(),
         );
         m

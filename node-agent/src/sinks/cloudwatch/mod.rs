@@ -25,6 +25,7 @@ use std::{
 
 use api::{
     cloudwatch::sink::{valid_region, SinkSettings},
+    crd::CloudWatchNaming,
     node_config::Route,
 };
 use tokio::{sync::watch, task::JoinHandle};
@@ -163,6 +164,15 @@ impl Sinks {
                     continue;
                 }
             };
+            // Every Container Insights dimension set has ClusterName: without it, nothing.
+            if settings.naming == CloudWatchNaming::ContainerInsights
+                && self.options.agent.cluster_name.as_deref().is_none_or(str::is_empty)
+            {
+                let labels = SinkReasonLabels { sink: route.config.clone(), reason: "cluster_name" };
+                self.metrics.invalid.get_or_create(&labels).set(1);
+                warn!(sink = %route.config, "CloudWatch sink left out: Container Insights naming needs --cluster-name");
+                continue;
+            }
             running.push(self.start(route, selection, settings, fresh));
         }
     }

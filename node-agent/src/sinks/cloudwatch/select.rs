@@ -13,11 +13,13 @@
 //! sample, split by type (`ErrorType`, `StatusType`, `EventType`); latency as the p50 and
 //! p99 that neuron-monitor reports (`Percentile`).
 
+mod insights;
+
 use std::collections::HashMap;
 
 use api::{
     cloudwatch::catalogue::{applies, dimension_name, shape_of, MetricShape, LATENCY_PERCENTILES},
-    crd::{CloudWatchMetric, Dimension},
+    crd::{CloudWatchMetric, CloudWatchNaming, Dimension},
     monitor_config::{RuntimeGroup, SystemGroup},
     node_config::Route,
     report::Percentiles,
@@ -32,6 +34,9 @@ use crate::{
 /// The sink's selection, and the counter values it last saw.
 #[derive(Debug)]
 pub struct View {
+    naming: CloudWatchNaming,
+    /// The route sees the node itself (it is the operator namespace's): node-level series.
+    sees_node: bool,
     selection: Selection,
     metrics: Vec<&'static MetricShape>,
     node_level: bool,
@@ -81,6 +86,8 @@ impl View {
             .filter(|s| allowed.as_ref().is_none_or(|a| a.contains(&s.metric)))
             .collect();
         View {
+            naming: route.cloudwatch.as_ref().and_then(|c| c.naming).unwrap_or_default(),
+            sees_node: route.namespace.is_none(),
             selection: selection.clone(),
             metrics,
             node_level: route.namespace.is_none() && route.system_groups.contains(&SystemGroup::NeuronHwCounters),
@@ -106,6 +113,9 @@ impl View {
 
     /// Takes one sample of everything this sink sees into `acc`.
     pub fn sample(&mut self, state: &NodeState, acc: &mut Accumulator) {
+        if self.naming == CloudWatchNaming::ContainerInsights {
+            return self.sample_insights(state, acc);
+        }
         let cores_per_device = state.hardware.as_ref().and_then(|h| h.cores_per_device).filter(|c| *c > 0);
         let device_of = |core: u32| cores_per_device.map(|n| core / n);
         let emit_counts = !std::mem::take(&mut self.baseline_first);
@@ -263,7 +273,11 @@ impl View {
     /// Samples the devices' health (device, unhealthy): 1 while unhealthy, 0 while
     /// healthy; a device whose health is unknown is left out.
     pub fn sample_health(&mut self, instance: &InstanceLabels, devices: &[(u32, bool)], acc: &mut Accumulator) {
-        if !self.node_level || !self.publishes(CloudWatchMetric::NeurondeviceUnhealthy) {
+        // Not a Container Insights metric.
+        if !self.node_level
+            || self.naming != CloudWatchNaming::Classic
+            || !self.publishes(CloudWatchMetric::NeurondeviceUnhealthy)
+        {
             return;
         }
         for (device, unhealthy) in devices {

@@ -269,6 +269,7 @@ fn a_namespaced_route_sees_only_its_pods_and_no_node_level_data() {
     let pod = Arc::new(PodRef {
         namespace: "team-a".into(),
         pod: "trainer-0".into(),
+        owner: "trainer-0".into(),
         container: "main".into(),
         labels: vec![],
     });
@@ -365,4 +366,164 @@ fn device_health_is_a_metric_of_node_level_sinks_only() {
     let utilization_only =
         CloudWatchSinkSpec { metrics: Some(vec![CloudWatchMetric::NeuroncoreUtilization]), ..cw("Ops/Neuron") };
     assert!(health_datums(route(None, None, utilization_only), &devices).is_empty());
+}
+
+/// A Container Insights sink of `route` on `state`: the datums of one sample.
+fn insights(namespace: Option<&str>, state: &NodeState) -> Vec<Datum> {
+    let mut spec = cw("ContainerInsights");
+    spec.naming = Some(api::crd::CloudWatchNaming::ContainerInsights);
+    let agent = AgentDimensions { cluster_name: Some("prod".into()), node_name: Some("node-a".into()) };
+    sample(route(namespace, None, spec), state, &agent)
+}
+
+fn value(d: &Datum, name: &str) -> Option<String> {
+    d.key.dimensions.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone())
+}
+
+fn gauge_sum(d: &Datum) -> f64 {
+    match &d.values {
+        Values::Distribution(v) => v.iter().map(|(x, c)| x * c).sum(),
+        Values::Statistics { sum, .. } => *sum,
+    }
+}
+
+/// Two pods of two workloads on a trn1n.32xlarge, the runtimes alternating between them.
+fn two_pods(state: &mut NodeState) -> [Arc<PodRef>; 2] {
+    let pod = |ns: &str, pod: &str, owner: &str| {
+        Arc::new(PodRef {
+            namespace: ns.into(),
+            pod: pod.into(),
+            owner: owner.into(),
+            container: "main".into(),
+            labels: vec![],
+        })
+    };
+    let pods = [pod("team-a", "train-6d4cf56db6-x7k2p", "train"), pod("team-b", "serve-0", "serve-0")];
+    for (i, rt) in state.runtimes.iter_mut().enumerate() {
+        Arc::make_mut(&mut rt.labels).pod = Some(pods[i % 2].clone());
+    }
+    pods
+}
+
+#[test]
+fn container_insights_names_units_and_sets_are_the_catalogue_s() {
+    use api::cloudwatch::catalogue::insights::{Family, METRICS};
+    let mut state = state_of(TRN1N_32);
+    assert!(state.runtimes.len() >= 2, "the fixture has several runtimes");
+    let pods = two_pods(&mut state);
+    let ops = insights(None, &state);
+    assert!(!ops.is_empty());
+    for d in &ops {
+        let metric = METRICS.iter().find(|m| m.name == d.key.name).unwrap_or_else(|| panic!("{}", d.key.name));
+        assert_eq!(d.unit, metric.unit, "{}", d.key.name);
+        assert!(metric.dimension_sets().iter().any(|s| s.iter().map(|x| x.name()).eq(dims(d))), "{:?}", d.key);
+        assert_eq!(value(d, "ClusterName").as_deref(), Some("prod"));
+    }
+    let families: BTreeSet<Family> =
+        ops.iter().filter_map(|d| METRICS.iter().find(|m| m.name == d.key.name)).map(|m| m.family).collect();
+    assert_eq!(families.len(), 3, "node, pod and container families");
+
+    // Value formats: core0, device0; PodName the owner, FullPodName the pod.
+    let core0 = ops
+        .iter()
+        .find(|d| d.key.name == "node_neuroncore_utilization" && value(d, "NeuronCore").as_deref() == Some("core0"))
+        .unwrap();
+    assert_eq!(value(core0, "NeuronDevice").as_deref(), Some("device0"));
+    assert_eq!(value(core0, "NodeName").as_deref(), Some("node-a"));
+    let train = ops
+        .iter()
+        .find(|d| {
+            d.key.name == "pod_neuroncore_utilization" && value(d, "FullPodName").as_deref() == Some(&pods[0].pod)
+        })
+        .unwrap();
+    assert_eq!(value(train, "PodName").as_deref(), Some("train"));
+
+    // Each core credited to the pod whose runtime holds it (the CloudWatch agent copies one
+    // pod onto every core).
+    for d in ops.iter().filter(|d| d.key.name == "container_neuroncore_utilization") {
+        let (Some(core), Some(pod)) = (value(d, "NeuronCore"), value(d, "FullPodName")) else { continue };
+        let holder = state
+            .runtimes
+            .iter()
+            .find(|rt| rt.cores.iter().any(|c| format!("core{}", c.index) == core))
+            .and_then(|rt| rt.labels.pod.clone());
+        let idle = state.idle_cores.iter().any(|c| format!("core{}", c.index) == core);
+        assert!(idle || holder.map(|p| p.pod.clone()) == Some(pod.clone()), "{core} credited to {pod}");
+    }
+
+    // Node totals over every runtime (the agent keeps the first runtime's).
+    let device_memory: f64 = state.runtimes.iter().filter_map(|rt| rt.memory_used.and_then(|m| m[1])).sum();
+    let node_total = ops
+        .iter()
+        .find(|d| d.key.name == "node_neurondevice_runtime_memory_used_bytes" && dims(d) == vec!["ClusterName"])
+        .unwrap();
+    assert_eq!(gauge_sum(node_total), device_memory);
+    // Coarse sets carry every per-core value (not pre-aggregated).
+    let cluster_util =
+        ops.iter().find(|d| d.key.name == "node_neuroncore_utilization" && dims(d) == vec!["ClusterName"]).unwrap();
+    assert_eq!(cluster_util.sample_count(), 32.0);
+
+    // A team's route: its own pod's pod_ and container_ series, nothing of the node.
+    let team = insights(Some("team-a"), &state);
+    assert!(!team.is_empty());
+    for d in &team {
+        assert!(!d.key.name.starts_with("node_"), "{}", d.key.name);
+        assert!(!d.key.name.contains("ecc"), "{}", d.key.name);
+        if let Some(pod) = value(d, "FullPodName") {
+            assert_eq!(pod, pods[0].pod);
+        }
+        if dims(d) != vec!["ClusterName"] {
+            assert_eq!(value(d, "Namespace").as_deref(), Some("team-a"), "{:?}", d.key);
+        }
+    }
+}
+
+#[test]
+fn container_insights_leaves_out_sets_with_unknown_values() {
+    let mut state = state_of(TRN1N_32);
+    let mut pods = two_pods(&mut state);
+    // A pod whose container is not known: its container_ series are left out.
+    Arc::make_mut(&mut pods[0]).container = String::new();
+    for (i, rt) in state.runtimes.iter_mut().enumerate() {
+        Arc::make_mut(&mut rt.labels).pod = Some(pods[i % 2].clone());
+    }
+    let ops = insights(None, &state);
+    let containers: Vec<&Datum> = ops.iter().filter(|d| d.key.name.starts_with("container_")).collect();
+    assert!(!containers.is_empty());
+    assert!(containers.iter().all(|d| value(d, "FullPodName").is_none_or(|p| p == pods[1].pod)));
+    assert!(containers.iter().all(|d| value(d, "ContainerName").is_none_or(|c| c == "main")));
+    assert!(ops.iter().any(|d| d.key.name.starts_with("pod_") && value(d, "FullPodName") == Some(pods[0].pod.clone())));
+    // Without a cluster name no set can be filled: nothing (the sink is not started).
+    let mut spec = cw("ContainerInsights");
+    spec.naming = Some(api::crd::CloudWatchNaming::ContainerInsights);
+    assert!(sample(route(None, None, spec), &state, &AgentDimensions::default()).is_empty());
+}
+
+#[test]
+fn container_insights_on_a_32_pod_node_fits_two_requests() {
+    let mut state = state_of(TRN1N_32);
+    for (i, rt) in state.runtimes.iter_mut().enumerate() {
+        let pod = PodRef {
+            namespace: "team-a".into(),
+            pod: format!("serve-{i:02}"),
+            owner: format!("serve-{i:02}"),
+            container: "main".into(),
+            labels: vec![],
+        };
+        Arc::make_mut(&mut rt.labels).pod = Some(Arc::new(pod));
+    }
+    let ops = insights(None, &state);
+    let requests = split(ops.clone(), "ContainerInsights");
+    let bytes: usize = ops.iter().map(Datum::encoded_size).sum();
+    eprintln!(
+        "{} runtimes: {} datums, {} requests, ~{bytes} bytes per flush",
+        state.runtimes.len(),
+        ops.len(),
+        requests.len()
+    );
+    // No ECC or latency in this report. node_: 7 per-core metrics × (1 + 1 + 32 cores)
+    // and errors + device memory × 2 sets; pod_: 7 × (1 + 1 namespace + 3 × 32);
+    // container_: 7 × (1 + 3 × 32). One datum per metric per flush.
+    assert_eq!(ops.len(), 7 * 34 + 2 * 2 + 7 * (2 + 3 * 32) + 7 * (1 + 3 * 32));
+    assert_eq!(requests.len(), 2);
 }

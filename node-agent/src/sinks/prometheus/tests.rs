@@ -114,6 +114,7 @@ fn pod_labels_go_on_runtime_series_and_on_idle_cores_a_pod_holds() {
     let pod = Arc::new(PodRef {
         namespace: "team-a".into(),
         pod: "train-0".into(),
+        owner: "train".into(),
         container: "main".into(),
         labels: vec![("label_app".into(), "train".into()), ("team".into(), "pod".into())],
     });

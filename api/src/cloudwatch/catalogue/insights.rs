@@ -1,0 +1,379 @@
+//! The Container Insights naming (`naming: ContainerInsights`): the Neuron metrics
+//! CloudWatch's Container Insights publishes, with its names, units and dimension sets, so
+//! a user's existing dashboards and alarms work on this agent's data. The facts are in
+//! `shared/reference/container-insights-neuron.md`, read from the CloudWatch agent.
+//!
+//! Three families with the same suffixes: `node_…` (the node's cores, devices and totals),
+//! `pod_…` and `container_…` (copies of the per-core and per-device values for the pod and
+//! container that hold the core or device). Every value is sent under every set of its
+//! family and level whose dimensions all have a value: coarse sets are not pre-aggregated,
+//! so `{ClusterName}`'s statistics are over per-core values, as Container Insights does.
+//!
+//! Left out, as the agent cannot know them: the sets with `UltraServer` (neuron-monitor's
+//! `ultraserver_id` is not in the reports this agent reads) and with `Service` (no watch of
+//! Services), and the capacity metrics (`node_neuroncore_limit`, …) that come from
+//! Kubernetes resource accounting, not from neuron-monitor.
+//!
+//! Where the CloudWatch agent is wrong, the names stay and the values are right: each
+//! core is credited to the pod that holds it (the agent copies one pod onto every core),
+//! and node totals are the sums over every runtime (the agent keeps the first runtime's).
+
+use crate::monitor_config::{RuntimeGroup, SystemGroup};
+
+use super::Unit;
+
+/// A family of names: what a value is credited to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    Node,
+    Pod,
+    Container,
+}
+
+/// What one series of a metric is per.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Level {
+    /// One value per NeuronCore.
+    Core,
+    /// One value per Neuron device.
+    Device,
+    /// One value per node (node family only).
+    Node,
+}
+
+/// Where a value comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// `neuroncore_utilization_ratio` × 100.
+    Utilization,
+    /// One of the five memory categories, in the order of [`crate::report::CoreMemory::values`].
+    CoreMemory(usize),
+    /// The sum of the five categories.
+    CoreMemoryTotal,
+    /// `hardware_ecc_events_total` summed over the four event types; a delta.
+    EccEvents,
+    /// `execution_errors_total` summed over error types and runtimes; a delta.
+    ExecutionErrors,
+    /// `neuron_runtime_memory_used_bytes{memory_location="neuron_device"}`, summed over runtimes.
+    DeviceMemory,
+    /// `execution_latency_seconds{percentile="p50"}`.
+    LatencyP50,
+}
+
+impl Source {
+    /// Sent as the number of events since the previous sample (a Count), not a gauge.
+    pub fn is_delta(self) -> bool {
+        matches!(self, Source::EccEvents | Source::ExecutionErrors)
+    }
+
+    /// The runtime group the value is read from; `None`: the node-level ECC counters.
+    pub fn runtime_group(self) -> Option<RuntimeGroup> {
+        match self {
+            Source::Utilization => Some(RuntimeGroup::NeuroncoreCounters),
+            Source::CoreMemory(_) | Source::CoreMemoryTotal | Source::DeviceMemory => Some(RuntimeGroup::MemoryUsed),
+            Source::ExecutionErrors | Source::LatencyP50 => Some(RuntimeGroup::ExecutionStats),
+            Source::EccEvents => None,
+        }
+    }
+
+    pub fn system_group(self) -> Option<SystemGroup> {
+        match self {
+            Source::EccEvents => Some(SystemGroup::NeuronHwCounters),
+            _ => None,
+        }
+    }
+}
+
+/// A Container Insights dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Dimension {
+    ClusterName,
+    InstanceId,
+    InstanceType,
+    NodeName,
+    Namespace,
+    /// The pod's owner: the Deployment, DaemonSet, CronJob (else the Job name's first
+    /// word); StatefulSet and ownerless pods their own name.
+    PodName,
+    /// The pod's own name.
+    FullPodName,
+    ContainerName,
+    /// `device<M>`.
+    NeuronDevice,
+    /// `core<N>`.
+    NeuronCore,
+}
+
+impl Dimension {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dimension::ClusterName => "ClusterName",
+            Dimension::InstanceId => "InstanceId",
+            Dimension::InstanceType => "InstanceType",
+            Dimension::NodeName => "NodeName",
+            Dimension::Namespace => "Namespace",
+            Dimension::PodName => "PodName",
+            Dimension::FullPodName => "FullPodName",
+            Dimension::ContainerName => "ContainerName",
+            Dimension::NeuronDevice => "NeuronDevice",
+            Dimension::NeuronCore => "NeuronCore",
+        }
+    }
+}
+
+/// `NeuronCore`'s value: `core0`, not `0`.
+pub fn core_value(core: u32) -> String {
+    format!("core{core}")
+}
+
+/// `NeuronDevice`'s value: `device0`.
+pub fn device_value(device: u32) -> String {
+    format!("device{device}")
+}
+
+/// One Container Insights metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Metric {
+    pub name: &'static str,
+    pub family: Family,
+    pub unit: Unit,
+    pub level: Level,
+    pub source: Source,
+}
+
+impl Metric {
+    /// The dimension sets every value of this metric is sent under (those whose
+    /// dimensions all have a value).
+    pub fn dimension_sets(&self) -> &'static [&'static [Dimension]] {
+        dimension_sets(self.family, self.level)
+    }
+}
+
+/// The dimension sets of a family and level, in Container Insights' order, without the
+/// `UltraServer` and `Service` sets (see the module doc).
+pub fn dimension_sets(family: Family, level: Level) -> &'static [&'static [Dimension]] {
+    use Dimension::*;
+    match (family, level) {
+        (Family::Node, Level::Core) => &[
+            &[ClusterName],
+            &[ClusterName, InstanceId, NodeName],
+            &[ClusterName, InstanceType, InstanceId, NodeName, NeuronDevice, NeuronCore],
+        ],
+        (Family::Node, Level::Device) => {
+            &[&[ClusterName], &[ClusterName, InstanceId, NodeName], &[ClusterName, InstanceId, NodeName, NeuronDevice]]
+        }
+        (Family::Node, Level::Node) => &[&[ClusterName], &[ClusterName, InstanceId, NodeName]],
+        (Family::Pod, Level::Core) => &[
+            &[ClusterName],
+            &[ClusterName, Namespace],
+            &[ClusterName, Namespace, PodName],
+            &[ClusterName, Namespace, PodName, FullPodName],
+            &[ClusterName, Namespace, PodName, FullPodName, NeuronDevice, NeuronCore],
+        ],
+        (Family::Pod, Level::Device) => &[
+            &[ClusterName],
+            &[ClusterName, Namespace],
+            &[ClusterName, Namespace, PodName],
+            &[ClusterName, Namespace, PodName, FullPodName],
+            &[ClusterName, Namespace, PodName, FullPodName, NeuronDevice],
+        ],
+        (Family::Container, Level::Core) => &[
+            &[ClusterName],
+            &[ClusterName, Namespace, PodName, ContainerName],
+            &[ClusterName, Namespace, PodName, FullPodName, ContainerName],
+            &[ClusterName, Namespace, PodName, FullPodName, ContainerName, NeuronDevice, NeuronCore],
+        ],
+        (Family::Container, Level::Device) => &[
+            &[ClusterName],
+            &[ClusterName, Namespace, PodName, ContainerName],
+            &[ClusterName, Namespace, PodName, FullPodName, ContainerName],
+            &[ClusterName, Namespace, PodName, FullPodName, ContainerName, NeuronDevice],
+        ],
+        // Pods and containers have no node-level values.
+        (Family::Pod | Family::Container, Level::Node) => &[],
+    }
+}
+
+const fn metric(name: &'static str, family: Family, unit: Unit, level: Level, source: Source) -> Metric {
+    Metric { name, family, unit, level, source }
+}
+
+/// The per-core and per-device metrics, once per family.
+macro_rules! per_core_and_device {
+    ($family:expr, $prefix:literal) => {
+        [
+            metric(
+                concat!($prefix, "neuroncore_utilization"),
+                $family,
+                Unit::Percent,
+                Level::Core,
+                Source::Utilization,
+            ),
+            metric(
+                concat!($prefix, "neuroncore_memory_usage_constants"),
+                $family,
+                Unit::Bytes,
+                Level::Core,
+                Source::CoreMemory(0),
+            ),
+            metric(
+                concat!($prefix, "neuroncore_memory_usage_model_code"),
+                $family,
+                Unit::Bytes,
+                Level::Core,
+                Source::CoreMemory(1),
+            ),
+            metric(
+                concat!($prefix, "neuroncore_memory_usage_model_shared_scratchpad"),
+                $family,
+                Unit::Bytes,
+                Level::Core,
+                Source::CoreMemory(2),
+            ),
+            metric(
+                concat!($prefix, "neuroncore_memory_usage_runtime_memory"),
+                $family,
+                Unit::Bytes,
+                Level::Core,
+                Source::CoreMemory(3),
+            ),
+            metric(
+                concat!($prefix, "neuroncore_memory_usage_tensors"),
+                $family,
+                Unit::Bytes,
+                Level::Core,
+                Source::CoreMemory(4),
+            ),
+            metric(
+                concat!($prefix, "neuroncore_memory_usage_total"),
+                $family,
+                Unit::Bytes,
+                Level::Core,
+                Source::CoreMemoryTotal,
+            ),
+            metric(
+                concat!($prefix, "neurondevice_hw_ecc_events_total"),
+                $family,
+                Unit::Count,
+                Level::Device,
+                Source::EccEvents,
+            ),
+        ]
+    };
+}
+
+const NODE: [Metric; 8] = per_core_and_device!(Family::Node, "node_");
+const POD: [Metric; 8] = per_core_and_device!(Family::Pod, "pod_");
+const CONTAINER: [Metric; 8] = per_core_and_device!(Family::Container, "container_");
+const NODE_ONLY: [Metric; 3] = [
+    metric("node_neuron_execution_errors_total", Family::Node, Unit::Count, Level::Node, Source::ExecutionErrors),
+    metric("node_neurondevice_runtime_memory_used_bytes", Family::Node, Unit::Bytes, Level::Node, Source::DeviceMemory),
+    metric("node_neuron_execution_latency", Family::Node, Unit::Seconds, Level::Node, Source::LatencyP50),
+];
+
+/// Every Container Insights metric, in a fixed order: node, pod, container.
+pub const METRICS: [Metric; 27] = {
+    let mut out = [NODE[0]; 27];
+    let mut i = 0;
+    while i < 8 {
+        out[i] = NODE[i];
+        out[11 + i] = POD[i];
+        out[19 + i] = CONTAINER[i];
+        i += 1;
+    }
+    let mut j = 0;
+    while j < 3 {
+        out[8 + j] = NODE_ONLY[j];
+        j += 1;
+    }
+    out
+};
+
+/// The metric of a family with this source.
+pub fn metric_of(family: Family, source: Source) -> Option<&'static Metric> {
+    METRICS.iter().find(|m| m.family == family && m.source == source)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The reference's list, written out: (name, unit, the dimension names of each set).
+    #[test]
+    fn names_units_and_sets_are_container_insights_own() {
+        let names: BTreeSet<&str> = METRICS.iter().map(|m| m.name).collect();
+        assert_eq!(names.len(), 27, "each name once");
+        for suffix in [
+            "neuroncore_utilization",
+            "neuroncore_memory_usage_constants",
+            "neuroncore_memory_usage_model_code",
+            "neuroncore_memory_usage_model_shared_scratchpad",
+            "neuroncore_memory_usage_runtime_memory",
+            "neuroncore_memory_usage_tensors",
+            "neuroncore_memory_usage_total",
+            "neurondevice_hw_ecc_events_total",
+        ] {
+            for prefix in ["node_", "pod_", "container_"] {
+                assert!(names.contains(format!("{prefix}{suffix}").as_str()), "{prefix}{suffix}");
+            }
+        }
+        for name in [
+            "node_neuron_execution_errors_total",
+            "node_neurondevice_runtime_memory_used_bytes",
+            "node_neuron_execution_latency",
+        ] {
+            assert!(names.contains(name), "{name}");
+        }
+        let unit = |name: &str| METRICS.iter().find(|m| m.name == name).map(|m| m.unit);
+        assert_eq!(unit("pod_neuroncore_utilization"), Some(Unit::Percent));
+        assert_eq!(unit("container_neuroncore_memory_usage_total"), Some(Unit::Bytes));
+        assert_eq!(unit("node_neurondevice_hw_ecc_events_total"), Some(Unit::Count));
+        assert_eq!(unit("node_neuron_execution_errors_total"), Some(Unit::Count));
+        assert_eq!(unit("node_neurondevice_runtime_memory_used_bytes"), Some(Unit::Bytes));
+        assert_eq!(unit("node_neuron_execution_latency"), Some(Unit::Seconds));
+
+        let sets = |name: &str| -> Vec<Vec<&str>> {
+            let m = METRICS.iter().find(|m| m.name == name).unwrap();
+            m.dimension_sets().iter().map(|s| s.iter().map(|d| d.name()).collect()).collect()
+        };
+        assert_eq!(
+            sets("node_neuroncore_utilization"),
+            vec![
+                vec!["ClusterName"],
+                vec!["ClusterName", "InstanceId", "NodeName"],
+                vec!["ClusterName", "InstanceType", "InstanceId", "NodeName", "NeuronDevice", "NeuronCore"],
+            ]
+        );
+        assert_eq!(
+            sets("node_neurondevice_hw_ecc_events_total").last().unwrap(),
+            &vec!["ClusterName", "InstanceId", "NodeName", "NeuronDevice"]
+        );
+        assert_eq!(sets("node_neuron_execution_latency").len(), 2);
+        assert_eq!(
+            sets("pod_neuroncore_memory_usage_tensors"),
+            vec![
+                vec!["ClusterName"],
+                vec!["ClusterName", "Namespace"],
+                vec!["ClusterName", "Namespace", "PodName"],
+                vec!["ClusterName", "Namespace", "PodName", "FullPodName"],
+                vec!["ClusterName", "Namespace", "PodName", "FullPodName", "NeuronDevice", "NeuronCore"],
+            ]
+        );
+        assert_eq!(
+            sets("container_neurondevice_hw_ecc_events_total"),
+            vec![
+                vec!["ClusterName"],
+                vec!["ClusterName", "Namespace", "PodName", "ContainerName"],
+                vec!["ClusterName", "Namespace", "PodName", "FullPodName", "ContainerName"],
+                vec!["ClusterName", "Namespace", "PodName", "FullPodName", "ContainerName", "NeuronDevice"],
+            ]
+        );
+        // Only the two summed counters are deltas.
+        let deltas: BTreeSet<&str> = METRICS.iter().filter(|m| m.source.is_delta()).map(|m| m.name).collect();
+        assert_eq!(deltas.len(), 4);
+        assert!(deltas.iter().all(|n| n.ends_with("_total") && !n.contains("memory")));
+        assert_eq!((core_value(0), device_value(15)), ("core0".to_owned(), "device15".to_owned()));
+    }
+}
