@@ -360,7 +360,7 @@ impl LogSink {
                 record.pods = pods.split(',').map(str::to_owned).collect();
             }
         }
-        queue.push(record);
+        queue.push([record]);
     }
 }
 

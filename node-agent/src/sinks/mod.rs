@@ -2,3 +2,4 @@
 
 pub mod cloudwatch;
 pub mod prometheus;
+pub mod queue;

@@ -13,7 +13,7 @@ use aws_sdk_cloudwatchlogs::{
     types::InputLogEvent,
     Client,
 };
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -23,122 +23,40 @@ use super::{
 };
 use crate::{
     ratelimit::{Decision, RateLimit},
-    sinks::cloudwatch::publish::{classify, sdk_config},
+    sinks::{
+        cloudwatch::publish::{classify, sdk_config},
+        queue::{self, QueueMetrics, QUEUE_FULL},
+    },
     state::NodeState,
 };
 
 /// The events waiting to be sent, oldest first.
-pub struct Queue {
-    state: Mutex<QueueState>,
-    notify: Notify,
-    drained: Notify,
-    capacity: usize,
-    metrics: LogMetrics,
+pub type Queue = queue::Queue<Record, LogMetrics>;
+
+impl QueueMetrics for LogMetrics {
+    fn depth(&self, items: usize) {
+        self.queue.set(items as i64);
+    }
+
+    /// Counted as events of that result: `dropped` (pushed out, turned off, shutdown) or
+    /// `failed` (refused by CloudWatch Logs).
+    fn dropped(&self, reason: &'static str, items: usize) {
+        self.events(if reason == QUEUE_FULL { "dropped" } else { reason }, items);
+    }
 }
 
-#[derive(Default)]
-struct QueueState {
-    records: VecDeque<Record>,
-    in_flight: usize,
+/// The age of the oldest queued event, if any.
+pub(super) fn oldest_ms(queue: &Queue) -> Option<i64> {
+    queue.front(|r| r.map(|r| r.timestamp_ms))
 }
 
-impl Queue {
-    pub fn new(capacity: usize, metrics: LogMetrics) -> Self {
-        Queue {
-            state: Mutex::default(),
-            notify: Notify::new(),
-            drained: Notify::new(),
-            capacity: capacity.max(1),
-            metrics,
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn publish_depth(&self, state: &QueueState) {
-        let depth = state.records.len() + state.in_flight;
-        self.metrics.queue.set(depth as i64);
-        if depth == 0 {
-            self.drained.notify_waiters();
-        }
-    }
-
-    /// Queues a record; the oldest make room when the queue is full.
-    pub fn push(&self, record: Record) {
-        let mut state = self.lock();
-        state.records.push_back(record);
-        let room = self.capacity.saturating_sub(state.in_flight).max(1);
-        let excess = state.records.len().saturating_sub(room);
-        if excess > 0 {
-            state.records.drain(..excess);
-            self.metrics.events("dropped", excess);
-        }
-        self.publish_depth(&state);
-        drop(state);
-        self.notify.notify_one();
-    }
-
-    /// Age of the oldest queued record (not in flight), if any.
-    pub(super) fn oldest_ms(&self) -> Option<i64> {
-        self.lock().records.front().map(|r| r.timestamp_ms)
-    }
-
-    /// The next request's events, now in flight.
-    pub(super) fn take(&self, identity: &Identity) -> Batch {
-        let mut state = self.lock();
-        let batch = take_batch(&mut state.records, identity);
-        state.in_flight = batch.records.len();
-        batch
-    }
-
-    /// The request in flight failed and may succeed later: its records go back to the
-    /// front of the queue.
-    pub(super) fn put_back(&self, records: Vec<Record>) {
-        let mut state = self.lock();
-        state.in_flight = 0;
-        for record in records.into_iter().rev() {
-            state.records.push_front(record);
-        }
-        self.publish_depth(&state);
-    }
-
-    /// The request in flight is over (sent or given up).
-    fn finish(&self) {
-        let mut state = self.lock();
-        state.in_flight = 0;
-        self.publish_depth(&state);
-    }
-
-    pub fn len(&self) -> usize {
-        let state = self.lock();
-        state.records.len() + state.in_flight
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub async fn wait_drained(&self) {
-        loop {
-            let notified = self.drained.notified();
-            if self.is_empty() {
-                return;
-            }
-            notified.await;
-        }
-    }
-
-    /// Gives up everything still queued, counted under `result`.
-    pub(super) fn abandon(&self, result: &'static str) {
-        let mut state = self.lock();
-        let n = state.records.len() + state.in_flight;
-        state.records.clear();
-        state.in_flight = 0;
-        self.metrics.events(result, n);
-        self.publish_depth(&state);
-    }
+/// The next request's events, now in flight.
+pub(super) fn take(queue: &Queue, identity: &Identity) -> Batch {
+    queue.take(|records| {
+        let batch = take_batch(records, identity);
+        let taken = batch.records.len();
+        (batch, taken)
+    })
 }
 
 /// What names the instance in its events and stream.
@@ -388,7 +306,7 @@ impl Sender {
     /// look again.
     async fn wait(&self) -> bool {
         let notified = self.queue.notify.notified();
-        let Some(oldest) = self.queue.oldest_ms() else {
+        let Some(oldest) = oldest_ms(&self.queue) else {
             // Nothing to send, closing or not: wait for more (or for `stop`).
             tokio::select! {
                 _ = notified => {}
@@ -439,7 +357,7 @@ impl Sender {
         identity: &Identity,
         log_limit: &mut RateLimit,
     ) -> Outcome {
-        let Batch { records, events, oversized } = self.queue.take(identity);
+        let Batch { records, events, oversized } = take(&self.queue, identity);
         self.metrics.events("failed", oversized);
         if events.is_empty() {
             self.queue.finish();

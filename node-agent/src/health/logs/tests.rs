@@ -144,17 +144,17 @@ fn a_full_queue_drops_its_oldest_events_and_counts_them() {
     let metrics = LogMetrics::default();
     let queue = Queue::new(3, metrics.clone());
     for t in 0..5 {
-        queue.push(record(t, 1));
+        queue.push([record(t, 1)]);
     }
     assert_eq!(queue.len(), 3);
-    assert_eq!(queue.oldest_ms(), Some(2));
+    assert_eq!(send::oldest_ms(&queue), Some(2));
     assert_eq!(metrics.events.get_or_create(&ResultLabel { result: "dropped" }).get(), 2);
     assert_eq!(metrics.queue.get(), 3);
     // A failed request's events go back in front, in their order.
-    let batch = queue.take(&Identity::default());
+    let batch = send::take(&queue, &Identity::default());
     assert_eq!(batch.records.len(), 3);
     queue.put_back(batch.records);
-    assert_eq!(queue.oldest_ms(), Some(2));
+    assert_eq!(send::oldest_ms(&queue), Some(2));
     assert_eq!(queue.len(), 3);
 }
 

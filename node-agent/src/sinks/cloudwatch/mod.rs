@@ -35,7 +35,7 @@ use tracing::{info, warn};
 use self::{
     datum::Accumulator,
     metrics::{CloudWatchMetrics, SinkLabel, SinkReasonLabels},
-    publish::{Backoff, Queue, Target},
+    publish::{Backoff, Queue, SinkQueueMetrics, Target},
     select::{AgentDimensions, View},
 };
 use crate::{
@@ -180,7 +180,8 @@ impl Sinks {
     fn start(&self, route: &Route, selection: &Selection, settings: SinkSettings, fresh: bool) -> Running {
         let name = route.config.clone();
         let view = View::new(route, selection, &self.options.agent, settings.dimension_sets.clone(), fresh);
-        let queue = Arc::new(Queue::new(name.clone(), self.options.queue_datums, self.metrics.clone()));
+        let queue_metrics = SinkQueueMetrics { sink: name.clone(), metrics: self.metrics.clone() };
+        let queue = Arc::new(Queue::new(self.options.queue_datums, queue_metrics));
         let shared = Arc::new(Shared {
             name: name.clone(),
             collect: Mutex::new((view, Accumulator::default())),

@@ -11,8 +11,7 @@
 //! - The SDK's own retries are off, so every attempt is counted here.
 
 use std::{
-    collections::VecDeque,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -23,7 +22,6 @@ use aws_sdk_cloudwatch::{
     types::{Dimension as CwDimension, MetricDatum, StandardUnit, StatisticSet},
     Client,
 };
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -31,7 +29,10 @@ use super::{
     datum::{take_batch, Datum, Values},
     metrics::{CloudWatchMetrics, SinkLabel, SinkReasonLabels, SinkResultLabels},
 };
-use crate::ratelimit::{Decision, RateLimit};
+use crate::{
+    ratelimit::{Decision, RateLimit},
+    sinks::queue::{self, QueueMetrics},
+};
 
 /// Retry timing of failed requests.
 #[derive(Clone, Copy, Debug)]
@@ -51,119 +52,24 @@ impl Backoff {
 }
 
 /// The datums of one sink waiting to be sent.
-pub struct Queue {
-    state: Mutex<QueueState>,
-    notify: Notify,
-    /// Emptied: the shutdown waits on it.
-    drained: Notify,
-    capacity: usize,
-    sink: String,
-    metrics: CloudWatchMetrics,
+pub type Queue = queue::Queue<Datum, SinkQueueMetrics>;
+
+/// A sink's queue in the sinks' metrics.
+pub struct SinkQueueMetrics {
+    pub sink: String,
+    pub metrics: CloudWatchMetrics,
 }
 
-#[derive(Default)]
-struct QueueState {
-    datums: VecDeque<Datum>,
-    in_flight: usize,
-}
-
-impl Queue {
-    pub fn new(sink: String, capacity: usize, metrics: CloudWatchMetrics) -> Self {
-        Queue {
-            state: Mutex::new(QueueState::default()),
-            notify: Notify::new(),
-            drained: Notify::new(),
-            capacity: capacity.max(1),
-            sink,
-            metrics,
-        }
+impl QueueMetrics for SinkQueueMetrics {
+    fn depth(&self, items: usize) {
+        self.metrics.queue_datums.get_or_create(&SinkLabel { sink: self.sink.clone() }).set(items as i64);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn label(&self) -> SinkLabel {
-        SinkLabel { sink: self.sink.clone() }
-    }
-
-    fn dropped(&self, reason: &'static str, n: usize) {
-        if n > 0 {
+    fn dropped(&self, reason: &'static str, items: usize) {
+        if items > 0 {
             let labels = SinkReasonLabels { sink: self.sink.clone(), reason };
-            self.metrics.dropped.get_or_create(&labels).inc_by(n as u64);
+            self.metrics.dropped.get_or_create(&labels).inc_by(items as u64);
         }
-    }
-
-    fn publish_depth(&self, state: &QueueState) {
-        let depth = state.datums.len() + state.in_flight;
-        self.metrics.queue_datums.get_or_create(&self.label()).set(depth as i64);
-        if depth == 0 {
-            self.drained.notify_waiters();
-        }
-    }
-
-    /// Adds the datums of a flush; the oldest queued datums make room when it is full.
-    pub fn push(&self, datums: Vec<Datum>) {
-        if datums.is_empty() {
-            return;
-        }
-        let mut state = self.lock();
-        state.datums.extend(datums);
-        let room = self.capacity.saturating_sub(state.in_flight);
-        let excess = state.datums.len().saturating_sub(room);
-        if excess > 0 {
-            state.datums.drain(..excess);
-            self.dropped("queue_full", excess);
-        }
-        self.publish_depth(&state);
-        drop(state);
-        self.notify.notify_one();
-    }
-
-    /// The next request's datums, now in flight.
-    fn take(&self, namespace: &str) -> Vec<Datum> {
-        let mut state = self.lock();
-        let batch = take_batch(&mut state.datums, namespace);
-        state.in_flight = batch.len();
-        batch
-    }
-
-    /// The request in flight is over (sent or given up).
-    fn finish(&self) {
-        let mut state = self.lock();
-        state.in_flight = 0;
-        self.publish_depth(&state);
-    }
-
-    /// Datums queued or in flight.
-    pub fn len(&self) -> usize {
-        let state = self.lock();
-        state.datums.len() + state.in_flight
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Waits until nothing is queued or in flight.
-    pub async fn wait_drained(&self) {
-        loop {
-            let notified = self.drained.notified();
-            if self.is_empty() {
-                return;
-            }
-            notified.await;
-        }
-    }
-
-    /// Gives up everything still queued (the shutdown's time is up).
-    pub fn abandon(&self, reason: &'static str) {
-        let mut state = self.lock();
-        let n = state.datums.len() + state.in_flight;
-        state.datums.clear();
-        state.in_flight = 0;
-        self.dropped(reason, n);
-        self.publish_depth(&state);
     }
 }
 
@@ -297,7 +203,11 @@ pub async fn run_sender(queue: Arc<Queue>, target: Target, stop: CancellationTok
     let mut log_limit = RateLimit::new(5, Duration::from_secs(60));
     loop {
         let batch = loop {
-            let batch = queue.take(&target.namespace);
+            let batch = queue.take(|datums| {
+                let batch = take_batch(datums, &target.namespace);
+                let taken = batch.len();
+                (batch, taken)
+            });
             if !batch.is_empty() {
                 break batch;
             }
