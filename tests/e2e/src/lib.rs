@@ -151,23 +151,42 @@ impl ControlPlane {
     /// A client acting as `user` in `groups` (impersonation), subject to RBAC like a
     /// real caller.
     pub async fn client_as(&self, user: &str, groups: &[&str]) -> Client {
+        self.client_as_with_extra(user, groups, &[]).await
+    }
+
+    /// A client acting as `user` in `groups` with the user `extra` fields (key, value),
+    /// as an authenticator would set them: e.g. what a token bound to a pod carries.
+    pub async fn client_as_with_extra(&self, user: &str, groups: &[&str], extra: &[(&str, &str)]) -> Client {
         let mut config =
             Config::from_custom_kubeconfig(self.config().expect("kubeconfig"), &KubeConfigOptions::default())
                 .await
                 .expect("client config");
         config.auth_info.impersonate = Some(user.to_owned());
         config.auth_info.impersonate_groups = Some(groups.iter().map(|g| (*g).to_owned()).collect());
+        if !extra.is_empty() {
+            let mut fields: std::collections::HashMap<String, Vec<String>> = Default::default();
+            for (key, value) in extra {
+                fields.entry((*key).to_owned()).or_default().push((*value).to_owned());
+            }
+            config.auth_info.impersonate_user_extra = Some(fields);
+        }
         Client::try_from(config).expect("client")
     }
 
-    /// A client acting as the ServiceAccount `namespace/name`.
+    /// A client acting as the ServiceAccount `namespace/name`, with a token bound to
+    /// nothing.
     pub async fn service_account_client(&self, namespace: &str, name: &str) -> Client {
-        let ns_group = format!("system:serviceaccounts:{namespace}");
-        self.client_as(
-            &format!("system:serviceaccount:{namespace}:{name}"),
-            &["system:serviceaccounts", &ns_group, "system:authenticated"],
-        )
-        .await
+        let groups = service_account_groups(namespace);
+        self.client_as(&service_account_user(namespace, name), &groups.each_ref().map(String::as_str)).await
+    }
+
+    /// A client acting as the ServiceAccount `namespace/name` with the token of a pod on
+    /// `node`: its user extra names the node ([`NODE_NAME_EXTRA`]), as in every
+    /// ServiceAccount token the kubelet mounts in a pod (Kubernetes 1.30 and later).
+    pub async fn service_account_client_on_node(&self, namespace: &str, name: &str, node: &str) -> Client {
+        let groups = service_account_groups(namespace);
+        let groups = groups.each_ref().map(String::as_str);
+        self.client_as_with_extra(&service_account_user(namespace, name), &groups, &[(NODE_NAME_EXTRA, node)]).await
     }
 
     /// Creates a namespace of its own for one test: `<prefix>-<random>`.
@@ -213,6 +232,23 @@ impl ControlPlane {
             .unwrap_or_else(|| panic!("CRD {name} not established"));
         }
     }
+}
+
+/// The user extra field of a ServiceAccount token bound to a pod that names the pod's node.
+pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+
+/// The user name of the ServiceAccount `namespace/name`.
+pub fn service_account_user(namespace: &str, name: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{name}")
+}
+
+/// The groups every ServiceAccount of `namespace` is in.
+pub fn service_account_groups(namespace: &str) -> [String; 3] {
+    [
+        "system:serviceaccounts".to_owned(),
+        format!("system:serviceaccounts:{namespace}"),
+        "system:authenticated".to_owned(),
+    ]
 }
 
 /// Polls `check` every 100 ms until it returns `Some`, or `None` after `limit`.

@@ -29,8 +29,8 @@ use kube::{
     Api, Client, ResourceExt,
 };
 use neuron_e2e::{
-    free_port, http_get, kubectl, prometheus::Prometheus, random_u32, repo_root, sample, spawn_tied, tool, wait_for,
-    workspace_bin, ControlPlane, Process,
+    free_port, http_get, kubectl, prometheus::Prometheus, random_u32, repo_root, sample, service_account_groups,
+    service_account_user, spawn_tied, tool, wait_for, workspace_bin, ControlPlane, Process, NODE_NAME_EXTRA,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -362,7 +362,14 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
         accepted += lines;
         kinds_seen.extend(docs.iter().map(|d| kind(d).to_owned()));
     }
-    for k in MONITORING_KINDS.iter().chain(&["DaemonSet", "Deployment", "NeuronMonitorConfig", "PodDisruptionBudget"]) {
+    for k in MONITORING_KINDS.iter().chain(&[
+        "DaemonSet",
+        "Deployment",
+        "NeuronMonitorConfig",
+        "PodDisruptionBudget",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]) {
         assert!(kinds_seen.contains(*k), "no {k} was checked: {kinds_seen:?}");
     }
     println!("{accepted} objects of {} values sets accepted by the API server", cases.len());
@@ -411,21 +418,17 @@ async fn wrong_values_are_refused_naming_the_field() {
 }
 
 /// A kubeconfig acting as the ServiceAccount `namespace/name` (impersonation by the
-/// control plane's administrator), as a pod with that ServiceAccount would.
-fn impersonating_kubeconfig(cp: &ControlPlane, namespace: &str, name: &str, path: &Path) {
+/// control plane's administrator), as a pod with that ServiceAccount would: on `node`,
+/// its token names the node in the user extra, as a token the kubelet mounts does.
+fn impersonating_kubeconfig(cp: &ControlPlane, namespace: &str, name: &str, node: Option<&str>, path: &Path) {
     let mut config: Value = serde_norway::from_str(&std::fs::read_to_string(&cp.kubeconfig).unwrap()).unwrap();
     for user in config["users"].as_sequence_mut().expect("kubeconfig users") {
         let user = user["user"].as_mapping_mut().expect("user");
-        user.insert("as".into(), format!("system:serviceaccount:{namespace}:{name}").into());
-        user.insert(
-            "as-groups".into(),
-            serde_norway::to_value([
-                "system:serviceaccounts",
-                &format!("system:serviceaccounts:{namespace}"),
-                "system:authenticated",
-            ])
-            .unwrap(),
-        );
+        user.insert("as".into(), service_account_user(namespace, name).into());
+        user.insert("as-groups".into(), serde_norway::to_value(service_account_groups(namespace)).unwrap());
+        if let Some(node) = node {
+            user.insert("as-user-extra".into(), serde_norway::to_value(json!({ NODE_NAME_EXTRA: [node] })).unwrap());
+        }
     }
     std::fs::write(path, serde_norway::to_string(&config).unwrap()).unwrap();
 }
@@ -466,11 +469,7 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 }
 
 fn api_code(result: Result<impl Sized, kube::Error>) -> u16 {
-    match result {
-        Ok(_) => 200,
-        Err(kube::Error::Api(e)) => e.code,
-        Err(e) => panic!("not an API answer: {e}"),
-    }
+    api_answer(result).0
 }
 
 /// Container args of the chart with some flags' values replaced (the chart's own are
@@ -592,7 +591,14 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     let (ok, manifest, err) = helm(&["get", "manifest", RELEASE, "--namespace", &ns, "--kubeconfig", &kubeconfig]);
     assert!(ok, "{err}");
     let docs = documents(&manifest);
-    for k in ["ServiceMonitor", "PrometheusRule", "NeuronMonitorConfig", "DaemonSet", "Deployment"] {
+    for k in [
+        "ServiceMonitor",
+        "PrometheusRule",
+        "NeuronMonitorConfig",
+        "DaemonSet",
+        "Deployment",
+        "ValidatingAdmissionPolicy",
+    ] {
         assert!(!find(&docs, k).is_empty(), "helm installed no {k}");
     }
     let operator_sa =
@@ -655,8 +661,10 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     std::fs::create_dir_all(dir.join("proc")).unwrap();
     let operator_kubeconfig = dir.join("operator.kubeconfig");
     let agent_kubeconfig = dir.join("agent.kubeconfig");
-    impersonating_kubeconfig(cp, &ns, &operator_sa, &operator_kubeconfig);
-    impersonating_kubeconfig(cp, &ns, &agent_sa, &agent_kubeconfig);
+    impersonating_kubeconfig(cp, &ns, &operator_sa, None, &operator_kubeconfig);
+    // The agent's token is bound to its pod on the node: the chart's admission policy
+    // lets it write that node's objects only.
+    impersonating_kubeconfig(cp, &ns, &agent_sa, Some(&node_name), &agent_kubeconfig);
     let operator = |pod: &str| -> (Process, SocketAddr) {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let args = chart_args(&operator_container, &[("--listen", addr.to_string())]);
@@ -839,7 +847,20 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         "no reconcile failed:\n{operator_metrics}"
     );
 
-    // Outside their job: denied.
+    // Outside their job: denied. The agent's token, bound to its node, cannot patch the
+    // dashboard's ConfigMap in the same namespace (the admission policy; RBAC allows it).
+    let dashboard = find(&docs, "ConfigMap")
+        .into_iter()
+        .find(|c| c["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("dashboard")))
+        .expect("the dashboard ConfigMap");
+    let bound_agent = cp.service_account_client_on_node(&ns, &agent_sa, &node_name).await;
+    let mark = Patch::Merge(json!({ "metadata": { "annotations": { APPLIED_HASH_ANNOTATION: "x" } } }));
+    let (code, message) = api_answer(
+        Api::<ConfigMap>::namespaced(bound_agent, &ns)
+            .patch(dashboard["metadata"]["name"].as_str().unwrap(), &PatchParams::default(), &mark)
+            .await,
+    );
+    assert!(code == 403 && message.contains("may write only its own Node and ConfigMap"), "{code} {message}");
     let agent_cms: Api<ConfigMap> = Api::namespaced(agent_client.clone(), &ns);
     assert_eq!(api_code(agent_cms.delete(&cm_name, &DeleteParams::default()).await), 403, "agent deletes a ConfigMap");
     let fresh: ConfigMap = serde_json::from_value(json!({ "metadata": { "name": "agent-made" } })).unwrap();
@@ -903,6 +924,187 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     assert!(crds.get_opt("neuronmonitorconfigs.neuronmonitor.io").await.unwrap().is_some(), "helm keeps crds/");
     Api::<Node>::all(admin.clone()).delete(&node_name, &DeleteParams::default()).await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The status code and message of an API answer (200 and "" for a success).
+fn api_answer(result: Result<impl Sized, kube::Error>) -> (u16, String) {
+    match result {
+        Ok(_) => (200, String::new()),
+        Err(kube::Error::Api(e)) => (e.code, e.message),
+        Err(e) => panic!("not an API answer: {e}"),
+    }
+}
+
+/// Asserts a write was refused by the chart's admission policy with a message saying
+/// `says`.
+#[track_caller]
+fn assert_refused(what: &str, answer: (u16, String), says: &str) {
+    let (code, message) = answer;
+    assert_eq!(code, 403, "{what}: expected a refusal, got {code} {message}");
+    assert!(
+        message.contains("ValidatingAdmissionPolicy") && message.contains(says),
+        "{what}: the refusal says {says:?}: {message}"
+    );
+}
+
+/// The chart's ValidatingAdmissionPolicy on the real API server: the agent's
+/// ServiceAccount, with a token bound to a pod on node A, writes node A's ConfigMap
+/// annotation, condition and taint, and nothing of node B, nor any other field of its
+/// own objects, nor anything without a node in its token; other users are unaffected.
+#[tokio::test]
+async fn the_admission_policy_holds_the_agent_to_its_own_node_and_fields() {
+    let cp = ControlPlane::shared();
+    let admin = cp.client().await;
+    let ns = cp.namespace("nm-vap").await;
+    // A release of its own: the policy's name derives from it.
+    let docs = documents(&template_as(&ns, &ns, None, &[]));
+    let off = documents(&template_as(&ns, &ns, None, &["--set", "agent.admissionPolicy.enabled=false"]));
+    assert!(
+        find(&off, "ValidatingAdmissionPolicy").is_empty() && find(&off, "ValidatingAdmissionPolicyBinding").is_empty()
+    );
+    // The ServiceAccounts, their RBAC and the policy, as the chart renders them.
+    const KINDS: [&str; 7] = [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ];
+    let objects: Vec<String> =
+        docs.iter().filter(|d| KINDS.contains(&kind(d))).map(|d| serde_norway::to_string(d).unwrap()).collect();
+    assert_eq!(find(&docs, "ValidatingAdmissionPolicy").len(), 1, "on by default");
+    let (ok, out, err) = kubectl(cp, &["apply", "-f", "-"], Some(&objects.join("---\n")));
+    assert!(ok, "applying the chart's RBAC and policy: {out}{err}");
+    let agent_sa = one(&docs, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap();
+    let operator_sa = one(&docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap();
+
+    // Two nodes, each with its ConfigMap as the operator writes it.
+    let suffix = random_u32();
+    let (node_a, node_b) = (format!("vap-a-{suffix:08x}"), format!("vap-b-{suffix:08x}"));
+    let nodes = Api::<Node>::all(admin.clone());
+    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), &ns);
+    for node in [&node_a, &node_b] {
+        let object =
+            json!({ "metadata": { "name": node, "labels": { "node.kubernetes.io/instance-type": "trn1.2xlarge" } } });
+        nodes.create(&PostParams::default(), &serde_json::from_value(object).unwrap()).await.unwrap();
+        let cm = json!({
+            "metadata": {
+                "name": configmap_name(node),
+                "annotations": { CONFIG_HASH_ANNOTATION: "h1", api::node_config::NODE_ANNOTATION: node },
+            },
+            "data": { "config.json": "{}" },
+        });
+        configmaps.create(&PostParams::default(), &serde_json::from_value(cm).unwrap()).await.unwrap();
+    }
+    let (cm_a, cm_b) = (configmap_name(&node_a), configmap_name(&node_b));
+
+    let agent = cp.service_account_client_on_node(&ns, agent_sa, &node_a).await;
+    let agent_nodes = Api::<Node>::all(agent.clone());
+    let agent_cms = Api::<ConfigMap>::namespaced(agent.clone(), &ns);
+    let params = PatchParams::default();
+    let ack = |hash: &str| Patch::Merge(json!({ "metadata": { "annotations": { APPLIED_HASH_ANNOTATION: hash } } }));
+    let condition = Patch::Strategic(json!({ "status": { "conditions": [{
+        "type": "NeuronHealth", "status": "True", "reason": "NeuronHasError_DMA_ERROR", "message": "test",
+    }] } }));
+    // Taints as the agent writes them: the Node's own (the API server adds not-ready) kept.
+    let with_taint = |node: &Node, key: &str| {
+        let mut taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        taints.push(k8s_openapi::api::core::v1::Taint {
+            key: key.to_owned(),
+            value: Some("DMA_ERROR".to_owned()),
+            effect: "NoSchedule".to_owned(),
+            time_added: None,
+        });
+        Patch::Merge(json!({ "spec": { "taints": taints } }))
+    };
+
+    // The policy is in force once the API server has loaded it: B's ConfigMap refused.
+    let started = Instant::now();
+    let refusal = wait("the policy in force", Duration::from_secs(30), || async {
+        let answer = api_answer(agent_cms.patch(&cm_b, &params, &ack("h1")).await);
+        (answer.0 != 200).then_some(answer)
+    })
+    .await;
+    println!("admission policy in force {:?} after it was applied", started.elapsed());
+    assert_refused("node B's ConfigMap", refusal, &format!("node {node_a} may write only its own Node and ConfigMap"));
+
+    // Its own objects, its own fields: allowed.
+    assert_eq!(api_answer(agent_cms.patch(&cm_a, &params, &ack("h1")).await), (200, String::new()));
+    assert_eq!(api_answer(agent_nodes.patch_status(&node_a, &params, &condition).await), (200, String::new()));
+    let own = agent_nodes.get_status(&node_a).await.unwrap();
+    let taint = with_taint(&own, "neuronmonitor.io/hardware-error");
+    assert_eq!(api_answer(agent_nodes.patch(&node_a, &params, &taint).await), (200, String::new()));
+    let spec = nodes.get(&node_a).await.unwrap().spec.unwrap();
+    assert!(spec.taints.unwrap().iter().any(|t| t.key == "neuronmonitor.io/hardware-error"), "tainted");
+    // ... and removing the taint again.
+    let untaint = Patch::Merge(json!({ "spec": { "taints": own.spec.as_ref().and_then(|s| s.taints.clone()) } }));
+    assert_eq!(api_answer(agent_nodes.patch(&node_a, &params, &untaint).await), (200, String::new()));
+
+    // Node B: refused, naming what.
+    let other = format!("refused: UPDATE of Node {node_b}");
+    assert_refused(
+        "node B's condition",
+        api_answer(agent_nodes.patch_status(&node_b, &params, &condition).await),
+        &other,
+    );
+    let b = agent_nodes.get_status(&node_b).await.unwrap();
+    let taint_b = with_taint(&b, "neuronmonitor.io/hardware-error");
+    assert_refused("node B's taint", api_answer(agent_nodes.patch(&node_b, &params, &taint_b).await), &other);
+
+    // Other fields of its own objects: refused.
+    let data = Patch::Merge(json!({ "data": { "config.json": "{\"sinks\":[]}" } }));
+    let only_ack = "may change only the annotation neuronmonitor.io/applied-hash";
+    assert_refused("its ConfigMap's data", api_answer(agent_cms.patch(&cm_a, &params, &data).await), only_ack);
+    let rendered_hash = Patch::Merge(json!({ "metadata": { "annotations": { CONFIG_HASH_ANNOTATION: "forged" } } }));
+    assert_refused("its ConfigMap's hash", api_answer(agent_cms.patch(&cm_a, &params, &rendered_hash).await), only_ack);
+    let label =
+        Patch::Merge(json!({ "metadata": { "labels": { "node.kubernetes.io/instance-type": "inf2.xlarge" } } }));
+    let metadata = format!("may not change the labels, annotations, owners or finalizers of Node {node_a}");
+    assert_refused("its Node's label", api_answer(agent_nodes.patch(&node_a, &params, &label).await), &metadata);
+    let foreign_taint = with_taint(&own, "example.com/not-the-agents");
+    let only_taint = "may change only taints with the key neuronmonitor.io/hardware-error";
+    assert_refused("another taint", api_answer(agent_nodes.patch(&node_a, &params, &foreign_taint).await), only_taint);
+    let cordon = Patch::Merge(json!({ "spec": { "unschedulable": true } }));
+    assert_refused("cordoning its Node", api_answer(agent_nodes.patch(&node_a, &params, &cordon).await), only_taint);
+    let address = Patch::Merge(json!({ "status": { "addresses": [{ "type": "InternalIP", "address": "10.9.9.9" }] } }));
+    assert_refused(
+        "its Node's addresses",
+        api_answer(agent_nodes.patch_status(&node_a, &params, &address).await),
+        "may change only conditions",
+    );
+
+    // A token bound to no node: refused.
+    let unbound = cp.service_account_client(&ns, agent_sa).await;
+    assert_refused(
+        "a token without the node",
+        api_answer(Api::<ConfigMap>::namespaced(unbound.clone(), &ns).patch(&cm_a, &params, &ack("h2")).await),
+        "no (single) authentication.kubernetes.io/node-name",
+    );
+    assert_refused(
+        "a token without the node, on a Node",
+        api_answer(Api::<Node>::all(unbound).patch_status(&node_a, &params, &condition).await),
+        "no (single) authentication.kubernetes.io/node-name",
+    );
+
+    // Everyone else: the operator renders node B's ConfigMap; an administrator labels a
+    // Node, even with a node in its user extra.
+    let operator = cp.service_account_client_on_node(&ns, operator_sa, &node_a).await;
+    let operator_cms = Api::<ConfigMap>::namespaced(operator, &ns);
+    assert_eq!(api_answer(operator_cms.patch(&cm_b, &params, &data).await), (200, String::new()));
+    assert_eq!(api_answer(nodes.patch(&node_b, &params, &label).await), (200, String::new()));
+    let admin_on_a = cp.client_as_with_extra("root", &["system:masters"], &[(NODE_NAME_EXTRA, &node_a)]).await;
+    assert_eq!(api_answer(Api::<Node>::all(admin_on_a).patch(&node_b, &params, &cordon).await), (200, String::new()));
+
+    for node in [&node_a, &node_b] {
+        nodes.delete(node, &DeleteParams::default()).await.unwrap();
+    }
+    // The cluster-scoped objects (the namespace's go with it).
+    for d in docs.iter().filter(|d| KINDS[1..].contains(&kind(d)) && !kind(d).starts_with("Role")) {
+        let name = d["metadata"]["name"].as_str().unwrap();
+        let _ = kubectl(cp, &["delete", &kind(d).to_lowercase(), name], None);
+    }
 }
 
 #[test]
