@@ -121,6 +121,9 @@ pub struct RuntimeState {
     pub vcpu: Option<[Option<f64>; 2]>,
     /// Total latency percentiles (seconds); `None` when null or in error.
     pub latency: Option<Percentiles>,
+    /// Device latency percentiles (seconds; the time on the device alone); `None` when
+    /// null or in error.
+    pub device_latency: Option<Percentiles>,
     /// Running sums, in the order of [`ErrorSummary::KINDS`] / [`ExecutionSummary::KINDS`];
     /// `None` until the first execution_stats group was read.
     pub errors_total: Option<[f64; 6]>,

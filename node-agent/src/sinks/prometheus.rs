@@ -357,6 +357,18 @@ fn encode_runtimes(
         &Percentiles::NAMES,
         |rt| rt.latency.map(|l| l.values().to_vec()),
     )?;
+    per_runtime(
+        encoder,
+        with(RuntimeGroup::ExecutionStats),
+        (
+            "execution_device_latency_seconds",
+            "Device execution latency percentiles over the period (time on the device alone), seconds",
+            MetricType::Gauge,
+        ),
+        "percentile",
+        &Percentiles::NAMES,
+        |rt| rt.device_latency.map(|l| l.values().to_vec()),
+    )?;
     Ok(())
 }
 

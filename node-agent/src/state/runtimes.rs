@@ -103,9 +103,11 @@ impl NodeState {
                     add_counts(state.errors_total.get_or_insert([0.0; 6]), &errors);
                     let status = stats.execution_summary.unwrap_or_default().values();
                     add_counts(state.status_total.get_or_insert([0.0; 6]), &status);
-                    state.latency = stats.latency_stats.and_then(|l| l.total_latency);
+                    let latency = stats.latency_stats.unwrap_or_default();
+                    state.latency = latency.total_latency;
+                    state.device_latency = latency.device_latency;
                 }
-                None => state.latency = None,
+                None => (state.latency, state.device_latency) = (None, None),
             }
         }
     }
@@ -120,6 +122,7 @@ impl RuntimeState {
             memory_used: None,
             vcpu: None,
             latency: None,
+            device_latency: None,
             errors_total: None,
             status_total: None,
             utilization: None,

@@ -93,6 +93,7 @@ fn counters_are_running_sums_and_latency_follows_the_report() {
     assert_eq!(rt.errors_total.unwrap()[0], 2.0 * 23654.0);
     assert_eq!(rt.status_total.unwrap()[0], 2.0 * 260.0);
     assert!(rt.latency.unwrap().p50.unwrap() > 0.0);
+    assert_eq!(rt.device_latency.unwrap().p50, Some(9.5367431640625e-05));
     assert_eq!(rt.vcpu, Some([Some(19.26), Some(3.95)]));
     // Core 1 holds a little model code but is not busy; core 0 is busy.
     let cores: Vec<u32> = rt.cores.iter().map(|c| c.index).collect();

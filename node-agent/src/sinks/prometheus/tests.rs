@@ -44,6 +44,10 @@ fn classic_format_names_counters_and_info_as_prometheus_expects() {
         series(&text, "execution_errors_total").into_iter().find(|l| l.contains(r#"error_type="generic""#)).unwrap();
     assert!(generic.ends_with(" 23654.0"), "{generic}");
     assert_eq!(series(&text, "execution_latency_seconds").len(), 7);
+    let device = series(&text, "execution_device_latency_seconds");
+    assert_eq!(device.len(), 7);
+    let p50 = device.iter().find(|l| l.contains(r#"percentile="p50""#)).unwrap();
+    assert!(p50.ends_with(" 0.000095367431640625"), "{p50}");
     assert_eq!(series(&text, "system_vcpu_count").len(), 1);
 }
 
@@ -71,6 +75,7 @@ fn an_idle_node_still_shows_its_hardware_and_idle_cores() {
     assert_eq!(series(&text, "neuron_hardware_info").len(), 1);
     assert_eq!(series(&text, "instance_info").len(), 1);
     assert_eq!(series(&text, "execution_latency_seconds").len(), 0, "null latency stays absent");
+    assert_eq!(series(&text, "execution_device_latency_seconds").len(), 0);
 }
 
 #[test]
@@ -189,4 +194,17 @@ fn extra_labels_beyond_the_cap_are_left_off_and_counted() {
     let expected = (60 * 16 - MAX_EXTRA_LABELS_PER_SERIES) * 32;
     let value: f64 = dropped[0].rsplit(' ').next().unwrap().parse().unwrap();
     assert_eq!(value, expected as f64, "{}", dropped[0]);
+}
+
+#[test]
+fn a_report_with_only_device_latency_exports_it() {
+    let line = r#"{"neuron_runtime_data":[{"pid":7,"neuron_runtime_tag":"x","error":"","report":{
+        "execution_stats":{"period":1.0,"error":"","latency_stats":{"total_latency":null,
+          "device_latency":{"p0":0.001,"p1":0.001,"p25":0.002,"p50":0.003,"p75":0.004,"p99":0.005,"p100":0.006}}}}}],
+        "instance_info":{"instance_id":"i-1","error":""}}"#;
+    let text = exposition(&[line.to_owned()]).render(Format::Classic).unwrap();
+    assert_eq!(series(&text, "execution_latency_seconds").len(), 0);
+    let device = series(&text, "execution_device_latency_seconds");
+    assert_eq!(device.len(), 7, "{device:#?}");
+    assert!(device.iter().any(|l| l.contains(r#"percentile="p99""#) && l.ends_with(" 0.005")), "{device:#?}");
 }
