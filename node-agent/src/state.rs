@@ -107,6 +107,9 @@ pub struct HeldCore {
     pub utilization: Option<f64>,
     /// `None` while the memory group is in error or was never reported.
     pub memory: Option<CoreMemory>,
+    /// `flops` and `effective_flops` of the counters group (operations per second over
+    /// the period), when the report has them.
+    pub flops: [Option<f64>; 2],
 }
 
 /// What the agent exports of one monitored application.
@@ -130,6 +133,8 @@ pub struct RuntimeState {
     pub status_total: Option<[f64; 6]>,
     // Last good per-core data, kept across reports that did not refresh the group.
     utilization: Option<Vec<(u32, f64)>>,
+    /// Cores with `flops` or `effective_flops`.
+    flops: Vec<(u32, [Option<f64>; 2])>,
     core_memory: Option<Vec<(u32, CoreMemory)>>,
 }
 

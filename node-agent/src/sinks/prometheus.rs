@@ -251,6 +251,16 @@ impl<'s> Family<'s> {
     }
 }
 
+/// `HeldCore::flops`, in order. The report gives no data type per core, so no ratio to
+/// a peak is computed (the peak depends on it).
+const CORE_FLOPS_METRICS: [(&str, &str); 2] = [
+    ("neuroncore_flops", "Floating-point operations per second of a NeuronCore over the period (neuron-monitor's flops)"),
+    (
+        "neuroncore_effective_flops",
+        "Effective floating-point operations per second of a NeuronCore over the period (neuron-monitor's effective_flops)",
+    ),
+];
+
 const CORE_MEMORY_METRICS: [(&str, &str); 5] = [
     ("neuroncore_memory_usage_constants", "NeuronCore memory used by constants, bytes"),
     ("neuroncore_memory_usage_model_code", "NeuronCore memory used by model code, bytes"),
@@ -299,6 +309,16 @@ fn encode_runtimes(
         f.push(Labels::idle_core(instance, core.pod.as_deref()).number("neuroncore", core.index), Some(0.0));
     }
     f.write(encoder)?;
+
+    for (slot, (name, help)) in CORE_FLOPS_METRICS.iter().enumerate() {
+        let mut f = Family::new(name, help, MetricType::Gauge);
+        for (rt, view) in with(RuntimeGroup::NeuroncoreCounters) {
+            for core in &rt.cores {
+                f.push(Labels::runtime(&rt.labels, view).number("neuroncore", core.index), core.flops[slot]);
+            }
+        }
+        f.write(encoder)?;
+    }
 
     for (slot, (name, help)) in CORE_MEMORY_METRICS.iter().enumerate() {
         let mut f = Family::new(name, help, MetricType::Gauge);

@@ -76,6 +76,13 @@ impl NodeState {
                 let cores = c.neuroncores_in_use.iter().flat_map(|m| m.iter());
                 by_core(cores, refused, |c| c.neuroncore_utilization.filter(|u| *u != 0.0))
             });
+            // The same cores again: their refusals are counted once, above.
+            let cores = g.ok().into_iter().flat_map(|c| c.neuroncores_in_use.iter().flat_map(|m| m.iter()));
+            let finite = |v: Option<f64>| v.filter(|f| f.is_finite() && *f >= 0.0);
+            state.flops = by_core(cores, &mut 0, |c| {
+                let flops = [finite(c.flops), finite(c.effective_flops)];
+                flops.iter().any(Option::is_some).then_some(flops)
+            });
         }
         if let Some(g) = &groups.memory_used {
             self.note("memory_used", &tag, g);
@@ -126,6 +133,7 @@ impl RuntimeState {
             errors_total: None,
             status_total: None,
             utilization: None,
+            flops: Vec::new(),
             core_memory: None,
         }
     }
@@ -147,10 +155,12 @@ impl RuntimeState {
             };
             let u = busy.next_if(|(i, _)| *i == index).map(|(_, v)| *v);
             let m = loaded.next_if(|(i, _)| *i == index).map(|(_, v)| *v);
+            let flops = self.flops.binary_search_by_key(&index, |(i, _)| *i).map_or([None; 2], |i| self.flops[i].1);
             self.cores.push(HeldCore {
                 index,
                 utilization: utilization.map(|_| u.unwrap_or(0.0)),
                 memory: memory.map(|_| m.unwrap_or_default()),
+                flops,
             });
         }
     }

@@ -208,3 +208,21 @@ fn a_report_with_only_device_latency_exports_it() {
     assert_eq!(device.len(), 7, "{device:#?}");
     assert!(device.iter().any(|l| l.contains(r#"percentile="p99""#) && l.ends_with(" 0.005")), "{device:#?}");
 }
+
+#[test]
+fn flops_are_exported_for_the_cores_a_runtime_holds() {
+    // neuron-monitor lists every core under every runtime, zeros on those it does not own.
+    let line = r#"{"neuron_runtime_data":[{"pid":7,"neuron_runtime_tag":"x","error":"","report":{
+        "neuroncore_counters":{"period":1.0,"error":"","neuroncores_in_use":{
+          "0":{"neuroncore_utilization":50.0,"flops":1.5e12,"effective_flops":1.2e12},
+          "1":{"neuroncore_utilization":0.0,"flops":0.0},
+          "2":{"neuroncore_utilization":20.0,"effective_flops":3.0e11}}}}}],
+        "instance_info":{"instance_id":"i-1","error":""}}"#;
+    let text = exposition(&[line.to_owned()]).render(Format::Classic).unwrap();
+    let flops = series(&text, "neuroncore_flops");
+    assert_eq!(flops.len(), 1, "{flops:#?}");
+    assert!(flops[0].contains(r#"neuroncore="0""#) && flops[0].ends_with(" 1500000000000.0"), "{flops:#?}");
+    let effective = series(&text, "neuroncore_effective_flops");
+    assert_eq!(effective.len(), 2, "{effective:#?}");
+    assert!(effective.iter().any(|l| l.contains(r#"neuroncore="2""#) && l.ends_with(" 300000000000.0")));
+}
