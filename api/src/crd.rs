@@ -254,7 +254,7 @@ pub struct PrometheusSinkSpec {
     /// Labels added to every series of this config's applications.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("maxProperties" = 16))]
-    #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-zA-Z_][a-zA-Z0-9_]{0,62}$') && !(k in ['instance_name', 'instance_id', 'instance_type', 'availability_zone', 'region', 'subnet_id', 'runtime_tag', 'namespace', 'pod', 'container', 'neuroncore', 'memory_location', 'usage_type', 'error_type', 'status_type', 'percentile', 'event_type', 'neuron_device_index', 'ecs_task_arn', 'ecs_task_family', 'ecs_container']))").message("label names must be Prometheus label names and not one the metrics already use"))]
+    #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-zA-Z_][a-zA-Z0-9_]{0,62}$') && !(k in ['instance_name', 'instance_id', 'instance_type', 'availability_zone', 'region', 'subnet_id', 'runtime_tag', 'namespace', 'pod', 'container', 'neuroncore', 'physical_neuroncore', 'memory_location', 'usage_type', 'error_type', 'status_type', 'percentile', 'event_type', 'neuron_device_index', 'ecs_task_arn', 'ecs_task_family', 'ecs_container']))").message("label names must be Prometheus label names and not one the metrics already use"))]
     #[x_kube(validation = Rule::new("self.all(k, size(self[k]) <= 128)").message("label values are at most 128 characters"))]
     pub extra_labels: Option<BTreeMap<String, String>>,
 }

@@ -20,6 +20,8 @@ pub const MAX_NEURONCORES_PER_DEVICE: u32 = 16;
 /// NeuronCores of one node: the declared devices × cores per device must not exceed it,
 /// and every core index of a report must be below it. 4× trn2's 128 physical cores.
 pub const MAX_NEURONCORES: u32 = 512;
+/// Physical NeuronCores of one logical core read at most (trn2 groups 2 today).
+pub const MAX_PHYSICAL_PER_LOGICAL: u32 = 8;
 
 /// Runtime entries read from one report; later entries are skipped and counted. A real
 /// node runs at most a few hundred Neuron applications (one per core at most, 128).

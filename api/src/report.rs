@@ -354,7 +354,7 @@ pub struct NeuroncoreCounters<'a> {
     pub neuroncores_in_use: Option<IndexMap<CoreCounters>>,
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct CoreCounters {
     /// Percent over the period.
@@ -362,6 +362,22 @@ pub struct CoreCounters {
     pub flops: Option<f64>,
     /// Newer releases; sometimes without `flops`.
     pub effective_flops: Option<f64>,
+    /// Trn2 with logical NeuronCores: the physical cores of this logical one.
+    pub v3d: Option<V3d>,
+}
+
+/// The physical cores of a logical NeuronCore, keyed by their index within it.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct V3d {
+    pub nc_v3: Option<IndexMap<PhysicalCoreCounters>>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct PhysicalCoreCounters {
+    /// Percent over the period.
+    pub neuroncore_utilization: Option<f64>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

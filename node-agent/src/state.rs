@@ -131,10 +131,15 @@ pub struct RuntimeState {
     /// `None` until the first execution_stats group was read.
     pub errors_total: Option<[f64; 6]>,
     pub status_total: Option<[f64; 6]>,
+    /// The physical cores of the held logical ones (trn2): (logical core, physical core
+    /// of the host, utilization percent).
+    pub physical_cores: Vec<(u32, u32, f64)>,
     // Last good per-core data, kept across reports that did not refresh the group.
     utilization: Option<Vec<(u32, f64)>>,
     /// Cores with `flops` or `effective_flops`.
     flops: Vec<(u32, [Option<f64>; 2])>,
+    /// Logical cores with physical ones (trn2): their utilizations by index within it.
+    physical: Vec<(u32, Vec<(u32, f64)>)>,
     core_memory: Option<Vec<(u32, CoreMemory)>>,
 }
 

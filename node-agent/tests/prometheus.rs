@@ -71,3 +71,36 @@ fn prometheus_scrapes_the_values_the_simulator_produced() {
     let up = prometheus.query(r#"up{job="neuron-node-agent"}"#);
     assert_eq!(up.first().map(|r| r.1), Some(1.0));
 }
+
+/// A trn2.48xlarge with logical NeuronCores (LNC=2, as neuron-monitor reports them): 64
+/// logical cores, each with its two physical ones, all held by one application.
+#[test]
+fn a_trn2_node_shows_64_logical_and_128_physical_cores() {
+    let agent =
+        Agent::start(&["--instance-type=trn2.48xlarge", "--app=tag=big,cores=0-63,util=80"], &["--period", "500ms"]);
+    let (logical, physical) = agent.wait_for("the core series", Duration::from_secs(20), |m| {
+        let logical = m.find("neuroncore_utilization_ratio", &[("runtime_tag", "big")]);
+        let physical = m.find("neuroncore_physical_utilization_ratio", &[("runtime_tag", "big")]);
+        (logical.len() == 64 && physical.len() == 128).then(|| {
+            let pairs: Vec<(u32, u32, f64)> = physical
+                .iter()
+                .map(|s| {
+                    (s.labels["neuroncore"].parse().unwrap(), s.labels["physical_neuroncore"].parse().unwrap(), s.value)
+                })
+                .collect();
+            (logical.len(), pairs)
+        })
+    });
+    assert_eq!(logical, 64);
+    let mut hosts: Vec<u32> = physical.iter().map(|(_, p, _)| *p).collect();
+    hosts.sort_unstable();
+    assert_eq!(hosts, (0..128).collect::<Vec<u32>>(), "every physical core once");
+    for (logical, host, _) in &physical {
+        assert_eq!(host / 2, *logical, "physical core {host} belongs to logical core {logical}");
+    }
+    // Each logical core's physical cores average to its own utilization.
+    for logical in 0..64u32 {
+        let mean: f64 = physical.iter().filter(|(l, _, _)| *l == logical).map(|(_, _, v)| v).sum::<f64>() / 2.0;
+        assert!((mean - 0.8).abs() < 1e-9, "logical core {logical}: mean {mean}");
+    }
+}

@@ -139,12 +139,15 @@ impl Generator {
     }
 
     fn neuroncore_counters(&self, app: &App) -> NeuroncoreCounters {
+        let physical = self.scenario.instance.hardware_info().logical_neuroncore_config.unwrap_or(1);
         let neuroncores_in_use = (0..self.scenario.instance.cores())
             .map(|core| {
                 let util = if app.cores.contains(&core) { app.util } else { 0.0 };
                 // 10 TFLOPS per core at full use; 80% of it effective.
                 let flops = (util * 1e11).round() as u64;
-                let counters = CoreCounters { neuroncore_utilization: util, flops, effective_flops: flops / 5 * 4 };
+                let v3d = (physical > 1).then(|| V3d { nc_v3: physical_cores(util, physical) });
+                let counters =
+                    CoreCounters { neuroncore_utilization: util, flops, effective_flops: flops / 5 * 4, v3d };
                 (core, counters)
             })
             .collect();
@@ -227,6 +230,16 @@ fn wrap<T>(r: &Refresh, error: Option<String>, data: impl FnOnce() -> T) -> Grou
 
 fn injected_error(group: &str) -> String {
     format!("failed to collect {group}: injected by neuron-monitor-sim --group-error")
+}
+
+/// The physical cores of a logical one at `util`: the first a little busier, the others
+/// making up the logical core's mean.
+fn physical_cores(util: f64, physical: u32) -> BTreeMap<u32, PhysicalCoreCounters> {
+    let first = (util * 1.05).min(100.0);
+    let rest = if physical > 1 { (util * f64::from(physical) - first) / f64::from(physical - 1) } else { util };
+    (0..physical)
+        .map(|p| (p, PhysicalCoreCounters { neuroncore_utilization: if p == 0 { first } else { rest } }))
+        .collect()
 }
 
 /// Device memory held on the app's `local`-th core (never zero).

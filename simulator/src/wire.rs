@@ -55,6 +55,19 @@ pub struct CoreCounters {
     pub neuroncore_utilization: f64,
     pub flops: u64,
     pub effective_flops: u64,
+    /// Logical cores (trn2): their physical cores.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub v3d: Option<V3d>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct V3d {
+    pub nc_v3: BTreeMap<u32, PhysicalCoreCounters>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PhysicalCoreCounters {
+    pub neuroncore_utilization: f64,
 }
 
 #[derive(Debug, Serialize)]

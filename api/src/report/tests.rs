@@ -135,26 +135,22 @@ fn group_errors_are_kept_not_zeroed() {
 #[test]
 fn newer_and_older_field_names() {
     let line = r#"{"neuron_runtime_data":[{"pid":1,"neuron_runtime_tag":"new","error":"","report":{
-        "neuroncore_counters":{"period":1,"error":"","neuroncores_in_use":{"0":{"neuroncore_utilization":50,"effective_flops":12}}},
+        "neuroncore_counters":{"period":1,"error":"","neuroncores_in_use":{"0":{"neuroncore_utilization":50,"effective_flops":12,
+          "v3d":{"nc_v3":{"0":{"neuroncore_utilization":60},"1":{"neuroncore_utilization":40}}}}}},
         "inference_stats":{"period":1,"error":"","execution_summary":{"completed":3}}}}],
       "neuron_hardware_info":{"neuron_device_count":16,"neuroncore_per_device_count":8,"neuron_device_type":"trainium2",
         "neuron_device_version":"v4","neuroncore_version":"v4","neuron_device_memory_size":103079215104,
         "logical_neuroncore_config":2,"error":""}}"#;
     let report = Report::parse(line).unwrap();
     let groups = runtimes(&report)[0].report.as_ref().unwrap();
-    let core = *groups
-        .neuroncore_counters
-        .as_ref()
-        .unwrap()
-        .ok()
-        .unwrap()
-        .neuroncores_in_use
-        .as_ref()
-        .unwrap()
-        .get(0)
-        .unwrap();
+    let core =
+        groups.neuroncore_counters.as_ref().unwrap().ok().unwrap().neuroncores_in_use.as_ref().unwrap().get(0).unwrap();
     assert_eq!(core.effective_flops, Some(12.0));
     assert_eq!(core.flops, None);
+    // Trn2's logical core and its physical ones.
+    let physical = core.v3d.as_ref().and_then(|v| v.nc_v3.as_ref()).unwrap();
+    let utilization: Vec<(u32, Option<f64>)> = physical.iter().map(|(n, p)| (n, p.neuroncore_utilization)).collect();
+    assert_eq!(utilization, [(0, Some(60.0)), (1, Some(40.0))]);
     let stats = groups.execution_stats.as_ref().unwrap().ok().unwrap();
     assert_eq!(stats.execution_summary.unwrap().completed, Some(3.0));
     let hw = report.neuron_hardware_info.as_ref().unwrap().ok().unwrap();

@@ -14,7 +14,7 @@ const MAX_LABEL_VALUE: usize = 128;
 const MAX_ROLLUPS: usize = 10;
 /// Label names the node agent already puts on its series (see the CRD's CEL rule): an
 /// extra label with one of these names would produce duplicate labels.
-const RESERVED_LABELS: [&str; 21] = [
+const RESERVED_LABELS: [&str; 22] = [
     "instance_name",
     "instance_id",
     "instance_type",
@@ -26,6 +26,7 @@ const RESERVED_LABELS: [&str; 21] = [
     "pod",
     "container",
     "neuroncore",
+    "physical_neuroncore",
     "memory_location",
     "usage_type",
     "error_type",

@@ -310,6 +310,22 @@ fn encode_runtimes(
     }
     f.write(encoder)?;
 
+    let mut f = Family::new(
+        "neuroncore_physical_utilization_ratio",
+        "Utilization (0..1) of each physical NeuronCore of a held logical one (trn2 logical NeuronCores); \
+         physical_neuroncore counts the host's physical cores",
+        MetricType::Gauge,
+    );
+    for (rt, view) in with(RuntimeGroup::NeuroncoreCounters) {
+        for (logical, physical, utilization) in &rt.physical_cores {
+            let labels = Labels::runtime(&rt.labels, view)
+                .number("neuroncore", *logical)
+                .number("physical_neuroncore", *physical);
+            f.push(labels, ratio(Some(*utilization)));
+        }
+    }
+    f.write(encoder)?;
+
     for (slot, (name, help)) in CORE_FLOPS_METRICS.iter().enumerate() {
         let mut f = Family::new(name, help, MetricType::Gauge);
         for (rt, view) in with(RuntimeGroup::NeuroncoreCounters) {

@@ -5,7 +5,7 @@
 use std::{collections::HashMap, sync::Arc};
 
 use api::{
-    limits::MAX_NEURONCORES,
+    limits::{MAX_NEURONCORES, MAX_PHYSICAL_PER_LOGICAL},
     report::{Group, Item, Report, RuntimeEntry, RuntimeGroups},
 };
 
@@ -77,11 +77,16 @@ impl NodeState {
                 by_core(cores, refused, |c| c.neuroncore_utilization.filter(|u| *u != 0.0))
             });
             // The same cores again: their refusals are counted once, above.
-            let cores = g.ok().into_iter().flat_map(|c| c.neuroncores_in_use.iter().flat_map(|m| m.iter()));
+            let cores = || g.ok().into_iter().flat_map(|c| c.neuroncores_in_use.iter().flat_map(|m| m.iter()));
             let finite = |v: Option<f64>| v.filter(|f| f.is_finite() && *f >= 0.0);
-            state.flops = by_core(cores, &mut 0, |c| {
+            state.flops = by_core(cores(), &mut 0, |c| {
                 let flops = [finite(c.flops), finite(c.effective_flops)];
                 flops.iter().any(Option::is_some).then_some(flops)
+            });
+            state.physical = by_core(cores(), &mut 0, |c| {
+                let physical = c.v3d.as_ref()?.nc_v3.as_ref()?;
+                let within = physical.iter().filter(|(n, _)| *n < MAX_PHYSICAL_PER_LOGICAL);
+                Some(within.map(|(n, p)| (n, finite(p.neuroncore_utilization).unwrap_or(0.0))).collect())
             });
         }
         if let Some(g) = &groups.memory_used {
@@ -134,6 +139,8 @@ impl RuntimeState {
             status_total: None,
             utilization: None,
             flops: Vec::new(),
+            physical: Vec::new(),
+            physical_cores: Vec::new(),
             core_memory: None,
         }
     }
@@ -142,6 +149,7 @@ impl RuntimeState {
     /// sorted by core without duplicates ([`by_core`]): one merge pass.
     fn compute_cores(&mut self) {
         self.cores.clear();
+        self.physical_cores.clear();
         let utilization = self.utilization.as_deref();
         let memory = self.core_memory.as_deref();
         let mut busy = utilization.unwrap_or_default().iter().peekable();
@@ -156,6 +164,15 @@ impl RuntimeState {
             let u = busy.next_if(|(i, _)| *i == index).map(|(_, v)| *v);
             let m = loaded.next_if(|(i, _)| *i == index).map(|(_, v)| *v);
             let flops = self.flops.binary_search_by_key(&index, |(i, _)| *i).map_or([None; 2], |i| self.flops[i].1);
+            if let Ok(i) = self.physical.binary_search_by_key(&index, |(i, _)| *i) {
+                let physical = &self.physical[i].1;
+                // Physical cores are numbered within their logical core: the host's index
+                // counts them across logical cores.
+                let per_logical = physical.iter().map(|(n, _)| n + 1).max().unwrap_or(1);
+                for (n, u) in physical {
+                    self.physical_cores.push((index, index * per_logical + n, *u));
+                }
+            }
             self.cores.push(HeldCore {
                 index,
                 utilization: utilization.map(|_| u.unwrap_or(0.0)),
