@@ -150,7 +150,7 @@ fn the_real_proc_of_a_running_application_is_read_and_its_series_go_with_the_run
         assert!(fds >= 3.0 && fds < own_fds + 64.0, "{fds} open, {own_fds} seen here");
         for mode in ["user", "system"] {
             let cpu = m.value("neuron_process_cpu_seconds_total", &[("runtime_tag", "self"), ("mode", mode)]);
-            assert!(cpu.is_some_and(|s| s >= 0.0 && s < 3600.0), "{mode}: {cpu:?}");
+            assert!(cpu.is_some_and(|s| (0.0..3600.0).contains(&s)), "{mode}: {cpu:?}");
         }
         assert!(value("neuron_process_io_read_bytes_total") >= 0.0);
         assert!(value("neuron_process_io_write_bytes_total") >= 0.0);

@@ -376,6 +376,9 @@ fn encode_runtimes(
     Ok(())
 }
 
+/// One value of a process sample.
+type ProcessValue = fn(&ProcessSample) -> Option<f64>;
+
 /// The series of each routed runtime's process (with its `neuron_runtime_vcpu_usage`
 /// group, which neuron-monitor reads from the same process), as of the latest read.
 fn encode_processes(
@@ -397,7 +400,7 @@ fn encode_processes(
         }
     }
     f.write(encoder)?;
-    let single: [(&str, &str, MetricType, fn(&ProcessSample) -> Option<f64>); 5] = [
+    let single: [(&str, &str, MetricType, ProcessValue); 5] = [
         (
             "neuron_process_resident_memory_bytes",
             "Resident memory of the runtime's process, bytes",
