@@ -133,7 +133,7 @@ fn exposition(state: &Arc<Mutex<NodeState>>, health: Option<&Arc<Mutex<HealthMod
             devices: None,
         }));
     }
-    Exposition::new(registry, state.clone(), Default::default())
+    Exposition::new(registry, state.clone(), Default::default(), Default::default())
 }
 
 fn health(c: &mut Criterion) {

@@ -16,6 +16,10 @@
 //! 128-runtime case: near 1 within the cap means linear (the quadratic scans made it
 //! grow with N), and far below 1 beyond the cap means the excess costs only its parse.
 //!
+//! `processes/read_32`: one read of the process series' files for 32 runtimes (this
+//! process's real `/proc/<pid>/` 32 times), the cost they add per report period, off the
+//! report path.
+//!
 //! Run: `cargo bench -p neuron-node-agent --bench report_pipeline`.
 
 use std::{
@@ -32,6 +36,7 @@ use neuron_node_agent::{
         pods::{PodIndex, PodLabelKeys},
         Attribution, AttributionMetrics,
     },
+    processes::{ProcReader, ProcessMetrics},
     sinks::prometheus::{Exposition, Format},
     state::NodeState,
 };
@@ -74,7 +79,7 @@ fn pipeline(c: &mut Criterion) {
     let _ = std::fs::remove_dir_all(&proc_root);
 
     let state = Arc::new(Mutex::new(state));
-    let exposition = Exposition::new(Registry::default(), state, Default::default());
+    let exposition = Exposition::new(Registry::default(), state, Default::default(), Default::default());
     group.bench_function("render_classic", |b| b.iter(|| exposition.render(Format::Classic).expect("render")));
     group.bench_function("render_openmetrics", |b| b.iter(|| exposition.render(Format::OpenMetrics).expect("render")));
     group.finish();
@@ -192,7 +197,8 @@ fn many_runtimes(c: &mut Criterion) {
         group.bench_function(format!("parse_and_update/{n}"), |b| {
             b.iter(|| state.apply(&Report::parse(line).expect("parse")))
         });
-        let exposition = Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), Default::default());
+        let exposition =
+            Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), Default::default(), Default::default());
         group.bench_function(format!("render_classic/{n}"), |b| {
             b.iter(|| exposition.render(Format::Classic).expect("render"))
         });
@@ -211,7 +217,8 @@ fn print_ratios(lines: &[(usize, String)]) {
         let apply = mean_seconds(std::time::Duration::from_millis(600), || {
             state.apply(&Report::parse(line).expect("parse"));
         });
-        let exposition = Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), Default::default());
+        let exposition =
+            Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), Default::default(), Default::default());
         let scrape = mean_seconds(std::time::Duration::from_millis(400), || {
             exposition.render(Format::Classic).expect("render");
         });
@@ -228,5 +235,12 @@ fn print_ratios(lines: &[(usize, String)]) {
     }
 }
 
-criterion_group!(benches, pipeline, many_runtimes);
+fn processes(c: &mut Criterion) {
+    let reader = ProcReader::new("/proc".into(), ProcessMetrics::register(&mut Registry::default()));
+    let pids = vec![std::process::id(); 32];
+    assert_eq!(reader.read_all(&pids).len(), 1, "this process is readable");
+    c.bench_function("processes/read_32", |b| b.iter(|| reader.read_all(&pids)));
+}
+
+criterion_group!(benches, pipeline, many_runtimes, processes);
 criterion_main!(benches);

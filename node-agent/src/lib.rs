@@ -10,6 +10,8 @@
 //! - [`state`]: what the node looks like now, folded from the reports.
 //! - [`attribution`]: processes and cores → pods (cgroups, the kubelet's pod-resources
 //!   API, the pod watch).
+//! - [`processes`]: the applications' own processes (CPU, memory, threads, descriptors,
+//!   I/O) from `/proc`, read after each report off the report path.
 //! - [`routing`]: which config gets which applications, groups and sinks.
 //! - [`health`]: Neuron hardware health from the driver's sysfs tree and the kernel log,
 //!   read off the report path (a model per device, its series on `/metrics`).
@@ -24,6 +26,7 @@ pub mod http;
 pub mod kubernetes;
 pub mod monitor;
 pub mod pipeline;
+pub mod processes;
 pub use service::ratelimit;
 pub mod routing;
 pub mod sinks;

@@ -24,6 +24,7 @@ use neuron_node_agent::{
     kubernetes,
     monitor::{group, Supervisor, SupervisorConfig},
     pipeline::Pipeline,
+    processes::{self, ProcReader, ProcessMetrics, SharedProcesses},
     sinks::{
         cloudwatch::{self, metrics::CloudWatchMetrics, publish::Backoff, select::AgentDimensions},
         prometheus::Exposition,
@@ -146,8 +147,9 @@ struct SourceArgs {
 #[derive(clap::Args, Debug)]
 #[command(next_help_heading = "Pod attribution")]
 struct AttributionArgs {
-    /// Root of the proc filesystem where `<pid>/cgroup` of neuron-monitor's applications is
-    /// read (the agent runs in the host PID namespace). Pod attribution needs --node-name.
+    /// Root of the proc filesystem where `<pid>/cgroup` (pods) and `<pid>/stat`, `io`, `fd/`
+    /// (the process series) of neuron-monitor's applications are read (the agent runs in
+    /// the host PID namespace). Pod attribution needs --node-name.
     #[arg(long, env = "NEURON_AGENT_PROC_ROOT", default_value = "/proc")]
     proc_root: PathBuf,
 
@@ -559,9 +561,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
         metrics: log_metrics,
     };
     registry.register_collector(Box::new(HealthCollector { health: health.clone(), state: state.clone(), devices }));
+    // The applications' processes: read after each report by a task of their own.
+    let processes = SharedProcesses::default();
+    let process_reader = ProcReader::new(args.attribution.proc_root.clone(), ProcessMetrics::register(&mut registry));
+    tokio::spawn(processes::follow(
+        process_reader,
+        state.clone(),
+        pipeline.subscribe(),
+        processes.clone(),
+        shutdown.clone(),
+    ));
     let taint_metrics = TaintMetrics::register(&mut registry);
     let http_state = Arc::new(HttpState {
-        exposition: Exposition::new(registry, state, activator.routing()),
+        exposition: Exposition::new(registry, state, processes, activator.routing()),
         pipeline: pipeline.clone(),
     });
 

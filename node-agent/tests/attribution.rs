@@ -13,7 +13,7 @@ use kube::{api::DeleteParams, Api};
 use neuron_e2e::{random_u32, ControlPlane};
 use neuron_node_agent::attribution::podresources::{self, NEURONCORE, NEURONDEVICE};
 use support::{
-    kubelet::{container_id, containerd_cgroup, holding, running_pod, FakeProc, PodResourcesServer},
+    kubelet::{container_id, containerd_cgroup, holding, running_pod, stat_line, FakeProc, PodResourcesServer},
     Agent, Metrics, Prometheus, TempDir,
 };
 
@@ -66,6 +66,8 @@ fn scene(rt: &tokio::runtime::Runtime, cp: &ControlPlane) -> Scene {
     let proc = FakeProc::new();
     proc.process(4101, &containerd_cgroup(&uid_a, &cid_a));
     proc.process(4102, &containerd_cgroup(&uid_b, &cid_b));
+    proc.file(4101, "stat", &stat_line(4101, "train", (100, 10), 8, 100));
+    proc.file(4102, "stat", &stat_line(4102, "serve", (100, 10), 4, 100));
     let dir = TempDir::new("kubelet");
     let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
     kubelet.set(vec![
@@ -111,11 +113,18 @@ fn every_application_and_core_carries_its_pod_and_prometheus_sums_by_namespace()
         let done = label(m, "neuroncore_utilization_ratio", "train", "namespace") == Some(scene.a.as_str())
             && label(m, "neuroncore_utilization_ratio", "serve", "namespace") == Some(scene.b.as_str())
             && idle.get(&3) == Some(&scene.a)
-            && idle.get(&5) == Some(&scene.b);
+            && idle.get(&5) == Some(&scene.b)
+            && label(m, "neuron_process_threads", "train", "namespace") == Some(scene.a.as_str())
+            && label(m, "neuron_process_threads", "serve", "namespace") == Some(scene.b.as_str());
         done.then(|| m.clone())
     });
     // Every series of a runtime carries its pod, container and allow-listed labels.
-    for name in ["neuroncore_utilization_ratio", "neuron_runtime_memory_used_bytes", "execution_status_total"] {
+    for name in [
+        "neuroncore_utilization_ratio",
+        "neuron_runtime_memory_used_bytes",
+        "execution_status_total",
+        "neuron_process_threads",
+    ] {
         assert_eq!(label(&m, name, "train", "pod"), Some("train"), "{name}");
         assert_eq!(label(&m, name, "train", "container"), Some("main"), "{name}");
         assert_eq!(label(&m, name, "train", "label_app"), Some("train"), "{name}");

@@ -27,6 +27,7 @@ use prometheus_client::{
 };
 
 use crate::{
+    processes::{ProcessSample, SharedProcesses},
     routing::{PrometheusView, Routing, SharedRouting},
     state::{InstanceLabels, NodeState, PodRef, RuntimeLabels, RuntimeState, ERROR_KINDS, STATUS_KINDS},
 };
@@ -70,8 +71,14 @@ pub struct Exposition {
 const CONCURRENT_RENDERS: usize = 2;
 
 impl Exposition {
-    pub fn new(mut registry: Registry, state: Arc<Mutex<NodeState>>, routing: SharedRouting) -> Self {
-        registry.register_collector(Box::new(NodeCollector { state, routing }));
+    /// `processes`: the latest read of the runtimes' processes, joined to them by PID.
+    pub fn new(
+        mut registry: Registry,
+        state: Arc<Mutex<NodeState>>,
+        processes: SharedProcesses,
+        routing: SharedRouting,
+    ) -> Self {
+        registry.register_collector(Box::new(NodeCollector { state, processes, routing }));
         Exposition { registry, renders: tokio::sync::Semaphore::new(CONCURRENT_RENDERS) }
     }
 
@@ -97,6 +104,7 @@ impl Exposition {
 
 struct NodeCollector {
     state: Arc<Mutex<NodeState>>,
+    processes: SharedProcesses,
     routing: SharedRouting,
 }
 
@@ -112,7 +120,9 @@ impl Collector for NodeCollector {
         // A poisoned lock only means an update panicked half-way; the data is still the
         // best there is, and a scrape must not fail because of it.
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        encode_node(&state, &routing, &mut encoder)
+        // Taken after the state's lock, never the other way (the reader holds one at a time).
+        let processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
+        encode_node(&state, &processes, &routing, &mut encoder)
     }
 }
 
@@ -269,7 +279,12 @@ const CORE_MEMORY_METRICS: [(&str, &str); 5] = [
     ("neuroncore_memory_usage_tensors", "NeuronCore memory used by tensors, bytes"),
 ];
 
-fn encode_node(state: &NodeState, routing: &Routing, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+fn encode_node(
+    state: &NodeState,
+    processes: &BTreeMap<u32, ProcessSample>,
+    routing: &Routing,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), fmt::Error> {
     // Each runtime with what Prometheus routes give it; runtimes no route exports drop out.
     let routed: Vec<(&RuntimeState, PrometheusView)> = state
         .runtimes
@@ -280,6 +295,7 @@ fn encode_node(state: &NodeState, routing: &Routing, encoder: &mut DescriptorEnc
         })
         .collect();
     encode_runtimes(state, &routed, encoder)?;
+    encode_processes(processes, &routed, encoder)?;
     encode_system(state, routing, encoder)?;
     encode_problems(state, &routed, encoder)
 }
@@ -405,6 +421,64 @@ fn encode_runtimes(
         &Percentiles::NAMES,
         |rt| rt.device_latency.map(|l| l.values().to_vec()),
     )?;
+    Ok(())
+}
+
+/// One value of a process sample.
+type ProcessValue = fn(&ProcessSample) -> Option<f64>;
+
+/// The series of each routed runtime's process (with its `neuron_runtime_vcpu_usage`
+/// group, which neuron-monitor reads from the same process), as of the latest read.
+fn encode_processes(
+    processes: &BTreeMap<u32, ProcessSample>,
+    routed: &[(&RuntimeState, PrometheusView)],
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), fmt::Error> {
+    let sampled = routed.iter().filter(|(_, view)| view.groups.contains(&RuntimeGroup::NeuronRuntimeVcpuUsage));
+    let sampled: Vec<(&RuntimeState, &PrometheusView, &ProcessSample)> =
+        sampled.filter_map(|(rt, view)| Some((*rt, view, processes.get(&rt.pid?)?))).collect();
+    let mut f = Family::new(
+        "neuron_process_cpu_seconds",
+        "CPU time of the runtime's process by mode (user, system), seconds",
+        MetricType::Counter,
+    );
+    for (rt, view, sample) in &sampled {
+        for (mode, value) in ["user", "system"].iter().zip(sample.cpu_seconds.into_iter().flatten()) {
+            f.push(Labels::runtime(&rt.labels, view).text("mode", mode), Some(value));
+        }
+    }
+    f.write(encoder)?;
+    let single: [(&str, &str, MetricType, ProcessValue); 5] = [
+        (
+            "neuron_process_resident_memory_bytes",
+            "Resident memory of the runtime's process, bytes",
+            MetricType::Gauge,
+            |s| s.resident_bytes,
+        ),
+        ("neuron_process_threads", "Threads of the runtime's process", MetricType::Gauge, |s| s.threads),
+        ("neuron_process_open_fds", "Open file descriptors of the runtime's process", MetricType::Gauge, |s| {
+            s.open_fds
+        }),
+        (
+            "neuron_process_io_read_bytes",
+            "Bytes the runtime's process made the storage layer read (read_bytes of /proc/<pid>/io)",
+            MetricType::Counter,
+            |s| s.io_bytes.map(|io| io[0]),
+        ),
+        (
+            "neuron_process_io_write_bytes",
+            "Bytes the runtime's process sent to the storage layer (write_bytes of /proc/<pid>/io)",
+            MetricType::Counter,
+            |s| s.io_bytes.map(|io| io[1]),
+        ),
+    ];
+    for (name, help, kind, value) in single {
+        let mut f = Family::new(name, help, kind);
+        for (rt, view, sample) in &sampled {
+            f.push(Labels::runtime(&rt.labels, view), value(sample));
+        }
+        f.write(encoder)?;
+    }
     Ok(())
 }
 

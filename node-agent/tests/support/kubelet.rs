@@ -163,6 +163,22 @@ impl FakeProc {
         std::fs::write(dir.join("cgroup"), cgroup).expect("write the fake cgroup file");
     }
 
+    /// Writes the file `name` of process `pid` (`stat`, `io`, …).
+    pub fn file(&self, pid: u32, name: &str, content: &str) {
+        let dir = self.dir.0.join(pid.to_string());
+        std::fs::create_dir_all(&dir).expect("create the fake /proc/<pid>");
+        std::fs::write(dir.join(name), content).expect("write a fake /proc/<pid> file");
+    }
+
+    /// Gives process `pid` `count` open descriptors (`fd/0` …).
+    pub fn fds(&self, pid: u32, count: u32) {
+        let dir = self.dir.0.join(pid.to_string()).join("fd");
+        std::fs::create_dir_all(&dir).expect("create the fake /proc/<pid>/fd");
+        for fd in 0..count {
+            std::fs::write(dir.join(fd.to_string()), "").expect("write a fake descriptor");
+        }
+    }
+
     /// Process `pid` is gone.
     pub fn remove(&self, pid: u32) {
         let _ = std::fs::remove_dir_all(self.dir.0.join(pid.to_string()));
@@ -173,6 +189,15 @@ impl Default for FakeProc {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// A `/proc/<pid>/stat` line as the kernel writes it, with the given command name, CPU
+/// ticks (user, system), threads and resident pages.
+pub fn stat_line(pid: u32, comm: &str, (utime, stime): (u64, u64), threads: u64, rss_pages: u64) -> String {
+    format!(
+        "{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194560 1273 0 8 0 {utime} {stime} 0 0 20 0 {threads} 0 3581226 \
+         19771981824 {rss_pages} 18446744073709551615 1 1 0 0 0 0 0 16781312 1073745102 0 0 0 17 11 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
+    )
 }
 
 /// The cgroup v2 file of a containerd container under the systemd driver.

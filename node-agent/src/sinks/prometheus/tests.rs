@@ -7,7 +7,7 @@ fn exposition(lines: &[String]) -> Exposition {
     for line in lines {
         state.apply(&Report::parse(line).unwrap());
     }
-    Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), SharedRouting::default())
+    Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), Default::default(), SharedRouting::default())
 }
 
 fn series<'t>(text: &'t str, name: &str) -> Vec<&'t str> {
@@ -145,8 +145,9 @@ fn pod_labels_go_on_runtime_series_and_on_idle_cores_a_pod_holds() {
     };
     let routing = SharedRouting::default();
     routing.replace(Routing::compile(&config).unwrap());
-    let text =
-        Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), routing).render(Format::Classic).unwrap();
+    let text = Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), Default::default(), routing)
+        .render(Format::Classic)
+        .unwrap();
     let pod_labels = r#"namespace="team-a",pod="train-0",container="main",label_app="train""#;
     let runtime_series = series(&text, "execution_status_total");
     assert!(!runtime_series.is_empty());
@@ -184,8 +185,9 @@ fn extra_labels_beyond_the_cap_are_left_off_and_counted() {
     routing.replace(
         Routing::compile(&api::node_config::NodeConfig { monitor: Default::default(), routes, health: None }).unwrap(),
     );
-    let text =
-        Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), routing).render(Format::Classic).unwrap();
+    let text = Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), Default::default(), routing)
+        .render(Format::Classic)
+        .unwrap();
     for line in series(&text, "execution_status_total") {
         assert_eq!(line.matches("=\"v\"").count(), MAX_EXTRA_LABELS_PER_SERIES, "{line}");
     }
@@ -225,4 +227,53 @@ fn flops_are_exported_for_the_cores_a_runtime_holds() {
     let effective = series(&text, "neuroncore_effective_flops");
     assert_eq!(effective.len(), 2, "{effective:#?}");
     assert!(effective.iter().any(|l| l.contains(r#"neuroncore="2""#) && l.ends_with(" 300000000000.0")));
+}
+
+#[test]
+fn process_series_follow_the_runtimes_of_the_state() {
+    use crate::processes::ProcessSample;
+    let report = |runtimes: &str| {
+        format!(
+            r#"{{"neuron_runtime_data":[{runtimes}],"instance_info":{{"error":"","instance_id":"i-1"}},
+              "neuron_hardware_info":{{"neuron_device_count":1,"neuroncore_per_device_count":2,"error":""}}}}"#
+        )
+    };
+    let train = r#"{"pid":7,"neuron_runtime_tag":"train","error":"","report":{}}"#;
+    let state = Arc::new(Mutex::new(NodeState::default()));
+    state.lock().unwrap().apply(&Report::parse(&report(train)).unwrap());
+    let sample = ProcessSample {
+        cpu_seconds: Some([1.5, 0.25]),
+        resident_bytes: Some(4096.0),
+        threads: Some(3.0),
+        open_fds: Some(9.0),
+        io_bytes: None,
+    };
+    // PID 8 is no runtime's: nothing of it is exported.
+    let processes = Arc::new(Mutex::new(BTreeMap::from([(7, sample), (8, sample)])));
+    let exposition = Exposition::new(Registry::default(), state.clone(), processes, SharedRouting::default());
+    let text = exposition.render(Format::Classic).unwrap();
+    let labels =
+        r#"instance_id="i-1",instance_type="",availability_zone="",region="",subnet_id="",runtime_tag="train""#;
+    for (name, value) in [
+        ("neuron_process_resident_memory_bytes", "4096.0"),
+        ("neuron_process_threads", "3.0"),
+        ("neuron_process_open_fds", "9.0"),
+    ] {
+        assert_eq!(series(&text, name), [format!(r#"{name}{{instance_name="",{labels}}} {value}"#)], "{text}");
+    }
+    assert_eq!(
+        series(&text, "neuron_process_cpu_seconds_total"),
+        [
+            format!(r#"neuron_process_cpu_seconds_total{{instance_name="",{labels},mode="user"}} 1.5"#),
+            format!(r#"neuron_process_cpu_seconds_total{{instance_name="",{labels},mode="system"}} 0.25"#),
+        ]
+    );
+    assert!(text.contains("# TYPE neuron_process_cpu_seconds_total counter\n"));
+    // An unreadable io file: no I/O series, not zeros.
+    assert!(!text.contains("neuron_process_io"), "{text}");
+
+    // The runtime goes: its process series go with it, whatever the table still holds.
+    state.lock().unwrap().apply(&Report::parse(&report("")).unwrap());
+    let text = exposition.render(Format::Classic).unwrap();
+    assert!(!text.contains("neuron_process_"), "{text}");
 }

@@ -1,0 +1,216 @@
+//! The few `/proc/<pid>/` files the process series come from, read with a size bound and
+//! parsed without trusting them: `stat` (CPU time, threads, resident pages), `io` (bytes
+//! read and written) and the `fd` directory (open descriptors, counted up to a bound).
+
+use std::{
+    fs::File,
+    io::{self, Read},
+    path::Path,
+};
+
+/// Bytes of `stat`: about 300 on a real kernel (a command name is at most 64 bytes).
+pub const MAX_STAT_BYTES: u64 = 4096;
+/// Bytes of `io`: seven short lines.
+pub const MAX_IO_BYTES: u64 = 4096;
+/// Entries of `fd/` counted: a process with more has no `open_fds` series (counting a
+/// million descriptors each period would cost more than the number is worth).
+pub const MAX_OPEN_FDS: usize = 1 << 16;
+
+/// Why a file gave no value; the `reason` label of the failure counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The process (or the file) is gone: it exited since the report.
+    Gone,
+    /// Not ours to read (another user's `io` or `fd/` without the capability).
+    Denied,
+    /// Beyond the bound of its kind.
+    TooLarge,
+    /// Not the documented format.
+    Malformed,
+    /// Any other error of the file system.
+    Other,
+}
+
+impl Failure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failure::Gone => "gone",
+            Failure::Denied => "denied",
+            Failure::TooLarge => "too_large",
+            Failure::Malformed => "malformed",
+            Failure::Other => "other",
+        }
+    }
+
+    fn from_io(e: &io::Error) -> Self {
+        match e.kind() {
+            io::ErrorKind::NotFound => Failure::Gone,
+            io::ErrorKind::PermissionDenied => Failure::Denied,
+            // procfs answers ESRCH for a process that exited while its file was open.
+            _ if e.raw_os_error() == Some(libc::ESRCH) => Failure::Gone,
+            _ => Failure::Other,
+        }
+    }
+}
+
+/// What `stat` says, in the kernel's units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stat {
+    /// Clock ticks in user and kernel mode.
+    pub utime_ticks: u64,
+    pub stime_ticks: u64,
+    pub threads: u64,
+    /// Resident pages.
+    pub rss_pages: u64,
+}
+
+/// Bytes the process made the storage layer read and write (`read_bytes`, `write_bytes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Io {
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+}
+
+/// Reads a whole file of at most `max` bytes.
+pub fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, Failure> {
+    let mut bytes = Vec::new();
+    let file = File::open(path).map_err(|e| Failure::from_io(&e))?;
+    file.take(max + 1).read_to_end(&mut bytes).map_err(|e| Failure::from_io(&e))?;
+    if bytes.len() as u64 > max {
+        return Err(Failure::TooLarge);
+    }
+    Ok(bytes)
+}
+
+/// Parses `stat`: `pid (comm) state ppid …`. The command name may hold spaces, `)` and
+/// any byte, so the fields are those after the last `)`; they are ASCII numbers.
+pub fn parse_stat(bytes: &[u8]) -> Result<Stat, Failure> {
+    let close = bytes.iter().rposition(|b| *b == b')').ok_or(Failure::Malformed)?;
+    let rest = std::str::from_utf8(&bytes[close + 1..]).map_err(|_| Failure::Malformed)?;
+    // Field 3 (state) is the first after the name; utime is field 14, stime 15,
+    // num_threads 20, rss 24 (proc(5)).
+    let fields: Vec<&str> = rest.split_ascii_whitespace().take(22).collect();
+    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok()).ok_or(Failure::Malformed);
+    Ok(Stat { utime_ticks: field(14)?, stime_ticks: field(15)?, threads: field(20)?, rss_pages: field(24)? })
+}
+
+/// Parses `io`: `name: value` lines, of which `read_bytes` and `write_bytes` are kept.
+pub fn parse_io(bytes: &[u8]) -> Result<Io, Failure> {
+    let text = std::str::from_utf8(bytes).map_err(|_| Failure::Malformed)?;
+    let (mut read, mut write) = (None, None);
+    for line in text.lines() {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let slot = match name.trim() {
+            "read_bytes" => &mut read,
+            "write_bytes" => &mut write,
+            _ => continue,
+        };
+        *slot = Some(value.trim().parse::<u64>().map_err(|_| Failure::Malformed)?);
+    }
+    match (read, write) {
+        (Some(read_bytes), Some(write_bytes)) => Ok(Io { read_bytes, write_bytes }),
+        _ => Err(Failure::Malformed),
+    }
+}
+
+/// Counts the entries of an `fd/` directory, giving up past `max`.
+pub fn count_fds(dir: &Path, max: usize) -> Result<u64, Failure> {
+    let entries = std::fs::read_dir(dir).map_err(|e| Failure::from_io(&e))?;
+    let mut count = 0usize;
+    for entry in entries {
+        // A descriptor closed while listing is simply not counted.
+        if entry.is_ok() {
+            count += 1;
+            if count > max {
+                return Err(Failure::TooLarge);
+            }
+        }
+    }
+    Ok(count as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real line of `/proc/<pid>/stat` (kernel 6.8), its command name replaced by one
+    /// with spaces and parentheses, as `prctl(PR_SET_NAME)` allows.
+    const STAT: &[u8] = b"48213 (python (w) 3) S 48190 48213 48190 0 -1 4194560 1273634 0 8 0 \
+        84213 12077 0 0 20 0 37 0 3581226 19771981824 1284519 18446744073709551615 \
+        94360834412544 94360837276533 140734588461040 0 0 0 16386 16781312 1073745102 0 0 0 17 \
+        11 0 0 0 0 0 94360838158480 94360838420264 94360850354176 140734588464766 \
+        140734588464843 140734588464843 140734588467161 0\n";
+
+    #[test]
+    fn stat_fields_come_after_the_last_parenthesis() {
+        let stat = parse_stat(STAT).unwrap();
+        assert_eq!(stat, Stat { utime_ticks: 84213, stime_ticks: 12077, threads: 37, rss_pages: 1284519 });
+    }
+
+    #[test]
+    fn a_command_name_of_any_bytes_is_skipped() {
+        let mut line = b"7 (\xff) ) x\x00) ".to_vec();
+        line.extend_from_slice(&STAT[STAT.iter().position(|b| *b == b'S').unwrap()..]);
+        assert_eq!(parse_stat(&line).unwrap().threads, 37);
+    }
+
+    #[test]
+    fn a_short_or_garbled_stat_is_malformed() {
+        assert_eq!(parse_stat(b"48213 (python) S 1 2 3"), Err(Failure::Malformed));
+        assert_eq!(parse_stat(b"48213 python S"), Err(Failure::Malformed));
+        assert_eq!(parse_stat(b""), Err(Failure::Malformed));
+        let negative = String::from_utf8_lossy(STAT).replace(" 84213 ", " -5 ");
+        assert_eq!(parse_stat(negative.as_bytes()), Err(Failure::Malformed));
+    }
+
+    #[test]
+    fn io_keeps_the_storage_bytes() {
+        let io = b"rchar: 323934931\nwchar: 323929600\nsyscr: 632687\nsyscw: 632675\n\
+            read_bytes: 4096\nwrite_bytes: 323932160\ncancelled_write_bytes: 0\n";
+        assert_eq!(parse_io(io).unwrap(), Io { read_bytes: 4096, write_bytes: 323932160 });
+        assert_eq!(parse_io(b"rchar: 1\nwchar: 2\n"), Err(Failure::Malformed));
+        assert_eq!(parse_io(b"read_bytes: x\nwrite_bytes: 1\n"), Err(Failure::Malformed));
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("neuron-procfs-{name}-{}-{}", std::process::id(), fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn files_beyond_their_bound_are_refused() {
+        let dir = scratch("bound");
+        let path = dir.join("stat");
+        std::fs::write(&path, vec![b'1'; MAX_STAT_BYTES as usize]).unwrap();
+        assert_eq!(read_bounded(&path, MAX_STAT_BYTES).unwrap().len(), MAX_STAT_BYTES as usize);
+        std::fs::write(&path, vec![b'1'; MAX_STAT_BYTES as usize + 1]).unwrap();
+        assert_eq!(read_bounded(&path, MAX_STAT_BYTES), Err(Failure::TooLarge));
+        assert_eq!(read_bounded(&dir.join("missing"), MAX_STAT_BYTES), Err(Failure::Gone));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn descriptors_are_counted_up_to_the_bound() {
+        let dir = scratch("fd");
+        for fd in 0..5 {
+            std::fs::write(dir.join(fd.to_string()), "").unwrap();
+        }
+        assert_eq!(count_fds(&dir, 5), Ok(5));
+        assert_eq!(count_fds(&dir, 4), Err(Failure::TooLarge));
+        assert_eq!(count_fds(&dir.join("none"), 5), Err(Failure::Gone));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn this_process_reads_as_the_kernel_writes_it() {
+        let proc = Path::new("/proc/self");
+        let stat = parse_stat(&read_bounded(&proc.join("stat"), MAX_STAT_BYTES).unwrap()).unwrap();
+        assert!(stat.threads >= 1 && stat.rss_pages > 0, "{stat:?}");
+        parse_io(&read_bounded(&proc.join("io"), MAX_IO_BYTES).unwrap()).unwrap();
+        assert!(count_fds(&proc.join("fd"), MAX_OPEN_FDS).unwrap() >= 3);
+    }
+}
