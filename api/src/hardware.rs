@@ -49,7 +49,31 @@ impl InstanceType {
     pub const fn device_of(&self, core: u32) -> u32 {
         core / self.cores_per_device
     }
+
+    /// Physical cores grouped into each logical one (LNC), where the family has logical
+    /// cores (trn2: 2 by default).
+    pub const fn logical_neuroncore_config(&self) -> Option<u32> {
+        match self.generation {
+            Generation::Trainium2 => Some(TRN2_PHYSICAL_CORES_PER_DEVICE / self.cores_per_device),
+            _ => None,
+        }
+    }
+
+    /// The same instance run with `lnc` physical cores per logical one (trn2: 1 or 2).
+    pub fn with_lnc(mut self, lnc: u32) -> Result<Self, String> {
+        match (self.generation, lnc) {
+            (Generation::Trainium2, 1 | 2) => {
+                self.cores_per_device = TRN2_PHYSICAL_CORES_PER_DEVICE / lnc;
+                Ok(self)
+            }
+            (Generation::Trainium2, _) => Err(format!("{}: logical NeuronCore config 1 or 2, not {lnc}", self.name)),
+            _ => Err(format!("{} has no logical NeuronCores", self.name)),
+        }
+    }
 }
+
+/// NeuronCore-v3 per Trainium2 device.
+const TRN2_PHYSICAL_CORES_PER_DEVICE: u32 = 8;
 
 const fn instance(
     name: &'static str,
@@ -128,5 +152,17 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), INSTANCE_TYPES.len());
+    }
+
+    #[test]
+    fn trn2_runs_with_one_or_two_physical_cores_per_logical_one() {
+        let trn2 = *InstanceType::lookup("trn2.48xlarge").unwrap();
+        assert_eq!((trn2.cores(), trn2.logical_neuroncore_config()), (64, Some(2)));
+        let lnc1 = trn2.with_lnc(1).unwrap();
+        assert_eq!((lnc1.cores(), lnc1.logical_neuroncore_config()), (128, Some(1)));
+        assert_eq!(trn2.with_lnc(2).unwrap(), trn2);
+        assert!(trn2.with_lnc(4).is_err());
+        assert!(InstanceType::lookup("trn1.32xlarge").unwrap().with_lnc(1).is_err());
+        assert_eq!(InstanceType::lookup("trn1.32xlarge").unwrap().logical_neuroncore_config(), None);
     }
 }

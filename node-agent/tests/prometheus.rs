@@ -104,3 +104,16 @@ fn a_trn2_node_shows_64_logical_and_128_physical_cores() {
         assert!((mean - 0.8).abs() < 1e-9, "logical core {logical}: mean {mean}");
     }
 }
+
+/// The same trn2.48xlarge with LNC=1: 128 cores, each its own, no physical breakdown.
+#[test]
+fn a_trn2_node_with_lnc_1_shows_128_cores_and_no_physical_ones() {
+    let sim = ["--instance-type=trn2.48xlarge", "--lnc=1", "--app=tag=big,cores=0-127,util=80"];
+    let agent = Agent::start(&sim, &["--period", "500ms"]);
+    let m = agent.wait_for("the core series", Duration::from_secs(20), |m| {
+        (m.find("neuroncore_utilization_ratio", &[("runtime_tag", "big")]).len() == 128).then(|| m.clone())
+    });
+    assert!(m.find("neuroncore_physical_utilization_ratio", &[]).is_empty());
+    let info = m.find("neuron_hardware_info", &[]);
+    assert_eq!(info[0].labels["neuroncore_per_device_count"], "8", "{info:?}");
+}

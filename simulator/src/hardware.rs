@@ -43,7 +43,7 @@ impl HostDocuments for InstanceType {
             Generation::Inferentia2 => ("inferentia2", "v2", 32 * GIB, None),
             Generation::Trainium => ("trainium", "v2", 32 * GIB, None),
             // trn2 groups two physical cores into one logical core by default (8 → 4).
-            Generation::Trainium2 => ("trainium2", "v3", 96 * GIB, Some(2)),
+            Generation::Trainium2 => ("trainium2", "v3", 96 * GIB, self.logical_neuroncore_config()),
         };
         HardwareInfo {
             neuron_device_count: self.devices,

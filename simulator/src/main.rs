@@ -96,6 +96,12 @@ struct Args {
     #[arg(long, env = "NEURON_SIM_INSTANCE_TYPE", default_value = "trn1.2xlarge")]
     instance_type: String,
 
+    /// trn2: physical NeuronCores per logical one (1 or 2; neuron-monitor reports the
+    /// logical ones, and with 2 their physical cores under `v3d`). Default: the
+    /// instance's (2 on trn2).
+    #[arg(long, value_name = "N", env = "NEURON_SIM_LNC")]
+    lnc: Option<u32>,
+
     /// Region written in instance_info (availability zone: REGION + "a").
     #[arg(long, env = "NEURON_SIM_REGION", default_value = "us-west-2")]
     region: String,
@@ -220,7 +226,10 @@ impl Args {
     }
 
     fn scenario(&self) -> Result<Scenario> {
-        let instance = hardware::lookup(&self.instance_type)?;
+        let mut instance = hardware::lookup(&self.instance_type)?;
+        if let Some(lnc) = self.lnc {
+            instance = instance.with_lnc(lnc).map_err(anyhow::Error::msg)?;
+        }
         let mut specs = Vec::new();
         for (i, spec) in self.apps.iter().filter(|s| !s.trim().is_empty()).enumerate() {
             specs.push(parse_app_spec(spec).with_context(|| format!("--app #{}", i + 1))?);
