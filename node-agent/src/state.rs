@@ -25,7 +25,10 @@
 use std::sync::Arc;
 
 use api::{
-    limits::{MAX_NEURONCORES, MAX_NEURONCORES_PER_DEVICE, MAX_NEURON_DEVICES, MAX_REPORT_LABEL_VALUE_BYTES},
+    limits::{
+        MAX_NEURONCORES, MAX_NEURONCORES_PER_DEVICE, MAX_NEURON_DEVICES, MAX_PHYSICAL_PER_LOGICAL,
+        MAX_REPORT_LABEL_VALUE_BYTES,
+    },
     report::{CoreMemory, ErrorSummary, ExecutionSummary, Group, HardwareInfo, InstanceInfo, Percentiles, Report},
 };
 
@@ -112,6 +115,9 @@ pub struct HeldCore {
     pub flops: [Option<f64>; 2],
 }
 
+/// The physical cores of one logical core, by index within it.
+pub type PhysicalCores = [Option<f64>; MAX_PHYSICAL_PER_LOGICAL as usize];
+
 /// What the agent exports of one monitored application.
 #[derive(Clone, Debug)]
 pub struct RuntimeState {
@@ -138,8 +144,9 @@ pub struct RuntimeState {
     utilization: Option<Vec<(u32, f64)>>,
     /// Cores with `flops` or `effective_flops`.
     flops: Vec<(u32, [Option<f64>; 2])>,
-    /// Logical cores with physical ones (trn2): their utilizations by index within it.
-    physical: Vec<(u32, Vec<(u32, f64)>)>,
+    /// Logical cores with physical ones (trn2): their utilizations by index within it
+    /// (inline: every core of the host is listed under every runtime).
+    physical: Vec<(u32, PhysicalCores)>,
     core_memory: Option<Vec<(u32, CoreMemory)>>,
 }
 

@@ -5,13 +5,13 @@
 use std::{collections::HashMap, sync::Arc};
 
 use api::{
-    limits::{MAX_NEURONCORES, MAX_PHYSICAL_PER_LOGICAL},
+    limits::MAX_NEURONCORES,
     report::{Group, Item, Report, RuntimeEntry, RuntimeGroups},
 };
 
 use super::{
-    add_counts, label_value, truncated, GroupProblem, HeldCore, NodeState, ProblemKind, RuntimeLabels, RuntimeState,
-    MAX_PROBLEM_MESSAGE_BYTES,
+    add_counts, label_value, truncated, GroupProblem, HeldCore, NodeState, PhysicalCores, ProblemKind, RuntimeLabels,
+    RuntimeState, MAX_PROBLEM_MESSAGE_BYTES,
 };
 
 impl NodeState {
@@ -84,9 +84,13 @@ impl NodeState {
                 flops.iter().any(Option::is_some).then_some(flops)
             });
             state.physical = by_core(cores(), &mut 0, |c| {
-                let physical = c.v3d.as_ref()?.nc_v3.as_ref()?;
-                let within = physical.iter().filter(|(n, _)| *n < MAX_PHYSICAL_PER_LOGICAL);
-                Some(within.map(|(n, p)| (n, finite(p.neuroncore_utilization).unwrap_or(0.0))).collect())
+                let mut physical: PhysicalCores = Default::default();
+                for (n, p) in c.v3d.as_ref()?.nc_v3.as_ref()?.iter() {
+                    if let Some(slot) = physical.get_mut(n as usize) {
+                        *slot = Some(finite(p.neuroncore_utilization).unwrap_or(0.0));
+                    }
+                }
+                physical.iter().any(Option::is_some).then_some(physical)
             });
         }
         if let Some(g) = &groups.memory_used {
@@ -168,9 +172,11 @@ impl RuntimeState {
                 let physical = &self.physical[i].1;
                 // Physical cores are numbered within their logical core: the host's index
                 // counts them across logical cores.
-                let per_logical = physical.iter().map(|(n, _)| n + 1).max().unwrap_or(1);
-                for (n, u) in physical {
-                    self.physical_cores.push((index, index * per_logical + n, *u));
+                let per_logical = physical.iter().rposition(Option::is_some).map_or(1, |n| n as u32 + 1);
+                for (n, u) in physical.iter().enumerate() {
+                    if let Some(u) = u {
+                        self.physical_cores.push((index, index * per_logical + n as u32, *u));
+                    }
                 }
             }
             self.cores.push(HeldCore {
