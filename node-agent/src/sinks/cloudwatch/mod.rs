@@ -217,6 +217,13 @@ fn flush(shared: &Shared, settings: &SinkSettings, metrics: &CloudWatchMetrics) 
     shared.queue.push(datums);
 }
 
+/// When a sink first flushes: a random point of its first interval (then every interval),
+/// so that sinks started together across a fleet (a rollout, one config change reaching
+/// every node) do not all send in the same second ever after.
+fn first_flush(interval: Duration, rng: &mut fastrand::Rng) -> Duration {
+    interval.mul_f64(1.0 - rng.f64())
+}
+
 /// Flushes every interval; sends from a task of its own once the region is known.
 async fn run_sink(
     shared: Arc<Shared>,
@@ -225,8 +232,8 @@ async fn run_sink(
     metrics: CloudWatchMetrics,
     stop: CancellationToken,
 ) {
-    let mut tick =
-        tokio::time::interval_at(tokio::time::Instant::now() + settings.flush_interval, settings.flush_interval);
+    let first = first_flush(settings.flush_interval, &mut fastrand::Rng::new());
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + first, settings.flush_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let stop_sender = CancellationToken::new();
     let mut sender: Option<JoinHandle<()>> = None;

@@ -527,3 +527,19 @@ fn container_insights_on_a_32_pod_node_fits_two_requests() {
     assert_eq!(ops.len(), 7 * 34 + 2 * 2 + 7 * (2 + 3 * 32) + 7 * (1 + 3 * 32));
     assert_eq!(requests.len(), 2);
 }
+
+/// 300 sinks started in the same instant (one config change reaching 300 nodes) flush
+/// spread over their 60 s interval, not all at once: every tenth of it gets its share.
+#[test]
+fn sinks_started_together_first_flush_across_the_interval() {
+    let interval = Duration::from_secs(60);
+    let mut rng = fastrand::Rng::with_seed(7);
+    let firsts: Vec<Duration> = (0..300).map(|_| super::first_flush(interval, &mut rng)).collect();
+    assert!(firsts.iter().all(|f| !f.is_zero() && *f <= interval));
+    let mut tenths = [0u32; 10];
+    for f in &firsts {
+        tenths[((f.as_secs_f64() / 6.0) as usize).min(9)] += 1;
+    }
+    // 30 expected in each; a fixed seed keeps this deterministic.
+    assert!(tenths.iter().all(|n| (15..=45).contains(n)), "{tenths:?}");
+}
