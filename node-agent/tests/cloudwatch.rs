@@ -500,15 +500,7 @@ fn sigterm_sends_what_is_queued() {
     assert_eq!(sink_value(&m, "neuron_agent_cloudwatch_datums_sent_total", "ops/all", &[]), 0.0);
     assert!(list_metrics(&cw, "Ops/Neuron", &[]).is_empty());
     let completed = m.value("execution_status_total", &[("runtime_tag", "train"), ("status_type", "completed")]);
-    agent.signal("TERM");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = agent.child.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(start.elapsed() < Duration::from_secs(15), "the agent did not stop");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = agent.terminate(Duration::from_secs(15));
     assert!(status.success(), "{status:?}");
     let d = [("RuntimeTag", "train"), ("StatusType", "completed")];
     assert_eq!(statistic(&cw, "Ops/Neuron", "neuron_execution_status", &d, "Sum"), completed);
@@ -785,7 +777,7 @@ fn the_operator_gives_each_team_its_own_cloudwatch_namespace() {
         "--silence-timeout",
         "1h",
     ];
-    let agent = support::cloudwatch::start_agent_following_operator(
+    let agent = support::cloudwatch::start_agent_without_file(
         &sim,
         cw.addr(),
         &args,

@@ -23,7 +23,7 @@ use neuron_e2e::{random_u32, ControlPlane};
 use neuron_node_agent::attribution::podresources::NEURONDEVICE;
 use serde_json::Value;
 use support::{
-    cloudwatch::{logs_client, start_agent, start_agent_builtin, Fault, FaultProxy, LocalStack, Service},
+    cloudwatch::{logs_client, start_agent, start_agent_without_file, Fault, FaultProxy, LocalStack, Service},
     driver::FakeDriver,
     kubelet::{holding, PodResourcesServer},
     Agent, Metrics, TempDir,
@@ -165,7 +165,7 @@ fn faults_and_state_changes_reach_the_instance_stream_in_order_with_their_fields
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     // No region named: the instance's, from neuron-monitor's instance_info (us-west-2).
-    let agent = start_agent_builtin(
+    let agent = start_agent_without_file(
         &["--instance-type=trn2.48xlarge"],
         ls.addr,
         &args,
@@ -286,7 +286,7 @@ fn nothing_is_lost_across_throttling_failures_and_a_stall() {
         .map(str::to_owned),
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let agent = start_agent_builtin(&["--instance-type=trn1.32xlarge"], proxy.addr, &args, &[]);
+    let agent = start_agent_without_file(&["--instance-type=trn1.32xlarge"], proxy.addr, &args, &[]);
     let instance = instance_id(&agent);
     // Faults keep coming while CloudWatch Logs throttles, fails and stalls.
     for device in 0..8 {
@@ -343,7 +343,7 @@ fn sigterm_sends_the_queued_events() {
     // Events wait up to an hour for company: only the shutdown sends them.
     args.extend(["--health-log-group", &group, "--health-log-flush-interval", "1h"].map(str::to_owned));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut agent = start_agent_builtin(&["--instance-type=trn1.32xlarge"], ls.addr, &args, &[]);
+    let mut agent = start_agent_without_file(&["--instance-type=trn1.32xlarge"], ls.addr, &args, &[]);
     let instance = instance_id(&agent);
     driver.inject(&["sram-ue:1", "dma:3:0"]);
     wait_state(&agent, "1", "unhealthy");
@@ -356,15 +356,7 @@ fn sigterm_sends_the_queued_events() {
     assert_eq!(log_events(&agent.metrics(), "sent"), 0.0);
     assert!(stored(ls.addr, "us-west-2", &group).is_empty(), "nothing sent before the shutdown");
 
-    agent.signal("TERM");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = agent.child.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(start.elapsed() < Duration::from_secs(15), "the agent did not stop");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = agent.terminate(Duration::from_secs(15));
     assert!(status.success(), "{status:?}");
     let streams = stored(ls.addr, "us-west-2", &group);
     assert_eq!(streams.keys().collect::<Vec<_>>(), [&instance]);

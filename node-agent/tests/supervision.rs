@@ -108,15 +108,7 @@ fn sigterm_stops_the_agent_and_its_monitor() {
     let mut agent = Agent::start(&[], &args(&[]));
     let monitor = agent.wait_for("a monitor process", Duration::from_secs(10), |_| agent.children().first().copied());
     agent.wait_until("ready", Duration::from_secs(10), |a| a.get("/readyz").map(|r| r.0) == Some(200));
-    agent.signal("TERM");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = agent.child.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10), "agent did not exit after SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = agent.terminate(Duration::from_secs(10));
     assert!(status.success(), "exit status {status}");
     std::thread::sleep(Duration::from_millis(200));
     assert!(!alive(monitor), "monitor {monitor} outlived the agent");

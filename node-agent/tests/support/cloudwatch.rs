@@ -545,20 +545,10 @@ pub fn start_agent_with_env(
     spawn_agent(sim_args, Some(node_config), endpoint, args, env)
 }
 
-/// The agent following the node ConfigMap the operator renders (no configuration file):
-/// `args` name the node and the operator's namespace, `env` carries `KUBECONFIG`.
-pub fn start_agent_following_operator(
-    sim_args: &[&str],
-    endpoint: SocketAddr,
-    args: &[&str],
-    env: &[(&str, &std::ffi::OsStr)],
-) -> Agent {
-    spawn_agent(sim_args, None, endpoint, args, env)
-}
-
-/// The agent on its built-in configuration (Prometheus only), with the AWS settings of a
-/// test: for what it sends to CloudWatch Logs.
-pub fn start_agent_builtin(
+/// The agent without a configuration file, with the AWS settings of a test: following the
+/// node ConfigMap the operator renders when `args` name the node and the operator's
+/// namespace (`env` carries `KUBECONFIG`), else on its built-in configuration.
+pub fn start_agent_without_file(
     sim_args: &[&str],
     endpoint: SocketAddr,
     args: &[&str],

@@ -193,6 +193,19 @@ impl Agent {
             Command::new("kill").arg(format!("-{signal}")).arg(self.child.id().to_string()).status().expect("run kill");
         assert!(status.success());
     }
+
+    /// Sends SIGTERM and waits up to `limit` for the agent's exit status.
+    pub fn terminate(&mut self, limit: Duration) -> std::process::ExitStatus {
+        self.signal("TERM");
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(start.elapsed() < limit, "the agent did not exit within {limit:?} of SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Agent {
