@@ -242,6 +242,11 @@ pub struct SinksSpec {
 
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloudwatch: Option<CloudWatchSinkSpec>,
+
+    /// OpenTelemetry metrics over OTLP/HTTP: CloudWatch's OTLP endpoint (the default) or
+    /// any OTLP receiver, with the names and labels of `/metrics`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otlp: Option<OtlpSinkSpec>,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -384,6 +389,50 @@ fn rollups_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema
             "items": dimension,
         },
     })
+}
+
+/// An OTLP/HTTP metrics sink (protobuf, gzip). Without `endpoint` it sends to
+/// CloudWatch's OTLP endpoint of `region` (`https://monitoring.<region>.amazonaws.com/v1/metrics`),
+/// signed with the node's AWS identity; with `endpoint`, to that receiver (an
+/// OpenTelemetry or ADOT collector, …), with the headers of `headersSecret`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.endpoint) || !has(self.region)").message("region applies to CloudWatch's OTLP endpoint only: set endpoint or region, not both").field_path(".region"))]
+#[x_kube(validation = Rule::new("!has(self.headersSecret) || has(self.endpoint)").message("CloudWatch's OTLP endpoint is signed with the node's AWS identity: headers apply to an endpoint only").field_path(".headersSecret"))]
+pub struct OtlpSinkSpec {
+    /// URL of an OTLP/HTTP metrics receiver, e.g.
+    /// `http://otel-collector.observability:4318/v1/metrics`. Default: CloudWatch's OTLP
+    /// endpoint of `region`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512), regex(pattern = OTLP_ENDPOINT_PATTERN))]
+    pub endpoint: Option<String>,
+
+    /// AWS region of CloudWatch's OTLP endpoint. Default: the node's own region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32), regex(pattern = REGION_PATTERN))]
+    pub region: Option<String>,
+
+    /// A Secret of this config's namespace whose keys and values are HTTP headers sent
+    /// with every request to `endpoint` (e.g. `Authorization`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers_secret: Option<SecretReference>,
+
+    /// How often collected points are sent. Default: 60s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), regex(pattern = PERIOD_PATTERN))]
+    #[x_kube(validation = Rule::new(PERIOD_RULE).message(PERIOD_MESSAGE))]
+    pub flush_interval: Option<String>,
+}
+
+/// An http or https URL without user information, query or fragment.
+pub const OTLP_ENDPOINT_PATTERN: &str = r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?$";
+
+/// A Secret in the config's own namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretReference {
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    pub name: String,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]

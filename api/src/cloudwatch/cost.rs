@@ -286,7 +286,7 @@ mod tests {
 
     fn spec(cloudwatch: CloudWatchSinkSpec) -> NeuronMonitorConfigSpec {
         NeuronMonitorConfigSpec {
-            sinks: Some(SinksSpec { prometheus: None, cloudwatch: Some(cloudwatch) }),
+            sinks: Some(SinksSpec { cloudwatch: Some(cloudwatch), ..Default::default() }),
             ..Default::default()
         }
     }
