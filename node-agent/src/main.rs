@@ -482,11 +482,7 @@ impl HttpArgs {
         service::http::Settings {
             listen: self.listen,
             probe_listen: self.probe_listen,
-            tls: self
-                .tls_cert_file
-                .clone()
-                .zip(self.tls_key_file.clone())
-                .map(|(cert, key)| CertificateFiles { cert, key }),
+            tls: CertificateFiles::from_flags(self.tls_cert_file.as_ref(), self.tls_key_file.as_ref()),
             limits: service::http::Limits {
                 header_timeout: self.http_header_timeout,
                 max_connections: self.http_max_connections,

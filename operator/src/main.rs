@@ -224,11 +224,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let settings = Settings {
         listen: args.listen,
         probe_listen: args.probe_listen,
-        tls: args
-            .tls_cert_file
-            .clone()
-            .zip(args.tls_key_file.clone())
-            .map(|(cert, key)| CertificateFiles { cert, key }),
+        tls: CertificateFiles::from_flags(args.tls_cert_file.as_ref(), args.tls_key_file.as_ref()),
         limits: Limits { header_timeout: args.http_header_timeout, max_connections: args.http_max_connections },
     };
     let auth = args.metrics_auth.then(|| {

@@ -193,8 +193,8 @@ pub async fn start(
         "serving /metrics, /healthz and /readyz"
     );
     let limits = settings.limits;
-    let main = tokio::spawn(serve(listener, main, limits, tls, metrics.clone(), shutdown.clone()));
-    let probes = probe_listener.map(|l| tokio::spawn(serve(l, routes.probes, limits, None, metrics, shutdown)));
+    let main = tokio::spawn(serve_with(listener, main, limits, tls, metrics.clone(), shutdown.clone()));
+    let probes = probe_listener.map(|l| tokio::spawn(serve(l, routes.probes, limits, metrics, shutdown)));
     Ok(tokio::spawn(async move {
         for server in std::iter::once(main).chain(probes) {
             if let Err(e) = server.await {
@@ -208,9 +208,20 @@ async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))
 }
 
-/// Serves `router` on `listener` (over TLS with `tls`) until `shutdown` is cancelled,
-/// then gives the open connections up to [`SHUTDOWN_GRACE`] to finish their request.
+/// Serves `router` on `listener` in plain HTTP until `shutdown` is cancelled, then gives
+/// the open connections up to [`SHUTDOWN_GRACE`] to finish their request.
 pub async fn serve(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: Limits,
+    metrics: ConnectionMetrics,
+    shutdown: CancellationToken,
+) {
+    serve_with(listener, router, limits, None, metrics, shutdown).await
+}
+
+/// As [`serve`], over TLS with `tls`.
+async fn serve_with(
     listener: TcpListener,
     router: axum::Router,
     limits: Limits,

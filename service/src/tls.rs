@@ -44,10 +44,17 @@ pub struct CertificateFiles {
     pub key: PathBuf,
 }
 
+impl CertificateFiles {
+    /// The pair two flags name: both, or none (HTTPS off).
+    pub fn from_flags(cert: Option<&PathBuf>, key: Option<&PathBuf>) -> Option<Self> {
+        Some(CertificateFiles { cert: cert?.clone(), key: key?.clone() })
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("reading {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    #[error("reading {path}: {error}")]
+    Read { path: PathBuf, error: std::io::Error },
     #[error("{path} is larger than {MAX_FILE_BYTES} bytes")]
     TooLarge { path: PathBuf },
     #[error("{path} holds no PEM certificate")]
@@ -196,7 +203,7 @@ async fn read_pair(files: &CertificateFiles) -> Result<(Vec<u8>, Vec<u8>), TlsEr
 
 async fn read_bounded(path: &Path) -> Result<Vec<u8>, TlsError> {
     use tokio::io::AsyncReadExt;
-    let read_error = |source| TlsError::Read { path: path.to_owned(), source };
+    let read_error = |error| TlsError::Read { path: path.to_owned(), error };
     let file = tokio::fs::File::open(path).await.map_err(read_error)?;
     let mut bytes = Vec::new();
     file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).await.map_err(read_error)?;

@@ -110,7 +110,7 @@ impl Client {
     }
 }
 
-/// The payload of a chunked body.
+/// The payload of a chunked body (sizes count bytes).
 pub fn dechunk(mut body: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(line_end) = body.windows(2).position(|w| w == b"\r\n") {

@@ -152,6 +152,53 @@ impl Served {
     }
 }
 
+/// The name the ServiceMonitor of the component `suffix` checks the certificate for.
+fn server_name(docs: &[Value], suffix: &str) -> String {
+    let endpoint = &named(docs, "ServiceMonitor", suffix)["spec"]["endpoints"][0];
+    endpoint["tlsConfig"]["serverName"].as_str().expect("a serverName").to_owned()
+}
+
+/// A directory removed on drop.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The chart's agent serving HTTPS without token checks (no namespace or RBAC needed),
+/// its certificate in a Secret volume of its own. Drops in field order: the process
+/// first.
+struct TlsAgent {
+    served: Served,
+    volume: https::SecretVolume,
+    /// The chart rendered as a release of its own.
+    release: String,
+    /// tls.crt, tls.key, ca.crt it started with.
+    certificate: (Vec<u8>, Vec<u8>, Vec<u8>),
+    server_name: String,
+    _dir: TempDir,
+}
+
+impl TlsAgent {
+    fn start(cp: &ControlPlane, tag: &str) -> TlsAgent {
+        let release = format!("nm-{tag}-{:08x}", random_u32());
+        let docs = render(&release);
+        let dir = TempDir(std::env::temp_dir().join(format!("neuron-e2e-{release}")));
+        std::fs::create_dir_all(dir.0.join("proc")).unwrap();
+        let certificate = certificate(&docs);
+        let (crt, key, _) = &certificate;
+        let volume = https::SecretVolume::new(dir.0.join("tls"), &[("tls.crt", crt), ("tls.key", key)]).unwrap();
+        let served = start_agent(cp, &docs, &dir.0, &volume, false);
+        TlsAgent { served, volume, server_name: server_name(&docs, "node-agent"), release, certificate, _dir: dir }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.served.addr
+    }
+}
+
 /// The value of `name` with `labels` in an exposition (0 when absent).
 fn value(exposition: &str, name: &str, labels: &str) -> f64 {
     let series = if labels.is_empty() { name.to_owned() } else { format!("{name}{{{labels}}}") };
@@ -190,8 +237,7 @@ async fn prometheus_scrapes_both_binaries_over_https_with_a_token_others_are_ref
         .expect("the CA ConfigMap");
     let ca = ca_map.data.unwrap()["ca.crt"].clone().into_bytes();
     std::fs::write(dir.join("ca.crt"), &ca).unwrap();
-    let server_name = |e: &Value| e["tlsConfig"]["serverName"].as_str().expect("a serverName").to_owned();
-    let (agent_name, operator_name) = (server_name(&agent_endpoint), server_name(&operator_endpoint));
+    let (agent_name, operator_name) = (server_name(&docs, "node-agent"), server_name(&docs, "operator"));
 
     let agent = start_agent(cp, &docs, &dir, &volume, true);
     let operator = start_operator(cp, &ns, &docs, &dir, &volume);
@@ -275,30 +321,20 @@ async fn prometheus_scrapes_both_binaries_over_https_with_a_token_others_are_ref
 /// the agent serves the new certificate without a restart, never a half-updated pair.
 #[test]
 fn a_certificate_rotated_on_disk_is_served_without_a_restart() {
-    let cp = ControlPlane::shared();
-    // The agent checks no tokens here: no namespace or RBAC needed.
-    let ns = format!("nm-rotate-{:08x}", random_u32());
-    let docs = render(&ns);
-    let dir = std::env::temp_dir().join(format!("neuron-e2e-rotate-{:08x}", random_u32()));
-    std::fs::create_dir_all(dir.join("proc")).unwrap();
-    let (crt_a, key_a, ca_a) = certificate(&docs);
-    let mut volume = https::SecretVolume::new(dir.join("tls"), &[("tls.crt", &crt_a), ("tls.key", &key_a)]).unwrap();
-    let mut agent = start_agent(cp, &docs, &dir, &volume, false);
-    let server_name = named(&docs, "ServiceMonitor", "node-agent")["spec"]["endpoints"][0]["tlsConfig"]["serverName"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let mut agent = TlsAgent::start(ControlPlane::shared(), "rotate");
+    let (crt_a, _, ca_a) = agent.certificate.clone();
+    let server_name = agent.server_name.clone();
     let client_a = https::Client::new(&ca_a, &server_name).unwrap();
-    assert_eq!(client_a.get(agent.addr, "/metrics", None).unwrap().certificate, https::der(&crt_a).unwrap());
+    assert_eq!(client_a.get(agent.addr(), "/metrics", None).unwrap().certificate, https::der(&crt_a).unwrap());
 
     // A new pair (another rendering: another CA and certificate), as cert-manager or
     // `helm upgrade` after deleting the Secret would make.
-    let (crt_b, key_b, ca_b) = certificate(&render(&ns));
-    volume.publish(&[("tls.crt", &crt_b), ("tls.key", &key_b)]).unwrap();
+    let (crt_b, key_b, ca_b) = certificate(&render(&agent.release));
+    agent.volume.publish(&[("tls.crt", &crt_b), ("tls.key", &key_b)]).unwrap();
     let client_b = https::Client::new(&ca_b, &server_name).unwrap();
     let started = Instant::now();
     let exposition = loop {
-        if let Ok(answer) = client_b.get(agent.addr, "/metrics", None) {
+        if let Ok(answer) = client_b.get(agent.addr(), "/metrics", None) {
             if answer.certificate == https::der(&crt_b).unwrap() {
                 break answer.body;
             }
@@ -307,16 +343,16 @@ fn a_certificate_rotated_on_disk_is_served_without_a_restart() {
         std::thread::sleep(Duration::from_millis(200));
     };
     println!("rotated certificate served {:?} after the swap", started.elapsed());
-    assert!(agent.process.child.try_wait().unwrap().is_none(), "the same process serves it");
+    assert!(agent.served.process.child.try_wait().unwrap().is_none(), "the same process serves it");
     assert_eq!(value(&exposition, "neuron_agent_http_tls_certificate_reloads_total", "result=\"loaded\""), 1.0);
-    assert!(client_a.get(agent.addr, "/metrics", None).is_err(), "the old CA no longer verifies the server");
+    assert!(client_a.get(agent.addr(), "/metrics", None).is_err(), "the old CA no longer verifies the server");
 
     // Half-updated (the old certificate with the new key): refused and counted, the last
     // good pair still served.
-    volume.publish(&[("tls.crt", &crt_a), ("tls.key", &key_b)]).unwrap();
+    agent.volume.publish(&[("tls.crt", &crt_a), ("tls.key", &key_b)]).unwrap();
     let started = Instant::now();
     loop {
-        let answer = client_b.get(agent.addr, "/metrics", None).expect("still served");
+        let answer = client_b.get(agent.addr(), "/metrics", None).expect("still served");
         assert_eq!(answer.certificate, https::der(&crt_b).unwrap(), "never the half-updated pair");
         if value(&answer.body, "neuron_agent_http_tls_certificate_reloads_total", "result=\"invalid\"") == 1.0 {
             break;
@@ -324,44 +360,29 @@ fn a_certificate_rotated_on_disk_is_served_without_a_restart() {
         assert!(started.elapsed() < LIMIT, "the half-updated pair was never counted");
         std::thread::sleep(Duration::from_millis(200));
     }
-    drop(agent);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The metrics port speaks HTTP/1.1 only (ALPN), and a connection that never completes
 /// its handshake is closed within the header timeout and counted.
 #[test]
 fn the_tls_port_offers_http1_only_and_bounds_handshakes() {
-    let cp = ControlPlane::shared();
-    let ns = format!("nm-alpn-{:08x}", random_u32());
-    let docs = render(&ns);
-    let dir = std::env::temp_dir().join(format!("neuron-e2e-alpn-{:08x}", random_u32()));
-    std::fs::create_dir_all(dir.join("proc")).unwrap();
-    let (crt, key, ca) = certificate(&docs);
-    let volume = https::SecretVolume::new(dir.join("tls"), &[("tls.crt", &crt), ("tls.key", &key)]).unwrap();
-    let agent = start_agent(cp, &docs, &dir, &volume, false);
-    let server_name = named(&docs, "ServiceMonitor", "node-agent")["spec"]["endpoints"][0]["tlsConfig"]["serverName"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-
-    let both = https::Client::with_alpn(&ca, &server_name, &[b"h2", b"http/1.1"]).unwrap();
-    assert_eq!(both.handshake(agent.addr).unwrap(), Some(b"http/1.1".to_vec()), "HTTP/1.1 chosen over h2");
-    let h2_only = https::Client::with_alpn(&ca, &server_name, &[b"h2"]).unwrap();
-    let refused = h2_only.handshake(agent.addr).expect_err("a client asking for h2 alone is refused");
+    let agent = TlsAgent::start(ControlPlane::shared(), "alpn");
+    let (ca, server_name) = (&agent.certificate.2, &agent.server_name);
+    let both = https::Client::with_alpn(ca, server_name, &[b"h2", b"http/1.1"]).unwrap();
+    assert_eq!(both.handshake(agent.addr()).unwrap(), Some(b"http/1.1".to_vec()), "HTTP/1.1 chosen over h2");
+    let h2_only = https::Client::with_alpn(ca, server_name, &[b"h2"]).unwrap();
+    let refused = h2_only.handshake(agent.addr()).expect_err("a client asking for h2 alone is refused");
     assert!(format!("{refused:#}").to_lowercase().contains("application"), "no_application_protocol: {refused:#}");
 
     // A connection that sends nothing: closed after the header timeout (5 s), counted.
-    let silent = std::net::TcpStream::connect(agent.addr).unwrap();
+    let silent = std::net::TcpStream::connect(agent.addr()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5) + Duration::from_secs(15);
     assert!(neuron_e2e::closed_by_server(&silent, deadline), "the silent connection was closed");
-    let client = https::Client::new(&ca, &server_name).unwrap();
-    let exposition = client.get(agent.addr, "/metrics", None).unwrap().body;
+    let client = https::Client::new(ca, server_name).unwrap();
+    let exposition = client.get(agent.addr(), "/metrics", None).unwrap().body;
     assert!(value(&exposition, "neuron_agent_http_tls_handshake_failures_total", "reason=\"timeout\"") >= 1.0);
     assert!(
         value(&exposition, "neuron_agent_http_tls_handshake_failures_total", "reason=\"error\"") >= 1.0,
         "the h2 refusal"
     );
-    drop(agent);
-    let _ = std::fs::remove_dir_all(&dir);
 }
