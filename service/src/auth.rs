@@ -37,7 +37,6 @@ use k8s_openapi::api::{
 };
 use kube::{api::PostParams, Api};
 use prometheus_client::{
-    encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family},
     registry::Registry,
 };
@@ -46,7 +45,10 @@ use tracing::warn;
 
 pub use cache::{Decision, ReviewCache};
 
-use crate::ratelimit::{Decision as LogDecision, RateLimit};
+use crate::{
+    http::{ReasonLabel, ResultLabel},
+    ratelimit::{Decision as LogDecision, RateLimit},
+};
 
 /// The path and verb a caller must be allowed (`nonResourceURLs: ["/metrics"]`, `get`).
 pub const METRICS_PATH: &str = "/metrics";
@@ -74,16 +76,6 @@ pub struct AuthOptions {
     /// Audiences the token must be meant for; empty: the API server's own (an ordinary
     /// ServiceAccount token).
     pub audiences: Vec<String>,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
-    pub result: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: &'static str,
 }
 
 /// The checks' metrics; cloning shares them.

@@ -48,7 +48,7 @@ use tracing::{debug, info, warn};
 use crate::{
     auth::{self, AuthMetrics, MetricsAuth},
     ratelimit::{Decision, RateLimit},
-    tls::{self, CertificateFiles, Tls},
+    tls::{CertificateFiles, Tls},
 };
 
 /// Largest request head read (hyper's smallest read buffer is 8 KiB).
@@ -84,12 +84,18 @@ pub struct PhaseLabel {
     pub phase: &'static str,
 }
 
+/// TLS handshake failures: `timeout` (no complete handshake within the header timeout),
+/// `error` (a plain-HTTP request, no common version or ALPN protocol, a client that
+/// closed or refused the certificate); token checks refused before a review.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    /// `timeout`: no complete handshake within the header timeout; `error`: anything
-    /// else (a plain-HTTP request, no common version or ALPN protocol, a client that
-    /// closed or refused the certificate).
     pub reason: &'static str,
+}
+
+/// Certificate reloads, token reviews and cache hits, by result.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: &'static str,
 }
 
 /// The server's metrics; cloning shares them.
@@ -100,7 +106,7 @@ pub struct ConnectionMetrics {
     pub refused: Counter,
     pub timed_out: Family<PhaseLabel, Counter>,
     pub tls_handshake_failures: Family<ReasonLabel, Counter>,
-    pub tls_reloads: Family<tls::ResultLabel, Counter>,
+    pub tls_reloads: Family<ResultLabel, Counter>,
     pub auth: AuthMetrics,
 }
 

@@ -18,7 +18,7 @@ use std::{
     time::Duration,
 };
 
-use prometheus_client::{encoding::EncodeLabelSet, metrics::counter::Counter, metrics::family::Family};
+use prometheus_client::metrics::{counter::Counter, family::Family};
 use rustls::{
     crypto::CryptoProvider,
     pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer},
@@ -28,6 +28,8 @@ use rustls::{
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+
+use crate::http::ResultLabel;
 
 /// How often the certificate files are compared with the pair in use. The kubelet takes
 /// a minute or more to update a mounted Secret; this adds at most a few seconds.
@@ -65,11 +67,6 @@ pub enum TlsError {
     Key(rustls::Error),
     #[error("TLS settings: {0}")]
     Config(rustls::Error),
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
-    pub result: &'static str,
 }
 
 /// The certificate pair in use, swapped whole when the files change.

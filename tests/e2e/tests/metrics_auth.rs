@@ -73,28 +73,33 @@ fn loopback() -> SocketAddr {
     format!("127.0.0.1:{}", free_port()).parse().unwrap()
 }
 
+/// The chart's flags of a binary's ports moved to the loopback, its certificate to `volume`.
+fn serving_args(addr: SocketAddr, probes: SocketAddr, volume: &https::SecretVolume) -> Vec<(&'static str, String)> {
+    vec![
+        ("--listen", addr.to_string()),
+        ("--probe-listen", probes.to_string()),
+        ("--tls-cert-file", volume.path("tls.crt").display().to_string()),
+        ("--tls-key-file", volume.path("tls.key").display().to_string()),
+    ]
+}
+
 /// Starts the agent of the chart's DaemonSet (standalone on the simulator: no node) with
 /// the certificate files in `volume`, acting as the agent's ServiceAccount.
 fn start_agent(cp: &ControlPlane, docs: &[Value], dir: &Path, volume: &https::SecretVolume, auth: bool) -> Served {
     let pod = &one(docs, "DaemonSet")["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
     let (addr, probes) = (loopback(), loopback());
-    let args = chart_args(
-        container,
-        &[
-            ("--listen", addr.to_string()),
-            ("--probe-listen", probes.to_string()),
-            ("--tls-cert-file", volume.path("tls.crt").display().to_string()),
-            ("--tls-key-file", volume.path("tls.key").display().to_string()),
-            ("--metrics-auth", auth.to_string()),
-            ("--monitor-command", workspace_bin("neuron-monitor-sim").display().to_string()),
-            ("--state-dir", dir.join("state").display().to_string()),
-            ("--pod-resources-socket", dir.join("kubelet.sock").display().to_string()),
-            ("--sysfs-root", dir.join("sys").display().to_string()),
-            ("--log-format", "text".to_owned()),
-            ("--period", "1s".to_owned()),
-        ],
-    );
+    let mut replaced = serving_args(addr, probes, volume);
+    replaced.extend([
+        ("--metrics-auth", auth.to_string()),
+        ("--monitor-command", workspace_bin("neuron-monitor-sim").display().to_string()),
+        ("--state-dir", dir.join("state").display().to_string()),
+        ("--pod-resources-socket", dir.join("kubelet.sock").display().to_string()),
+        ("--sysfs-root", dir.join("sys").display().to_string()),
+        ("--log-format", "text".to_owned()),
+        ("--period", "1s".to_owned()),
+    ]);
+    let args = chart_args(container, &replaced);
     let mut env = chart_env(container, &[("spec.nodeName", String::new())]);
     // Standalone: no node to follow; the token checks make a client of their own.
     env.retain(|(k, _)| k != "NODE_NAME");
@@ -112,15 +117,7 @@ fn start_agent(cp: &ControlPlane, docs: &[Value], dir: &Path, volume: &https::Se
 fn start_operator(cp: &ControlPlane, ns: &str, docs: &[Value], dir: &Path, volume: &https::SecretVolume) -> Served {
     let container = &one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0];
     let (addr, probes) = (loopback(), loopback());
-    let args = chart_args(
-        container,
-        &[
-            ("--listen", addr.to_string()),
-            ("--probe-listen", probes.to_string()),
-            ("--tls-cert-file", volume.path("tls.crt").display().to_string()),
-            ("--tls-key-file", volume.path("tls.key").display().to_string()),
-        ],
-    );
+    let args = chart_args(container, &serving_args(addr, probes, volume));
     let mut env = chart_env(container, &[("metadata.namespace", ns.to_owned()), ("metadata.name", "op-0".to_owned())]);
     env.push(("NEURON_OPERATOR_LOG_FORMAT".into(), "text".into()));
     env.push(("KUBECONFIG".into(), service_account_kubeconfig(cp, docs, "Deployment", dir).display().to_string()));
