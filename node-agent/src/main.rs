@@ -33,6 +33,10 @@ use neuron_node_agent::{
     telemetry::AgentMetrics,
 };
 use prometheus_client::registry::Registry;
+use service::{
+    auth::{AuthOptions, MetricsAuth},
+    tls::CertificateFiles,
+};
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -222,17 +226,43 @@ struct CloudWatchArgs {
 #[derive(clap::Args, Debug)]
 #[command(next_help_heading = "HTTP")]
 struct HttpArgs {
-    /// Address of /metrics, /healthz and /readyz.
+    /// Address of /metrics, and of /healthz and /readyz unless --probe-listen is set.
     #[arg(long, env = "NEURON_AGENT_LISTEN", default_value = "0.0.0.0:9010")]
     listen: SocketAddr,
 
-    /// Time an HTTP client gets to send a complete request head, from connecting or from
-    /// its previous response: half-sent requests and idle keep-alive connections are
-    /// closed after it.
+    /// Address of /healthz and /readyz alone, in plain HTTP (for the kubelet, when
+    /// --listen serves HTTPS). Default: none, the probes are served on --listen.
+    #[arg(long, env = "NEURON_AGENT_PROBE_LISTEN")]
+    probe_listen: Option<SocketAddr>,
+
+    /// Serve --listen over HTTPS with this certificate (PEM, the chain after it), e.g.
+    /// `tls.crt` of a mounted Secret: re-read when it changes, no restart.
+    #[arg(long, env = "NEURON_AGENT_TLS_CERT_FILE", requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+
+    /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "NEURON_AGENT_TLS_KEY_FILE", requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
+
+    /// Check every /metrics request's bearer token with the API server (TokenReview) and
+    /// its user's permission to get the non-resource URL /metrics (SubjectAccessReview).
+    /// Needs HTTPS (--tls-cert-file) and the Kubernetes API (in-cluster or KUBECONFIG).
+    #[arg(long, env = "NEURON_AGENT_METRICS_AUTH", default_value_t = false, action = clap::ArgAction::Set,
+          requires_if("true", "tls_cert_file"))]
+    metrics_auth: bool,
+
+    /// Audiences a /metrics token must be meant for (comma-separated). Default: the API
+    /// server's own, as for any ServiceAccount token.
+    #[arg(long, env = "NEURON_AGENT_METRICS_AUTH_AUDIENCES", value_delimiter = ',')]
+    metrics_auth_audiences: Vec<String>,
+
+    /// Time an HTTP client gets to complete its TLS handshake and send a complete request
+    /// head, from connecting or from its previous response: half-sent requests and idle
+    /// keep-alive connections are closed after it.
     #[arg(long, env = "NEURON_AGENT_HTTP_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     http_header_timeout: Duration,
 
-    /// HTTP connections served at once; more are refused (503) and counted.
+    /// HTTP connections served at once (per port); more are refused (503) and counted.
     #[arg(
         long,
         env = "NEURON_AGENT_HTTP_MAX_CONNECTIONS",
@@ -448,8 +478,37 @@ impl CloudWatchArgs {
 }
 
 impl HttpArgs {
-    fn limits(&self) -> service::http::Limits {
-        service::http::Limits { header_timeout: self.http_header_timeout, max_connections: self.http_max_connections }
+    fn settings(&self) -> service::http::Settings {
+        service::http::Settings {
+            listen: self.listen,
+            probe_listen: self.probe_listen,
+            tls: CertificateFiles::from_flags(self.tls_cert_file.as_ref(), self.tls_key_file.as_ref()),
+            limits: service::http::Limits {
+                header_timeout: self.http_header_timeout,
+                max_connections: self.http_max_connections,
+            },
+        }
+    }
+
+    /// The token checks of /metrics, with the agent's API client or, without one (no
+    /// --node-name), a client of their own.
+    async fn auth(
+        &self,
+        client: Option<&kube::Client>,
+        watch_timeout: Duration,
+        metrics: &AgentMetrics,
+    ) -> anyhow::Result<Option<MetricsAuth>> {
+        if !self.metrics_auth {
+            return Ok(None);
+        }
+        let client = match client {
+            Some(client) => client.clone(),
+            None => kubernetes::client(watch_timeout)
+                .await
+                .context("--metrics-auth reviews tokens with the Kubernetes API (in-cluster or KUBECONFIG)")?,
+        };
+        let options = AuthOptions { audiences: self.metrics_auth_audiences.clone() };
+        Ok(Some(MetricsAuth::new(client, options, metrics.http.auth.clone())))
     }
 }
 
@@ -577,12 +636,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         pipeline: pipeline.clone(),
     });
 
-    let listener = tokio::net::TcpListener::bind(args.http.listen)
-        .await
-        .with_context(|| format!("listening on {}", args.http.listen))?;
-    info!(listen = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
-    let server =
-        tokio::spawn(http::serve(listener, http_state, args.http.limits(), metrics.http.clone(), shutdown.clone()));
+    let auth = args.http.auth(client.as_ref(), args.source.api_watch_timeout, &metrics).await?;
+    let server = service::http::start(
+        args.http.settings(),
+        http::routes(http_state),
+        auth,
+        metrics.http.clone(),
+        shutdown.clone(),
+    )
+    .await?;
     let cloudwatch_sinks = tokio::spawn(cloudwatch_sinks.run(shutdown.clone()));
     let log_sink = tokio::spawn(log_sink.run(shutdown.clone()));
     if let ConfigSource::Config(path) = source {

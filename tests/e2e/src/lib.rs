@@ -6,11 +6,16 @@
 //!   helm, prometheus, promtool; LocalStack has a venv of its own, see
 //!   `node-agent/tests/support/cloudwatch.rs`).
 //! - [`workspace_bin`]: the project's own binaries (`cargo build --workspace --bins`).
+//! - [`chart`]: the Helm chart rendered, its objects, a container's args and environment.
+//! - [`https`]: an HTTPS client for the metrics ports, and a Secret volume laid out as
+//!   the kubelet lays it out.
 //!
 //! Every process started here dies with the test binary, even when a test panics: it is
 //! started from a thread that lives as long as the process, with the parent-death
 //! signal set, and is stopped gracefully (SIGTERM) so it cleans up after itself.
 
+pub mod chart;
+pub mod https;
 pub mod prometheus;
 
 use std::{
@@ -23,7 +28,11 @@ use std::{
 
 use anyhow::{anyhow, bail, Context};
 use k8s_openapi::{
-    api::core::v1::Namespace, apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    api::{
+        authentication::v1::{TokenRequest, TokenRequestSpec},
+        core::v1::{Namespace, ServiceAccount},
+    },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 };
 use kube::{
     api::{ObjectMeta, Patch, PatchParams, PostParams},
@@ -187,6 +196,51 @@ impl ControlPlane {
         let groups = service_account_groups(namespace);
         let groups = groups.each_ref().map(String::as_str);
         self.client_as_with_extra(&service_account_user(namespace, name), &groups, &[(NODE_NAME_EXTRA, node)]).await
+    }
+
+    /// Writes a kubeconfig at `path` acting as the ServiceAccount `namespace/name`
+    /// (impersonation by the control plane's administrator), as a pod with that
+    /// ServiceAccount would: on `node`, its token names the node in the user extra, as a
+    /// token the kubelet mounts does.
+    pub fn impersonating_kubeconfig(&self, namespace: &str, name: &str, node: Option<&str>, path: &Path) {
+        use serde_norway::Value;
+        let text = std::fs::read_to_string(&self.kubeconfig).expect("the control plane's kubeconfig");
+        let mut config: Value = serde_norway::from_str(&text).expect("kubeconfig YAML");
+        for user in config["users"].as_sequence_mut().expect("kubeconfig users") {
+            let user = user["user"].as_mapping_mut().expect("user");
+            user.insert("as".into(), service_account_user(namespace, name).into());
+            user.insert("as-groups".into(), serde_norway::to_value(service_account_groups(namespace)).expect("groups"));
+            if let Some(node) = node {
+                let extra = serde_json::json!({ NODE_NAME_EXTRA: [node] });
+                user.insert("as-user-extra".into(), serde_norway::to_value(extra).expect("extra"));
+            }
+        }
+        std::fs::write(path, serde_norway::to_string(&config).expect("kubeconfig")).expect("write kubeconfig");
+    }
+
+    /// A token of the ServiceAccount `namespace/name` (created when missing) from a
+    /// TokenRequest, valid an hour, for `audiences` (empty: the API server's), as the
+    /// kubelet mounts one in a pod.
+    pub async fn service_account_token(&self, namespace: &str, name: &str, audiences: &[&str]) -> String {
+        let accounts = Api::<ServiceAccount>::namespaced(self.client().await, namespace);
+        if accounts.get_opt(name).await.expect("read the ServiceAccount").is_none() {
+            let account = ServiceAccount {
+                metadata: ObjectMeta { name: Some(name.to_owned()), ..Default::default() },
+                ..Default::default()
+            };
+            accounts.create(&PostParams::default(), &account).await.expect("create the ServiceAccount");
+        }
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: audiences.iter().map(|a| (*a).to_owned()).collect(),
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let issued =
+            accounts.create_token_request(name, &PostParams::default(), &request).await.expect("a TokenRequest");
+        issued.status.expect("the TokenRequest's status").token
     }
 
     /// Creates a namespace of its own for one test: `<prefix>-<random>`.

@@ -143,23 +143,6 @@ fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
     let body = &raw[split + 4..];
     let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    let body = if head.contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_vec() };
+    let body = if head.contains("transfer-encoding: chunked") { crate::https::dechunk(body) } else { body.to_vec() };
     Some((status, String::from_utf8_lossy(&body).into_owned()))
-}
-
-/// The payload of a chunked body (sizes count bytes).
-fn dechunk(mut body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(line_end) = body.windows(2).position(|w| w == b"\r\n") {
-        let size = std::str::from_utf8(&body[..line_end]).ok().and_then(|s| usize::from_str_radix(s.trim(), 16).ok());
-        let rest = &body[line_end + 2..];
-        match size {
-            Some(size) if size > 0 && rest.len() >= size => {
-                out.extend_from_slice(&rest[..size]);
-                body = rest[size..].strip_prefix(b"\r\n").unwrap_or(&rest[size..]);
-            }
-            _ => break,
-        }
-    }
-    out
 }
