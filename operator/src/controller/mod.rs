@@ -38,6 +38,7 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+mod accepted;
 mod pending;
 mod status;
 
@@ -298,8 +299,14 @@ impl Controller {
         self.metrics.configs.set(configs.len() as i64);
         self.metrics.nodes.set(nodes.len() as i64);
 
-        let (verdicts, usable) = self.validate_all(&configs);
+        let (verdicts, usable, to_record) = self.validate_all(&configs);
         let mut failures = WriteFailures::default();
+        // Before the nodes get a new version: a restart must find it recorded.
+        for config in to_record {
+            if let Err(e) = self.record_accepted(&config).await {
+                failures.record(&self.metrics, "config", "annotate", &config.name_any(), &e);
+            }
+        }
 
         // Render (configs that do not fit on their nodes are refused) and write what
         // changed. A failed write stops nothing else: it is counted, and the pass retried.
@@ -401,10 +408,17 @@ impl Controller {
     }
 
     /// Validates every config. An invalid config keeps its last accepted version on the
-    /// nodes: the verdicts say what users are told, `usable` is what is rendered.
-    fn validate_all(&self, configs: &[Arc<NeuronMonitorConfig>]) -> (Vec<Verdict>, Vec<ValidConfig>) {
+    /// nodes: the verdicts say what users are told, `usable` is what is rendered. The
+    /// last accepted version comes from memory, else from the config's annotation (after
+    /// a restart or a leader change); the configs whose current version is accepted but
+    /// not yet recorded there are returned last.
+    fn validate_all(
+        &self,
+        configs: &[Arc<NeuronMonitorConfig>],
+    ) -> (Vec<Verdict>, Vec<ValidConfig>, Vec<Arc<NeuronMonitorConfig>>) {
         let mut verdicts: Vec<Verdict> = Vec::with_capacity(configs.len());
         let mut usable: Vec<ValidConfig> = Vec::with_capacity(configs.len());
+        let mut to_record = Vec::new();
         let mut last_good = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
         let live: HashSet<String> = configs.iter().filter_map(|c| c.uid()).collect();
         last_good.retain(|uid, _| live.contains(uid));
@@ -414,19 +428,27 @@ impl Controller {
             let uid = config.uid().unwrap_or_default();
             match validate::validate(config, &self.namespace) {
                 Ok(valid) => {
+                    if !accepted::is_recorded(config) {
+                        to_record.push(config.clone());
+                    }
                     last_good.insert(uid, valid.clone());
                     usable.push(valid);
                     verdicts.push((config.clone(), Ok(())));
                 }
                 Err(invalid) => {
-                    if let Some(previous) = last_good.get(&uid) {
+                    let previous = match last_good.get(&uid) {
+                        Some(previous) => Some(previous.clone()),
+                        None => accepted::recorded(config, &self.namespace),
+                    };
+                    if let Some(previous) = previous {
                         usable.push(previous.clone());
+                        last_good.insert(uid, previous);
                     }
                     verdicts.push((config.clone(), Err(invalid)));
                 }
             }
         }
-        (verdicts, usable)
+        (verdicts, usable, to_record)
     }
 
     /// Sets the gauges of configs not accepted, by reason.

@@ -615,6 +615,7 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     let operator_cluster = [
         "neuronmonitor.io/neuronmonitorconfigs:list",
         "neuronmonitor.io/neuronmonitorconfigs:watch",
+        "neuronmonitor.io/neuronmonitorconfigs:patch",
         "neuronmonitor.io/neuronmonitorconfigs/status:patch",
         "/nodes:list",
         "/nodes:watch",
