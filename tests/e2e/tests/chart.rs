@@ -29,8 +29,8 @@ use kube::{
     Api, Client, ResourceExt,
 };
 use neuron_e2e::{
-    free_port, http_get, kubectl, prometheus::Prometheus, random_u32, repo_root, sample, service_account_groups,
-    service_account_user, spawn_tied, tool, wait_for, workspace_bin, ControlPlane, Process, NODE_NAME_EXTRA,
+    free_port, http_get, kubectl, prometheus::Prometheus, random_u32, repo_root, sample, spawn_tied, tool, wait_for,
+    workspace_bin, ControlPlane, Process, NODE_NAME_EXTRA,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -417,22 +417,6 @@ async fn wrong_values_are_refused_naming_the_field() {
     assert!(ok && out.trim().is_empty(), "nothing installed: {out}{err}");
 }
 
-/// A kubeconfig acting as the ServiceAccount `namespace/name` (impersonation by the
-/// control plane's administrator), as a pod with that ServiceAccount would: on `node`,
-/// its token names the node in the user extra, as a token the kubelet mounts does.
-fn impersonating_kubeconfig(cp: &ControlPlane, namespace: &str, name: &str, node: Option<&str>, path: &Path) {
-    let mut config: Value = serde_norway::from_str(&std::fs::read_to_string(&cp.kubeconfig).unwrap()).unwrap();
-    for user in config["users"].as_sequence_mut().expect("kubeconfig users") {
-        let user = user["user"].as_mapping_mut().expect("user");
-        user.insert("as".into(), service_account_user(namespace, name).into());
-        user.insert("as-groups".into(), serde_norway::to_value(service_account_groups(namespace)).unwrap());
-        if let Some(node) = node {
-            user.insert("as-user-extra".into(), serde_norway::to_value(json!({ NODE_NAME_EXTRA: [node] })).unwrap());
-        }
-    }
-    std::fs::write(path, serde_norway::to_string(&config).unwrap()).unwrap();
-}
-
 /// The rules a ServiceAccount has in `namespace`, as `group/resource[/name]:verb`,
 /// without the self-review rules every authenticated user has.
 async fn rules_of(client: Client, namespace: &str) -> BTreeSet<String> {
@@ -662,10 +646,10 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     std::fs::create_dir_all(dir.join("proc")).unwrap();
     let operator_kubeconfig = dir.join("operator.kubeconfig");
     let agent_kubeconfig = dir.join("agent.kubeconfig");
-    impersonating_kubeconfig(cp, &ns, &operator_sa, None, &operator_kubeconfig);
+    cp.service_account_kubeconfig(&ns, &operator_sa, None, &operator_kubeconfig).unwrap();
     // The agent's token is bound to its pod on the node: the chart's admission policy
     // lets it write that node's objects only.
-    impersonating_kubeconfig(cp, &ns, &agent_sa, Some(&node_name), &agent_kubeconfig);
+    cp.service_account_kubeconfig(&ns, &agent_sa, Some(&node_name), &agent_kubeconfig).unwrap();
     let operator = |pod: &str| -> (Process, SocketAddr) {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let args = chart_args(&operator_container, &[("--listen", addr.to_string())]);
