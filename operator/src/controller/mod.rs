@@ -521,6 +521,7 @@ impl Controller {
                 let api = api.clone();
                 async move {
                     let name = cm.name_any();
+                    self.pending.seen(&name);
                     let result = match api.delete(&name, &DeleteParams::default()).await {
                         Ok(_) => {
                             self.metrics.wrote("configmap", "delete");
