@@ -240,8 +240,8 @@ async fn leader(replicas: &[Operator], limit: Duration) -> anyhow::Result<usize>
     .context("no operator replica leads")
 }
 
-/// Waits for a pass that started after `before`, then `quiet` more, and measures what
-/// it wrote.
+/// Waits for a pass after the scrape `before`, then `quiet` more (for the writes the
+/// pass's own events cause).
 async fn settle(leader: &Operator, before: &OperatorMetrics, quiet: Duration, limit: Duration) -> anyhow::Result<()> {
     let passes = before.value("neuron_operator_reconciles_total", &[]);
     leader.wait_reconciled(passes + 1.0, limit).await.context("no pass after the change")?;
