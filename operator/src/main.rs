@@ -91,6 +91,16 @@ struct RunArgs {
     )]
     http_max_connections: u32,
 
+    /// ConfigMap writes in flight at once in a pass (each a server-side apply of one
+    /// node's ConfigMap): a config change reaches N nodes in about N / this round trips.
+    #[arg(
+        long,
+        env = "NEURON_OPERATOR_WRITES_IN_FLIGHT",
+        default_value_t = 16,
+        value_parser = clap::value_parser!(u32).range(1..=256)
+    )]
+    writes_in_flight: u32,
+
     /// Elect a leader through a Lease (off only for a single replica in development).
     #[arg(long, env = "NEURON_OPERATOR_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
     leader_election: bool,
@@ -189,7 +199,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         resources: args.neuron_resources.clone(),
         instance_type_prefixes: args.neuron_instance_types.clone(),
     };
-    let controller = Controller::start(client.clone(), &args.namespace, policy, metrics.clone(), recorder);
+    let controller = Controller::start(
+        client.clone(),
+        &args.namespace,
+        policy,
+        metrics.clone(),
+        recorder,
+        args.writes_in_flight as usize,
+    );
     let shutdown = CancellationToken::new();
 
     let (leading_tx, leading_rx) = watch::channel(!args.leader_election);

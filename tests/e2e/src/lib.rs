@@ -15,6 +15,7 @@
 //! signal set, and is stopped gracefully (SIGTERM) so it cleans up after itself.
 
 pub mod chart;
+pub mod fleet;
 pub mod https;
 pub mod prometheus;
 
@@ -120,6 +121,9 @@ pub struct ControlPlane {
     pub log: PathBuf,
     pub controllers: bool,
     pub ready_seconds: f64,
+    /// The process (etcd, kube-apiserver and the controllers), for its CPU and memory.
+    #[serde(skip)]
+    pub pid: u32,
 }
 
 static CONTROL_PLANE: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
@@ -142,7 +146,10 @@ impl ControlPlane {
         if line.trim().is_empty() {
             bail!("the control plane (pid {pid}) exited before it was ready; see its log on stderr");
         }
-        serde_json::from_str(line.trim()).with_context(|| format!("control plane ready line {line:?}"))
+        let mut control_plane: ControlPlane =
+            serde_json::from_str(line.trim()).with_context(|| format!("control plane ready line {line:?}"))?;
+        control_plane.pid = pid;
+        Ok(control_plane)
     }
 
     fn config(&self) -> anyhow::Result<Kubeconfig> {
@@ -198,24 +205,29 @@ impl ControlPlane {
         self.client_as_with_extra(&service_account_user(namespace, name), &groups, &[(NODE_NAME_EXTRA, node)]).await
     }
 
-    /// Writes a kubeconfig at `path` acting as the ServiceAccount `namespace/name`
-    /// (impersonation by the control plane's administrator), as a pod with that
-    /// ServiceAccount would: on `node`, its token names the node in the user extra, as a
-    /// token the kubelet mounts does.
-    pub fn impersonating_kubeconfig(&self, namespace: &str, name: &str, node: Option<&str>, path: &Path) {
-        use serde_norway::Value;
-        let text = std::fs::read_to_string(&self.kubeconfig).expect("the control plane's kubeconfig");
-        let mut config: Value = serde_norway::from_str(&text).expect("kubeconfig YAML");
-        for user in config["users"].as_sequence_mut().expect("kubeconfig users") {
-            let user = user["user"].as_mapping_mut().expect("user");
+    /// Writes a kubeconfig acting as the ServiceAccount `namespace/name` (impersonation by
+    /// the administrator), as a pod with that ServiceAccount would: on `node`, its token
+    /// names the node in the user extra, as a token the kubelet mounts does.
+    pub fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+        node: Option<&str>,
+        path: &Path,
+    ) -> anyhow::Result<()> {
+        let text = std::fs::read_to_string(&self.kubeconfig)?;
+        let mut config: serde_norway::Value = serde_norway::from_str(&text)?;
+        let users = config["users"].as_sequence_mut().ok_or_else(|| anyhow!("no users in the kubeconfig"))?;
+        for user in users {
+            let user = user["user"].as_mapping_mut().ok_or_else(|| anyhow!("a kubeconfig user without settings"))?;
             user.insert("as".into(), service_account_user(namespace, name).into());
-            user.insert("as-groups".into(), serde_norway::to_value(service_account_groups(namespace)).expect("groups"));
+            user.insert("as-groups".into(), serde_norway::to_value(service_account_groups(namespace))?);
             if let Some(node) = node {
                 let extra = serde_json::json!({ NODE_NAME_EXTRA: [node] });
-                user.insert("as-user-extra".into(), serde_norway::to_value(extra).expect("extra"));
+                user.insert("as-user-extra".into(), serde_norway::to_value(extra)?);
             }
         }
-        std::fs::write(path, serde_norway::to_string(&config).expect("kubeconfig")).expect("write kubeconfig");
+        std::fs::write(path, serde_norway::to_string(&config)?).with_context(|| format!("writing {}", path.display()))
     }
 
     /// A token of the ServiceAccount `namespace/name` (created when missing) from a

@@ -657,6 +657,7 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     let operator_cluster = [
         "neuronmonitor.io/neuronmonitorconfigs:list",
         "neuronmonitor.io/neuronmonitorconfigs:watch",
+        "neuronmonitor.io/neuronmonitorconfigs:patch",
         "neuronmonitor.io/neuronmonitorconfigs/status:patch",
         "/nodes:list",
         "/nodes:watch",
@@ -707,10 +708,11 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     std::fs::create_dir_all(dir.join("proc")).unwrap();
     let operator_kubeconfig = dir.join("operator.kubeconfig");
     let agent_kubeconfig = dir.join("agent.kubeconfig");
-    cp.impersonating_kubeconfig(&ns, &operator_sa, None, &operator_kubeconfig);
+    cp.service_account_kubeconfig(&ns, &operator_sa, None, &operator_kubeconfig).expect("a ServiceAccount kubeconfig");
     // The agent's token is bound to its pod on the node: the chart's admission policy
     // lets it write that node's objects only.
-    cp.impersonating_kubeconfig(&ns, &agent_sa, Some(&node_name), &agent_kubeconfig);
+    cp.service_account_kubeconfig(&ns, &agent_sa, Some(&node_name), &agent_kubeconfig)
+        .expect("a ServiceAccount kubeconfig");
     // The metrics ports' certificate, as the chart made it and mounts it in both binaries.
     let (secret_name, _) = certificate_files(&docs, "Deployment");
     let tls = Api::<Secret>::namespaced(admin.clone(), &ns).get(&secret_name).await.expect("the chart's certificate");

@@ -134,7 +134,7 @@ fn service_account_kubeconfig(cp: &ControlPlane, docs: &[Value], workload: &str,
     let account = pod["serviceAccountName"].as_str().unwrap();
     let namespace = one(docs, workload)["metadata"]["namespace"].as_str().unwrap();
     let path = dir.join(format!("{account}.kubeconfig"));
-    cp.impersonating_kubeconfig(namespace, account, None, &path);
+    cp.service_account_kubeconfig(namespace, account, None, &path).expect("a ServiceAccount kubeconfig");
     path
 }
 
