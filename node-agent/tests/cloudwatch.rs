@@ -54,6 +54,7 @@ fn route(config: &str, namespace: Option<&str>, filter: Option<&str>, cloudwatch
         system_groups: if namespace.is_none() { SystemGroup::ALL.to_vec() } else { vec![] },
         prometheus: Some(Default::default()),
         cloudwatch: Some(cloudwatch),
+        otlp: None,
     }
 }
 

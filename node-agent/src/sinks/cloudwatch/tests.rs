@@ -36,6 +36,7 @@ fn route(namespace: Option<&str>, filter: Option<&str>, spec: CloudWatchSinkSpec
         system_groups: SystemGroup::ALL.to_vec(),
         prometheus: None,
         cloudwatch: Some(spec),
+        otlp: None,
     }
 }
 
