@@ -15,7 +15,7 @@
 //! - [`routing`]: which config gets which applications, groups and sinks.
 //! - [`health`]: Neuron hardware health from the driver's sysfs tree and the kernel log,
 //!   read off the report path (a model per device, its series on `/metrics`).
-//! - [`sinks`]: Prometheus (`/metrics`) and CloudWatch (`PutMetricData`).
+//! - [`sinks`]: Prometheus (`/metrics`), CloudWatch (`PutMetricData`) and OTLP.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`; [`telemetry`]: the agent's own metrics;
 //!   [`ratelimit`]: logs that could repeat per report.
 
