@@ -46,6 +46,7 @@ use api::{
 };
 
 use crate::{
+    headers::HeadersMirror,
     nodes::{self, NeuronNodePolicy},
     telemetry::{ErrorLabel, OperatorMetrics, ReasonLabel},
 };
@@ -93,6 +94,8 @@ pub struct Controller {
     configs: Store<NeuronMonitorConfig>,
     nodes: Store<Node>,
     configmaps: Store<ConfigMap>,
+    /// The configs' OTLP headers, mirrored for the agents.
+    headers: HeadersMirror,
     /// Last accepted version of each config (by uid): an invalid update keeps the nodes
     /// on it, as the API promises ("never a half-applied config").
     last_good: Mutex<HashMap<String, ValidConfig>>,
@@ -120,10 +123,12 @@ impl Listed {
 }
 
 impl Controller {
-    /// Starts the watches; their caches fill in the background.
+    /// Starts the watches; their caches fill in the background. `headers_secret`: the
+    /// Secret of `namespace` the configs' OTLP headers are mirrored into.
     pub fn start(
         client: Client,
         namespace: &str,
+        headers_secret: &str,
         policy: NeuronNodePolicy,
         metrics: OperatorMetrics,
         recorder: Recorder,
@@ -184,6 +189,7 @@ impl Controller {
             ),
         );
         Arc::new(Controller {
+            headers: HeadersMirror::new(client.clone(), namespace, headers_secret),
             client,
             namespace: namespace.to_owned(),
             policy,
@@ -288,6 +294,15 @@ impl Controller {
         }
         self.delete_stale_configmaps(&rendering, &mut failures).await;
 
+        // The OTLP headers of the configs the nodes run, for their agents.
+        let on_nodes = usable.iter().filter(|v| rendering.refusal(&v.key).is_none()).map(|v| (&v.key, &v.route));
+        let (headers, mirrored) = self.headers.sync(on_nodes).await;
+        match mirrored {
+            Ok(true) => self.metrics.wrote("secret", "apply"),
+            Ok(false) => {}
+            Err(e) => failures.record(&self.metrics, "secret", "apply", "OTLP headers mirror", &e.into()),
+        }
+
         // Verdicts: refused by validation, else by the room on its nodes.
         let verdicts: Vec<Verdict> = verdicts
             .into_iter()
@@ -339,6 +354,7 @@ impl Controller {
                 applied: applied.get(&key).copied().unwrap_or(0),
                 unhealthy: unhealthy.get(&key).copied().unwrap_or(0),
                 health: config.spec.health.is_some().then(|| health_conflicts.get(&key).cloned()),
+                headers: headers.get(&key).cloned(),
                 estimate,
             };
             if let Err(e) = self.update_status(&config, outcome).await {
