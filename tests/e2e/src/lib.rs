@@ -6,11 +6,16 @@
 //!   helm, prometheus, promtool; LocalStack has a venv of its own, see
 //!   `node-agent/tests/support/cloudwatch.rs`).
 //! - [`workspace_bin`]: the project's own binaries (`cargo build --workspace --bins`).
+//! - [`prometheus`]: a real Prometheus (scraping, or Prometheus 3 receiving OTLP);
+//!   [`otlp`]: a test OTLP receiver that records what it is sent; [`dashboard`]: the
+//!   chart dashboard's queries.
 //!
 //! Every process started here dies with the test binary, even when a test panics: it is
 //! started from a thread that lives as long as the process, with the parent-death
 //! signal set, and is stopped gracefully (SIGTERM) so it cleans up after itself.
 
+pub mod dashboard;
+pub mod otlp;
 pub mod prometheus;
 
 use std::{
