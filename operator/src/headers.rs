@@ -115,11 +115,8 @@ impl HeadersMirror {
         let secret = json!({
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {
-                "name": self.name,
-                "namespace": self.namespace,
-                "labels": { "app.kubernetes.io/managed-by": MANAGER },
-            },
+            // Only the data: the chart creates the Secret with its labels.
+            "metadata": { "name": self.name, "namespace": self.namespace },
             "type": "Opaque",
             "data": data.iter().map(|(k, v)| (k.clone(), ByteString(v.as_bytes().to_vec()))).collect::<BTreeMap<_, _>>(),
         });

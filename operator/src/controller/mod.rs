@@ -55,6 +55,10 @@ use crate::{
 pub const MANAGER: &str = "neuron-operator";
 /// A full pass at least this often, whatever the watches say.
 const RESYNC: Duration = Duration::from_secs(300);
+/// ... and this often while a config names an OTLP headers Secret: the Secrets are read,
+/// not watched (the operator may not watch them), so a rotation or a new grant reaches
+/// the agents within it.
+const HEADERS_RESYNC: Duration = Duration::from_secs(60);
 /// Server-side duration of each watch call; below the client's read timeout, so a quiet
 /// watch ends normally and is resumed from its resource version.
 pub const WATCH_SECONDS: u32 = 20;
@@ -96,6 +100,8 @@ pub struct Controller {
     configmaps: Store<ConfigMap>,
     /// The configs' OTLP headers, mirrored for the agents.
     headers: HeadersMirror,
+    /// The last pass found a config with an OTLP headers Secret.
+    reads_headers: std::sync::atomic::AtomicBool,
     /// Last accepted version of each config (by uid): an invalid update keeps the nodes
     /// on it, as the API promises ("never a half-applied config").
     last_good: Mutex<HashMap<String, ValidConfig>>,
@@ -190,6 +196,7 @@ impl Controller {
         );
         Arc::new(Controller {
             headers: HeadersMirror::new(client.clone(), namespace, headers_secret),
+            reads_headers: Default::default(),
             client,
             namespace: namespace.to_owned(),
             policy,
@@ -260,9 +267,17 @@ impl Controller {
             tokio::select! {
                 _ = self.changed.notified() => tokio::time::sleep(DEBOUNCE).await,
                 _ = leading.changed() => {}
-                _ = tokio::time::sleep(RESYNC) => {}
+                _ = tokio::time::sleep(self.resync()) => {}
                 _ = shutdown.cancelled() => return,
             }
+        }
+    }
+
+    fn resync(&self) -> Duration {
+        if self.reads_headers.load(std::sync::atomic::Ordering::Relaxed) {
+            HEADERS_RESYNC
+        } else {
+            RESYNC
         }
     }
 
@@ -297,6 +312,7 @@ impl Controller {
         // The OTLP headers of the configs the nodes run, for their agents.
         let on_nodes = usable.iter().filter(|v| rendering.refusal(&v.key).is_none()).map(|v| (&v.key, &v.route));
         let (headers, mirrored) = self.headers.sync(on_nodes).await;
+        self.reads_headers.store(!headers.is_empty(), std::sync::atomic::Ordering::Relaxed);
         match mirrored {
             Ok(true) => self.metrics.wrote("secret", "apply"),
             Ok(false) => {}
