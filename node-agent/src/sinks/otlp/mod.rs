@@ -130,6 +130,11 @@ impl Sink {
         let mut starts = self.starts.lock().unwrap_or_else(|p| p.into_inner());
         let (resources, dropped) = {
             let state = self.sources.state.lock().unwrap_or_else(|p| p.into_inner());
+            // Before the first report the node is not known (no instance, no series): the
+            // resource could not name it.
+            if state.reports == 0 {
+                return Vec::new();
+            }
             // Taken after the state's lock, never the other way (as the exposition does).
             let processes = self.sources.processes.lock().unwrap_or_else(|p| p.into_inner());
             if !state.instance.region.is_empty() {
