@@ -538,3 +538,43 @@ fn faults_are_retried_and_counted_and_sigterm_sends_the_last_snapshot() {
     assert!(points(&final_request).iter().any(|p| p.name == "neuroncore_utilization_ratio"));
     eprintln!("SIGTERM → exit with the last snapshot sent: {:?}", asked.elapsed());
 }
+
+/// The figure of the README from the real agent: what one flush of the operator
+/// namespace's config (every group, the health series) sends for a simulated
+/// trn1.32xlarge with 32 applications, one per core, as the agent counts it.
+/// `cargo test -p neuron-node-agent --test otlp -- a_32_application_node --nocapture`
+#[test]
+fn a_32_application_node_sends_one_request_per_flush() {
+    let receiver = Receiver::start().expect("receiver");
+    let mut sim = vec!["--instance-type=trn1.32xlarge".to_owned(), "--hang-after=4".to_owned()];
+    sim.extend((0..32).map(|i| format!("--app=tag=app-{i:02},cores={i},util={},rps=10", 10 + i)));
+    let sim: Vec<&str> = sim.iter().map(String::as_str).collect();
+    let agent = start_agent(
+        &sim,
+        vec![route("neuron-monitor/all", None, otlp(Some(&receiver.url("/v1/metrics")), None, "1s"))],
+        &["--silence-timeout=1h"],
+        &[],
+    );
+    let sink = "neuron-monitor/all";
+    let m = agent.wait_for("four reports and three flushes after them", Duration::from_secs(60), |m| {
+        let reports = m.sum("neuron_agent_reports_total", &[]);
+        let sent = sink_value(m, "neuron_agent_otlp_requests_total", sink, &[("result", "success")]);
+        (reports >= 4.0 && sent >= 8.0).then(|| m.clone())
+    });
+    let flushes = sink_value(&m, "neuron_agent_otlp_flushes_total", sink, &[]);
+    let requests = sink_value(&m, "neuron_agent_otlp_requests_total", sink, &[("result", "success")]);
+    let sent_points = sink_value(&m, "neuron_agent_otlp_points_sent_total", sink, &[]);
+    let bytes = |encoding| sink_value(&m, "neuron_agent_otlp_sent_bytes_total", sink, &[("encoding", encoding)]);
+    // The last request: a flush of the whole node after the simulator stopped.
+    let last = receiver.received().last().cloned().expect("a request");
+    let last_points = points(&last.decode().expect("a request")).len();
+    eprintln!(
+        "{flushes} flushes, {requests} requests, {sent_points} points, {} bytes raw, {} bytes gzip; the last flush: \
+         {last_points} points, {} bytes gzip",
+        bytes("raw"),
+        bytes("gzip"),
+        last.body.len()
+    );
+    assert!(requests <= flushes, "one request per flush: {requests} for {flushes}");
+    assert!(last_points > 1000, "{last_points} points");
+}
