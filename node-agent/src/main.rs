@@ -225,9 +225,9 @@ struct CloudWatchArgs {
 #[derive(clap::Args, Debug)]
 #[command(next_help_heading = "OTLP")]
 struct OtlpArgs {
-    /// Data points each OTLP sink keeps waiting at most (as compressed requests, ~50 bytes
-    /// a point); beyond it the oldest requests are dropped (and counted). A trn1.32xlarge
-    /// with a pod per core sends about 2,800 per flush with everything.
+    /// Data points each OTLP sink keeps waiting at most (as compressed requests, a few
+    /// bytes a point); beyond it the oldest requests are dropped (and counted). A
+    /// trn1.32xlarge with a pod per core sends about 1,350 per flush with every group.
     #[arg(long, env = "NEURON_AGENT_OTLP_QUEUE_POINTS", default_value_t = 100_000,
           value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     otlp_queue_points: u32,
