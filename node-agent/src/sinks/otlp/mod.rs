@@ -119,6 +119,8 @@ struct Sink {
     metrics: OtlpMetrics,
     /// The instance's region, from the reports (for CloudWatch's endpoint without `region`).
     region: Mutex<Option<String>>,
+    /// Why it cannot send, once found (kept in `invalid_sinks` across route changes).
+    unusable: Mutex<Option<&'static str>>,
 }
 
 impl Sink {
@@ -246,6 +248,11 @@ impl Sinks {
             tokio::spawn(stop(sink));
         }
         self.metrics.invalid.clear();
+        for sink in running.iter() {
+            if let Some(reason) = *sink.sink.unusable.lock().unwrap_or_else(|p| p.into_inner()) {
+                self.metrics.set_invalid(&sink.sink.name, reason, true);
+            }
+        }
         for (route, selection) in wanted {
             if running.iter().any(|r| r.route == *route) {
                 continue;
@@ -278,6 +285,7 @@ impl Sinks {
             queue,
             metrics: self.metrics.clone(),
             region: Mutex::new(None),
+            unusable: Mutex::new(None),
         });
         let stop = CancellationToken::new();
         info!(sink = %name, destination = ?sink.settings.destination, flush_interval = ?sink.settings.flush_interval,
@@ -362,6 +370,7 @@ async fn run_sink(sink: Arc<Sink>, senders: Senders, stop: CancellationToken) {
 /// logged once, and its queue given up.
 async fn start_sender(sink: &Arc<Sink>, senders: &Senders, stop: &CancellationToken) -> Sending {
     let unusable = |reason: &'static str, why: &str| {
+        *sink.unusable.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
         sink.metrics.set_invalid(&sink.name, reason, true);
         warn!(sink = %sink.name, reason, "OTLP sink cannot send: {why}");
         sink.queue.abandon("invalid");

@@ -97,6 +97,7 @@ fn sink_over(route: &Route, state: Arc<Mutex<NodeState>>, started: SystemTime) -
         )),
         metrics: OtlpMetrics::default(),
         region: Mutex::new(None),
+        unusable: Mutex::new(None),
     }
 }
 
