@@ -44,6 +44,21 @@ pub(crate) mod testdata {
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {path}: {e}"))
     }
 
+    /// Attributes each runtime of `state` to a pod of its own, `serve-<i>` (container
+    /// `main`), in the namespace `namespace(i)`.
+    pub fn a_pod_per_runtime(state: &mut crate::state::NodeState, namespace: impl Fn(usize) -> &'static str) {
+        for (i, rt) in state.runtimes.iter_mut().enumerate() {
+            let pod = crate::state::PodRef {
+                namespace: namespace(i).into(),
+                pod: format!("serve-{i:02}"),
+                owner: format!("serve-{i:02}"),
+                container: "main".into(),
+                labels: vec![],
+            };
+            std::sync::Arc::make_mut(&mut rt.labels).pod = Some(std::sync::Arc::new(pod));
+        }
+    }
+
     pub const IDLE_INF1: &str = "inf1.xlarge-idle-1runtime.json";
     pub const TRN1_ERRORS: &str = "trn1.2xlarge-1runtime-errors.json";
     pub const TRN1N_32: &str = "trn1n.32xlarge-32runtimes.json";

@@ -269,55 +269,25 @@ fn every_dashboard_query_answers_the_same_through_otlp_as_through_scraping() {
 /// nothing of the other team and no node-level series.
 #[test]
 fn two_teams_with_two_endpoints_each_receive_only_their_own_series() {
-    use neuron_node_agent::attribution::podresources::{NEURONCORE, NEURONDEVICE};
-    use support::kubelet::{container_id, containerd_cgroup, holding, running_pod, FakeProc, PodResourcesServer};
-
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let cp = neuron_e2e::ControlPlane::shared();
-    let node = format!("neuron-node-{:08x}", neuron_e2e::random_u32());
-    let (a, b) = rt.block_on(async { (cp.namespace("otlp-a").await, cp.namespace("otlp-b").await) });
-    let client = rt.block_on(cp.client());
-    let (cid_a, cid_b) = (container_id(0xa7), container_id(0xb7));
-    let uid_a = rt.block_on(running_pod(&client, &a, "train", &node, "main", &cid_a));
-    let uid_b = rt.block_on(running_pod(&client, &b, "serve", &node, "srv", &cid_b));
-    let proc = FakeProc::new();
-    proc.process(4301, &containerd_cgroup(&uid_a, &cid_a));
-    proc.process(4302, &containerd_cgroup(&uid_b, &cid_b));
-    let dir = TempDir::new("kubelet");
-    let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
-    kubelet.set(vec![
-        holding(&a, "train", "main", NEURONDEVICE, &[0, 1]),
-        holding(&b, "serve", "srv", NEURONCORE, &[4, 5]),
-    ]);
-
+    let teams = support::kubelet::TwoTeams::start(&rt, "otlp", 4300);
+    let (a, b, node) = (&teams.a, &teams.b, &teams.node);
     let (receiver_a, receiver_b) = (
         Prometheus::start_otlp_receiver("").expect("prometheus3"),
         Prometheus::start_otlp_receiver("").expect("prometheus3"),
     );
     let routes = vec![
-        route(&format!("{a}/otlp"), Some(&a), otlp(Some(&receiver_a.otlp_url()), None, "1s")),
-        route(&format!("{b}/otlp"), Some(&b), otlp(Some(&receiver_b.otlp_url()), None, "1s")),
+        route(&format!("{a}/otlp"), Some(a), otlp(Some(&receiver_a.otlp_url()), None, "1s")),
+        route(&format!("{b}/otlp"), Some(b), otlp(Some(&receiver_b.otlp_url()), None, "1s")),
     ];
-    let sim = [
-        "--instance-type=trn1.32xlarge",
-        "--app=tag=train,cores=0-2,util=80,rps=20,pid=4301",
-        "--app=tag=serve,cores=4,util=50,rps=40,pid=4302",
-        "--ecc-every=1",
-    ];
-    let args = [
-        "--node-name",
-        node.as_str(),
-        "--proc-root",
-        proc.root().to_str().expect("utf-8 path"),
-        "--pod-resources-socket",
-        kubelet.socket.to_str().expect("utf-8 path"),
-        "--pod-resources-interval",
-        "300ms",
-    ];
-    let agent = start_agent(&sim, routes, &args, &[("KUBECONFIG", cp.kubeconfig.as_os_str())]);
+    let (sim, args) = (teams.sim_args(), teams.agent_args());
+    let sim: Vec<&str> = sim.iter().map(String::as_str).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let kubeconfig = neuron_e2e::ControlPlane::shared().kubeconfig.as_os_str();
+    let agent = start_agent(&sim, routes, &args, &[("KUBECONFIG", kubeconfig)]);
 
     for (receiver, ns, pod, busy, idle, other) in
-        [(&receiver_a, &a, "train", ("0", 0.8), Some("3"), &b), (&receiver_b, &b, "serve", ("4", 0.5), Some("5"), &a)]
+        [(&receiver_a, a, "train", ("0", 0.8), Some("3"), b), (&receiver_b, b, "serve", ("4", 0.5), Some("5"), a)]
     {
         let core =
             |c: &str| format!("neuroncore_utilization_ratio{{namespace=\"{ns}\",pod=\"{pod}\",neuroncore=\"{c}\"}}");
@@ -359,7 +329,7 @@ fn two_teams_with_two_endpoints_each_receive_only_their_own_series() {
         let targets = receiver.query("target_info").unwrap();
         assert!(targets.iter().all(|(l, _)| l.get("k8s_namespace_name").is_none_or(|n| n == ns)), "{targets:?}");
         assert!(targets.iter().any(|(l, _)| l.get("k8s_pod_name").map(String::as_str) == Some(pod)), "{targets:?}");
-        assert!(targets.iter().all(|(l, _)| l.get("k8s_node_name") == Some(&node)), "{targets:?}");
+        assert!(targets.iter().all(|(l, _)| l.get("k8s_node_name") == Some(node)), "{targets:?}");
     }
     let m = agent.metrics();
     for sink in [format!("{a}/otlp"), format!("{b}/otlp")] {

@@ -497,6 +497,22 @@ fn chart_args(container: &Value, replace: &[(&str, String)]) -> Vec<String> {
         .collect()
 }
 
+/// The agent's args as the DaemonSet gives them, with the paths inside the pod moved
+/// under `dir`, the simulator as neuron-monitor and `--listen` at `addr`.
+fn agent_chart_args(container: &Value, dir: &Path, addr: SocketAddr) -> Vec<String> {
+    chart_args(
+        container,
+        &[
+            ("--listen", addr.to_string()),
+            ("--monitor-command", workspace_bin("neuron-monitor-sim").display().to_string()),
+            ("--state-dir", dir.join("state").display().to_string()),
+            ("--pod-resources-socket", dir.join("kubelet.sock").display().to_string()),
+            ("--log-format", "text".into()),
+            ("--sysfs-root", dir.join("sys").display().to_string()),
+        ],
+    )
+}
+
 /// The environment of a container: plain values, and downward-API fields from `fields`.
 fn chart_env(container: &Value, fields: &[(&str, String)]) -> Vec<(String, String)> {
     container["env"]
@@ -665,12 +681,7 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     assert_eq!(rules_of(agent_client.clone(), &team).await, set(&agent_cluster));
 
     // A Neuron node (no kubelet runs here: a Node object is enough for both binaries).
-    let node_name = format!("ip-10-0-{}-7.ec2.internal", random_u32() % 250);
-    let node: Node = serde_json::from_value(json!({
-        "metadata": { "name": node_name, "labels": { "node.kubernetes.io/instance-type": "trn1.2xlarge" } }
-    }))
-    .unwrap();
-    Api::<Node>::all(admin.clone()).create(&PostParams::default(), &node).await.unwrap();
+    let node_name = neuron_node(&admin).await;
 
     // Two operator replicas, as the Deployment runs them, authenticated as its ServiceAccount.
     let dir = std::env::temp_dir().join(format!("neuron-e2e-chart-{:08x}", random_u32()));
@@ -744,17 +755,7 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         .expect("a volume mounted at --sysfs-root");
     assert_eq!(sys_mount["readOnly"].as_bool(), Some(true), "the sysfs tree is mounted read-only: {sys_mount:?}");
     let agent_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let mut agent_args = chart_args(
-        &agent_container,
-        &[
-            ("--listen", agent_addr.to_string()),
-            ("--monitor-command", workspace_bin("neuron-monitor-sim").display().to_string()),
-            ("--state-dir", dir.join("state").display().to_string()),
-            ("--pod-resources-socket", dir.join("kubelet.sock").display().to_string()),
-            ("--log-format", "text".into()),
-            ("--sysfs-root", dir.join("sys").display().to_string()),
-        ],
-    );
+    let mut agent_args = agent_chart_args(&agent_container, &dir, agent_addr);
     // A driver tree with one device in the invalid state: the Node condition and an
     // Event, written with the chart's rules.
     let device = dir.join("sys/devices/virtual/neuron_device/neuron0");
@@ -967,12 +968,7 @@ async fn otlp_headers_reach_the_endpoint_with_exactly_the_charts_rbac() {
     let agent_sa = agent_pod["serviceAccountName"].as_str().unwrap().to_owned();
     let mirror = one(&docs, "Secret")["metadata"]["name"].as_str().unwrap().to_owned();
 
-    let node_name = format!("ip-10-0-{}-9.ec2.internal", random_u32() % 250);
-    let node: Node = serde_json::from_value(json!({
-        "metadata": { "name": node_name, "labels": { "node.kubernetes.io/instance-type": "trn1.2xlarge" } }
-    }))
-    .unwrap();
-    Api::<Node>::all(admin.clone()).create(&PostParams::default(), &node).await.unwrap();
+    let node_name = neuron_node(&admin).await;
     let dir = std::env::temp_dir().join(format!("neuron-e2e-chart-otlp-{:08x}", random_u32()));
     std::fs::create_dir_all(dir.join("proc")).unwrap();
     let (operator_kubeconfig, agent_kubeconfig) = (dir.join("operator.kubeconfig"), dir.join("agent.kubeconfig"));
@@ -995,17 +991,7 @@ async fn otlp_headers_reach_the_endpoint_with_exactly_the_charts_rbac() {
     );
     let agent_container = &agent_pod["containers"][0];
     let agent_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let mut agent_args = chart_args(
-        agent_container,
-        &[
-            ("--listen", agent_addr.to_string()),
-            ("--monitor-command", workspace_bin("neuron-monitor-sim").display().to_string()),
-            ("--state-dir", dir.join("state").display().to_string()),
-            ("--pod-resources-socket", dir.join("kubelet.sock").display().to_string()),
-            ("--log-format", "text".into()),
-            ("--sysfs-root", dir.join("sys").display().to_string()),
-        ],
-    );
+    let mut agent_args = agent_chart_args(agent_container, &dir, agent_addr);
     agent_args.extend([
         format!("--kmsg-path={}", dir.join("kmsg").display()),
         format!("--proc-root={}", dir.join("proc").display()),
@@ -1088,6 +1074,17 @@ async fn otlp_headers_reach_the_endpoint_with_exactly_the_charts_rbac() {
     let (ok, out, err) = helm(&["uninstall", RELEASE, "--namespace", &ns, "--kubeconfig", &kubeconfig]);
     assert!(ok, "helm uninstall: {out}{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Creates a Neuron node (a trn1.2xlarge Node object) of a name of its own.
+async fn neuron_node(admin: &Client) -> String {
+    let name = format!("ip-10-0-{}-{}.ec2.internal", random_u32() % 250, random_u32() % 250);
+    let node: Node = serde_json::from_value(json!({
+        "metadata": { "name": name, "labels": { "node.kubernetes.io/instance-type": "trn1.2xlarge" } }
+    }))
+    .unwrap();
+    Api::<Node>::all(admin.clone()).create(&PostParams::default(), &node).await.unwrap();
+    name
 }
 
 /// The status code and message of an API answer (200 and "" for a success).

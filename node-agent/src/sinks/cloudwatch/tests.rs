@@ -17,7 +17,7 @@ use super::{
 use crate::{
     routing::Routing,
     state::{NodeState, PodRef},
-    testdata::{fixture, TRN1N_32, TRN1_ERRORS},
+    testdata::{a_pod_per_runtime, fixture, TRN1N_32, TRN1_ERRORS},
 };
 
 fn key(name: &'static str, dims: &[(&'static str, &str)]) -> MetricKey {
@@ -503,16 +503,7 @@ fn container_insights_leaves_out_sets_with_unknown_values() {
 #[test]
 fn container_insights_on_a_32_pod_node_fits_two_requests() {
     let mut state = state_of(TRN1N_32);
-    for (i, rt) in state.runtimes.iter_mut().enumerate() {
-        let pod = PodRef {
-            namespace: "team-a".into(),
-            pod: format!("serve-{i:02}"),
-            owner: format!("serve-{i:02}"),
-            container: "main".into(),
-            labels: vec![],
-        };
-        Arc::make_mut(&mut rt.labels).pod = Some(Arc::new(pod));
-    }
+    a_pod_per_runtime(&mut state, |_| "team-a");
     let ops = insights(None, &state);
     let requests = split(ops.clone(), "ContainerInsights");
     let bytes: usize = ops.iter().map(Datum::encoded_size).sum();
@@ -540,16 +531,7 @@ async fn cloudwatch_bytes_on_the_wire_of_a_32_pod_node() {
     use aws_sdk_cloudwatch::config::{BehaviorVersion, Credentials, Region};
     use aws_smithy_http_client::tls;
     let mut state = state_of(TRN1N_32);
-    for (i, rt) in state.runtimes.iter_mut().enumerate() {
-        let pod = PodRef {
-            namespace: "team-a".into(),
-            pod: format!("serve-{i:02}"),
-            owner: format!("serve-{i:02}"),
-            container: "main".into(),
-            labels: vec![],
-        };
-        Arc::make_mut(&mut rt.labels).pod = Some(Arc::new(pod));
-    }
+    a_pod_per_runtime(&mut state, |_| "team-a");
     let agent = AgentDimensions { cluster_name: Some("prod".into()), node_name: Some("node-a".into()) };
     let http = aws_smithy_http_client::Builder::new()
         .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))

@@ -28,7 +28,7 @@ use super::{
 use crate::{
     sinks::prometheus::{Exposition, Format},
     state::PodRef,
-    testdata::{fixture, TRN1N_32, TRN1_ERRORS},
+    testdata::{a_pod_per_runtime, fixture, TRN1N_32, TRN1_ERRORS},
 };
 
 fn route(config: &str, namespace: Option<&str>, extra: &[(&str, &str)]) -> Route {
@@ -49,20 +49,6 @@ fn state_of(fixture_name: &str) -> NodeState {
     let mut state = NodeState::default();
     state.apply(&Report::parse(&fixture(fixture_name)).unwrap());
     state
-}
-
-/// Attributes every runtime of the state to a pod of `namespace` (`serve-<i>`).
-fn in_pods(state: &mut NodeState, namespace: impl Fn(usize) -> &'static str) {
-    for (i, rt) in state.runtimes.iter_mut().enumerate() {
-        let pod = PodRef {
-            namespace: namespace(i).into(),
-            pod: format!("serve-{i:02}"),
-            owner: format!("serve-{i:02}"),
-            container: "main".into(),
-            labels: vec![],
-        };
-        Arc::make_mut(&mut rt.labels).pod = Some(Arc::new(pod));
-    }
 }
 
 fn identity() -> Identity {
@@ -177,7 +163,7 @@ fn exposition_series(text: &str) -> BTreeSet<Series> {
 #[test]
 fn a_cluster_wide_sink_sends_exactly_what_metrics_shows() {
     let mut state = state_of(TRN1_ERRORS);
-    in_pods(&mut state, |_| "team-a");
+    a_pod_per_runtime(&mut state, |_| "team-a");
     let ops = route("neuron-monitor/all", None, &[("cluster", "prod")]);
     let routing = SharedRouting::default();
     routing.replace(
@@ -250,7 +236,7 @@ fn resources_follow_the_semantic_conventions_and_pods_have_their_own() {
         availability_zone: "us-west-2a".into(),
         ..(*state.instance).clone()
     });
-    in_pods(&mut state, |_| "team-a");
+    a_pod_per_runtime(&mut state, |_| "team-a");
     let ops = route("neuron-monitor/all", None, &[]);
     let sent = series_of(&decode(&sink(&ops, state, SystemTime::now()).snapshot()));
     let node_only = sent.iter().find(|((n, _, _), _)| n == "system_vcpu_count").unwrap();
@@ -284,7 +270,7 @@ fn resources_follow_the_semantic_conventions_and_pods_have_their_own() {
 fn a_team_sink_sends_its_namespace_only_and_no_node_series() {
     let state = || {
         let mut state = state_of(TRN1N_32);
-        in_pods(&mut state, |i| if i % 2 == 0 { "team-a" } else { "team-b" });
+        a_pod_per_runtime(&mut state, |i| if i % 2 == 0 { "team-a" } else { "team-b" });
         state
     };
     let team = route("team-a/otlp", Some("team-a"), &[("team", "a")]);
@@ -344,7 +330,7 @@ fn attributes_beyond_150_a_point_are_left_off_and_counted() {
 #[test]
 fn requests_stay_within_the_limits_and_lose_nothing() {
     let mut state = state_of(TRN1N_32);
-    in_pods(&mut state, |_| "team-a");
+    a_pod_per_runtime(&mut state, |_| "team-a");
     let ops = route("neuron-monitor/all", None, &[]);
     let sink = sink(&ops, state, SystemTime::now());
     let all = sink.snapshot();
@@ -435,7 +421,7 @@ fn sinks_started_together_first_flush_across_the_interval() {
 #[test]
 fn otlp_on_a_32_pod_node_is_one_request_per_flush() {
     let mut state = state_of(TRN1N_32);
-    in_pods(&mut state, |_| "team-a");
+    a_pod_per_runtime(&mut state, |_| "team-a");
     let ops = route("neuron-monitor/all", None, &[]);
     let requests = sink(&ops, state, SystemTime::now()).snapshot();
     let points: usize = requests.iter().map(|r| r.points).sum();
