@@ -21,6 +21,7 @@ use std::{
 
 use api::{
     monitor_config::{RuntimeGroup, SystemGroup},
+    node_config::Route,
     report::{DeviceEccCounters, Percentiles},
 };
 use prometheus_client::{
@@ -38,7 +39,6 @@ use crate::{
     routing::{PrometheusView, Routing, Selection, SharedRouting},
     state::{IdleCore, InstanceLabels, NodeState, PodRef, RuntimeLabels, RuntimeState, ERROR_KINDS, STATUS_KINDS},
 };
-use api::node_config::Route;
 
 /// The exposition formats the agent serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

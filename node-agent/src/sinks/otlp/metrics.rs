@@ -52,7 +52,7 @@ impl OtlpMetrics {
         registry.register(
             "failures",
             "Failed OTLP export attempts by reason (throttled, server_error, timeout, network, auth, rejected, \
-             response, credentials, other)",
+             response, credentials, headers, other)",
             m.failures.clone(),
         );
         registry.register(
