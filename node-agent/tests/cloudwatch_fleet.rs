@@ -53,6 +53,7 @@ fn node_config(node: usize) -> NodeConfig {
         system_groups: SystemGroup::ALL.to_vec(),
         prometheus: None,
         cloudwatch: Some(spec),
+        otlp: None,
     };
     NodeConfig { monitor: Default::default(), routes: vec![route], health: None }
 }

@@ -132,6 +132,11 @@ struct RunArgs {
     )]
     neuron_instance_types: Vec<String>,
 
+    /// The Secret of --namespace into which the configs' OTLP headers (`headersSecret`)
+    /// are mirrored for the agents (the chart creates it).
+    #[arg(long, env = "NEURON_OPERATOR_OTLP_HEADERS_SECRET", default_value = "neuron-monitor-otlp-headers")]
+    otlp_headers_secret: String,
+
     /// Log format.
     #[arg(long, env = "NEURON_OPERATOR_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -202,6 +207,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let controller = Controller::start(
         client.clone(),
         &args.namespace,
+        &args.otlp_headers_secret,
         policy,
         metrics.clone(),
         recorder,

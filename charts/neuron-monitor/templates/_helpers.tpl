@@ -27,6 +27,11 @@
 {{- printf "%s-node-agent" (include "neuron-monitor.fullname" . | trunc 52 | trimSuffix "-") }}
 {{- end }}
 
+{{/* The Secret the operator mirrors the configs' OTLP headers into, for the agents. */}}
+{{- define "neuron-monitor.otlpHeadersSecret" -}}
+{{- printf "%s-otlp-headers" (include "neuron-monitor.fullname" . | trunc 50 | trimSuffix "-") }}
+{{- end }}
+
 {{- define "neuron-monitor.operator.serviceAccountName" -}}
 {{- if .Values.operator.serviceAccount.create }}
 {{- default (include "neuron-monitor.operator.fullname" .) .Values.operator.serviceAccount.name }}

@@ -49,6 +49,7 @@ use api::{
 };
 
 use crate::{
+    headers::HeadersMirror,
     nodes::{self, NeuronNodePolicy},
     telemetry::{ErrorLabel, OperatorMetrics, ReasonLabel},
 };
@@ -57,6 +58,10 @@ use crate::{
 pub const MANAGER: &str = "neuron-operator";
 /// A full pass at least this often, whatever the watches say.
 const RESYNC: Duration = Duration::from_secs(300);
+/// ... and this often while a config names an OTLP headers Secret: the Secrets are read,
+/// not watched (the operator may not watch them), so a rotation or a new grant reaches
+/// the agents within it.
+const HEADERS_RESYNC: Duration = Duration::from_secs(60);
 /// Server-side duration of each watch call; below the client's read timeout, so a quiet
 /// watch ends normally and is resumed from its resource version.
 pub const WATCH_SECONDS: u32 = 20;
@@ -98,6 +103,10 @@ pub struct Controller {
     /// Metadata only: the operator reads their annotations, never their data (which can
     /// approach 1 MiB per node).
     configmaps: Store<PartialObjectMeta<ConfigMap>>,
+    /// The configs' OTLP headers, mirrored for the agents.
+    headers: HeadersMirror,
+    /// The last pass found a config with an OTLP headers Secret.
+    reads_headers: std::sync::atomic::AtomicBool,
     /// Last accepted version of each config (by uid): an invalid update keeps the nodes
     /// on it, as the API promises ("never a half-applied config").
     last_good: Mutex<HashMap<String, ValidConfig>>,
@@ -129,11 +138,13 @@ impl Listed {
 }
 
 impl Controller {
-    /// Starts the watches; their caches fill in the background. A pass writes up to
-    /// `writes_in_flight` ConfigMaps at once (at least 1).
+    /// Starts the watches; their caches fill in the background. `headers_secret`: the
+    /// Secret of `namespace` the configs' OTLP headers are mirrored into. A pass writes up
+    /// to `writes_in_flight` ConfigMaps at once (at least 1).
     pub fn start(
         client: Client,
         namespace: &str,
+        headers_secret: &str,
         policy: NeuronNodePolicy,
         metrics: OperatorMetrics,
         recorder: Recorder,
@@ -197,6 +208,8 @@ impl Controller {
             ),
         );
         Arc::new(Controller {
+            headers: HeadersMirror::new(client.clone(), namespace, headers_secret),
+            reads_headers: Default::default(),
             client,
             namespace: namespace.to_owned(),
             policy,
@@ -285,9 +298,17 @@ impl Controller {
             tokio::select! {
                 _ = self.changed.notified() => tokio::time::sleep(DEBOUNCE).await,
                 _ = leading.changed() => {}
-                _ = tokio::time::sleep(RESYNC) => {}
+                _ = tokio::time::sleep(self.resync()) => {}
                 _ = shutdown.cancelled() => return,
             }
+        }
+    }
+
+    fn resync(&self) -> Duration {
+        if self.reads_headers.load(std::sync::atomic::Ordering::Relaxed) {
+            HEADERS_RESYNC
+        } else {
+            RESYNC
         }
     }
 
@@ -335,6 +356,16 @@ impl Controller {
             }
         }
         self.delete_stale_configmaps(&rendering, &mut failures).await;
+
+        // The OTLP headers of the configs the nodes run, for their agents.
+        let on_nodes = usable.iter().filter(|v| rendering.refusal(&v.key).is_none()).map(|v| (&v.key, &v.route));
+        let (headers, mirrored) = self.headers.sync(on_nodes).await;
+        self.reads_headers.store(!headers.is_empty(), std::sync::atomic::Ordering::Relaxed);
+        match mirrored {
+            Ok(true) => self.metrics.wrote("secret", "apply"),
+            Ok(false) => {}
+            Err(e) => failures.record(&self.metrics, "secret", "apply", "OTLP headers mirror", &e.into()),
+        }
 
         // Verdicts: refused by validation, else by the room on its nodes.
         let verdicts: Vec<Verdict> = verdicts
@@ -387,6 +418,7 @@ impl Controller {
                 applied: applied.get(&key).copied().unwrap_or(0),
                 unhealthy: unhealthy.get(&key).copied().unwrap_or(0),
                 health: config.spec.health.is_some().then(|| health_conflicts.get(&key).cloned()),
+                headers: headers.get(&key).cloned(),
                 estimate,
             };
             if let Err(e) = self.update_status(&config, outcome).await {

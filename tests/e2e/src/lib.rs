@@ -9,14 +9,19 @@
 //! - [`chart`]: the Helm chart rendered, its objects, a container's args and environment.
 //! - [`https`]: an HTTPS client for the metrics ports, and a Secret volume laid out as
 //!   the kubelet lays it out.
+//! - [`prometheus`]: a real Prometheus (scraping, or Prometheus 3 receiving OTLP);
+//!   [`otlp`]: a test OTLP receiver that records what it is sent; [`dashboard`]: the
+//!   chart dashboard's queries.
 //!
 //! Every process started here dies with the test binary, even when a test panics: it is
 //! started from a thread that lives as long as the process, with the parent-death
 //! signal set, and is stopped gracefully (SIGTERM) so it cleans up after itself.
 
 pub mod chart;
+pub mod dashboard;
 pub mod fleet;
 pub mod https;
+pub mod otlp;
 pub mod prometheus;
 
 use std::{

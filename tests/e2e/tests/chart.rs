@@ -257,6 +257,14 @@ fn templates_render_what_the_chart_promises() {
     // The default NeuronMonitorConfig lives in the release namespace.
     let nmc = one(&docs, "NeuronMonitorConfig");
     assert_eq!(nmc["metadata"]["namespace"].as_str(), Some("neuron-monitor"));
+
+    // The OTLP headers mirror: an empty Secret, named to both binaries.
+    let mirror = one(&docs, "Secret");
+    assert!(mirror["data"].is_null(), "created empty: {mirror:?}");
+    let flag = format!("--otlp-headers-secret={}", mirror["metadata"]["name"].as_str().unwrap());
+    for k in ["Deployment", "DaemonSet"] {
+        assert!(strings(&one(&docs, k)["spec"]["template"]["spec"]["containers"][0]["args"]).contains(&flag), "{k}");
+    }
 }
 
 /// The metrics endpoints (values `metricsEndpoint`): HTTPS with the chart's own
@@ -532,6 +540,20 @@ fn api_code(result: Result<impl Sized, kube::Error>) -> u16 {
     api_answer(result).0
 }
 
+/// The agent's args as the DaemonSet gives them, with the paths inside the pod moved
+/// under `dir`, the simulator as neuron-monitor, and the flags of `replaced` (its ports)
+/// replaced as well.
+fn agent_chart_args(container: &Value, dir: &Path, mut replaced: Vec<(&'static str, String)>) -> Vec<String> {
+    replaced.extend([
+        ("--monitor-command", workspace_bin("neuron-monitor-sim").display().to_string()),
+        ("--state-dir", dir.join("state").display().to_string()),
+        ("--pod-resources-socket", dir.join("kubelet.sock").display().to_string()),
+        ("--log-format", "text".into()),
+        ("--sysfs-root", dir.join("sys").display().to_string()),
+    ]);
+    chart_args(container, &replaced)
+}
+
 fn start(binary: &str, args: Vec<String>, env: Vec<(String, String)>, cp: &ControlPlane) -> Process {
     let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     Process::start(binary, &args, &env, cp)
@@ -676,6 +698,7 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         "coordination.k8s.io/leases:create",
         "coordination.k8s.io/leases/neuron-operator:get",
         "coordination.k8s.io/leases/neuron-operator:update",
+        "/secrets/nm-neuron-monitor-otlp-headers:patch",
     ]));
     assert_eq!(rules_of(operator_client.clone(), &ns).await, operator_here);
     assert_eq!(rules_of(operator_client.clone(), &team).await, set(&operator_cluster));
@@ -691,17 +714,19 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         "authorization.k8s.io/subjectaccessreviews:create",
     ];
     let mut agent_here = set(&agent_cluster);
-    agent_here.extend(set(&["/configmaps:list", "/configmaps:watch", "/configmaps:patch"]));
+    agent_here.extend(set(&[
+        "/configmaps:list",
+        "/configmaps:watch",
+        "/configmaps:patch",
+        "/secrets/nm-neuron-monitor-otlp-headers:get",
+        "/secrets/nm-neuron-monitor-otlp-headers:list",
+        "/secrets/nm-neuron-monitor-otlp-headers:watch",
+    ]));
     assert_eq!(rules_of(agent_client.clone(), &ns).await, agent_here);
     assert_eq!(rules_of(agent_client.clone(), &team).await, set(&agent_cluster));
 
     // A Neuron node (no kubelet runs here: a Node object is enough for both binaries).
-    let node_name = format!("ip-10-0-{}-7.ec2.internal", random_u32() % 250);
-    let node: Node = serde_json::from_value(json!({
-        "metadata": { "name": node_name, "labels": { "node.kubernetes.io/instance-type": "trn1.2xlarge" } }
-    }))
-    .unwrap();
-    Api::<Node>::all(admin.clone()).create(&PostParams::default(), &node).await.unwrap();
+    let node_name = neuron_node(&admin).await;
 
     // Two operator replicas, as the Deployment runs them, authenticated as its ServiceAccount.
     let dir = std::env::temp_dir().join(format!("neuron-e2e-chart-{:08x}", random_u32()));
@@ -789,15 +814,7 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         .expect("a volume mounted at --sysfs-root");
     assert_eq!(sys_mount["readOnly"].as_bool(), Some(true), "the sysfs tree is mounted read-only: {sys_mount:?}");
     let agent_ports = Ports::new();
-    let mut replaced = tls_args("DaemonSet", &agent_ports);
-    replaced.extend([
-        ("--monitor-command", workspace_bin("neuron-monitor-sim").display().to_string()),
-        ("--state-dir", dir.join("state").display().to_string()),
-        ("--pod-resources-socket", dir.join("kubelet.sock").display().to_string()),
-        ("--log-format", "text".into()),
-        ("--sysfs-root", dir.join("sys").display().to_string()),
-    ]);
-    let mut agent_args = chart_args(&agent_container, &replaced);
+    let mut agent_args = agent_chart_args(&agent_container, &dir, tls_args("DaemonSet", &agent_ports));
     // A driver tree with one device in the invalid state: the Node condition and an
     // Event, written with the chart's rules.
     let device = dir.join("sys/devices/virtual/neuron_device/neuron0");
@@ -1051,6 +1068,160 @@ fn certificate_files(docs: &[Value], workload: &str) -> (String, Vec<(&'static s
     (secret.expect("a Secret"), files)
 }
 
+/// The OTLP headers of a config's Secret reach its endpoint with exactly the chart's
+/// RBAC: the operator cannot read the Secret until a Role grants it `get` on it (the
+/// config's `OtlpHeaders` condition says so, and the agent sends nothing without its
+/// headers); then it mirrors them into the chart's Secret, the only one the agent reads,
+/// and every request carries them. The agent can read no other Secret.
+#[tokio::test]
+async fn otlp_headers_reach_the_endpoint_with_exactly_the_charts_rbac() {
+    const RELEASE: &str = "nmh";
+    let cp = ControlPlane::shared();
+    install_all_crds(cp).await;
+    let admin = cp.client().await;
+    let ns = cp.namespace("nm-otlp").await;
+    let kubeconfig = cp.kubeconfig.display().to_string();
+    let chart = chart_dir().display().to_string();
+    // Plain /metrics: this test is about the headers Secret's way (the metrics endpoint's
+    // HTTPS and token reviews have tests of their own).
+    let plain = ["--set", "metricsEndpoint.tls.enabled=false", "--set", "metricsEndpoint.authorization.enabled=false"];
+    let mut install = vec!["install", RELEASE, &chart, "--namespace", &ns, "--kubeconfig", &kubeconfig];
+    install.extend(plain);
+    let (ok, out, err) = helm(&install);
+    assert!(ok, "helm install: {out}{err}");
+    let (ok, manifest, err) = helm(&["get", "manifest", RELEASE, "--namespace", &ns, "--kubeconfig", &kubeconfig]);
+    assert!(ok, "{err}");
+    let docs = documents(&manifest);
+    let pod_spec = |k: &str| one(&docs, k)["spec"]["template"]["spec"].clone();
+    let (operator_pod, agent_pod) = (pod_spec("Deployment"), pod_spec("DaemonSet"));
+    let operator_sa = operator_pod["serviceAccountName"].as_str().unwrap().to_owned();
+    let agent_sa = agent_pod["serviceAccountName"].as_str().unwrap().to_owned();
+    let mirror = one(&docs, "Secret")["metadata"]["name"].as_str().unwrap().to_owned();
+
+    let node_name = neuron_node(&admin).await;
+    let dir = std::env::temp_dir().join(format!("neuron-e2e-chart-otlp-{:08x}", random_u32()));
+    std::fs::create_dir_all(dir.join("proc")).unwrap();
+    let (operator_kubeconfig, agent_kubeconfig) = (dir.join("operator.kubeconfig"), dir.join("agent.kubeconfig"));
+    cp.service_account_kubeconfig(&ns, &operator_sa, None, &operator_kubeconfig).expect("a kubeconfig");
+    cp.service_account_kubeconfig(&ns, &agent_sa, Some(&node_name), &agent_kubeconfig).expect("a kubeconfig");
+
+    // The operator (one replica) and the agent, as the chart runs them.
+    let operator_container = &operator_pod["containers"][0];
+    let operator_ports = Ports::new();
+    let mut env = chart_env(operator_container, &[("metadata.namespace", ns.clone()), ("metadata.name", "op".into())]);
+    env.push(("KUBECONFIG".into(), operator_kubeconfig.display().to_string()));
+    let operator = start(
+        "neuron-operator",
+        chart_args(
+            operator_container,
+            &[
+                ("--listen", operator_ports.metrics.to_string()),
+                ("--probe-listen", operator_ports.probes.to_string()),
+                ("--leader-election", "false".into()),
+            ],
+        ),
+        env,
+        cp,
+    );
+    let agent_container = &agent_pod["containers"][0];
+    let agent_ports = Ports::new();
+    let ports = vec![("--listen", agent_ports.metrics.to_string()), ("--probe-listen", agent_ports.probes.to_string())];
+    let mut agent_args = agent_chart_args(agent_container, &dir, ports);
+    agent_args.extend([
+        format!("--kmsg-path={}", dir.join("kmsg").display()),
+        format!("--proc-root={}", dir.join("proc").display()),
+        "--monitor-arg=--app=tag=serve,cores=0,util=60,rps=50".to_owned(),
+    ]);
+    let mut agent_env = chart_env(agent_container, &[("spec.nodeName", node_name.clone())]);
+    agent_env.push(("KUBECONFIG".into(), agent_kubeconfig.display().to_string()));
+    let agent = start("neuron-node-agent", agent_args, agent_env, cp);
+
+    // A config of the release namespace (it sees every application) sending to the test
+    // receiver with the headers of its Secret.
+    let receiver = neuron_e2e::otlp::Receiver::start().unwrap();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "otlp-token", "namespace": ns },
+        "stringData": { "Authorization": "Bearer s3cr3t", "X-Scope-OrgID": "team-a" },
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(admin.clone(), &ns).create(&PostParams::default(), &secret).await.unwrap();
+    let config: api::crd::NeuronMonitorConfig = serde_json::from_value(json!({
+        "apiVersion": "neuronmonitor.io/v1alpha1", "kind": "NeuronMonitorConfig",
+        "metadata": { "name": "otlp", "namespace": ns },
+        "spec": { "period": "1s", "sinks": { "otlp": {
+            "endpoint": receiver.url("/v1/metrics"), "headersSecret": { "name": "otlp-token" }, "flushInterval": "1s",
+        } } },
+    }))
+    .unwrap();
+    let configs: Api<api::crd::NeuronMonitorConfig> = Api::namespaced(admin.clone(), &ns);
+    configs.create(&PostParams::default(), &config).await.unwrap();
+    let headers_condition = |configs: Api<api::crd::NeuronMonitorConfig>| async move {
+        let status = configs.get("otlp").await.ok()?.status?;
+        status.conditions.into_iter().find(|c| c.type_ == "OtlpHeaders")
+    };
+    let refused = wait("OtlpHeaders=False", Duration::from_secs(60), || async {
+        headers_condition(configs.clone()).await.filter(|c| c.status == "False")
+    })
+    .await;
+    assert_eq!(refused.reason, "Forbidden", "{}", refused.message);
+    // Without its headers the sink sends nothing.
+    wait("the agent waiting for its headers", Duration::from_secs(60), || async {
+        let (_, body) = http_get(agent_ports.metrics, "/metrics")?;
+        body.contains("neuron_agent_otlp_failures_total{sink=")
+            .then_some(())
+            .filter(|_| body.contains("reason=\"headers\""))
+    })
+    .await;
+    assert!(receiver.received().is_empty(), "a request without its headers");
+
+    // The grant a team makes: get on that one Secret, to the operator's ServiceAccount.
+    let grant = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: otlp-headers-reader, namespace: {ns}}}\n\
+         rules: [{{apiGroups: [''], resources: [secrets], resourceNames: [otlp-token], verbs: [get]}}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: otlp-headers-reader, namespace: {ns}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: otlp-headers-reader}}\n\
+         subjects: [{{kind: ServiceAccount, name: {operator_sa}, namespace: {ns}}}]\n"
+    );
+    let (ok, out, err) = kubectl(cp, &["apply", "-f", "-"], Some(&grant));
+    assert!(ok, "{out}{err}");
+    // The next pass reads it (within a minute; a change of the config starts one now).
+    let touch = json!({ "metadata": { "annotations": { "test/touched": "1" } } });
+    configs.patch("otlp", &PatchParams::default(), &Patch::Merge(touch)).await.unwrap();
+    let mirrored = wait("OtlpHeaders=True", Duration::from_secs(90), || async {
+        headers_condition(configs.clone()).await.filter(|c| c.status == "True")
+    })
+    .await;
+    assert_eq!(mirrored.reason, "Mirrored", "{}", mirrored.message);
+    let received = receiver
+        .wait_for("a request with the headers", Duration::from_secs(60), |r| r.first().cloned())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(received.headers.get("authorization").map(String::as_str), Some("Bearer s3cr3t"));
+    assert_eq!(received.headers.get("x-scope-orgid").map(String::as_str), Some("team-a"));
+    assert!(!received.decode().unwrap().resource_metrics.is_empty());
+
+    // The agent reads the mirror and no other Secret.
+    let agent_secrets = Api::<Secret>::namespaced(cp.service_account_client(&ns, &agent_sa).await, &ns);
+    assert_eq!(api_code(agent_secrets.get("otlp-token").await), 403);
+    assert_eq!(api_code(agent_secrets.get(&mirror).await), 200);
+    drop(agent);
+    drop(operator);
+    Api::<Node>::all(admin.clone()).delete(&node_name, &DeleteParams::default()).await.unwrap();
+    let (ok, out, err) = helm(&["uninstall", RELEASE, "--namespace", &ns, "--kubeconfig", &kubeconfig]);
+    assert!(ok, "helm uninstall: {out}{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Creates a Neuron node (a trn1.2xlarge Node object) of a name of its own.
+async fn neuron_node(admin: &Client) -> String {
+    let name = format!("ip-10-0-{}-{}.ec2.internal", random_u32() % 250, random_u32() % 250);
+    let node: Node = serde_json::from_value(json!({
+        "metadata": { "name": name, "labels": { "node.kubernetes.io/instance-type": "trn1.2xlarge" } }
+    }))
+    .unwrap();
+    Api::<Node>::all(admin.clone()).create(&PostParams::default(), &node).await.unwrap();
+    name
+}
+
 /// The status code and message of an API answer (200 and "" for a success).
 fn api_answer(result: Result<impl Sized, kube::Error>) -> (u16, String) {
     match result {
@@ -1273,7 +1444,7 @@ fn alert_rules_pass_promtool_checks_and_unit_tests() {
         let alert = rule["alert"].as_str().unwrap();
         alerts += 1;
         assert!(tests.contains(&format!("alertname: {alert}\n")), "{alert} has no unit test in tests/alerts_test.yaml");
-        for metric in metric_names(rule["expr"].as_str().unwrap()) {
+        for metric in neuron_e2e::dashboard::metric_names(rule["expr"].as_str().unwrap()) {
             let family = metric.strip_suffix("_total").unwrap_or(&metric);
             assert!(
                 metric == "up" || registered(&sources, family),
@@ -1312,20 +1483,6 @@ fn source_text(dirs: &[PathBuf]) -> String {
         }
     }
     text
-}
-
-/// Metric names selected in a PromQL expression: identifiers followed by `{`.
-fn metric_names(promql: &str) -> BTreeSet<String> {
-    let bytes = promql.as_bytes();
-    let mut names = BTreeSet::new();
-    for (i, _) in promql.match_indices('{') {
-        let start =
-            promql[..i].rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')).map_or(0, |p| p + 1);
-        if start < i && !bytes[start].is_ascii_digit() {
-            names.insert(promql[start..i].to_owned());
-        }
-    }
-    names
 }
 
 /// A process of this test started with [`spawn_tied`], stopped with SIGTERM on drop.
@@ -1372,23 +1529,11 @@ fn standalone_agent(state_dir: &Path, sim_args: &[&str]) -> (Tied, SocketAddr) {
     (Tied(pid), addr)
 }
 
-/// Replaces the dashboard's variables with values that select everything.
-fn expand(expr: &str) -> String {
-    expr.replace("$__rate_interval", "1m")
-        .replace("$__interval", "5s")
-        .replace("$__range", "5m")
-        .replace("$instance_type", ".*")
-        .replace("$namespace", ".*")
-        .replace("$pod", ".*")
-}
-
 #[test]
 fn every_dashboard_query_returns_data_from_a_real_prometheus() {
-    let dashboard: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(chart_dir().join("files/dashboard.json")).unwrap()).unwrap();
+    let dashboard = neuron_e2e::dashboard::load();
     // Its shape, as Grafana's sidecar loads it.
     assert!(dashboard["uid"].is_string() && dashboard["title"].is_string());
-    let mut queries: Vec<(String, String)> = Vec::new();
     let mut ids = BTreeSet::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         assert!(ids.insert(panel["id"].as_i64().unwrap()), "panel ids are unique");
@@ -1396,20 +1541,10 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
             continue;
         }
         assert_eq!(panel["datasource"]["uid"], "${datasource}", "{} uses the datasource variable", panel["title"]);
-        let targets = panel["targets"].as_array().unwrap();
-        assert!(!targets.is_empty(), "{} has a query", panel["title"]);
-        for t in targets {
-            queries.push((panel["title"].as_str().unwrap().to_owned(), t["expr"].as_str().unwrap().to_owned()));
-        }
+        assert!(!panel["targets"].as_array().unwrap().is_empty(), "{} has a query", panel["title"]);
     }
-    // Variables: label_values(<selector>, label): the selector must have data.
-    for var in dashboard["templating"]["list"].as_array().unwrap() {
-        if var["type"] == "query" {
-            let q = var["query"]["query"].as_str().unwrap();
-            let inner = q.strip_prefix("label_values(").and_then(|r| r.rsplit_once(',')).map(|(s, _)| s).unwrap();
-            queries.push((format!("variable {}", var["name"].as_str().unwrap()), inner.to_owned()));
-        }
-    }
+    // Panels' queries, and the variables' label_values(<selector>, label): each must have data.
+    let queries = neuron_e2e::dashboard::queries(&dashboard);
     assert!(queries.len() >= 20, "{} queries", queries.len());
 
     // Two simulated nodes: a trn1 with ECC events and an uncorrectable HBM error on its
@@ -1454,7 +1589,7 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let started = Instant::now();
     let mut empty = Vec::new();
     for (title, expr) in &queries {
-        let promql = expand(expr);
+        let promql = neuron_e2e::dashboard::expand(expr);
         assert!(!promql.contains('$'), "{title}: unknown variable in {expr}");
         let found = prometheus.wait_for(&promql, Duration::from_secs(20), |r| (!r.is_empty()).then_some(r.len()));
         match found {
