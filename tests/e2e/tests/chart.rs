@@ -259,12 +259,20 @@ fn templates_render_what_the_chart_promises() {
     assert_eq!(nmc["metadata"]["namespace"].as_str(), Some("neuron-monitor"));
 
     // The OTLP headers mirror: an empty Secret, named to both binaries.
-    let mirror = one(&docs, "Secret");
+    let mirror = find(&docs, "Secret")
+        .into_iter()
+        .find(|s| s["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-otlp-headers")))
+        .expect("the OTLP headers Secret");
     assert!(mirror["data"].is_null(), "created empty: {mirror:?}");
     let flag = format!("--otlp-headers-secret={}", mirror["metadata"]["name"].as_str().unwrap());
     for k in ["Deployment", "DaemonSet"] {
         assert!(strings(&one(&docs, k)["spec"]["template"]["spec"]["containers"][0]["args"]).contains(&flag), "{k}");
     }
+}
+
+/// The names of the Secrets rendered; the (empty) OTLP headers mirror is always one.
+fn secret_names(docs: &[Value]) -> Vec<&str> {
+    find(docs, "Secret").iter().filter_map(|s| s["metadata"]["name"].as_str()).collect()
 }
 
 /// The metrics endpoints (values `metricsEndpoint`): HTTPS with the chart's own
@@ -363,7 +371,7 @@ fn templates_render_the_metrics_endpoints_behind_https_and_tokens() {
     assert!(strings(&certificate["spec"]["dnsNames"])
         .contains(&"nm-neuron-monitor-node-agent.neuron-monitor.svc".to_owned()));
     assert_eq!(one(&cm, "Issuer")["spec"]["selfSigned"], Value::Mapping(Default::default()));
-    assert!(find(&cm, "Secret").is_empty());
+    assert_eq!(secret_names(&cm), ["nm-neuron-monitor-otlp-headers"], "no chart-made certificate");
     let ca = &find(&cm, "ServiceMonitor")[0]["spec"]["endpoints"][0]["tlsConfig"]["ca"]["secret"];
     assert_eq!((ca["name"].as_str(), ca["key"].as_str()), (Some("nm-neuron-monitor-metrics-tls"), Some("ca.crt")));
 
@@ -375,7 +383,7 @@ fn templates_render_the_metrics_endpoints_behind_https_and_tokens() {
         args.contains(&"--metrics-auth=false".to_owned()) && !args.iter().any(|a| a.starts_with("--tls-")),
         "{args:?}"
     );
-    assert!(find(&plain, "Secret").is_empty());
+    assert_eq!(secret_names(&plain), ["nm-neuron-monitor-otlp-headers"], "no certificate");
     assert!(find(&plain, "ServiceMonitor")[0]["spec"]["endpoints"][0]["scheme"].is_null());
 
     // The NetworkPolicy: the metrics port from the Prometheus pods named, the probe port
