@@ -674,14 +674,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let devices = attribution.as_ref().map(attribution::Sources::devices);
     // The configs' OTLP headers, as the operator mirrors them (Kubernetes only).
     let otlp_headers = client.as_ref().map(|client| {
-        let errors = otlp_metrics.headers_watch_errors.clone();
         let (namespace, secret) = (&args.source.config_namespace, &args.otlp.otlp_headers_secret);
         otlp::headers::follow(
             client.clone(),
             namespace,
             secret,
+            activator.routing(),
             args.source.api_watch_timeout,
-            errors,
+            otlp_metrics.clone(),
             shutdown.clone(),
         )
     });

@@ -193,6 +193,11 @@ impl Routing {
         self.routes.iter().filter(|c| c.route.otlp.is_some()).map(|c| (&c.route, &c.selection))
     }
 
+    /// Whether an OTLP sink in force takes its headers from a Secret.
+    pub fn names_otlp_headers(&self) -> bool {
+        self.otlp_routes().any(|(route, _)| route.otlp.as_ref().is_some_and(|o| o.headers_secret.is_some()))
+    }
+
     /// Whether Prometheus exports a system group.
     pub fn prometheus_system(&self, group: SystemGroup) -> bool {
         self.is_builtin()

@@ -1144,6 +1144,16 @@ async fn otlp_headers_reach_the_endpoint_with_exactly_the_charts_rbac() {
     agent_env.push(("KUBECONFIG".into(), agent_kubeconfig.display().to_string()));
     let agent = start("neuron-node-agent", agent_args, agent_env, cp);
 
+    // No config names a headersSecret yet: the agent does not watch the mirror.
+    let followed = |value: &'static str| {
+        let port = agent_ports.metrics;
+        move || async move {
+            let (_, body) = http_get(port, "/metrics")?;
+            body.lines().any(|l| l == format!("neuron_agent_otlp_headers_followed {value}")).then_some(())
+        }
+    };
+    wait("the agent up, not following the headers", Duration::from_secs(60), followed("0")).await;
+
     // A config of the release namespace (it sees every application) sending to the test
     // receiver with the headers of its Secret.
     let receiver = neuron_e2e::otlp::Receiver::start().unwrap();
@@ -1172,6 +1182,7 @@ async fn otlp_headers_reach_the_endpoint_with_exactly_the_charts_rbac() {
     })
     .await;
     assert_eq!(refused.reason, "Forbidden", "{}", refused.message);
+    wait("the agent following the headers", Duration::from_secs(60), followed("1")).await;
     // Without its headers the sink sends nothing.
     wait("the agent waiting for its headers", Duration::from_secs(60), || async {
         let (_, body) = http_get(agent_ports.metrics, "/metrics")?;
