@@ -10,6 +10,8 @@
 //! - [`state`]: what the node looks like now, folded from the reports.
 //! - [`attribution`]: processes and cores → pods (cgroups, the kubelet's pod-resources
 //!   API, the pod watch).
+//! - [`efa`]: the EFA devices' counters from sysfs, with the pods holding the devices,
+//!   read off the report path.
 //! - [`processes`]: the applications' own processes (CPU, memory, threads, descriptors,
 //!   I/O) from `/proc`, read after each report off the report path.
 //! - [`routing`]: which config gets which applications, groups and sinks.
@@ -21,6 +23,7 @@
 
 pub mod attribution;
 pub mod config;
+pub mod efa;
 pub mod health;
 pub mod http;
 pub mod kubernetes;
