@@ -184,22 +184,24 @@ pub struct EfaAllocation {
     pub device: String,
 }
 
-/// EFA allocations kept from one answer: more than any node has devices (64 read).
+/// EFA allocations kept from one answer (a node has at most 32 EFA devices; 64 are read),
+/// and ids named as unreadable.
 const MAX_EFA_ALLOCATIONS: usize = 1024;
+const MAX_UNREADABLE_EFA_IDS: usize = 16;
 
-/// The EFA allocations of a `List` answer, sorted by device, and the device ids that
-/// cannot be device names (bounded, as they become label values).
+/// The EFA allocations of a `List` answer, sorted by device, and (some of) the device ids
+/// that cannot be device names, cut to 64 bytes.
 pub fn efa_allocations(response: &proto::ListPodResourcesResponse) -> (Vec<EfaAllocation>, Vec<String>) {
     let mut out = Vec::new();
     let mut unreadable = Vec::new();
     for pod in &response.pod_resources {
         for container in &pod.containers {
             for devices in container.devices.iter().filter(|d| d.resource_name == EFA) {
-                for id in &devices.device_ids {
-                    if !crate::efa::sysfs::valid_device_name(id) || out.len() == MAX_EFA_ALLOCATIONS {
-                        let mut id = id.clone();
-                        id.truncate(id.floor_char_boundary(64));
-                        unreadable.push(format!("{EFA}={id}"));
+                for id in devices.device_ids.iter().take(MAX_EFA_ALLOCATIONS.saturating_sub(out.len())) {
+                    if !crate::efa::sysfs::valid_device_name(id) {
+                        if unreadable.len() < MAX_UNREADABLE_EFA_IDS {
+                            unreadable.push(format!("{EFA}={}", &id[..id.floor_char_boundary(64)]));
+                        }
                         continue;
                     }
                     out.push(EfaAllocation {
