@@ -47,6 +47,30 @@ pub(crate) mod testdata {
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {path}: {e}"))
     }
 
+    /// A temporary file tree for the tests of readers (sysfs, /proc), removed on drop.
+    pub struct Tree(pub std::path::PathBuf);
+
+    impl Tree {
+        pub fn new(tag: &str) -> Tree {
+            let p = std::env::temp_dir().join(format!("{tag}-{}-{}", std::process::id(), fastrand::u64(..)));
+            std::fs::create_dir_all(&p).unwrap();
+            Tree(p)
+        }
+
+        /// Writes `text` to the file at `rel`, creating its directories.
+        pub fn write(&self, rel: &str, text: &str) {
+            let path = self.0.join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+    }
+
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
     pub const IDLE_INF1: &str = "inf1.xlarge-idle-1runtime.json";
     pub const TRN1_ERRORS: &str = "trn1.2xlarge-1runtime-errors.json";
     pub const TRN1N_32: &str = "trn1n.32xlarge-32runtimes.json";

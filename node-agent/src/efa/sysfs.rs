@@ -308,43 +308,22 @@ fn read_counters(dir: &Path, reading: &mut Reading) -> Vec<Counter> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testdata::Tree;
     use std::os::unix::fs::symlink;
 
-    /// A fake sysfs root, laid out as the kernel's: devices under `devices/`, relative
-    /// links from `class/infiniband` and to the driver.
-    struct Tree(PathBuf);
-
-    impl Tree {
-        fn new() -> Tree {
-            let p = std::env::temp_dir().join(format!("efa-sysfs-{}-{}", std::process::id(), fastrand::u64(..)));
-            fs::create_dir_all(&p).unwrap();
-            Tree(p)
-        }
-
-        fn write(&self, rel: &str, text: &str) {
-            let path = self.0.join(rel);
-            fs::create_dir_all(path.parent().unwrap()).unwrap();
-            fs::write(path, text).unwrap();
-        }
-
-        /// An RDMA device of `driver` on PCI function `pci`; returns its directory.
-        fn device(&self, name: &str, pci: &str, driver: &str) -> String {
-            let function = format!("devices/pci0000:00/{pci}");
-            let dev = format!("{function}/infiniband/{name}");
-            fs::create_dir_all(self.0.join(&dev)).unwrap();
-            fs::create_dir_all(self.0.join(format!("bus/pci/drivers/{driver}"))).unwrap();
-            symlink(format!("../../../bus/pci/drivers/{driver}"), self.0.join(&function).join("driver")).unwrap();
-            symlink(format!("../../../{pci}"), self.0.join(&dev).join("device")).unwrap();
-            fs::create_dir_all(self.0.join(INFINIBAND_DIR)).unwrap();
-            symlink(format!("../../{dev}"), self.0.join(INFINIBAND_DIR).join(name)).unwrap();
-            dev
-        }
-    }
-
-    impl Drop for Tree {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
+    /// An RDMA device of `driver` on PCI function `pci` in a fake sysfs root, laid out as
+    /// the kernel's: under `devices/`, relative links from `class/infiniband` and to the
+    /// driver. Returns its directory.
+    fn device(tree: &Tree, name: &str, pci: &str, driver: &str) -> String {
+        let function = format!("devices/pci0000:00/{pci}");
+        let dev = format!("{function}/infiniband/{name}");
+        fs::create_dir_all(tree.0.join(&dev)).unwrap();
+        fs::create_dir_all(tree.0.join(format!("bus/pci/drivers/{driver}"))).unwrap();
+        symlink(format!("../../../bus/pci/drivers/{driver}"), tree.0.join(&function).join("driver")).unwrap();
+        symlink(format!("../../../{pci}"), tree.0.join(&dev).join("device")).unwrap();
+        fs::create_dir_all(tree.0.join(INFINIBAND_DIR)).unwrap();
+        symlink(format!("../../{dev}"), tree.0.join(INFINIBAND_DIR).join(name)).unwrap();
+        dev
     }
 
     fn counters(pairs: &[(&str, u64)]) -> Vec<Counter> {
@@ -357,9 +336,9 @@ mod tests {
 
     #[test]
     fn no_rdma_class_or_no_efa_device_is_no_device() {
-        let tree = Tree::new();
+        let tree = Tree::new("efa-sysfs");
         assert_eq!(read(&tree.0), Reading::default());
-        let dev = tree.device("mlx5_0", "0000:00:04.0", "mlx5_core");
+        let dev = device(&tree, "mlx5_0", "0000:00:04.0", "mlx5_core");
         tree.write(&format!("{dev}/ports/1/hw_counters/rx_bytes"), "5\n");
         let reading = read(&tree.0);
         assert!(reading.rdma_class && reading.devices.is_empty());
@@ -368,15 +347,15 @@ mod tests {
 
     #[test]
     fn reads_every_counter_file_of_efa_devices_through_their_links() {
-        let tree = Tree::new();
+        let tree = Tree::new("efa-sysfs");
         for (name, pci) in [("rdmap32s27", "0000:20:1b.0"), ("rdmap16s27", "0000:10:1b.0")] {
-            let dev = tree.device(name, pci, "efa");
+            let dev = device(&tree, name, pci, "efa");
             tree.write(&format!("{dev}/ports/1/hw_counters/tx_bytes"), "1024\n");
             tree.write(&format!("{dev}/ports/1/hw_counters/rx_drops"), "0\n");
             tree.write(&format!("{dev}/ports/1/hw_counters/a_counter_of_a_newer_driver"), "18446744073709551615\n");
             tree.write(&format!("{dev}/hw_counters/cmds_err"), "3");
         }
-        let other = tree.device("mlx5_0", "0000:00:04.0", "mlx5_core");
+        let other = device(&tree, "mlx5_0", "0000:00:04.0", "mlx5_core");
         tree.write(&format!("{other}/ports/1/hw_counters/tx_bytes"), "7\n");
         let reading = read(&tree.0);
         assert_eq!(reading.other_devices, 1);
@@ -395,8 +374,8 @@ mod tests {
 
     #[test]
     fn broken_files_are_left_out_and_counted_by_reason() {
-        let tree = Tree::new();
-        let dev = tree.device("rdmap16s27", "0000:10:1b.0", "efa");
+        let tree = Tree::new("efa-sysfs");
+        let dev = device(&tree, "rdmap16s27", "0000:10:1b.0", "efa");
         let port = format!("{dev}/ports/1/hw_counters");
         tree.write(&format!("{port}/tx_bytes"), "1\n");
         tree.write(&format!("{port}/negative"), "-1\n");
@@ -417,7 +396,7 @@ mod tests {
         tree.write(&format!("{dev}/ports/01/hw_counters/tx_bytes"), "1\n");
         tree.write(&format!("{dev}/ports/0/hw_counters/tx_bytes"), "1\n");
         tree.write(&format!("{dev}/ports/x/hw_counters/tx_bytes"), "1\n");
-        tree.device("a device", "0000:11:1b.0", "efa");
+        device(&tree, "a device", "0000:11:1b.0", "efa");
 
         let reading = read(&tree.0);
         let device = &reading.devices[0];
@@ -433,9 +412,9 @@ mod tests {
 
     #[test]
     fn devices_ports_and_counters_are_bounded() {
-        let tree = Tree::new();
+        let tree = Tree::new("efa-sysfs");
         for i in 0..MAX_EFA_DEVICES + 2 {
-            let dev = tree.device(&format!("rdmap{i:03}s27"), &format!("0000:{i:02x}:1b.0"), "efa");
+            let dev = device(&tree, &format!("rdmap{i:03}s27"), &format!("0000:{i:02x}:1b.0"), "efa");
             if i == 0 {
                 for c in 0..MAX_COUNTERS_PER_DIR + 10 {
                     tree.write(&format!("{dev}/hw_counters/c{c:03}"), "1\n");
@@ -457,8 +436,8 @@ mod tests {
 
     #[test]
     fn unreadable_directories_are_counted() {
-        let tree = Tree::new();
-        let dev = tree.device("rdmap16s27", "0000:10:1b.0", "efa");
+        let tree = Tree::new("efa-sysfs");
+        let dev = device(&tree, "rdmap16s27", "0000:10:1b.0", "efa");
         // A loop instead of the counters directory.
         symlink("hw_counters", tree.0.join(&dev).join("hw_counters")).unwrap();
         tree.write(&format!("{dev}/ports/1/hw_counters/tx_bytes"), "4\n");
