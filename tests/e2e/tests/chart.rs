@@ -1566,9 +1566,9 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let queries = neuron_e2e::dashboard::queries(&dashboard);
     assert!(queries.len() >= 20, "{} queries", queries.len());
 
-    // Two simulated nodes: a trn1 with ECC events and an uncorrectable HBM error on its
-    // device, and an inf2 whose neuron-monitor crashes, writes garbage and has a group in
-    // error.
+    // Two simulated nodes: a trn1 with ECC events, an uncorrectable HBM error on its
+    // device and two fake EFA devices carrying its application's traffic, and an inf2
+    // whose neuron-monitor crashes, writes garbage and has a group in error.
     let dir = std::env::temp_dir().join(format!("neuron-e2e-dashboard-{:08x}", random_u32()));
     let trn1 = standalone_agent(
         &dir.join("a"),
@@ -1577,6 +1577,7 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
             "--app=tag=serve,cores=0,util=60,rps=50,errors=2",
             "--ecc-every=2",
             "--health-fault=hbm-ue:0@1s",
+            "--efa-devices=2",
         ],
     );
     let faulty = standalone_agent(
