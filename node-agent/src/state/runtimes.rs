@@ -5,13 +5,13 @@
 use std::{collections::HashMap, sync::Arc};
 
 use api::{
-    limits::MAX_NEURONCORES,
-    report::{Group, Item, Report, RuntimeEntry, RuntimeGroups},
+    limits::{MAX_LOADED_MODELS_PER_RUNTIME, MAX_MODEL_INFO_PER_RUNTIME, MAX_NEURONCORES},
+    report::{Capped, Group, Item, LoadedModel, Report, RuntimeEntry, RuntimeGroups},
 };
 
 use super::{
-    add_counts, label_value, truncated, GroupProblem, HeldCore, NodeState, PhysicalCores, ProblemKind, RuntimeLabels,
-    RuntimeState, MAX_PROBLEM_MESSAGE_BYTES,
+    label_value, truncated, GroupProblem, HeldCore, LoadedModels, ModelInfo, NamedValues, NodeState, PhysicalCores,
+    ProblemKind, Refusals, RuntimeLabels, RuntimeState, MAX_PROBLEM_MESSAGE_BYTES,
 };
 
 impl NodeState {
@@ -97,6 +97,13 @@ impl NodeState {
             self.note("memory_used", &tag, g);
             let used = g.ok().and_then(|m| m.neuron_runtime_used_bytes.as_ref());
             state.memory_used = used.map(|u| [u.host, u.neuron_device]);
+            match g.ok() {
+                Some(memory) => {
+                    let models = state.models.get_or_insert_with(LoadedModels::default);
+                    models.update(memory.loaded_models.as_ref(), &mut self.refusals);
+                }
+                None => state.models = None,
+            }
             let refused = &mut self.refusals.core_indices;
             state.core_memory = g.ok().map(|_| {
                 let cores = used
@@ -115,13 +122,30 @@ impl NodeState {
             self.note("execution_stats", &tag, g);
             match g.ok() {
                 Some(stats) => {
-                    let errors = stats.error_summary.unwrap_or_default().values();
-                    add_counts(state.errors_total.get_or_insert([0.0; 6]), &errors);
-                    let status = stats.execution_summary.unwrap_or_default().values();
-                    add_counts(state.status_total.get_or_insert([0.0; 6]), &status);
-                    let latency = stats.latency_stats.unwrap_or_default();
-                    state.latency = latency.total_latency;
-                    state.device_latency = latency.device_latency;
+                    let refused = &mut self.refusals.value_names;
+                    let errors = state.errors_total.get_or_insert_with(NamedValues::default);
+                    if let Some(counts) = &stats.error_summary {
+                        *refused += u64::from(counts.refused);
+                        errors.add(counts, refused);
+                    }
+                    let status = state.status_total.get_or_insert_with(NamedValues::default);
+                    if let Some(counts) = &stats.execution_summary {
+                        *refused += u64::from(counts.refused);
+                        status.add(counts, refused);
+                    }
+                    let latency = stats.latency_stats.as_ref();
+                    for (percentiles, values) in [
+                        (latency.and_then(|l| l.total_latency.as_ref()), &mut state.latency),
+                        (latency.and_then(|l| l.device_latency.as_ref()), &mut state.device_latency),
+                    ] {
+                        match percentiles {
+                            Some(p) => {
+                                *refused += u64::from(p.refused);
+                                values.get_or_insert_with(NamedValues::default).set(p);
+                            }
+                            None => *values = None,
+                        }
+                    }
                 }
                 None => (state.latency, state.device_latency) = (None, None),
             }
@@ -136,6 +160,7 @@ impl RuntimeState {
             pid: None,
             cores: Vec::new(),
             memory_used: None,
+            models: None,
             vcpu: None,
             latency: None,
             device_latency: None,
@@ -186,6 +211,55 @@ impl RuntimeState {
                 flops,
             });
         }
+    }
+}
+
+impl LoadedModels {
+    /// The models of a report's `memory_used` group (absent: none loaded). The info of a
+    /// model is rebuilt only when it changed, so a steady runtime costs no allocation.
+    fn update(
+        &mut self,
+        models: Option<&Capped<Item<LoadedModel<'_>>, MAX_LOADED_MODELS_PER_RUNTIME>>,
+        refusals: &mut Refusals,
+    ) {
+        (self.running, self.idle, self.unknown) = (0, 0, 0);
+        let mut listed = 0;
+        let entries = models.map(|m| m.items.as_slice()).unwrap_or_default();
+        for model in entries {
+            let Item::Ok(model) = model else {
+                refusals.loaded_models += 1;
+                continue;
+            };
+            match model.is_running {
+                Some(true) => self.running += 1,
+                Some(false) => self.idle += 1,
+                None => self.unknown += 1,
+            }
+            if listed == MAX_MODEL_INFO_PER_RUNTIME {
+                refusals.loaded_models += 1;
+                continue;
+            }
+            let name = model.name.as_deref().unwrap_or_default();
+            match self.info.get_mut(listed) {
+                Some(info) if info.name == name => {
+                    (info.model_id, info.is_running) = (model.model_id, model.is_running);
+                }
+                slot => {
+                    let info = ModelInfo {
+                        name: label_value(name, &mut refusals.label_values),
+                        model_id: model.model_id,
+                        is_running: model.is_running,
+                    };
+                    match slot {
+                        Some(slot) => *slot = info,
+                        None => self.info.push(info),
+                    }
+                }
+            }
+            listed += 1;
+        }
+        self.info.truncate(listed);
+        refusals.loaded_models += models.map_or(0, |m| m.skipped as u64);
     }
 }
 

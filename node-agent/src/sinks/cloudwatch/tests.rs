@@ -302,7 +302,8 @@ fn counters_send_increases_since_the_previous_sample() {
     .unwrap();
     let (r, runtimes) = routing.cloudwatch_routes().next().unwrap();
     let sets = SinkSettings::check(r.cloudwatch.as_ref().unwrap()).unwrap().dimension_sets;
-    let per_report: f64 = state.runtimes.iter().filter_map(|rt| rt.errors_total).map(|t| t.iter().sum::<f64>()).sum();
+    let per_report: f64 =
+        state.runtimes.iter().filter_map(|rt| rt.errors_total.as_ref()).flat_map(|t| t.iter().map(|(_, v)| v)).sum();
     assert!(per_report > 0.0, "the fixture has errors");
     let sum = |datums: Vec<Datum>| -> f64 {
         datums
