@@ -1,8 +1,8 @@
 //! One neuron-monitor report document (one NDJSON line).
 //!
-//! Parsing borrows from the line and skips what no exporter reads (the subgraphs of
-//! `loaded_models` are kept as raw JSON and parsed on demand), so a 1 MB report costs
-//! well under a millisecond. Unknown fields are ignored. A metric group is represented as
+//! Parsing borrows from the line and skips what no exporter reads (`loaded_models` is
+//! kept as raw JSON and parsed on demand), so a 1 MB report costs well under a
+//! millisecond. Unknown fields are ignored. A metric group is represented as
 //! [`Group`]: its data, the error neuron-monitor reported for it, or the reason it could
 //! not be read. A null or missing group is `None`; a null number is `None`. Nothing
 //! absent is turned into a zero.
@@ -465,9 +465,23 @@ pub struct MemoryUsed<'a> {
     #[serde(borrow)]
     pub error: Cow<'a, str>,
     pub neuron_runtime_used_bytes: Option<RuntimeUsedBytes>,
-    /// The first [`MAX_LOADED_MODELS_PER_RUNTIME`] models; their subgraphs are kept raw.
+    /// Kept raw: most of a report's bytes, read only on demand
+    /// ([`MemoryUsed::loaded_models`]; the node state reads it only when it changed).
     #[serde(borrow)]
-    pub loaded_models: Option<Capped<Item<LoadedModel<'a>>, MAX_LOADED_MODELS_PER_RUNTIME>>,
+    pub loaded_models: Option<&'a RawValue>,
+}
+
+impl<'a> MemoryUsed<'a> {
+    /// The first [`MAX_LOADED_MODELS_PER_RUNTIME`] models (their subgraphs kept raw), the
+    /// others skipped unread and counted; none when absent or null.
+    pub fn loaded_models(
+        &self,
+    ) -> Result<Capped<Item<LoadedModel<'a>>, MAX_LOADED_MODELS_PER_RUNTIME>, serde_json::Error> {
+        match self.loaded_models {
+            Some(raw) => Capped::deserialize(raw),
+            None => Ok(Capped::default()),
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Deserialize)]

@@ -170,12 +170,19 @@ impl NamedValues {
 /// The models one runtime has loaded (`memory_used.loaded_models`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LoadedModels {
+    /// `false` when the list did not have the documented shape: nothing is exported.
+    pub readable: bool,
     /// Models by `is_running`: started, loaded but not started, not said.
     pub running: u32,
     pub idle: u32,
     pub unknown: u32,
     /// The first [`api::limits::MAX_MODEL_INFO_PER_RUNTIME`] models, in report order.
     pub info: Vec<ModelInfo>,
+    /// The text the list was read from: the next report's is read only if it differs (the
+    /// list is most of a report's bytes and rarely changes; comparing costs far less).
+    source: String,
+    /// What reading it refused: models, label values.
+    refused: (u64, u64),
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

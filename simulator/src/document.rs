@@ -448,7 +448,7 @@ mod tests {
                 let groups = rt.report.as_ref().unwrap();
                 assert!(matches!(groups.neuroncore_counters, Some(G::Ok(_))));
                 let G::Ok(mem) = groups.memory_used.as_ref().unwrap() else { panic!() };
-                assert_eq!(mem.loaded_models.as_ref().unwrap().len(), 1);
+                assert_eq!(mem.loaded_models().unwrap().len(), 1);
                 assert!(matches!(groups.neuron_runtime_vcpu_usage, Some(G::Ok(_))));
                 assert!(matches!(groups.execution_stats, Some(G::Ok(_))));
             }
@@ -499,11 +499,11 @@ mod tests {
         let report = Report::parse(&line).unwrap();
         let rts = runtimes(&report);
         let G::Ok(mem) = rts[0].report.as_ref().unwrap().memory_used.as_ref().unwrap() else { panic!() };
-        let models: Vec<&api::report::LoadedModel> = mem
-            .loaded_models
-            .as_ref()
+        let models: Vec<api::report::LoadedModel> = mem
+            .loaded_models()
             .unwrap()
-            .iter()
+            .items
+            .into_iter()
             .map(|m| match m {
                 Item::Ok(m) => m,
                 Item::Malformed(e) => panic!("malformed model: {e}"),

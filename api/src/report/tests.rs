@@ -43,7 +43,7 @@ fn idle_inf1_fixture() {
         .and_then(|b| b.neuroncore_memory_usage.as_ref())
         .unwrap();
     assert!(per_core.iter().all(|(_, m)| !m.is_held()));
-    let models = memory.loaded_models.as_ref().unwrap();
+    let models = memory.loaded_models().unwrap();
     assert_eq!((models.len(), models.skipped), (1, 0));
     let Item::Ok(model) = &models[0] else { panic!("malformed model") };
     let subgraphs = model.subgraphs().unwrap();
@@ -378,7 +378,7 @@ fn loaded_models_are_read_up_to_the_cap_their_subgraphs_on_demand() {
     );
     let report = Report::parse(&line).unwrap();
     let memory = runtimes(&report)[0].report.as_ref().unwrap().memory_used.as_ref().unwrap().ok().unwrap();
-    let loaded = memory.loaded_models.as_ref().unwrap();
+    let loaded = memory.loaded_models().unwrap();
     assert_eq!((loaded.len(), loaded.skipped), (MAX_LOADED_MODELS_PER_RUNTIME, 2));
     let Item::Ok(first) = &loaded[0] else { panic!("malformed") };
     assert_eq!((first.name.as_deref(), first.model_id, first.is_running), (Some("m0"), Some(0), Some(true)));

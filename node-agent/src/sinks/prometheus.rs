@@ -30,7 +30,7 @@ use prometheus_client::{
 use crate::{
     processes::{ProcessSample, SharedProcesses},
     routing::{PrometheusView, Routing, SharedRouting},
-    state::{InstanceLabels, NamedValues, NodeState, PodRef, RuntimeLabels, RuntimeState},
+    state::{InstanceLabels, LoadedModels, NamedValues, NodeState, PodRef, RuntimeLabels, RuntimeState},
 };
 
 /// The exposition formats the agent serves.
@@ -453,8 +453,11 @@ fn encode_models<'r>(
         "Models the runtime has loaded, by state: running (started), idle (loaded, not started), unknown (not said)",
         MetricType::Gauge,
     );
+    fn readable(rt: &RuntimeState) -> Option<&LoadedModels> {
+        rt.models.as_ref().filter(|m| m.readable)
+    }
     for (rt, view) in runtimes.clone() {
-        let Some(models) = &rt.models else { continue };
+        let Some(models) = readable(rt) else { continue };
         for (state, count) in [("running", models.running), ("idle", models.idle), ("unknown", models.unknown)] {
             // `unknown` only when some model does not say.
             if state != "unknown" || count > 0 {
@@ -470,7 +473,7 @@ fn encode_models<'r>(
         MetricType::Info,
     );
     for (rt, view) in runtimes {
-        for model in rt.models.iter().flat_map(|m| &m.info) {
+        for model in readable(rt).into_iter().flat_map(|m| &m.info) {
             let running = match model.is_running {
                 Some(true) => "true",
                 Some(false) => "false",

@@ -6,8 +6,9 @@ use std::{collections::HashMap, sync::Arc};
 
 use api::{
     limits::{MAX_LOADED_MODELS_PER_RUNTIME, MAX_MODEL_INFO_PER_RUNTIME, MAX_NEURONCORES},
-    report::{Capped, Group, Item, LoadedModel, Report, RuntimeEntry, RuntimeGroups},
+    report::{Capped, Group, Item, LoadedModel, MemoryUsed, Report, RuntimeEntry, RuntimeGroups},
 };
+use serde_json::value::RawValue;
 
 use super::{
     label_value, truncated, GroupProblem, HeldCore, LoadedModels, ModelInfo, NamedValues, NodeState, PhysicalCores,
@@ -100,7 +101,7 @@ impl NodeState {
             match g.ok() {
                 Some(memory) => {
                     let models = state.models.get_or_insert_with(LoadedModels::default);
-                    models.update(memory.loaded_models.as_ref(), &mut self.refusals);
+                    models.update(memory, &mut self.refusals);
                 }
                 None => state.models = None,
             }
@@ -215,51 +216,47 @@ impl RuntimeState {
 }
 
 impl LoadedModels {
-    /// The models of a report's `memory_used` group (absent: none loaded). The info of a
-    /// model is rebuilt only when it changed, so a steady runtime costs no allocation.
-    fn update(
-        &mut self,
-        models: Option<&Capped<Item<LoadedModel<'_>>, MAX_LOADED_MODELS_PER_RUNTIME>>,
-        refusals: &mut Refusals,
-    ) {
-        (self.running, self.idle, self.unknown) = (0, 0, 0);
-        let mut listed = 0;
-        let entries = models.map(|m| m.items.as_slice()).unwrap_or_default();
-        for model in entries {
+    /// The models of a report's `memory_used` group (absent: none loaded), read again
+    /// only when their text changed; the refusals of that reading count in every report.
+    fn update(&mut self, memory: &MemoryUsed<'_>, refusals: &mut Refusals) {
+        let text = memory.loaded_models.map(RawValue::get).unwrap_or_default();
+        if self.source.is_empty() || self.source != text {
+            match memory.loaded_models() {
+                Ok(models) => self.read(&models),
+                Err(_) => *self = LoadedModels { refused: (1, 0), ..LoadedModels::default() },
+            }
+            self.source.clear();
+            self.source.push_str(text);
+        }
+        refusals.loaded_models += self.refused.0;
+        refusals.label_values += self.refused.1;
+    }
+
+    fn read(&mut self, models: &Capped<Item<LoadedModel<'_>>, MAX_LOADED_MODELS_PER_RUNTIME>) {
+        let (mut running, mut idle, mut unknown, mut refused, mut labels) = (0, 0, 0, models.skipped as u64, 0);
+        self.info.clear();
+        for model in models.iter() {
             let Item::Ok(model) = model else {
-                refusals.loaded_models += 1;
+                refused += 1;
                 continue;
             };
             match model.is_running {
-                Some(true) => self.running += 1,
-                Some(false) => self.idle += 1,
-                None => self.unknown += 1,
+                Some(true) => running += 1,
+                Some(false) => idle += 1,
+                None => unknown += 1,
             }
-            if listed == MAX_MODEL_INFO_PER_RUNTIME {
-                refusals.loaded_models += 1;
+            if self.info.len() == MAX_MODEL_INFO_PER_RUNTIME {
+                refused += 1;
                 continue;
             }
-            let name = model.name.as_deref().unwrap_or_default();
-            match self.info.get_mut(listed) {
-                Some(info) if info.name == name => {
-                    (info.model_id, info.is_running) = (model.model_id, model.is_running);
-                }
-                slot => {
-                    let info = ModelInfo {
-                        name: label_value(name, &mut refusals.label_values),
-                        model_id: model.model_id,
-                        is_running: model.is_running,
-                    };
-                    match slot {
-                        Some(slot) => *slot = info,
-                        None => self.info.push(info),
-                    }
-                }
-            }
-            listed += 1;
+            self.info.push(ModelInfo {
+                name: label_value(model.name.as_deref().unwrap_or_default(), &mut labels),
+                model_id: model.model_id,
+                is_running: model.is_running,
+            });
         }
-        self.info.truncate(listed);
-        refusals.loaded_models += models.map_or(0, |m| m.skipped as u64);
+        (self.readable, self.running, self.idle, self.unknown) = (true, running, idle, unknown);
+        self.refused = (refused, labels);
     }
 }
 

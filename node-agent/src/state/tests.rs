@@ -363,12 +363,21 @@ fn loaded_models_are_counted_by_state_and_listed_up_to_the_bound() {
     assert_eq!(loaded.info.len(), MAX_MODEL_INFO_PER_RUNTIME);
     assert_eq!(loaded.info[1], ModelInfo { name: "m1".into(), model_id: Some(1), is_running: Some(true) });
     assert_eq!(state.refusals.loaded_models, 3, "three models without an info series");
-    // The same models again: the same state; fewer: the list shrinks; none: zero counts.
+    // The same models again (not read again): the same state, the same refusals.
+    apply(&mut state, &models_report(&models.join(",")));
+    assert_eq!(runtime(&state, "a").models.as_ref(), Some(&loaded));
+    assert_eq!(state.refusals.loaded_models, 3);
+    // Fewer: the list shrinks; none: zero counts; not a list: nothing exported.
     apply(&mut state, &models_report(&models[..2].join(",")));
     let loaded = runtime(&state, "a").models.clone().unwrap();
     assert_eq!((loaded.running, loaded.idle, loaded.info.len()), (1, 1, 2));
     apply(&mut state, &models_report(""));
-    assert_eq!(runtime(&state, "a").models, Some(LoadedModels::default()));
+    let loaded = runtime(&state, "a").models.clone().unwrap();
+    assert_eq!((loaded.readable, loaded.running, loaded.idle, loaded.unknown, loaded.info.len()), (true, 0, 0, 0, 0));
+    let odd = models_report("").replace(r#""loaded_models":[]"#, r#""loaded_models":{"a":1}"#);
+    apply(&mut state, &odd);
+    assert!(!runtime(&state, "a").models.as_ref().unwrap().readable);
+    assert_eq!(state.refusals.loaded_models, 1);
 }
 
 #[test]
