@@ -177,14 +177,20 @@ fn every_application_and_core_carries_its_pod_and_prometheus_sums_by_namespace()
     assert_eq!(m.value("neuron_agent_runtimes_unattributed", &[("reason", "pod_unknown")]), Some(1.0));
 }
 
+/// The scene with its kubelet stopped, and the path where its socket is missing.
+fn scene_without_kubelet(rt: &tokio::runtime::Runtime, cp: &ControlPlane) -> (Scene, std::path::PathBuf) {
+    let mut scene = scene(rt, cp);
+    scene.kubelet.stop();
+    let missing = scene._dir.0.join("kubelet.sock");
+    assert!(!missing.exists());
+    (scene, missing)
+}
+
 #[test]
 fn without_the_kubelet_the_agent_keeps_running_and_says_so() {
     let rt = runtime();
     let cp = ControlPlane::shared();
-    let mut scene = scene(&rt, cp);
-    scene.kubelet.stop();
-    let missing = scene._dir.0.join("kubelet.sock");
-    assert!(!missing.exists());
+    let (scene, missing) = scene_without_kubelet(&rt, cp);
     let agent = start_agent(cp, &scene, &missing);
 
     // Processes are still attributed; cores no runtime uses are not.
@@ -229,10 +235,7 @@ fn without_the_kubelet_the_agent_keeps_running_and_says_so() {
 fn without_the_kubelet_socket_neuron_monitor_says_who_holds_the_devices() {
     let rt = runtime();
     let cp = ControlPlane::shared();
-    let mut scene = scene(&rt, cp);
-    scene.kubelet.stop();
-    let missing = scene._dir.0.join("kubelet.sock");
-    assert!(!missing.exists());
+    let (scene, missing) = scene_without_kubelet(&rt, cp);
     let listed_as_train = format!("pod={}/train/main", scene.a);
     let apps = [
         "--instance-type=trn1.32xlarge".to_owned(),
