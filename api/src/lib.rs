@@ -10,13 +10,14 @@
 //! - [`report`]: one NDJSON document that neuron-monitor writes per refresh.
 //! - [`limits`]: the largest inputs the operator and the agent accept.
 //! - [`cloudwatch`]: the CloudWatch metric catalogue, the sink rules, the cost estimate.
+//! - [`otlp`]: the OTLP sink's rules (destination, flush interval, headers from a Secret).
 //! - [`validate`]: a NeuronMonitorConfig checked (selector, tag filters, sinks, size) into
 //!   what rendering needs; [`render`]: every node's configs merged into its node
 //!   configuration, within each node's budget. The operator renders the fleet with them,
 //!   the agent its own node when it runs without Kubernetes: one set of rules.
 //! - [`hash`]: the content hash.
 //!
-//! The resource and what is derived from it (`crd`, `node_config`, `cloudwatch`,
+//! The resource and what is derived from it (`crd`, `node_config`, `cloudwatch`, `otlp`,
 //! `validate`, `render`) need
 //! kube and schemars: they come with the `crd` feature, so that the simulator, which reads
 //! only the monitor configuration and writes reports, builds without them.
@@ -32,6 +33,8 @@ pub mod limits;
 pub mod monitor_config;
 #[cfg(feature = "crd")]
 pub mod node_config;
+#[cfg(feature = "crd")]
+pub mod otlp;
 #[cfg(feature = "crd")]
 pub mod render;
 pub mod report;

@@ -1,11 +1,12 @@
-//! `spec.sinks`: the Prometheus route (extra labels) and the CloudWatch sink's rules.
+//! `spec.sinks`: the Prometheus route (extra labels), the CloudWatch and OTLP sinks' rules.
 
 use std::collections::BTreeSet;
 use std::fmt;
 
 use crate::cloudwatch::sink::SinkSettings;
-use crate::crd::{CloudWatchSinkSpec, PrometheusSinkSpec};
+use crate::crd::{CloudWatchSinkSpec, OtlpSinkSpec, PrometheusSinkSpec};
 use crate::node_config::PrometheusRoute;
+use crate::otlp::OtlpSettings;
 
 use super::Invalid;
 
@@ -92,6 +93,13 @@ pub(super) fn check_cloudwatch(spec: &CloudWatchSinkSpec) -> Result<(), Invalid>
     if let Some(metrics) = &spec.metrics {
         check_set(metrics, usize::MAX, &format!("{field}.metrics"))?;
     }
+    Ok(())
+}
+
+/// The rules the agent applies too (endpoint, region, headers only with an endpoint,
+/// flush interval).
+pub(super) fn check_otlp(spec: &OtlpSinkSpec) -> Result<(), Invalid> {
+    OtlpSettings::check(spec).map_err(|e| Invalid::new(format!("spec.sinks.otlp.{}", e.field), e.reason))?;
     Ok(())
 }
 
