@@ -16,15 +16,95 @@ pub const EFA_RESOURCE: &str = "vpc.amazonaws.com/efa";
 
 /// Instance-type prefixes of the Neuron families (every type of [`INSTANCE_TYPES`]
 /// starts with one; a test checks it).
-pub const NEURON_INSTANCE_FAMILIES: [&str; 6] = ["inf1.", "inf2.", "trn1.", "trn1n.", "trn2.", "trn2u."];
+pub const NEURON_INSTANCE_FAMILIES: [&str; 8] =
+    ["inf1.", "inf2.", "trn1.", "trn1n.", "trn2.", "trn2u.", "trn3.", "trn3p."];
 
 /// Chip generation of an instance type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Generation {
+    /// NeuronCore-v1.
     Inferentia,
+    /// NeuronCore-v2.
     Inferentia2,
+    /// NeuronCore-v2.
     Trainium,
+    /// NeuronCore-v3, 8 per device, grouped into logical cores (LNC).
     Trainium2,
+    /// NeuronCore-v4, 8 per device, grouped into logical cores (LNC).
+    Trainium3,
+}
+
+impl Generation {
+    /// The generation of `neuron_hardware_info.neuron_device_type` (`trainium2`, …).
+    pub fn from_device_type(device_type: &str) -> Option<Generation> {
+        match device_type.to_ascii_lowercase().as_str() {
+            "inferentia" => Some(Generation::Inferentia),
+            "inferentia2" => Some(Generation::Inferentia2),
+            "trainium" | "trainium1" => Some(Generation::Trainium),
+            "trainium2" => Some(Generation::Trainium2),
+            "trainium3" => Some(Generation::Trainium3),
+            _ => None,
+        }
+    }
+
+    /// Physical NeuronCores per device, where the generation groups them into logical
+    /// ones: 8 NeuronCore-v3 per Trainium2 ("Every Trainium2 device contains eight
+    /// physical NeuronCore-v3", Neuron docs, Logical NeuronCore configuration), 8
+    /// NeuronCore-v4 per Trainium3 ("A Trainium3 device contains eight NeuronCore-v4
+    /// cores", Neuron docs, Trainium3 Architecture).
+    pub const fn physical_cores_per_device(self) -> Option<u32> {
+        match self {
+            Generation::Trainium2 | Generation::Trainium3 => Some(8),
+            _ => None,
+        }
+    }
+}
+
+/// A documented peak of one physical NeuronCore for one data type (dense, no sparsity).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PeakFlops {
+    /// As the Neuron docs name it, lower case: `bf16`, `fp32`, `cfp8`, `mxfp8`, …
+    pub data_type: &'static str,
+    /// Floating-point operations per second of one physical core.
+    pub per_core: f64,
+}
+
+const fn peak(data_type: &'static str, tflops: f64) -> PeakFlops {
+    PeakFlops { data_type, per_core: tflops * 1e12 }
+}
+
+/// The documented dense peaks of one physical NeuronCore of a generation, by data type.
+/// Sources (AWS Neuron documentation, Neuron architecture pages; a device's figure is
+/// divided by its cores where no per-core figure is given):
+/// - NeuronCore-v1: Inferentia: "Four NeuronCore-v1 cores, delivering … 64 FP16/BF16
+///   TFLOPS" per chip: 16 per core.
+/// - NeuronCore-v2: Inferentia2 and Trainium: two cores deliver "190 FP16/BF16/cFP8/TF32
+///   TFLOPS, and 47.5 FP32 TFLOPS" per device: 95 and 23.75 per core.
+/// - NeuronCore-v3 (Trainium2): "A NeuronCore-v3 Tensor Engine delivers 158 cFP8 TFLOPS,
+///   and 79 BF16/FP16/TF32 TFLOPS"; FP32: "181 FP32 TFLOPS" per device of eight cores:
+///   22.625 per core.
+/// - NeuronCore-v4 (Trainium3): "A NeuronCore-v4 Tensor Engine delivers 315 MXFP8/MXFP4
+///   TFLOPS … 79 BF16/FP16/TF32 and 20 FP32 TFLOPS".
+pub const fn peak_flops(generation: Generation) -> &'static [PeakFlops] {
+    const V1: [PeakFlops; 2] = [peak("bf16", 16.0), peak("fp16", 16.0)];
+    const V2: [PeakFlops; 5] =
+        [peak("bf16", 95.0), peak("cfp8", 95.0), peak("fp16", 95.0), peak("fp32", 23.75), peak("tf32", 95.0)];
+    const V3: [PeakFlops; 5] =
+        [peak("bf16", 79.0), peak("cfp8", 158.0), peak("fp16", 79.0), peak("fp32", 22.625), peak("tf32", 79.0)];
+    const V4: [PeakFlops; 6] = [
+        peak("bf16", 79.0),
+        peak("fp16", 79.0),
+        peak("fp32", 20.0),
+        peak("mxfp4", 315.0),
+        peak("mxfp8", 315.0),
+        peak("tf32", 79.0),
+    ];
+    match generation {
+        Generation::Inferentia => &V1,
+        Generation::Inferentia2 | Generation::Trainium => &V2,
+        Generation::Trainium2 => &V3,
+        Generation::Trainium3 => &V4,
+    }
 }
 
 /// One EC2 instance type with Neuron devices.
@@ -62,29 +142,27 @@ impl InstanceType {
     }
 
     /// Physical cores grouped into each logical one (LNC), where the family has logical
-    /// cores (trn2: 2 by default).
+    /// cores (trn2, trn3: 2 by default).
     pub const fn logical_neuroncore_config(&self) -> Option<u32> {
-        match self.generation {
-            Generation::Trainium2 => Some(TRN2_PHYSICAL_CORES_PER_DEVICE / self.cores_per_device),
-            _ => None,
+        match self.generation.physical_cores_per_device() {
+            Some(physical) => Some(physical / self.cores_per_device),
+            None => None,
         }
     }
 
-    /// The same instance run with `lnc` physical cores per logical one (trn2: 1 or 2).
+    /// The same instance run with `lnc` physical cores per logical one (trn2, trn3: 1
+    /// or 2, the only values the Neuron runtime supports).
     pub fn with_lnc(mut self, lnc: u32) -> Result<Self, String> {
-        match (self.generation, lnc) {
-            (Generation::Trainium2, 1 | 2) => {
-                self.cores_per_device = TRN2_PHYSICAL_CORES_PER_DEVICE / lnc;
+        match (self.generation.physical_cores_per_device(), lnc) {
+            (Some(physical), 1 | 2) => {
+                self.cores_per_device = physical / lnc;
                 Ok(self)
             }
-            (Generation::Trainium2, _) => Err(format!("{}: logical NeuronCore config 1 or 2, not {lnc}", self.name)),
-            _ => Err(format!("{} has no logical NeuronCores", self.name)),
+            (Some(_), _) => Err(format!("{}: logical NeuronCore config 1 or 2, not {lnc}", self.name)),
+            (None, _) => Err(format!("{} has no logical NeuronCores", self.name)),
         }
     }
 }
-
-/// NeuronCore-v3 per Trainium2 device.
-const TRN2_PHYSICAL_CORES_PER_DEVICE: u32 = 8;
 
 const fn instance(
     name: &'static str,
@@ -97,10 +175,22 @@ const fn instance(
     InstanceType { name, devices, cores_per_device, vcpus, memory_gib, generation }
 }
 
-use Generation::{Inferentia, Inferentia2, Trainium, Trainium2};
+use Generation::{Inferentia, Inferentia2, Trainium, Trainium2, Trainium3};
 
-/// The Neuron instance types (the reference's hardware table), with their EC2 vCPUs and memory.
-pub const INSTANCE_TYPES: [InstanceType; 13] = [
+/// The Neuron instance types (the reference's hardware table), with their EC2 vCPUs and
+/// memory. Logical-core families at their default LNC=2 (4 logical cores per device).
+///
+/// trn3, from what the Neuron documentation says (Amazon EC2 Trn3 Architecture; Trainium3
+/// Architecture): a Trn3 Gen1 UltraServer is "four servers with 16 Trainium3 devices per
+/// server" with 768 vCPUs and 8,192 GiB of host memory (192 and 2,048 per server), each
+/// device eight NeuronCore-v4. The documentation names no instance types; the Neuron
+/// driver's source (aws-neuron-driver, v4/neuron_dhal_v4.c) names trn3.48xlarge and
+/// trn3p.48xlarge (UltraServer) with 16-device maps, a 48xlarge being 192 vCPUs: the
+/// Gen1 server. LNC=2 as on trn2 (the docs say LNC applies to Trn3, 1 or 2, without
+/// naming its default). Left out: trn3e.24xlarge (a 4-device map in the driver; its
+/// vCPUs and memory are documented nowhere reachable) and the Gen2 server (4 devices,
+/// 64 vCPUs, 768 GiB), whose instance type is not documented.
+pub const INSTANCE_TYPES: [InstanceType; 15] = [
     instance("inf1.xlarge", 1, 4, 4, 8, Inferentia),
     instance("inf1.2xlarge", 1, 4, 8, 16, Inferentia),
     instance("inf1.6xlarge", 4, 4, 24, 48, Inferentia),
@@ -114,6 +204,8 @@ pub const INSTANCE_TYPES: [InstanceType; 13] = [
     instance("trn1n.32xlarge", 16, 2, 128, 512, Trainium),
     instance("trn2.48xlarge", 16, 4, 192, 2048, Trainium2),
     instance("trn2u.48xlarge", 16, 4, 192, 2048, Trainium2),
+    instance("trn3.48xlarge", 16, 4, 192, 2048, Trainium3),
+    instance("trn3p.48xlarge", 16, 4, 192, 2048, Trainium3),
 ];
 
 /// EFA devices of the Neuron types that have EFA, one per network card: trn1.32xlarge 8 and
@@ -144,6 +236,8 @@ mod tests {
         assert_eq!(shape("trn1n.32xlarge"), (16, 2, 128));
         assert_eq!(shape("trn2.48xlarge"), (16, 4, 192));
         assert_eq!(shape("trn2u.48xlarge"), (16, 4, 192));
+        assert_eq!(shape("trn3.48xlarge"), (16, 4, 192));
+        assert_eq!(shape("trn3p.48xlarge"), (16, 4, 192));
         assert_eq!(InstanceType::lookup("p4d.24xlarge"), None);
     }
 
@@ -196,5 +290,39 @@ mod tests {
         assert!(trn2.with_lnc(4).is_err());
         assert!(InstanceType::lookup("trn1.32xlarge").unwrap().with_lnc(1).is_err());
         assert_eq!(InstanceType::lookup("trn1.32xlarge").unwrap().logical_neuroncore_config(), None);
+    }
+
+    #[test]
+    fn trn3_has_eight_physical_cores_per_device_grouped_like_trn2() {
+        let trn3 = *InstanceType::lookup("trn3.48xlarge").unwrap();
+        assert_eq!((trn3.cores(), trn3.logical_neuroncore_config()), (64, Some(2)));
+        assert_eq!(trn3.with_lnc(1).unwrap().cores(), 128);
+        assert!(trn3.with_lnc(3).is_err());
+    }
+
+    #[test]
+    fn device_types_name_their_generation() {
+        assert_eq!(Generation::from_device_type("trainium2"), Some(Trainium2));
+        assert_eq!(Generation::from_device_type("Trainium3"), Some(Trainium3));
+        assert_eq!(Generation::from_device_type("inferentia2"), Some(Inferentia2));
+        assert_eq!(Generation::from_device_type("gpu"), None);
+    }
+
+    #[test]
+    fn peaks_are_the_documented_per_core_figures() {
+        let tflops = |g, t: &str| peak_flops(g).iter().find(|p| p.data_type == t).map(|p| p.per_core / 1e12);
+        // Trainium device: 190 BF16 and 47.5 FP32 TFLOPS over two NeuronCore-v2.
+        assert_eq!(tflops(Trainium, "bf16"), Some(95.0));
+        assert_eq!(tflops(Inferentia2, "fp32"), Some(23.75));
+        assert_eq!(tflops(Trainium2, "cfp8"), Some(158.0));
+        assert_eq!(tflops(Trainium2, "fp32"), Some(181.0 / 8.0));
+        assert_eq!(tflops(Trainium3, "mxfp8"), Some(315.0));
+        assert_eq!(tflops(Inferentia, "bf16"), Some(16.0));
+        assert_eq!(tflops(Inferentia, "fp32"), None, "not documented: not exported");
+        for g in [Inferentia, Inferentia2, Trainium, Trainium2, Trainium3] {
+            let mut types: Vec<&str> = peak_flops(g).iter().map(|p| p.data_type).collect();
+            types.dedup();
+            assert_eq!(types.len(), peak_flops(g).len(), "one peak per data type");
+        }
     }
 }

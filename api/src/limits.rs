@@ -27,6 +27,28 @@ pub const MAX_PHYSICAL_PER_LOGICAL: u32 = 8;
 /// node runs at most a few hundred Neuron applications (one per core at most, 128).
 pub const MAX_RUNTIMES_PER_REPORT: usize = 1024;
 
+/// Names beyond the documented ones that one object of named numbers may add
+/// (`error_summary`, `execution_summary`, a latency's percentiles), and that one
+/// runtime's running sums keep: newer neuron-monitor releases add a few; a report with
+/// more is broken or hostile, and each would be a series (in CloudWatch, a billed metric).
+pub const MAX_UNDOCUMENTED_NAMES: usize = 16;
+
+/// Bytes of such a name (its characters: ASCII letters, digits, `_`, `.`, `-`); the
+/// documented ones are at most 22.
+pub const MAX_VALUE_NAME_BYTES: usize = 64;
+
+/// Models of one runtime's `loaded_models` read; later ones are skipped and counted. A
+/// runtime loads a model per core it holds, or a few dozen at most.
+pub const MAX_LOADED_MODELS_PER_RUNTIME: usize = 256;
+
+/// Models of one runtime with an info series of their own (`neuron_runtime_loaded_model_info`);
+/// the count by state covers every model read. The runtimes of the recorded 32-runtime
+/// trn1n.32xlarge report loaded 20 each.
+pub const MAX_MODEL_INFO_PER_RUNTIME: usize = 32;
+
+/// Containers listed for one core or device in `neuron_k8s_info` that are read.
+pub const MAX_K8S_CONTAINERS_PER_ENTRY: usize = 8;
+
 /// Bytes of one label value taken from a report (instance fields, runtime tags); longer
 /// values are cut at a character boundary. neuron-monitor's longest string, the
 /// application tag, is at most 255 characters; AWS identifiers are far shorter.

@@ -85,9 +85,16 @@ pub enum SystemGroup {
     VcpuUsage,
     MemoryInfo,
     NeuronHwCounters,
+    /// Which pod, namespace and containers use each core and device (EKS; off unless
+    /// asked for). Not a metric group users choose: the node agent asks for it where the
+    /// kubelet's pod-resources socket is not mounted, as an attribution source; so it is
+    /// neither in the CRD's enum nor in [`SystemGroup::ALL`].
+    #[cfg_attr(feature = "crd", schemars(skip))]
+    NeuronK8sInfo,
 }
 
 impl SystemGroup {
+    /// The metric groups of the CRD (and of neuron-monitor without a configuration).
     pub const ALL: [SystemGroup; 3] = [SystemGroup::VcpuUsage, SystemGroup::MemoryInfo, SystemGroup::NeuronHwCounters];
 
     pub fn as_str(self) -> &'static str {
@@ -95,6 +102,7 @@ impl SystemGroup {
             SystemGroup::VcpuUsage => "vcpu_usage",
             SystemGroup::MemoryInfo => "memory_info",
             SystemGroup::NeuronHwCounters => "neuron_hw_counters",
+            SystemGroup::NeuronK8sInfo => "neuron_k8s_info",
         }
     }
 }
@@ -121,6 +129,14 @@ impl MonitorConfig {
     /// The effective period of a system group: group, then root.
     pub fn system_period(&self, group: &GroupConfig<SystemGroup>) -> Period {
         group.period.or(self.period).unwrap_or(DEFAULT_PERIOD)
+    }
+
+    /// This configuration, also asking for `neuron_k8s_info` (at the root period).
+    pub fn with_k8s_info(mut self) -> Self {
+        if !self.system_metrics.iter().any(|g| g.kind == SystemGroup::NeuronK8sInfo) {
+            self.system_metrics.push(GroupConfig::new(SystemGroup::NeuronK8sInfo));
+        }
+        self
     }
 
     /// The shortest period of any configured group: how often a report is due at least.
@@ -181,6 +197,17 @@ mod tests {
     fn rejects_unknown_groups_and_bad_periods() {
         assert!(serde_json::from_str::<GroupConfig<RuntimeGroup>>(r#"{"type":"vcpu_usage"}"#).is_err());
         assert!(serde_json::from_str::<MonitorConfig>(r#"{"period":"fast"}"#).is_err());
+    }
+
+    #[test]
+    fn k8s_info_is_asked_for_once_and_only_on_request() {
+        let config = MonitorConfig::all_groups(Period::from_secs(5));
+        assert!(!serde_json::to_string(&config).unwrap().contains("neuron_k8s_info"));
+        let with = config.with_k8s_info().with_k8s_info();
+        let text = serde_json::to_string(&with).unwrap();
+        assert_eq!(text.matches(r#"{"type":"neuron_k8s_info"}"#).count(), 1, "{text}");
+        let read: MonitorConfig = serde_json::from_str(&text).unwrap();
+        assert_eq!(read.system_metrics.last().map(|g| g.kind), Some(SystemGroup::NeuronK8sInfo));
     }
 
     #[test]

@@ -23,7 +23,10 @@ use serde::{
 };
 use serde_json::value::RawValue;
 
-use crate::limits::MAX_RUNTIMES_PER_REPORT;
+use crate::limits::{
+    MAX_K8S_CONTAINERS_PER_ENTRY, MAX_LOADED_MODELS_PER_RUNTIME, MAX_RUNTIMES_PER_REPORT, MAX_UNDOCUMENTED_NAMES,
+    MAX_VALUE_NAME_BYTES,
+};
 
 #[derive(Debug, thiserror::Error)]
 #[error("report is not a JSON object of the neuron-monitor format: {0}")]
@@ -49,9 +52,18 @@ pub struct Report<'a> {
     pub instance_info: Option<Group<InstanceInfo<'a>>>,
     #[serde(borrow)]
     pub neuron_hardware_info: Option<Group<HardwareInfo<'a>>>,
+    /// Where AWS's user guide places it; see [`Report::k8s_info`].
+    #[serde(borrow)]
+    pub neuron_k8s_info: Option<Group<K8sInfo<'a>>>,
 }
 
 impl<'a> Report<'a> {
+    /// `neuron_k8s_info`, wherever the report carries it: at the top level (AWS's user
+    /// guide) or among the system groups (the project's reference).
+    pub fn k8s_info(&self) -> Option<&Group<K8sInfo<'a>>> {
+        self.neuron_k8s_info.as_ref().or_else(|| self.system_data.as_ref()?.neuron_k8s_info.as_ref())
+    }
+
     pub fn parse(line: &'a str) -> Result<Self, ReportError> {
         match serde_json::from_str(line) {
             Ok(report) => Ok(report),
@@ -250,7 +262,36 @@ group_body!(
     HwCounters<'a>,
     InstanceInfo<'a>,
     HardwareInfo<'a>,
+    K8sInfo<'a>,
 );
+
+/// A string borrowed from the line where it has no escapes (serde's own `Cow` always
+/// copies): object keys and names, read without an allocation each.
+struct Text<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Text<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+
+        impl<'de> Visitor<'de> for TextVisitor {
+            type Value = Text<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
+            }
+        }
+
+        deserializer.deserialize_str(TextVisitor)
+    }
+}
 
 // --- Objects keyed by indices ("0", "1", …) or names ---------------------------------
 
@@ -301,7 +342,7 @@ impl<'de, K: FromStr, T: Deserialize<'de>> Deserialize<'de> for Keyed<K, T> {
 
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8));
-                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                while let Some(Text(key)) = map.next_key()? {
                     let key = key.parse().map_err(|_| de::Error::custom(format!("unexpected key {key:?}")))?;
                     entries.push((key, map.next_value()?));
                 }
@@ -366,11 +407,48 @@ pub struct CoreCounters {
     pub v3d: Option<V3d>,
 }
 
-/// The physical cores of a logical NeuronCore, keyed by their index within it.
-#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
-#[serde(default)]
+/// The physical cores of a logical NeuronCore, keyed by their index within it. Read from
+/// `"nc_v3": {"0": …, "1": …}`, or from one key per physical core numbered across the
+/// host (`"nc_v3.2": …, "nc_v3.3": …`, the shape of AWS's user guide), taken in the order
+/// of those numbers.
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct V3d {
     pub nc_v3: Option<IndexMap<PhysicalCoreCounters>>,
+}
+
+impl<'de> Deserialize<'de> for V3d {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V3dVisitor;
+
+        impl<'de> Visitor<'de> for V3dVisitor {
+            type Value = V3d;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object of physical cores")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut within: Option<IndexMap<PhysicalCoreCounters>> = None;
+                let mut numbered: Vec<(u32, PhysicalCoreCounters)> = Vec::new();
+                while let Some(Text(key)) = map.next_key()? {
+                    if key == "nc_v3" {
+                        within = map.next_value()?;
+                    } else if let Some(n) = key.strip_prefix("nc_v3.").and_then(|n| n.parse::<u32>().ok()) {
+                        numbered.push((n, map.next_value()?));
+                    } else {
+                        map.next_value::<de::IgnoredAny>()?;
+                    }
+                }
+                if within.is_none() && !numbered.is_empty() {
+                    numbered.sort_by_key(|(n, _)| *n);
+                    within = Some(Keyed(numbered.into_iter().enumerate().map(|(i, (_, c))| (i as u32, c)).collect()));
+                }
+                Ok(V3d { nc_v3: within })
+            }
+        }
+
+        deserializer.deserialize_map(V3dVisitor)
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
@@ -387,16 +465,21 @@ pub struct MemoryUsed<'a> {
     #[serde(borrow)]
     pub error: Cow<'a, str>,
     pub neuron_runtime_used_bytes: Option<RuntimeUsedBytes>,
-    /// Kept raw: large, and read only on demand ([`MemoryUsed::loaded_models`]).
+    /// Kept raw: most of a report's bytes, read only on demand
+    /// ([`MemoryUsed::loaded_models`]; the node state reads it only when it changed).
     #[serde(borrow)]
     pub loaded_models: Option<&'a RawValue>,
 }
 
 impl<'a> MemoryUsed<'a> {
-    pub fn loaded_models(&self) -> Result<Vec<LoadedModel<'a>>, serde_json::Error> {
+    /// The first [`MAX_LOADED_MODELS_PER_RUNTIME`] models (their subgraphs kept raw), the
+    /// others skipped unread and counted; none when absent or null.
+    pub fn loaded_models(
+        &self,
+    ) -> Result<Capped<Item<LoadedModel<'a>>, MAX_LOADED_MODELS_PER_RUNTIME>, serde_json::Error> {
         match self.loaded_models {
-            Some(raw) => Ok(Option::<Vec<LoadedModel<'a>>>::deserialize(raw)?.unwrap_or_default()),
-            None => Ok(Vec::new()),
+            Some(raw) => Capped::deserialize(raw),
+            None => Ok(Capped::default()),
         }
     }
 }
@@ -447,7 +530,8 @@ impl CoreMemory {
     }
 }
 
-#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+/// One model a runtime loaded.
+#[derive(Debug, Default, Clone, Deserialize)]
 #[serde(default)]
 pub struct LoadedModel<'a> {
     #[serde(borrow)]
@@ -455,9 +539,21 @@ pub struct LoadedModel<'a> {
     #[serde(borrow)]
     pub uuid: Option<Cow<'a, str>>,
     pub model_id: Option<u64>,
+    /// Whether the model is started (executing), as opposed to only loaded.
     pub is_running: Option<bool>,
+    /// Kept raw: most of a report's bytes, read only on demand ([`LoadedModel::subgraphs`]).
+    #[serde(borrow)]
+    pub subgraphs: Option<&'a RawValue>,
+}
+
+impl LoadedModel<'_> {
     /// Subgraph name → placement and memory.
-    pub subgraphs: Option<Keyed<String, Subgraph>>,
+    pub fn subgraphs(&self) -> Result<Keyed<String, Subgraph>, serde_json::Error> {
+        match self.subgraphs {
+            Some(raw) => Ok(Option::<Keyed<String, Subgraph>>::deserialize(raw)?.unwrap_or_default()),
+            None => Ok(Keyed::default()),
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Deserialize)]
@@ -516,43 +612,50 @@ pub struct ExecutionStats<'a> {
     pub period: Option<f64>,
     #[serde(borrow)]
     pub error: Cow<'a, str>,
-    pub error_summary: Option<ErrorSummary>,
-    pub execution_summary: Option<ExecutionSummary>,
-    pub latency_stats: Option<LatencyStats>,
+    /// Executions that failed, by error type.
+    #[serde(borrow)]
+    pub error_summary: Option<Named<'a, ErrorTypes>>,
+    /// Executions by outcome.
+    #[serde(borrow)]
+    pub execution_summary: Option<Named<'a, StatusTypes>>,
+    #[serde(borrow)]
+    pub latency_stats: Option<LatencyStats<'a>>,
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
 #[serde(default)]
-pub struct ErrorSummary {
-    pub generic: Option<f64>,
-    pub numerical: Option<f64>,
-    pub transient: Option<f64>,
-    pub model: Option<f64>,
-    pub runtime: Option<f64>,
-    pub hardware: Option<f64>,
+pub struct LatencyStats<'a> {
+    /// `None` when nothing completed in the period.
+    #[serde(borrow)]
+    pub total_latency: Option<Percentiles<'a>>,
+    #[serde(borrow)]
+    pub device_latency: Option<Percentiles<'a>>,
 }
 
-impl ErrorSummary {
-    pub const KINDS: [&'static str; 6] = ["generic", "numerical", "transient", "model", "runtime", "hardware"];
+/// Latency percentiles in seconds, by name (`p50`, …).
+pub type Percentiles<'a> = Named<'a, PercentileNames>;
 
-    pub fn values(&self) -> [Option<f64>; 6] {
-        [self.generic, self.numerical, self.transient, self.model, self.runtime, self.hardware]
-    }
+// --- Objects of named numbers ----------------------------------------------------------
+
+/// The names neuron-monitor documents for one kind of object of named numbers.
+pub trait DocumentedNames {
+    const NAMES: &'static [&'static str];
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
-#[serde(default)]
-pub struct ExecutionSummary {
-    pub completed: Option<f64>,
-    pub completed_with_err: Option<f64>,
-    pub completed_with_num_err: Option<f64>,
-    pub timed_out: Option<f64>,
-    pub incorrect_input: Option<f64>,
-    pub failed_to_queue: Option<f64>,
+/// `error_summary`'s error types.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorTypes;
+
+impl DocumentedNames for ErrorTypes {
+    const NAMES: &'static [&'static str] = &["generic", "numerical", "transient", "model", "runtime", "hardware"];
 }
 
-impl ExecutionSummary {
-    pub const KINDS: [&'static str; 6] = [
+/// `execution_summary`'s outcomes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StatusTypes;
+
+impl DocumentedNames for StatusTypes {
+    const NAMES: &'static [&'static str] = &[
         "completed",
         "completed_with_err",
         "completed_with_num_err",
@@ -560,45 +663,172 @@ impl ExecutionSummary {
         "incorrect_input",
         "failed_to_queue",
     ];
+}
 
-    pub fn values(&self) -> [Option<f64>; 6] {
-        [
-            self.completed,
-            self.completed_with_err,
-            self.completed_with_num_err,
-            self.timed_out,
-            self.incorrect_input,
-            self.failed_to_queue,
-        ]
+/// The percentiles of `total_latency` and `device_latency`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PercentileNames;
+
+impl DocumentedNames for PercentileNames {
+    const NAMES: &'static [&'static str] = &["p0", "p1", "p25", "p50", "p75", "p99", "p100"];
+}
+
+/// The name of one value: one neuron-monitor documents, or one a newer release added.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Name<'a> {
+    Documented(&'static str),
+    Other(Cow<'a, str>),
+}
+
+impl Name<'_> {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Name::Documented(name) => name,
+            Name::Other(name) => name,
+        }
+    }
+
+    /// The name, owned only when it is not a documented one.
+    pub fn to_static(&self) -> Cow<'static, str> {
+        match self {
+            Name::Documented(name) => Cow::Borrowed(name),
+            Name::Other(name) => Cow::Owned(name.as_ref().to_owned()),
+        }
     }
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
-#[serde(default)]
-pub struct LatencyStats {
-    /// `None` when nothing completed in the period.
-    pub total_latency: Option<Percentiles>,
-    pub device_latency: Option<Percentiles>,
+/// An object of named numbers (`error_summary`, `execution_summary`, a latency's
+/// percentiles) as reported: each documented name it carries and up to
+/// [`MAX_UNDOCUMENTED_NAMES`] others, in document order, with its number. A null value
+/// is absent, as is a name the object does not carry: nothing is made up. Refused and
+/// counted in `refused`: other names beyond that bound or not [`is_value_name`], a name
+/// given twice, a value that is not a number (so one odd value never costs the group).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Named<'a, K> {
+    pub entries: Vec<(Name<'a>, f64)>,
+    pub refused: u32,
+    names: PhantomData<K>,
 }
 
-/// Latency percentiles in seconds.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
-#[serde(default)]
-pub struct Percentiles {
-    pub p0: Option<f64>,
-    pub p1: Option<f64>,
-    pub p25: Option<f64>,
-    pub p50: Option<f64>,
-    pub p75: Option<f64>,
-    pub p99: Option<f64>,
-    pub p100: Option<f64>,
+impl<K> Default for Named<'_, K> {
+    fn default() -> Self {
+        Named { entries: Vec::new(), refused: 0, names: PhantomData }
+    }
 }
 
-impl Percentiles {
-    pub const NAMES: [&'static str; 7] = ["p0", "p1", "p25", "p50", "p75", "p99", "p100"];
+impl<'a, K> Named<'a, K> {
+    /// The value of `name`, if the object carries it.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        self.entries.iter().find(|(n, _)| n.as_str() == name).map(|(_, v)| *v)
+    }
 
-    pub fn values(&self) -> [Option<f64>; 7] {
-        [self.p0, self.p1, self.p25, self.p50, self.p75, self.p99, self.p100]
+    pub fn iter(&self) -> impl Iterator<Item = (&Name<'a>, f64)> {
+        self.entries.iter().map(|(n, v)| (n, *v))
+    }
+}
+
+/// A name a newer neuron-monitor may add that the agent takes as a label value: 1 to
+/// [`MAX_VALUE_NAME_BYTES`] bytes of ASCII letters, digits, `_`, `.` and `-`.
+pub fn is_value_name(name: &str) -> bool {
+    (1..=MAX_VALUE_NAME_BYTES).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// One value of a [`Named`] object.
+enum NamedValue {
+    Number(f64),
+    Null,
+    /// A string, a boolean, an object or an array: skipped whole.
+    Other,
+}
+
+impl<'de> Deserialize<'de> for NamedValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = NamedValue;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                Ok(NamedValue::Number(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(NamedValue::Number(v as f64))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(NamedValue::Number(v as f64))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(NamedValue::Null)
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(NamedValue::Null)
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(NamedValue::Other)
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(NamedValue::Other)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                while map.next_entry::<de::IgnoredAny, de::IgnoredAny>()?.is_some() {}
+                Ok(NamedValue::Other)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                Ok(NamedValue::Other)
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+impl<'de: 'a, 'a, K: DocumentedNames> Deserialize<'de> for Named<'a, K> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct NamedVisitor<K>(PhantomData<K>);
+
+        impl<'de, K: DocumentedNames> Visitor<'de> for NamedVisitor<K> {
+            type Value = Named<'de, K>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object of numbers")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut named = Named { entries: Vec::with_capacity(K::NAMES.len()), ..Named::default() };
+                let mut undocumented = 0;
+                while let Some(Text(key)) = map.next_key()? {
+                    let value = match map.next_value()? {
+                        NamedValue::Number(v) => v,
+                        NamedValue::Null => continue,
+                        NamedValue::Other => {
+                            named.refused += 1;
+                            continue;
+                        }
+                    };
+                    if named.entries.iter().any(|(n, _)| n.as_str() == key) {
+                        named.refused += 1;
+                        continue;
+                    }
+                    let name = match K::NAMES.iter().find(|n| **n == key) {
+                        Some(documented) => Name::Documented(documented),
+                        None if undocumented < MAX_UNDOCUMENTED_NAMES && is_value_name(&key) => {
+                            undocumented += 1;
+                            Name::Other(key)
+                        }
+                        None => {
+                            named.refused += 1;
+                            continue;
+                        }
+                    };
+                    named.entries.push((name, value));
+                }
+                Ok(named)
+            }
+        }
+
+        deserializer.deserialize_map(NamedVisitor(PhantomData))
     }
 }
 
@@ -613,6 +843,84 @@ pub struct SystemData<'a> {
     pub memory_info: Option<Group<MemoryInfo<'a>>>,
     #[serde(borrow)]
     pub neuron_hw_counters: Option<Group<HwCounters<'a>>>,
+    /// Where the project's reference places it; see [`Report::k8s_info`].
+    #[serde(borrow)]
+    pub neuron_k8s_info: Option<Group<K8sInfo<'a>>>,
+}
+
+/// `neuron_k8s_info`: the pod, namespace and containers neuron-monitor sees on each core
+/// and device (EKS only; off unless its configuration asks for it). Its `error` is set
+/// where the kubelet's information is not reachable.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct K8sInfo<'a> {
+    pub period: Option<f64>,
+    #[serde(borrow)]
+    pub error: Cow<'a, str>,
+    /// Host core index → who uses it.
+    #[serde(borrow)]
+    pub neuroncores_k8s_info: Option<IndexMap<K8sOwner<'a>>>,
+    /// Device index → who uses it.
+    #[serde(borrow)]
+    pub neurondevices_k8s_info: Option<IndexMap<K8sOwner<'a>>>,
+}
+
+/// The workload using one core or device.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct K8sOwner<'a> {
+    #[serde(borrow)]
+    pub pod_name: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub namespace: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub container_name: Option<Containers<'a>>,
+}
+
+/// Container names: a list in the documented format, a single name read as a list of
+/// one. The first [`MAX_K8S_CONTAINERS_PER_ENTRY`] are kept, the others counted.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Containers<'a> {
+    pub names: Vec<Cow<'a, str>>,
+    pub skipped: usize,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Containers<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ContainersVisitor;
+
+        impl<'de> Visitor<'de> for ContainersVisitor {
+            type Value = Containers<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of container names or one name")
+            }
+
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Containers { names: vec![Cow::Borrowed(v)], skipped: 0 })
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Containers { names: vec![Cow::Owned(v.to_owned())], skipped: 0 })
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut containers = Containers::default();
+                while containers.names.len() < MAX_K8S_CONTAINERS_PER_ENTRY {
+                    match seq.next_element::<Text<'de>>()? {
+                        Some(Text(name)) => containers.names.push(name),
+                        None => return Ok(containers),
+                    }
+                }
+                while seq.next_element::<de::IgnoredAny>()?.is_some() {
+                    containers.skipped += 1;
+                }
+                Ok(containers)
+            }
+        }
+
+        deserializer.deserialize_any(ContainersVisitor)
+    }
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Deserialize)]

@@ -169,6 +169,8 @@ struct AttributionArgs {
     pod_labels: Vec<String>,
 
     /// The kubelet's pod-resources socket: which pod holds which Neuron devices and cores.
+    /// Where it is not mounted at start, the agent also asks neuron-monitor for its
+    /// `neuron_k8s_info`, which says it while the kubelet does not.
     #[arg(
         long,
         env = "NEURON_AGENT_POD_RESOURCES_SOCKET",
@@ -468,13 +470,14 @@ impl MonitorArgs {
         self.state_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("neuron-node-agent"))
     }
 
-    fn launcher(&self, state_dir: PathBuf, metrics: &AgentMetrics) -> Launcher {
+    fn launcher(&self, state_dir: PathBuf, metrics: &AgentMetrics, k8s_info: bool) -> Launcher {
         Launcher {
             program: self.monitor_command.clone(),
             args: self.monitor_args.clone(),
             state_dir,
             silence_timeout: self.silence_timeout,
             refused_files: metrics.state_files_refused.clone(),
+            k8s_info,
         }
     }
 
@@ -513,6 +516,11 @@ impl SourceArgs {
 }
 
 impl AttributionArgs {
+    /// Whether the kubelet's pod-resources socket is mounted (checked once, at start).
+    async fn kubelet_socket_mounted(&self) -> bool {
+        tokio::fs::try_exists(&self.pod_resources_socket).await.unwrap_or(false)
+    }
+
     fn settings(&self) -> attribution::Settings {
         attribution::Settings {
             proc_root: self.proc_root.clone(),
@@ -631,10 +639,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let cloudwatch_metrics = CloudWatchMetrics::register(&mut registry);
     let otlp_metrics = OtlpMetrics::register(&mut registry);
 
+    // On a node without the kubelet's socket, neuron-monitor itself says which pod holds
+    // which device (while the kubelet does not answer).
+    let k8s_info = args.source.node_name.is_some() && !args.attribution.kubelet_socket_mounted().await;
+    if k8s_info {
+        info!(socket = %args.attribution.pod_resources_socket.display(),
+              "the kubelet's pod-resources socket is not mounted: devices are attributed by neuron-monitor's \
+               neuron_k8s_info");
+    }
+
     // The node configuration: the built-in one until a file's or the ConfigMap's is in force.
     let state_dir = args.monitor.state_dir();
     open_state_dir(&state_dir).await?;
-    let launcher = args.monitor.launcher(state_dir.clone(), &metrics);
+    let launcher = args.monitor.launcher(state_dir.clone(), &metrics, k8s_info);
     let builtin = MonitorConfig::all_groups(args.monitor.period);
     let (activator, launch_specs) = Activator::start(launcher, builtin, args.health.defaults(), metrics.clone())
         .await

@@ -156,6 +156,9 @@ impl Pipeline {
                 core_indices = refusals.core_indices,
                 device_indices = refusals.device_indices,
                 label_values = refusals.label_values,
+                value_names = refusals.value_names,
+                loaded_models = refusals.loaded_models,
+                k8s_containers = refusals.k8s_containers,
                 hardware = hardware.map(String::as_str).unwrap_or(""),
                 suppressed_before,
                 "a neuron-monitor report exceeded the agent's limits; the excess was left out"

@@ -22,14 +22,14 @@
 //! are cut to a bounded length without control characters. What was refused is counted
 //! in [`NodeState::refusals`]. The cost of a report is linear in its size.
 
-use std::sync::Arc;
+use std::{borrow::Cow, sync::Arc};
 
 use api::{
     limits::{
         MAX_NEURONCORES, MAX_NEURONCORES_PER_DEVICE, MAX_NEURON_DEVICES, MAX_PHYSICAL_PER_LOGICAL,
-        MAX_REPORT_LABEL_VALUE_BYTES,
+        MAX_REPORT_LABEL_VALUE_BYTES, MAX_UNDOCUMENTED_NAMES,
     },
-    report::{CoreMemory, ErrorSummary, ExecutionSummary, Group, HardwareInfo, InstanceInfo, Percentiles, Report},
+    report::{CoreMemory, Group, HardwareInfo, InstanceInfo, Name, Named, NumberOrText, Report},
 };
 
 /// Labels that identify the host, as in AWS's exporter.
@@ -118,6 +118,81 @@ pub struct HeldCore {
 /// The physical cores of one logical core, by index within it.
 pub type PhysicalCores = [Option<f64>; MAX_PHYSICAL_PER_LOGICAL as usize];
 
+/// Values by name, as reports give them (error types, statuses, percentiles): the
+/// names of their documented lists and up to [`MAX_UNDOCUMENTED_NAMES`] others, in the
+/// order first seen. A name a report did not carry has no value here.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NamedValues(Vec<(Cow<'static, str>, f64)>);
+
+impl NamedValues {
+    pub fn get(&self, name: &str) -> Option<f64> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, f64)> {
+        self.0.iter().map(|(n, v)| (n.as_ref(), *v))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The values of a report's object (percentiles), replacing these.
+    fn set<K>(&mut self, named: &Named<'_, K>) {
+        self.0.clear();
+        self.0.extend(named.iter().filter(|(_, v)| v.is_finite()).map(|(n, v)| (n.to_static(), v)));
+    }
+
+    /// Adds a report's per-period counts to these running sums: a name first seen starts
+    /// from zero and keeps its sum while later reports leave it out. A negative count is
+    /// not a count and is ignored; an undocumented name beyond the bound is counted in
+    /// `refused`.
+    fn add<K>(&mut self, counts: &Named<'_, K>, refused: &mut u64) {
+        for (name, count) in counts.iter() {
+            if !(count >= 0.0 && count.is_finite()) {
+                continue;
+            }
+            match self.0.iter().position(|(n, _)| n == name.as_str()) {
+                Some(i) => self.0[i].1 += count,
+                None if matches!(name, Name::Documented(_)) || self.undocumented() < MAX_UNDOCUMENTED_NAMES => {
+                    self.0.push((name.to_static(), count))
+                }
+                None => *refused += 1,
+            }
+        }
+    }
+
+    fn undocumented(&self) -> usize {
+        self.0.iter().filter(|(n, _)| matches!(n, Cow::Owned(_))).count()
+    }
+}
+
+/// The models one runtime has loaded (`memory_used.loaded_models`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoadedModels {
+    /// `false` when the list did not have the documented shape: nothing is exported.
+    pub readable: bool,
+    /// Models by `is_running`: started, loaded but not started, not said.
+    pub running: u32,
+    pub idle: u32,
+    pub unknown: u32,
+    /// The first [`api::limits::MAX_MODEL_INFO_PER_RUNTIME`] models, in report order.
+    pub info: Vec<ModelInfo>,
+    /// The text the list was read from: the next report's is read only if it differs (the
+    /// list is most of a report's bytes and rarely changes; comparing costs far less).
+    source: String,
+    /// What reading it refused: models, label values.
+    refused: (u64, u64),
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// A bounded [`label_value`]; empty when the report gives none.
+    pub name: String,
+    pub model_id: Option<u64>,
+    pub is_running: Option<bool>,
+}
+
 /// What the agent exports of one monitored application.
 #[derive(Clone, Debug)]
 pub struct RuntimeState {
@@ -126,17 +201,19 @@ pub struct RuntimeState {
     pub cores: Vec<HeldCore>,
     /// host, neuron_device bytes.
     pub memory_used: Option<[Option<f64>; 2]>,
+    /// `None` while the memory group is in error or was never reported.
+    pub models: Option<LoadedModels>,
     /// user, system percent.
     pub vcpu: Option<[Option<f64>; 2]>,
     /// Total latency percentiles (seconds); `None` when null or in error.
-    pub latency: Option<Percentiles>,
+    pub latency: Option<NamedValues>,
     /// Device latency percentiles (seconds; the time on the device alone); `None` when
     /// null or in error.
-    pub device_latency: Option<Percentiles>,
-    /// Running sums, in the order of [`ErrorSummary::KINDS`] / [`ExecutionSummary::KINDS`];
-    /// `None` until the first execution_stats group was read.
-    pub errors_total: Option<[f64; 6]>,
-    pub status_total: Option<[f64; 6]>,
+    pub device_latency: Option<NamedValues>,
+    /// Running sums by error type / by execution status, of the types the reports
+    /// carried; `None` until the first execution_stats group was read.
+    pub errors_total: Option<NamedValues>,
+    pub status_total: Option<NamedValues>,
     /// The physical cores of the held logical ones (trn2): (logical core, physical core
     /// of the host, utilization percent).
     pub physical_cores: Vec<(u32, u32, f64)>,
@@ -195,15 +272,42 @@ pub struct Refusals {
     /// Label values cut to [`MAX_REPORT_LABEL_VALUE_BYTES`] or with control characters
     /// replaced.
     pub label_values: u64,
+    /// Error types, statuses and percentiles not taken: undocumented names beyond
+    /// [`MAX_UNDOCUMENTED_NAMES`] (per object, or in a runtime's sums) or not
+    /// [`api::report::is_value_name`], names given twice, values that are not numbers.
+    pub value_names: u64,
+    /// Loaded models beyond [`api::limits::MAX_LOADED_MODELS_PER_RUNTIME`] (not read) or
+    /// [`api::limits::MAX_MODEL_INFO_PER_RUNTIME`] (no info series of their own).
+    pub loaded_models: u64,
+    /// Containers of one `neuron_k8s_info` entry beyond
+    /// [`api::limits::MAX_K8S_CONTAINERS_PER_ENTRY`].
+    pub k8s_containers: u64,
 }
 
 impl Refusals {
-    pub const KINDS: [&'static str; 5] =
-        ["runtime", "neuroncore_index", "neuron_device_index", "hardware_counts", "label_value"];
+    pub const KINDS: [&'static str; 8] = [
+        "runtime",
+        "neuroncore_index",
+        "neuron_device_index",
+        "hardware_counts",
+        "label_value",
+        "value_name",
+        "loaded_model",
+        "k8s_container",
+    ];
 
     /// Counts in the order of [`Refusals::KINDS`].
-    pub fn counts(&self) -> [u64; 5] {
-        [self.runtimes, self.core_indices, self.device_indices, self.hardware_counts, self.label_values]
+    pub fn counts(&self) -> [u64; 8] {
+        [
+            self.runtimes,
+            self.core_indices,
+            self.device_indices,
+            self.hardware_counts,
+            self.label_values,
+            self.value_names,
+            self.loaded_models,
+            self.k8s_containers,
+        ]
     }
 
     pub fn is_empty(&self) -> bool {
@@ -216,6 +320,29 @@ pub struct HardwareSummary {
     pub device_count: Option<u32>,
     pub cores_per_device: Option<u32>,
     pub device_type: Option<String>,
+    /// Physical cores per logical one, when the report says (trn2, trn3).
+    pub logical_neuroncore_config: Option<u32>,
+    /// The newer fields the report has, as labels of `neuron_hardware_info`, in a fixed
+    /// order: neuron_device_type, neuron_device_version, neuroncore_version,
+    /// neuron_device_memory_size, logical_neuroncore_config.
+    pub labels: Vec<(&'static str, String)>,
+}
+
+/// Who uses each core and device by neuron-monitor's `neuron_k8s_info` (an attribution
+/// source where the kubelet's pod-resources socket is not mounted).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct K8sOwners {
+    /// By host core index, then by device index; sorted, one entry per index.
+    pub cores: Vec<(u32, K8sOwner)>,
+    pub devices: Vec<(u32, K8sOwner)>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct K8sOwner {
+    pub namespace: String,
+    pub pod: String,
+    /// Empty when the report names none.
+    pub containers: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -239,6 +366,10 @@ pub struct NodeState {
     /// Cores of the host that no runtime holds, by index.
     pub idle_cores: Vec<IdleCore>,
     pub system: SystemState,
+    /// The latest `neuron_k8s_info`; `None` until one was read, and while it is in error.
+    pub k8s: Option<K8sOwners>,
+    /// Changes whenever `k8s` does.
+    pub k8s_generation: u64,
     pub problems: Vec<GroupProblem>,
     /// What the latest report had beyond the limits.
     pub refusals: Refusals,
@@ -253,6 +384,8 @@ impl Default for NodeState {
             runtimes: Vec::new(),
             idle_cores: Vec::new(),
             system: SystemState::default(),
+            k8s: None,
+            k8s_generation: 0,
             problems: Vec::new(),
             refusals: Refusals::default(),
             reports: 0,
@@ -270,6 +403,7 @@ impl NodeState {
         self.apply_hardware(report);
         self.apply_runtimes(report);
         self.apply_system(report);
+        self.apply_k8s(report);
         self.compute_idle_cores();
     }
 
@@ -309,7 +443,7 @@ impl NodeState {
         };
         self.note("neuron_hardware_info", "", info);
         if let Group::Ok(info) = info {
-            match summarize_hardware(info) {
+            match summarize_hardware(info, &mut self.refusals.label_values) {
                 Ok(summary) => self.hardware = Some(summary),
                 Err(message) => {
                     // Never an allocation size: no idle cores, no hardware series from it.
@@ -392,7 +526,7 @@ impl NodeState {
 
 /// The hardware as reported, or why its counts are refused: beyond any real node, they
 /// would size the idle-core list and the exposition.
-fn summarize_hardware(info: &HardwareInfo<'_>) -> Result<HardwareSummary, String> {
+fn summarize_hardware(info: &HardwareInfo<'_>, refused: &mut u64) -> Result<HardwareSummary, String> {
     let (devices, cores) = (info.neuron_device_count, info.neuroncore_per_device_count);
     let total = u64::from(devices.unwrap_or(0)) * u64::from(cores.unwrap_or(0));
     if devices.unwrap_or(0) > MAX_NEURON_DEVICES
@@ -406,10 +540,36 @@ fn summarize_hardware(info: &HardwareInfo<'_>) -> Result<HardwareSummary, String
             cores.unwrap_or(0)
         ));
     }
+    let lnc = match &info.logical_neuroncore_config {
+        Some(NumberOrText::Number(n)) => Some(*n),
+        Some(NumberOrText::Text(t)) => t.trim().parse().ok(),
+        None => None,
+    };
+    // A whole number of physical cores, at most what one logical core is read with.
+    let lnc = lnc.filter(|n| n.fract() == 0.0 && (1.0..=f64::from(MAX_PHYSICAL_PER_LOGICAL)).contains(n));
+    let mut text = |v: Option<&str>| v.map(|t| label_value(t, refused));
+    // Whole numbers (u64 covers any memory size), written without a fraction.
+    let number = |v: Option<f64>| v.filter(|n| n.is_finite() && *n >= 0.0).map(|n| format!("{}", n.round() as u64));
+    let fields = [
+        ("neuron_device_type", text(info.neuron_device_type.as_deref())),
+        ("neuron_device_version", text(info.neuron_device_version.as_deref())),
+        ("neuroncore_version", text(info.neuroncore_version.as_deref())),
+        ("neuron_device_memory_size", number(info.neuron_device_memory_size)),
+        (
+            "logical_neuroncore_config",
+            match &info.logical_neuroncore_config {
+                Some(NumberOrText::Number(n)) => number(Some(*n)),
+                Some(NumberOrText::Text(t)) => text(Some(t)),
+                None => None,
+            },
+        ),
+    ];
     Ok(HardwareSummary {
         device_count: devices,
         cores_per_device: cores,
         device_type: info.neuron_device_type.as_deref().map(|t| truncated(t, MAX_REPORT_LABEL_VALUE_BYTES).to_owned()),
+        logical_neuroncore_config: lnc.map(|n| n as u32),
+        labels: fields.into_iter().filter_map(|(k, v)| Some((k, v?))).collect(),
     })
 }
 
@@ -461,10 +621,7 @@ fn sum(parts: &[Option<f64>]) -> Option<f64> {
     (!known.is_empty()).then(|| known.iter().sum())
 }
 
-// Referenced by docs and the sinks.
-pub const ERROR_KINDS: [&str; 6] = ErrorSummary::KINDS;
-pub const STATUS_KINDS: [&str; 6] = ExecutionSummary::KINDS;
-
+mod k8s;
 mod runtimes;
 #[cfg(test)]
 mod tests;

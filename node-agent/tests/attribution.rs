@@ -84,6 +84,10 @@ const APPS: &[&str] = &[
 ];
 
 fn start_agent(cp: &ControlPlane, scene: &Scene, socket: &Path) -> Agent {
+    start_agent_with(cp, scene, socket, APPS)
+}
+
+fn start_agent_with(cp: &ControlPlane, scene: &Scene, socket: &Path, apps: &[&str]) -> Agent {
     let args = [
         "--period",
         "500ms",
@@ -98,7 +102,7 @@ fn start_agent(cp: &ControlPlane, scene: &Scene, socket: &Path) -> Agent {
         "--pod-label",
         "app",
     ];
-    Agent::start_with_env(support::sim(), APPS, &args, &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))])
+    Agent::start_with_env(support::sim(), apps, &args, &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))])
 }
 
 #[test]
@@ -173,14 +177,20 @@ fn every_application_and_core_carries_its_pod_and_prometheus_sums_by_namespace()
     assert_eq!(m.value("neuron_agent_runtimes_unattributed", &[("reason", "pod_unknown")]), Some(1.0));
 }
 
+/// The scene with its kubelet stopped, and the path where its socket is missing.
+fn scene_without_kubelet(rt: &tokio::runtime::Runtime, cp: &ControlPlane) -> (Scene, std::path::PathBuf) {
+    let mut scene = scene(rt, cp);
+    scene.kubelet.stop();
+    let missing = scene._dir.0.join("kubelet.sock");
+    assert!(!missing.exists());
+    (scene, missing)
+}
+
 #[test]
 fn without_the_kubelet_the_agent_keeps_running_and_says_so() {
     let rt = runtime();
     let cp = ControlPlane::shared();
-    let mut scene = scene(&rt, cp);
-    scene.kubelet.stop();
-    let missing = scene._dir.0.join("kubelet.sock");
-    assert!(!missing.exists());
+    let (scene, missing) = scene_without_kubelet(&rt, cp);
     let agent = start_agent(cp, &scene, &missing);
 
     // Processes are still attributed; cores no runtime uses are not.
@@ -214,6 +224,45 @@ fn without_the_kubelet_the_agent_keeps_running_and_says_so() {
     });
     assert_eq!(cores(&m, None).get(&3), Some(&scene.a), "the last known mapping stays");
     assert_eq!(agent.get("/healthz").map(|r| r.0), Some(200));
+}
+
+/// Where the kubelet's socket is not mounted, the agent asks neuron-monitor for its
+/// `neuron_k8s_info` and credits devices by it, with the same rules: `train`'s process is
+/// not readable (PID 4109 has no `/proc` entry), so its cores say whose it is; `serve`'s
+/// process is in pod `serve`, while neuron-monitor lists its core under `train`: the
+/// process wins, and the disagreement is counted.
+#[test]
+fn without_the_kubelet_socket_neuron_monitor_says_who_holds_the_devices() {
+    let rt = runtime();
+    let cp = ControlPlane::shared();
+    let (scene, missing) = scene_without_kubelet(&rt, cp);
+    let listed_as_train = format!("pod={}/train/main", scene.a);
+    let apps = [
+        "--instance-type=trn1.32xlarge".to_owned(),
+        format!("--app=tag=train,cores=0-2,util=80,pid=4109,{listed_as_train}"),
+        format!("--app=tag=serve,cores=4,util=50,pid=4102,{listed_as_train}"),
+    ];
+    let apps: Vec<&str> = apps.iter().map(String::as_str).collect();
+    let agent = start_agent_with(cp, &scene, &missing, &apps);
+
+    let m = agent.wait_for("both runtimes attributed", Duration::from_secs(60), |m| {
+        let done = label(m, "neuroncore_utilization_ratio", "train", "namespace") == Some(scene.a.as_str())
+            && label(m, "neuroncore_utilization_ratio", "serve", "namespace") == Some(scene.b.as_str())
+            && m.value("neuron_agent_attribution_disagreements_total", &[]) == Some(1.0);
+        done.then(|| m.clone())
+    });
+    for name in ["neuroncore_utilization_ratio", "neuron_runtime_memory_used_bytes", "execution_status_total"] {
+        assert_eq!(label(&m, name, "train", "pod"), Some("train"), "{name}");
+        assert_eq!(label(&m, name, "train", "container"), Some("main"), "{name}");
+        assert_eq!(label(&m, name, "serve", "pod"), Some("serve"), "{name}: the process wins");
+    }
+    assert_eq!(m.value("neuron_agent_runtimes_attributed", &[("source", "devices")]), Some(1.0));
+    assert_eq!(m.value("neuron_agent_runtimes_attributed", &[("source", "process")]), Some(1.0));
+    assert_eq!(m.value("neuron_agent_device_source", &[("source", "neuron_monitor")]), Some(1.0));
+    assert_eq!(m.value("neuron_agent_device_source", &[("source", "kubelet")]), Some(0.0));
+    assert_eq!(m.value("neuron_agent_kubelet_up", &[]), Some(0.0));
+    assert!(cores(&m, None).values().all(String::is_empty), "no idle core is listed by neuron-monitor");
+    promtool_accepts(&m.text);
 }
 
 #[test]

@@ -328,7 +328,10 @@ fn two_teams_with_two_endpoints_each_receive_only_their_own_series() {
                     namespaces.insert(n.clone());
                 }
                 // The node its pods run on, described; nothing else without a pod.
-                None => assert!(["instance_info", "neuron_hardware_info"].contains(&name.as_str()), "{ns}: {name}"),
+                None => assert!(
+                    ["instance_info", "neuron_hardware_info", "neuroncore_peak_flops"].contains(&name.as_str()),
+                    "{ns}: {name}"
+                ),
             }
         }
         assert_eq!(namespaces, BTreeSet::from([ns.clone()]), "{ns} receives only its own namespace");

@@ -117,3 +117,47 @@ fn a_trn2_node_with_lnc_1_shows_128_cores_and_no_physical_ones() {
     let info = m.find("neuron_hardware_info", &[]);
     assert_eq!(info[0].labels["neuroncore_per_device_count"], "8", "{info:?}");
 }
+
+/// A trn3.48xlarge (LNC=2: 64 logical NeuronCore-v4, 128 physical) whose application hits
+/// an error type newer than the documented six: everything the report says, nothing made
+/// up, and an exposition promtool accepts.
+#[test]
+fn a_trn3_node_exports_what_its_reports_say() {
+    let sim = [
+        "--instance-type=trn3.48xlarge",
+        "--app=tag=big,cores=0-39,util=60,rps=40,errors=4,error_type=memory_pressure",
+    ];
+    let agent = Agent::start(&sim, &["--period", "500ms"]);
+    let m = agent.wait_for("the new series", Duration::from_secs(20), |m| {
+        let errors = m.value("execution_errors_total", &[("runtime_tag", "big"), ("error_type", "memory_pressure")]);
+        (errors.unwrap_or(0.0) > 0.0 && !m.find("neuron_runtime_loaded_model_info", &[]).is_empty()).then(|| m.clone())
+    });
+    let big = [("runtime_tag", "big")];
+    assert_eq!(m.find("neuroncore_utilization_ratio", &big).len(), 40);
+    assert_eq!(m.find("neuroncore_physical_utilization_ratio", &big).len(), 80);
+    // The six documented types at the simulator's zeros, and the new one: nothing else.
+    let mut types: Vec<String> =
+        m.find("execution_errors_total", &big).iter().map(|s| s.labels["error_type"].clone()).collect();
+    types.sort();
+    assert_eq!(types, ["generic", "hardware", "memory_pressure", "model", "numerical", "runtime", "transient"]);
+    assert_eq!(m.value("execution_errors_total", &[("runtime_tag", "big"), ("error_type", "generic")]), Some(0.0));
+
+    let hardware = &m.find("neuron_hardware_info", &[])[0].labels;
+    let field = |k: &str| hardware.get(k).map(String::as_str);
+    assert_eq!(field("neuron_device_type"), Some("trainium3"));
+    assert_eq!(field("neuroncore_version"), Some("v4"));
+    assert_eq!(field("logical_neuroncore_config"), Some("2"));
+    assert_eq!(field("neuron_device_memory_size"), Some(&*(144u64 << 30).to_string()));
+    assert_eq!(field("neuroncore_per_device_count"), Some("4"), "existing labels stay");
+
+    // One model per core, all running; an info series for the first 32.
+    assert_eq!(m.value("neuron_runtime_loaded_models", &[("runtime_tag", "big"), ("state", "running")]), Some(40.0));
+    assert_eq!(m.value("neuron_runtime_loaded_models", &[("runtime_tag", "big"), ("state", "idle")]), Some(0.0));
+    assert_eq!(m.find("neuron_runtime_loaded_model_info", &big).len(), 32);
+    assert!(m.sum("neuron_agent_report_values_refused_total", &[("what", "loaded_model")]) >= 8.0);
+    // NeuronCore-v4's documented 315 MXFP8 TFLOPS, two physical cores per logical one.
+    assert_eq!(m.value("neuroncore_peak_flops", &[("data_type", "mxfp8")]), Some(630e12));
+
+    let (_, body) = agent.get("/metrics").expect("GET /metrics");
+    assert_eq!(promtool_complaints(&body), vec![ACCEPTED_LINT.to_owned()]);
+}

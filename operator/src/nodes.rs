@@ -157,7 +157,7 @@ mod tests {
     #[test]
     fn neuron_instance_types_make_a_neuron_node() {
         let p = NeuronNodePolicy::default();
-        for t in ["inf1.xlarge", "inf2.48xlarge", "trn1.2xlarge", "trn1n.32xlarge", "trn2.48xlarge", "trn2u.48xlarge"] {
+        for t in api::hardware::INSTANCE_TYPES.map(|t| t.name) {
             assert!(p.is_neuron_node(&node(&[("node.kubernetes.io/instance-type", t)], &[], &[])), "{t}");
         }
         assert!(p.is_neuron_node(&node(&[("beta.kubernetes.io/instance-type", "inf2.xlarge")], &[], &[])));

@@ -83,9 +83,16 @@ impl Generator {
         }
 
         let mut system = SystemData::default();
+        let mut k8s_info = None;
         for r in refreshes {
-            if let GroupKey::System(group) = r.key {
-                self.system_group(&mut system, group, r);
+            match r.key {
+                GroupKey::System(SystemGroup::NeuronK8sInfo) => {
+                    let error = self.scenario.group_fails(GroupName::System(SystemGroup::NeuronK8sInfo));
+                    let error = error.then(|| injected_error(SystemGroup::NeuronK8sInfo.as_str()));
+                    k8s_info = Some(wrap(r, error, || self.k8s_info()));
+                }
+                GroupKey::System(group) => self.system_group(&mut system, group, r),
+                GroupKey::Runtime { .. } => {}
             }
         }
 
@@ -94,7 +101,33 @@ impl Generator {
             system_data: system,
             instance_info: self.instance_info.clone(),
             neuron_hardware_info: self.hardware_info.clone(),
+            neuron_k8s_info: k8s_info,
         }
+    }
+
+    /// The pods of the apps with `pod=`: each of their cores, and each device all of
+    /// whose cores one of them holds.
+    fn k8s_info(&self) -> K8sInfo {
+        let mut cores = BTreeMap::new();
+        let mut devices = BTreeMap::new();
+        let instance = &self.scenario.instance;
+        for app in &self.scenario.apps {
+            let Some(pod) = &app.pod else { continue };
+            let entry = K8sEntry {
+                pod_name: pod.pod.clone(),
+                namespace: pod.namespace.clone(),
+                container_name: vec![pod.container.clone()],
+            };
+            for &core in &app.cores {
+                cores.insert(core, entry.clone());
+                let device = instance.device_of(core);
+                let first = device * instance.cores_per_device;
+                if (first..first + instance.cores_per_device).all(|c| app.cores.contains(&c)) {
+                    devices.insert(device, entry.clone());
+                }
+            }
+        }
+        K8sInfo { neuroncores_k8s_info: cores, neurondevices_k8s_info: devices }
     }
 
     fn runtime_group(&self, report: &mut RuntimeReport, app: &App, group: RuntimeGroup, r: &Refresh) {
@@ -135,6 +168,8 @@ impl Generator {
                 let devices = self.scenario.instance.devices;
                 system.neuron_hw_counters = Some(wrap(r, error, || hw_counters(devices, ecc)))
             }
+            // Written at the top level (see `document`).
+            SystemGroup::NeuronK8sInfo => {}
         }
     }
 
@@ -278,8 +313,21 @@ fn execution_stats(app: &App, seconds: f64) -> ExecutionStats {
             p100: s(l.p100),
         })
     };
+    let errors = (app.errors * seconds).round() as u64;
+    let mut error_summary = ErrorSummary::default();
+    match app.error_type.as_str() {
+        "generic" => error_summary.generic = errors,
+        "numerical" => error_summary.numerical = errors,
+        "transient" => error_summary.transient = errors,
+        "model" => error_summary.model = errors,
+        "runtime" => error_summary.runtime = errors,
+        "hardware" => error_summary.hardware = errors,
+        other => {
+            error_summary.other.insert(other.to_owned(), errors);
+        }
+    }
     ExecutionStats {
-        error_summary: ErrorSummary { generic: (app.errors * seconds).round() as u64, ..ErrorSummary::default() },
+        error_summary,
         execution_summary: ExecutionSummary { completed, ..ExecutionSummary::default() },
         latency_stats: LatencyStats { total_latency: latency(1.0), device_latency: latency(0.8) },
     }
@@ -451,15 +499,66 @@ mod tests {
         let report = Report::parse(&line).unwrap();
         let rts = runtimes(&report);
         let G::Ok(mem) = rts[0].report.as_ref().unwrap().memory_used.as_ref().unwrap() else { panic!() };
-        let placed: Vec<(Option<u32>, Option<u32>)> = mem
+        let models: Vec<api::report::LoadedModel> = mem
             .loaded_models()
             .unwrap()
+            .items
+            .into_iter()
+            .map(|m| match m {
+                Item::Ok(m) => m,
+                Item::Malformed(e) => panic!("malformed model: {e}"),
+            })
+            .collect();
+        let placed: Vec<(Option<u32>, Option<u32>)> = models
             .iter()
-            .flat_map(|m| m.subgraphs.as_ref().unwrap().0.clone())
+            .flat_map(|m| m.subgraphs().unwrap().0)
             .map(|(_, sg)| (sg.neuroncore_index, sg.neuron_device_index))
             .collect();
         // Host cores 5 and 9 sit on devices 2 and 4; the runtime counts them 0 and 1.
         assert_eq!(placed, vec![(Some(0), Some(2)), (Some(1), Some(4))]);
+        assert!(models.iter().all(|m| m.is_running == Some(true) && m.name.as_deref().unwrap().ends_with(".neff")));
+        assert_eq!(models.iter().map(|m| m.model_id).collect::<Vec<_>>(), [Some(10_001), Some(10_002)]);
+    }
+
+    #[test]
+    fn an_error_type_of_a_newer_release_is_written_beside_the_documented_ones() {
+        let config = r#"{"period":"1s","neuron_runtimes":[{"metrics":[{"type":"execution_stats"}]}]}"#;
+        let mut g =
+            generator("trn1.2xlarge", &["tag=a,cores=0,util=5,errors=2,error_type=memory_pressure"], config, &[]);
+        let line = line_at(&mut g, 1000);
+        let report = Report::parse(&line).unwrap();
+        let rts = runtimes(&report);
+        let G::Ok(stats) = rts[0].report.as_ref().unwrap().execution_stats.as_ref().unwrap() else { panic!() };
+        let errors = stats.error_summary.as_ref().unwrap();
+        assert_eq!(errors.get("memory_pressure"), Some(2.0));
+        assert_eq!(errors.get("generic"), Some(0.0));
+        assert_eq!((errors.entries.len(), errors.refused), (7, 0));
+    }
+
+    #[test]
+    fn k8s_info_lists_the_pods_cores_and_whole_devices_when_asked_for() {
+        let apps =
+            ["tag=a,cores=0-2,util=50,pod=team/train/main", "tag=b,cores=4,util=5", "tag=c,cores=6,util=5,pod=x/y/z"];
+        let asked = r#"{"period":"1s","system_metrics":[{"type":"neuron_k8s_info"}]}"#;
+        let mut g = generator("trn1.32xlarge", &apps, asked, &[]);
+        let line = line_at(&mut g, 1000);
+        let report = Report::parse(&line).unwrap();
+        let G::Ok(info) = report.k8s_info().unwrap() else { panic!("{line}") };
+        let cores = info.neuroncores_k8s_info.as_ref().unwrap();
+        let listed: Vec<(u32, &str)> = cores.iter().map(|(c, o)| (c, o.pod_name.as_deref().unwrap())).collect();
+        assert_eq!(listed, [(0, "train"), (1, "train"), (2, "train"), (6, "y")]);
+        let first = cores.get(0).unwrap();
+        assert_eq!(first.namespace.as_deref(), Some("team"));
+        assert_eq!(first.container_name.as_ref().unwrap().names, ["main"]);
+        // trn1: two cores per device; only device 0 (cores 0 and 1) is held whole.
+        let devices = info.neurondevices_k8s_info.as_ref().unwrap();
+        assert_eq!(devices.iter().map(|(d, _)| d).collect::<Vec<_>>(), [0]);
+
+        let mut not_asked = generator("trn1.32xlarge", &apps, ALL, &[]);
+        assert!(!line_at(&mut not_asked, 1000).contains("neuron_k8s_info"));
+        let mut failing = generator("trn1.32xlarge", &apps, asked, &["neuron_k8s_info"]);
+        let line = line_at(&mut failing, 1000);
+        assert!(matches!(Report::parse(&line).unwrap().k8s_info(), Some(G::Error(_))));
     }
 
     #[test]
@@ -475,14 +574,14 @@ mod tests {
         let report = Report::parse(&line).unwrap();
         let rts = runtimes(&report);
         let G::Ok(busy) = rts[0].report.as_ref().unwrap().execution_stats.as_ref().unwrap() else { panic!() };
-        assert_eq!(busy.execution_summary.unwrap().completed, Some(25.0));
-        assert_eq!(busy.error_summary.unwrap().generic, Some(1.0));
-        let latency = busy.latency_stats.unwrap();
-        assert_eq!(latency.total_latency.unwrap().p50, Some(0.01));
-        assert_eq!(latency.device_latency.unwrap().p50, Some(0.008));
+        assert_eq!(busy.execution_summary.as_ref().unwrap().get("completed"), Some(25.0));
+        assert_eq!(busy.error_summary.as_ref().unwrap().get("generic"), Some(1.0));
+        let latency = busy.latency_stats.as_ref().unwrap();
+        assert_eq!(latency.total_latency.as_ref().unwrap().get("p50"), Some(0.01));
+        assert_eq!(latency.device_latency.as_ref().unwrap().get("p50"), Some(0.008));
         let G::Ok(idle) = rts[1].report.as_ref().unwrap().execution_stats.as_ref().unwrap() else { panic!() };
-        assert_eq!(idle.execution_summary.unwrap().completed, Some(0.0));
-        assert_eq!(idle.latency_stats.unwrap().total_latency, None);
+        assert_eq!(idle.execution_summary.as_ref().unwrap().get("completed"), Some(0.0));
+        assert_eq!(idle.latency_stats.as_ref().unwrap().total_latency, None);
         // Only the configured group is written.
         assert!(rts[0].report.as_ref().unwrap().memory_used.is_none());
         assert!(report.system_data.unwrap().memory_info.is_none());

@@ -220,6 +220,8 @@ impl Driver {
             Generation::Inferentia2 => ("NDv3", "Inf2", "Inferentia2"),
             Generation::Trainium => ("NDv3", "Trn1", "Trainium1"),
             Generation::Trainium2 => ("NDv4", "Trn2", "Trainium2"),
+            // The driver's Trn3 names (aws-neuron-driver v4/neuron_dhal_v4.c).
+            Generation::Trainium3 => ("NDv4", "Trn3", "Trainium3"),
         };
         for i in 0..self.devices.len() {
             let dir = Self::device_dir(&root, i);

@@ -44,6 +44,8 @@ impl HostDocuments for InstanceType {
             Generation::Trainium => ("trainium", "v2", 32 * GIB, None),
             // trn2 groups two physical cores into one logical core by default (8 → 4).
             Generation::Trainium2 => ("trainium2", "v3", 96 * GIB, self.logical_neuroncore_config()),
+            // Trainium3: NeuronCore-v4, 144 GiB of device memory (Neuron docs).
+            Generation::Trainium3 => ("trainium3", "v4", 144 * GIB, self.logical_neuroncore_config()),
         };
         HardwareInfo {
             neuron_device_count: self.devices,
@@ -116,6 +118,9 @@ mod tests {
         assert_eq!(trn2.logical_neuroncore_config, Some(2));
         let inf2 = lookup("inf2.xlarge").unwrap().hardware_info();
         assert_eq!(inf2.neuron_device_type.as_deref(), Some("inferentia2"));
+        let trn3 = lookup("trn3.48xlarge").unwrap().hardware_info();
+        assert_eq!(trn3.neuron_device_type.as_deref(), Some("trainium3"));
+        assert_eq!((trn3.neuroncore_per_device_count, trn3.logical_neuroncore_config), (4, Some(2)));
     }
 
     #[test]

@@ -59,20 +59,26 @@ Every option except -c and --verbose can also be given as an environment variabl
 supervisor can start the simulator with `-c FILE` alone.";
 
 const AFTER_HELP: &str = "\
-App spec: tag=NAME,cores=0-3|0,2,5,util=NN[,rps=NN][,pid=NN][,errors=NN][,host_mem=BYTES]
+App spec: tag=NAME,cores=0-3|0,2,5,util=NN[,rps=NN][,pid=NN][,errors=NN][,error_type=NAME]
+          [,host_mem=BYTES][,pod=NAMESPACE/POD/CONTAINER]
   tag       NEURON_PROCESS_TAG of the application; empty or absent: the pid is the tag
   cores     host NeuronCore indices held, a range (0-3) or a list (0,2,5; ranges allowed)
   util      utilization percent on each held core (0 on every other core of the host,
             which every runtime lists, as the real neuron-monitor does)
   rps       completed executions per second (default 0)
   pid       process id (default 1000 + position of the app, from 0)
-  errors    generic execution errors per second (default 0)
+  errors    execution errors per second (default 0), of error_type
+  error_type  error_summary's key for them (default generic; another name is written
+            beside the six documented ones, as a newer neuron-monitor would)
   host_mem  host memory in bytes (default 512 MiB + 64 MiB per core)
+  pod       the pod running it, listed for its cores (and the devices it holds whole)
+            in neuron_k8s_info
 Without --app: one app `tag=sim-app,cores=0,util=50,rps=100`.
 
 Groups for --group-error: neuroncore_counters, memory_used, neuron_runtime_vcpu_usage,
 execution_stats (runtime groups, failing for every app), vcpu_usage, memory_info,
-neuron_hw_counters (system groups). A failing group carries `error` and no data.
+neuron_hw_counters, neuron_k8s_info (system groups). A failing group carries `error` and
+no data.
 
 Exit codes: 0 on --max-documents or a closed stdout, 1 on a startup or write error,
 2 on a bad command line, 3 on --exit-after.";
@@ -99,11 +105,17 @@ struct Args {
     #[arg(long, env = "NEURON_SIM_INSTANCE_TYPE", default_value = "trn1.2xlarge")]
     instance_type: String,
 
-    /// trn2: physical NeuronCores per logical one (1 or 2; neuron-monitor reports the
-    /// logical ones, and with 2 their physical cores under `v3d`). Default: the
-    /// instance's (2 on trn2).
+    /// trn2, trn3: physical NeuronCores per logical one (1 or 2; neuron-monitor reports
+    /// the logical ones, and with 2 their physical cores under `v3d`). Default: the
+    /// instance's (2).
     #[arg(long, value_name = "N", env = "NEURON_SIM_LNC")]
     lnc: Option<u32>,
+
+    /// Report neuron_k8s_info (the pods of the apps with `pod=`) even when the
+    /// configuration does not ask for it (`{"type": "neuron_k8s_info"}` among its
+    /// system_metrics), at the root period.
+    #[arg(long, env = "NEURON_SIM_K8S_INFO")]
+    k8s_info: bool,
 
     /// Region written in instance_info (availability zone: REGION + "a").
     #[arg(long, env = "NEURON_SIM_REGION", default_value = "us-west-2")]
@@ -228,12 +240,16 @@ impl Args {
     }
 
     fn config(&self) -> Result<MonitorConfig> {
-        let Some(path) = &self.config else {
-            return Ok(MonitorConfig::all_groups(DEFAULT_PERIOD));
+        let config = match &self.config {
+            None => MonitorConfig::all_groups(DEFAULT_PERIOD),
+            Some(path) => {
+                let text = fs::read_to_string(path)
+                    .with_context(|| format!("cannot read configuration file {}", path.display()))?;
+                serde_json::from_str(&text)
+                    .with_context(|| format!("configuration file {} is invalid", path.display()))?
+            }
         };
-        let text =
-            fs::read_to_string(path).with_context(|| format!("cannot read configuration file {}", path.display()))?;
-        serde_json::from_str(&text).with_context(|| format!("configuration file {} is invalid", path.display()))
+        Ok(if self.k8s_info { config.with_k8s_info() } else { config })
     }
 
     fn scenario(&self) -> Result<Scenario> {
@@ -525,7 +541,7 @@ mod tests {
             let stats = rt.report.as_ref().unwrap().execution_stats.as_ref().unwrap();
             let api::report::Group::Ok(stats) = stats else { panic!() };
             assert!(stats.period.unwrap() > 0.0);
-            assert_eq!(stats.execution_summary.unwrap().completed, Some(5.0));
+            assert_eq!(stats.execution_summary.as_ref().unwrap().get("completed"), Some(5.0));
         }
     }
 

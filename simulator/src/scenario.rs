@@ -24,9 +24,22 @@ pub struct AppSpec {
     /// Completed executions per second.
     pub rps: f64,
     pub pid: Option<u32>,
-    /// Generic execution errors per second.
+    /// Execution errors per second, of `error_type`.
     pub errors: f64,
+    /// `error_summary`'s key for them: `generic` unless given (another name is written
+    /// beside the six documented ones, as a newer neuron-monitor would).
+    pub error_type: Option<String>,
     pub host_mem: Option<u64>,
+    /// The pod running the app, for `neuron_k8s_info`.
+    pub pod: Option<PodName>,
+}
+
+/// `NAMESPACE/POD/CONTAINER` of an app spec's `pod=`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodName {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
 }
 
 /// A simulated Neuron application on the host.
@@ -40,7 +53,9 @@ pub struct App {
     pub util: f64,
     pub rps: f64,
     pub errors: f64,
+    pub error_type: String,
     pub host_mem: u64,
+    pub pod: Option<PodName>,
 }
 
 /// A metric group named on the command line (`--group-error`).
@@ -56,7 +71,11 @@ impl GroupName {
             .into_iter()
             .find(|g| g.as_str() == name || (name == "inference_stats" && *g == RuntimeGroup::ExecutionStats))
             .map(GroupName::Runtime);
-        let system = SystemGroup::ALL.into_iter().find(|g| g.as_str() == name).map(GroupName::System);
+        let system = SystemGroup::ALL
+            .into_iter()
+            .chain([SystemGroup::NeuronK8sInfo])
+            .find(|g| g.as_str() == name)
+            .map(GroupName::System);
         runtime.or(system).ok_or_else(|| {
             let known: Vec<&str> = RuntimeGroup::ALL
                 .iter()
@@ -123,7 +142,9 @@ impl Scenario {
                 util: spec.util,
                 rps: spec.rps,
                 errors: spec.errors,
+                error_type: spec.error_type.unwrap_or_else(|| "generic".to_owned()),
                 host_mem,
+                pod: spec.pod,
             });
         }
         Ok(Scenario { instance, region, apps, group_errors, ecc_every })
@@ -134,7 +155,8 @@ impl Scenario {
     }
 }
 
-/// Parses `tag=NAME,cores=0-3|0,2,5,util=NN[,rps=NN][,pid=NN][,errors=NN][,host_mem=BYTES]`.
+/// Parses `tag=NAME,cores=0-3|0,2,5,util=NN[,rps=NN][,pid=NN][,errors=NN][,error_type=NAME]
+/// [,host_mem=BYTES][,pod=NAMESPACE/POD/CONTAINER]`.
 ///
 /// The core list may itself contain commas (`cores=0,2,5`): a bare item after `cores=`
 /// continues the list.
@@ -145,7 +167,9 @@ pub fn parse_app_spec(spec: &str) -> Result<AppSpec> {
     let mut rps = None;
     let mut pid = None;
     let mut errors = None;
+    let mut error_type = None;
     let mut host_mem = None;
+    let mut pod = None;
     // Whether the previous item was part of the core list.
     let mut in_cores = false;
 
@@ -181,9 +205,24 @@ pub fn parse_app_spec(spec: &str) -> Result<AppSpec> {
                 Ok(b) => host_mem.replace(b).is_some(),
                 _ => bail!("host_mem={value}: not a number of bytes"),
             },
+            "error_type" => match value {
+                "" => bail!("error_type=: an error type name is needed"),
+                name => error_type.replace(name.to_owned()).is_some(),
+            },
+            "pod" => match value.split('/').collect::<Vec<_>>()[..] {
+                [namespace, name, container] if !namespace.is_empty() && !name.is_empty() => {
+                    let name = PodName {
+                        namespace: namespace.to_owned(),
+                        pod: name.to_owned(),
+                        container: container.to_owned(),
+                    };
+                    pod.replace(name).is_some()
+                }
+                _ => bail!("pod={value}: not NAMESPACE/POD/CONTAINER"),
+            },
             _ => bail!(
                 "app spec {spec:?}: unknown key {key:?} \
-                 (known: tag, cores, util, rps, pid, errors, host_mem)"
+                 (known: tag, cores, util, rps, pid, errors, error_type, host_mem, pod)"
             ),
         };
         if duplicate {
@@ -206,7 +245,17 @@ pub fn parse_app_spec(spec: &str) -> Result<AppSpec> {
     if tag.len() > 255 {
         bail!("app spec {spec:?}: tag is longer than 255 characters");
     }
-    Ok(AppSpec { tag, cores, util, rps: rps.unwrap_or(0.0), pid, errors: errors.unwrap_or(0.0), host_mem })
+    Ok(AppSpec {
+        tag,
+        cores,
+        util,
+        rps: rps.unwrap_or(0.0),
+        pid,
+        errors: errors.unwrap_or(0.0),
+        error_type,
+        host_mem,
+        pod,
+    })
 }
 
 /// `3` or `0-3`.
@@ -264,6 +313,13 @@ mod tests {
         assert_eq!(c.tag, "");
 
         assert_eq!(parse_app_spec(DEFAULT_APP).unwrap().rps, 100.0);
+
+        let d =
+            parse_app_spec("tag=d,cores=1,util=5,errors=3,error_type=memory_pressure,pod=team/train-0/main").unwrap();
+        assert_eq!(d.error_type.as_deref(), Some("memory_pressure"));
+        let pod = PodName { namespace: "team".into(), pod: "train-0".into(), container: "main".into() };
+        assert_eq!(d.pod, Some(pod));
+        assert!(error_of("tag=a,cores=1,util=5,pod=team/train").contains("pod=team/train"));
     }
 
     #[test]
@@ -316,6 +372,7 @@ mod tests {
     fn group_names_parse_including_the_old_alias() {
         assert_eq!(GroupName::parse("inference_stats"), Ok(GroupName::Runtime(RuntimeGroup::ExecutionStats)));
         assert_eq!(GroupName::parse("neuron_hw_counters"), Ok(GroupName::System(SystemGroup::NeuronHwCounters)));
+        assert_eq!(GroupName::parse("neuron_k8s_info"), Ok(GroupName::System(SystemGroup::NeuronK8sInfo)));
         let err = GroupName::parse("gpu").unwrap_err();
         assert!(err.contains("\"gpu\"") && err.contains("memory_used"));
     }

@@ -13,6 +13,23 @@ pub struct Document {
     pub system_data: SystemData,
     pub instance_info: InstanceInfo,
     pub neuron_hardware_info: HardwareInfo,
+    /// Only when the configuration asks for it; at the top level, as AWS's user guide
+    /// shows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub neuron_k8s_info: Option<Group<K8sInfo>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct K8sInfo {
+    pub neuroncores_k8s_info: BTreeMap<u32, K8sEntry>,
+    pub neurondevices_k8s_info: BTreeMap<u32, K8sEntry>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct K8sEntry {
+    pub pod_name: String,
+    pub namespace: String,
+    pub container_name: Vec<String>,
 }
 
 /// A metric group: its data, or nothing but an `error` when collection failed.
@@ -176,6 +193,9 @@ pub struct ErrorSummary {
     pub model: u64,
     pub runtime: u64,
     pub hardware: u64,
+    /// Error types beyond the six documented ones (a newer neuron-monitor's).
+    #[serde(flatten)]
+    pub other: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Default, Serialize)]

@@ -29,7 +29,7 @@ fn idle_inf1_fixture() {
     assert_eq!(rt.neuron_runtime_tag.as_deref(), Some(""));
     let groups = rt.report.as_ref().unwrap();
     let stats = groups.execution_stats.as_ref().unwrap().ok().unwrap();
-    assert_eq!(stats.latency_stats.unwrap().total_latency, None, "null latency stays absent");
+    assert_eq!(stats.latency_stats.as_ref().unwrap().total_latency, None, "null latency stays absent");
     let counters = groups.neuroncore_counters.as_ref().unwrap().ok().unwrap();
     let cores = counters.neuroncores_in_use.as_ref().unwrap();
     assert_eq!(cores.len(), 4);
@@ -44,8 +44,9 @@ fn idle_inf1_fixture() {
         .unwrap();
     assert!(per_core.iter().all(|(_, m)| !m.is_held()));
     let models = memory.loaded_models().unwrap();
-    assert_eq!(models.len(), 1);
-    let subgraphs = models[0].subgraphs.as_ref().unwrap();
+    assert_eq!((models.len(), models.skipped), (1, 0));
+    let Item::Ok(model) = &models[0] else { panic!("malformed model") };
+    let subgraphs = model.subgraphs().unwrap();
     assert_eq!(subgraphs.0[0].0, "sg_00");
     assert_eq!(subgraphs.0[0].1.neuroncore_index, Some(3));
 
@@ -70,10 +71,15 @@ fn trn1_fixture_with_errors_and_latency() {
     let rt = runtimes(&report)[0];
     assert_eq!(rt.neuron_runtime_tag.as_deref(), Some("1337"));
     let stats = rt.report.as_ref().unwrap().execution_stats.as_ref().unwrap().ok().unwrap();
-    assert_eq!(stats.error_summary.unwrap().generic, Some(23654.0));
-    assert_eq!(stats.execution_summary.unwrap().completed, Some(260.0));
-    let total = stats.latency_stats.unwrap().total_latency.unwrap();
-    assert!(total.p50.unwrap() > 0.0 && total.p50 <= total.p100);
+    let errors = stats.error_summary.as_ref().unwrap();
+    assert_eq!(errors.get("generic"), Some(23654.0));
+    // Every documented type the fixture carries, in its order, nothing else.
+    let names: Vec<&str> = errors.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ErrorTypes::NAMES);
+    assert_eq!(stats.execution_summary.as_ref().unwrap().get("completed"), Some(260.0));
+    let total = stats.latency_stats.as_ref().unwrap().total_latency.as_ref().unwrap();
+    assert!(total.get("p50").unwrap() > 0.0 && total.get("p50") <= total.get("p100"));
+    assert_eq!(total.entries.len(), 7);
     let counters = rt.report.as_ref().unwrap().neuroncore_counters.as_ref().unwrap().ok().unwrap();
     let busy = counters.neuroncores_in_use.as_ref().unwrap().get(0).unwrap();
     assert!((busy.neuroncore_utilization.unwrap() - 1.3631567613356375).abs() < 1e-12);
@@ -152,7 +158,9 @@ fn newer_and_older_field_names() {
     let utilization: Vec<(u32, Option<f64>)> = physical.iter().map(|(n, p)| (n, p.neuroncore_utilization)).collect();
     assert_eq!(utilization, [(0, Some(60.0)), (1, Some(40.0))]);
     let stats = groups.execution_stats.as_ref().unwrap().ok().unwrap();
-    assert_eq!(stats.execution_summary.unwrap().completed, Some(3.0));
+    assert_eq!(stats.execution_summary.as_ref().unwrap().get("completed"), Some(3.0));
+    assert_eq!(stats.execution_summary.as_ref().unwrap().get("timed_out"), None, "not carried: absent");
+    assert_eq!(stats.error_summary, None);
     let hw = report.neuron_hardware_info.as_ref().unwrap().ok().unwrap();
     assert_eq!(hw.neuron_device_type.as_deref(), Some("trainium2"));
     assert_eq!(hw.logical_neuroncore_config, Some(NumberOrText::Number(2.0)));
@@ -242,4 +250,137 @@ fn runtime_entries_beyond_the_cap_are_skipped_and_counted() {
     let report = Report::parse(r#"{"neuron_runtime_data":null}"#).unwrap();
     assert!(report.neuron_runtime_data.is_empty());
     assert_eq!(report.neuron_runtime_data.skipped, 0);
+}
+
+/// An `execution_stats` group with these objects, parsed.
+fn execution_stats(body: &str) -> ExecutionStats<'static> {
+    let line =
+        format!(r#"{{"neuron_runtime_data":[{{"pid":1,"report":{{"execution_stats":{{{body},"error":""}}}}}}]}}"#);
+    let line: &'static str = Box::leak(line.into_boxed_str());
+    let report = Report::parse(line).unwrap();
+    let rt = runtimes(&report)[0];
+    let stats = rt.report.as_ref().unwrap().execution_stats.as_ref().unwrap();
+    stats.ok().unwrap_or_else(|| panic!("{stats:?}")).clone()
+}
+
+#[test]
+fn types_a_newer_release_adds_are_kept_under_their_own_names() {
+    let stats = execution_stats(
+        r#""error_summary":{"generic":1,"oom":3,"numerical":null},
+           "execution_summary":{"completed":5,"preempted":2},
+           "latency_stats":{"total_latency":{"p50":0.01,"p90":0.02,"p99":0.03},"device_latency":null}"#,
+    );
+    let errors = stats.error_summary.as_ref().unwrap();
+    let names: Vec<(&str, f64)> = errors.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    assert_eq!(names, [("generic", 1.0), ("oom", 3.0)], "a null value is absent, an absent type too");
+    assert_eq!(errors.entries[0].0, Name::Documented("generic"));
+    assert!(matches!(errors.entries[1].0, Name::Other(Cow::Borrowed("oom"))), "borrowed from the line");
+    assert_eq!(stats.execution_summary.as_ref().unwrap().get("preempted"), Some(2.0));
+    let latency = stats.latency_stats.as_ref().unwrap();
+    assert_eq!(latency.total_latency.as_ref().unwrap().get("p90"), Some(0.02));
+    assert_eq!(latency.device_latency, None);
+    assert_eq!(errors.refused, 0);
+}
+
+#[test]
+fn odd_names_and_values_are_refused_and_counted_not_fatal() {
+    let long = "x".repeat(crate::limits::MAX_VALUE_NAME_BYTES + 1);
+    let stats = execution_stats(&format!(
+        r#""error_summary":{{"generic":1,"bad name":1,"{long}":1,"":1,"model":"many","runtime":{{"a":1}},
+           "generic":7,"ok-1.5":2}}"#
+    ));
+    let errors = stats.error_summary.as_ref().unwrap();
+    let names: Vec<(&str, f64)> = errors.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    assert_eq!(names, [("generic", 1.0), ("ok-1.5", 2.0)], "the first of a name given twice");
+    // A space, too long, empty, a string, an object, a second `generic`.
+    assert_eq!(errors.refused, 6);
+}
+
+#[test]
+fn undocumented_names_are_bounded_per_object() {
+    use crate::limits::MAX_UNDOCUMENTED_NAMES;
+    let extra: Vec<String> = (0..MAX_UNDOCUMENTED_NAMES + 5).map(|i| format!(r#""type{i}":1"#)).collect();
+    let stats = execution_stats(&format!(r#""error_summary":{{{},"hardware":4}}"#, extra.join(",")));
+    let errors = stats.error_summary.as_ref().unwrap();
+    assert_eq!(errors.entries.len(), MAX_UNDOCUMENTED_NAMES + 1, "the documented ones always fit");
+    assert_eq!(errors.get("hardware"), Some(4.0));
+    assert_eq!(errors.get("type0"), Some(1.0));
+    assert_eq!(errors.get(&format!("type{MAX_UNDOCUMENTED_NAMES}")), None);
+    assert_eq!(errors.refused, 5);
+}
+
+#[test]
+fn physical_cores_numbered_across_the_host_as_in_the_user_guide() {
+    let line = r#"{"neuron_runtime_data":[{"pid":1,"report":{"neuroncore_counters":{"error":"","neuroncores_in_use":{
+        "0":{"neuroncore_utilization":42.01,"flops":1234567891011,
+             "v3d":{"nc_v3.0":{"neuroncore_utilization":21.01},"nc_v3.1":{"neuroncore_utilization":63.01}}},
+        "1":{"neuroncore_utilization":42.02,
+             "v3d":{"nc_v3.3":{"neuroncore_utilization":63.02},"nc_v3.2":{"neuroncore_utilization":21.02},"other":1}}}}}}]}"#;
+    let report = Report::parse(line).unwrap();
+    let groups = runtimes(&report)[0].report.as_ref().unwrap();
+    let cores = groups.neuroncore_counters.as_ref().unwrap().ok().unwrap().neuroncores_in_use.as_ref().unwrap();
+    let physical = |core: u32| -> Vec<(u32, Option<f64>)> {
+        let v3d = cores.get(core).unwrap().v3d.as_ref().unwrap();
+        v3d.nc_v3.as_ref().unwrap().iter().map(|(n, p)| (n, p.neuroncore_utilization)).collect()
+    };
+    assert_eq!(physical(0), [(0, Some(21.01)), (1, Some(63.01))]);
+    // In the order of their host numbers, whatever the document's order.
+    assert_eq!(physical(1), [(0, Some(21.02)), (1, Some(63.02))]);
+}
+
+#[test]
+fn k8s_info_at_the_top_level_or_among_the_system_groups() {
+    let body = r#"{"period":15.0,"error":"","neuroncores_k8s_info":{"0":{"pod_name":"p0","namespace":"n0",
+        "container_name":["c0"]},"1":{"pod_name":"p0","namespace":"n0","container_name":"c1"}},
+        "neurondevices_k8s_info":{"0":{"pod_name":"p0","namespace":"n0","container_name":["c0","c1"]}}}"#;
+    for line in
+        [format!(r#"{{"neuron_k8s_info":{body}}}"#), format!(r#"{{"system_data":{{"neuron_k8s_info":{body}}}}}"#)]
+    {
+        let report = Report::parse(&line).unwrap();
+        let info = report.k8s_info().unwrap().ok().unwrap();
+        let cores = info.neuroncores_k8s_info.as_ref().unwrap();
+        let core0 = cores.get(0).unwrap();
+        assert_eq!((core0.pod_name.as_deref(), core0.namespace.as_deref()), (Some("p0"), Some("n0")));
+        assert_eq!(core0.container_name.as_ref().unwrap().names, ["c0"]);
+        assert_eq!(cores.get(1).unwrap().container_name.as_ref().unwrap().names, ["c1"], "one name: a list of one");
+        let device = info.neurondevices_k8s_info.as_ref().unwrap().get(0).unwrap();
+        assert_eq!(device.container_name.as_ref().unwrap().names, ["c0", "c1"]);
+    }
+    let report = Report::parse(r#"{"neuron_k8s_info":{"error":"kubelet not reachable"}}"#).unwrap();
+    assert_eq!(report.k8s_info(), Some(&Group::Error("kubelet not reachable".to_owned())));
+    assert!(Report::parse("{}").unwrap().k8s_info().is_none());
+
+    let many: Vec<String> =
+        (0..crate::limits::MAX_K8S_CONTAINERS_PER_ENTRY + 3).map(|i| format!(r#""c{i}""#)).collect();
+    let line = format!(
+        r#"{{"neuron_k8s_info":{{"error":"","neuroncores_k8s_info":{{"0":{{"container_name":[{}]}}}}}}}}"#,
+        many.join(",")
+    );
+    let report = Report::parse(&line).unwrap();
+    let info = report.k8s_info().unwrap().ok().unwrap();
+    let containers = info.neuroncores_k8s_info.as_ref().unwrap().get(0).unwrap().container_name.clone().unwrap();
+    assert_eq!((containers.names.len(), containers.skipped), (crate::limits::MAX_K8S_CONTAINERS_PER_ENTRY, 3));
+}
+
+#[test]
+fn loaded_models_are_read_up_to_the_cap_their_subgraphs_on_demand() {
+    use crate::limits::MAX_LOADED_MODELS_PER_RUNTIME;
+    let model = |i: usize| {
+        format!(
+            r#"{{"name":"m{i}","uuid":"u{i}","model_id":{i},"is_running":{},"subgraphs":{{"sg_00":{{"neuroncore_index":0}}}}}}"#,
+            i.is_multiple_of(2)
+        )
+    };
+    let models: Vec<String> = (0..MAX_LOADED_MODELS_PER_RUNTIME + 2).map(model).collect();
+    let line = format!(
+        r#"{{"neuron_runtime_data":[{{"pid":1,"report":{{"memory_used":{{"error":"","loaded_models":[{}]}}}}}}]}}"#,
+        models.join(",")
+    );
+    let report = Report::parse(&line).unwrap();
+    let memory = runtimes(&report)[0].report.as_ref().unwrap().memory_used.as_ref().unwrap().ok().unwrap();
+    let loaded = memory.loaded_models().unwrap();
+    assert_eq!((loaded.len(), loaded.skipped), (MAX_LOADED_MODELS_PER_RUNTIME, 2));
+    let Item::Ok(first) = &loaded[0] else { panic!("malformed") };
+    assert_eq!((first.name.as_deref(), first.model_id, first.is_running), (Some("m0"), Some(0), Some(true)));
+    assert_eq!(first.subgraphs().unwrap().0[0].1.neuroncore_index, Some(0));
 }

@@ -4,7 +4,9 @@
 //! - the process: `/proc/<pid>/cgroup` ([`cgroup`]) gives pod UID and container ID, the
 //!   pod watch ([`pods`]) gives their names; read once per PID and cached;
 //! - the devices: the kubelet's pod-resources API ([`podresources`]) says which
-//!   container holds which cores;
+//!   container holds which cores; while the kubelet has not answered (its socket not
+//!   mounted, some managed set-ups), neuron-monitor's own `neuron_k8s_info` group says
+//!   it, with the same rules and counters;
 //! - without Kubernetes, on ECS: a process in a Docker container takes the ECS task and
 //!   container the ECS agent lists for it ([`ecs`]).
 //!
@@ -84,6 +86,25 @@ impl Unattributed {
     }
 }
 
+/// Who says which pod holds which Neuron device and core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceSource {
+    /// The kubelet's pod-resources API, polled: in force whenever it has answered (within
+    /// `--pod-resources-keep` of its last answer).
+    Kubelet,
+    /// neuron-monitor's `neuron_k8s_info` group, where the kubelet has not answered.
+    NeuronMonitor,
+}
+
+impl DeviceSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceSource::Kubelet => "kubelet",
+            DeviceSource::NeuronMonitor => "neuron_monitor",
+        }
+    }
+}
+
 /// The attribution's own metrics; cloning shares them.
 #[derive(Clone, Debug, Default)]
 pub struct AttributionMetrics {
@@ -91,6 +112,7 @@ pub struct AttributionMetrics {
     pub disagreements: Counter,
     pub attributed: Family<SourceLabel, Gauge>,
     pub unattributed: Family<ReasonLabel, Gauge>,
+    pub device_source: Family<SourceLabel, Gauge>,
     pub kubelet_up: Gauge,
     pub kubelet_last_success: Gauge<f64, AtomicU64>,
     pub kubelet_requests: Family<ResultLabel, Counter>,
@@ -124,6 +146,12 @@ impl AttributionMetrics {
             "Runtimes of the latest report without a pod, by reason \
              (no_pid, proc_unreadable, unknown_layout, not_in_pod, pod_unknown)",
             m.unattributed.clone(),
+        );
+        r.register(
+            "device_source",
+            "1 for who says which pod holds which device: kubelet (pod-resources API) or neuron_monitor \
+             (its neuron_k8s_info, while the kubelet has not answered); 0 for both while neither has",
+            m.device_source.clone(),
         );
         r.register(
             "kubelet_up",
@@ -176,6 +204,8 @@ struct Cache {
     owners: CoreOwners,
     /// Reports attributed so far; a PID not seen in the latest one is dropped.
     round: u64,
+    /// The node state's `k8s_generation` last copied into the devices.
+    k8s_generation: Option<u64>,
 }
 
 struct PidEntry {
@@ -296,8 +326,22 @@ impl Attribution {
         cache.round += 1;
         let round = cache.round;
 
+        if cache.k8s_generation != Some(state.k8s_generation) {
+            cache.k8s_generation = Some(state.k8s_generation);
+            let allocations = state.k8s.as_ref().map(podresources::monitor_allocations);
+            self.devices.write().unwrap_or_else(|p| p.into_inner()).set_from_monitor(allocations);
+        }
+        let devices = self.devices.read().unwrap_or_else(|p| p.into_inner());
+        let source = devices.source();
+        for s in [DeviceSource::Kubelet, DeviceSource::NeuronMonitor] {
+            self.metrics
+                .device_source
+                .get_or_create(&SourceLabel { source: s.as_str() })
+                .set(i64::from(source == Some(s)));
+        }
         let cores_per_device = state.hardware.as_ref().and_then(|h| h.cores_per_device);
-        cache.owners.refresh(&pods, &self.devices.read().unwrap_or_else(|p| p.into_inner()), cores_per_device);
+        cache.owners.refresh(&pods, &devices, cores_per_device);
+        drop(devices);
 
         let mut by_process = 0;
         let mut by_devices = 0;

@@ -22,7 +22,8 @@ use tonic::transport::Endpoint;
 use tonic_prost::ProstCodec;
 use tracing::{debug, info, warn};
 
-use super::AttributionMetrics;
+use super::{AttributionMetrics, DeviceSource};
+use crate::state::K8sOwners;
 
 /// The messages of `k8s.io/kubelet/pkg/apis/podresources/v1/api.proto` the agent uses.
 pub mod proto {
@@ -218,10 +219,39 @@ pub fn efa_allocations(response: &proto::ListPodResourcesResponse) -> (Vec<EfaAl
     (out, unreadable)
 }
 
-/// The device allocations the kubelet last reported, shared with the report path.
+/// The allocations neuron-monitor's `neuron_k8s_info` reports: one per core or device
+/// and container (the pod alone where it names no container), in the order of
+/// [`allocations`].
+pub fn monitor_allocations(owners: &K8sOwners) -> Vec<Allocation> {
+    let mut out = Vec::new();
+    for (unit, entries) in [(Unit::Core, &owners.cores), (Unit::Device, &owners.devices)] {
+        for (id, owner) in entries {
+            let containers = owner.containers.iter().map(String::as_str);
+            let containers: Vec<&str> = if owner.containers.is_empty() { vec![""] } else { containers.collect() };
+            for container in containers {
+                out.push(Allocation {
+                    namespace: owner.namespace.clone(),
+                    pod: owner.pod.clone(),
+                    container: container.to_owned(),
+                    unit,
+                    id: *id,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Who holds which device, as the report path reads it: the kubelet's allocations
+/// whenever it has answered (and its answer has not expired), else those of
+/// neuron-monitor's `neuron_k8s_info`.
 #[derive(Debug, Default)]
 pub struct DeviceOwnership {
-    allocations: Vec<Allocation>,
+    /// `None`: the kubelet never answered, or its last answer is too old.
+    kubelet: Option<Vec<Allocation>>,
+    /// `None`: no `neuron_k8s_info` (not asked for, or in error).
+    monitor: Option<Vec<Allocation>>,
+    /// The EFA devices the kubelet says are held.
     efa: Vec<EfaAllocation>,
     generation: u64,
 }
@@ -230,17 +260,42 @@ pub type SharedDevices = Arc<RwLock<DeviceOwnership>>;
 
 impl DeviceOwnership {
     pub fn allocations(&self) -> &[Allocation] {
-        &self.allocations
+        self.kubelet.as_deref().or(self.monitor.as_deref()).unwrap_or_default()
     }
 
-    /// Changes whenever the allocations change.
+    /// Whose allocations [`DeviceOwnership::allocations`] are, if anyone's.
+    pub fn source(&self) -> Option<DeviceSource> {
+        match (&self.kubelet, &self.monitor) {
+            (Some(_), _) => Some(DeviceSource::Kubelet),
+            (None, Some(_)) => Some(DeviceSource::NeuronMonitor),
+            (None, None) => None,
+        }
+    }
+
+    /// Changes whenever the allocations may have changed.
     pub fn generation(&self) -> u64 {
         self.generation
     }
 
+    /// The kubelet's answer.
     pub fn set(&mut self, allocations: Vec<Allocation>) {
-        if self.allocations != allocations {
-            self.allocations = allocations;
+        if self.kubelet.as_ref() != Some(&allocations) {
+            self.kubelet = Some(allocations);
+            self.generation += 1;
+        }
+    }
+
+    /// The kubelet's last answer is too old to be used.
+    pub fn forget_kubelet(&mut self) {
+        if self.kubelet.take().is_some() {
+            self.generation += 1;
+        }
+    }
+
+    /// neuron-monitor's account (`None`: it gives none).
+    pub fn set_from_monitor(&mut self, allocations: Option<Vec<Allocation>>) {
+        if self.monitor != allocations {
+            self.monitor = allocations;
             self.generation += 1;
         }
     }
@@ -318,9 +373,12 @@ impl KubeletPoller {
                     failing = true;
                     let expired = last_success.is_none_or(|t| t.elapsed() >= self.keep_for);
                     let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
-                    if expired && !(devices.allocations.is_empty() && devices.efa.is_empty()) {
-                        warn!("the last known device allocations are too old; cores and EFA devices are no longer credited by device");
-                        devices.set(Vec::new());
+                    if expired && (devices.kubelet.is_some() || !devices.efa.is_empty()) {
+                        warn!(
+                            "the kubelet's last known device allocations are too old; cores and EFA devices are no \
+                               longer credited by its account"
+                        );
+                        devices.forget_kubelet();
                         devices.set_efa(Vec::new());
                     }
                 }

@@ -1,6 +1,7 @@
 //! Attribution set up on a host: the caches the report path reads, and the tasks that
 //! keep them current (on Kubernetes the pod watch and the kubelet poller, on ECS the ECS
-//! agent poller).
+//! agent poller). neuron-monitor's `neuron_k8s_info` comes with the reports: the report
+//! path itself keeps it in the device cache.
 
 use std::{
     path::PathBuf,

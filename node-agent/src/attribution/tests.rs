@@ -332,3 +332,82 @@ fn efa_devices_go_to_the_listed_containers_holding_them() {
     f.pods(&[pod(1, "a", "train", "Running", &[("main", 1)]), pod(2, "b", "serve", "Succeeded", &[("srv", 2)])]);
     assert_eq!(summary(&holders.current()), [("rdmap16s27".into(), "train".into(), "main".into())]);
 }
+
+/// `report` (2 devices × 2 cores) with a `neuron_k8s_info` group of `cores` and `devices`
+/// entries (index, namespace, pod, container).
+fn report_with_k8s_info(
+    runtimes: &[(&str, u32, &[u32])],
+    cores: &[(u32, &str, &str, &str)],
+    devices: &[(u32, &str, &str, &str)],
+) -> String {
+    let entries = |list: &[(u32, &str, &str, &str)]| -> String {
+        let owners: Vec<String> = list
+            .iter()
+            .map(|(i, ns, pod, c)| {
+                format!(r#""{i}":{{"pod_name":"{pod}","namespace":"{ns}","container_name":["{c}"]}}"#)
+            })
+            .collect();
+        owners.join(",")
+    };
+    let k8s = format!(
+        r#","neuron_k8s_info":{{"period":1,"error":"","neuroncores_k8s_info":{{{}}},"neurondevices_k8s_info":{{{}}}}}}}"#,
+        entries(cores),
+        entries(devices)
+    );
+    let mut line = report(runtimes);
+    line.pop(); // the closing brace
+    line + &k8s
+}
+
+#[test]
+fn without_the_kubelet_neuron_monitors_k8s_info_credits_cores_by_the_same_rules() {
+    let mut f = Fixture::new();
+    f.proc.process(102, &in_container(2, 21));
+    f.pods(&[pod(1, "a", "train", "Running", &[("main", 11)]), pod(2, "b", "serve", "Running", &[("srv", 21)])]);
+    // train's process is not readable: its cores say whose it is. serve's process is in
+    // pod b, but neuron-monitor credits its core to train: the process wins, counted.
+    let line = report_with_k8s_info(
+        &[("t", 201, &[0]), ("s", 102, &[2])],
+        &[(2, "a", "train", "main")],
+        &[(0, "a", "train", "main")],
+    );
+    for _ in 0..2 {
+        f.state.apply(&Report::parse(&line).unwrap());
+        f.attribution.attribute(&mut f.state);
+    }
+    assert_eq!(f.runtime("t"), names("a", "train", "main"));
+    assert_eq!(f.runtime("s"), names("b", "serve", "srv"));
+    assert_eq!((f.attributed("devices"), f.attributed("process")), (1, 1));
+    assert_eq!(f.metrics.disagreements.get(), 1);
+    // Core 1 (device 0) is idle and train's; core 3 nobody's.
+    assert_eq!(f.idle(), vec![(1, Some("train".to_owned())), (3, None)]);
+    let source = |s: &'static str| f.metrics.device_source.get_or_create(&SourceLabel { source: s }).get();
+    assert_eq!((source("neuron_monitor"), source("kubelet")), (1, 0));
+
+    // The group in error (and the runtimes gone): no owners from it any more.
+    let broken = r#"{"neuron_k8s_info":{"error":"kubelet not reachable"}}"#;
+    f.state.apply(&Report::parse(broken).unwrap());
+    f.attribution.attribute(&mut f.state);
+    assert!(f.devices.read().unwrap().allocations().is_empty());
+    assert_eq!(f.idle(), vec![(0, None), (1, None), (2, None), (3, None)]);
+    assert_eq!((source("neuron_monitor"), source("kubelet")), (0, 0));
+}
+
+#[test]
+fn the_kubelets_answer_wins_over_k8s_info_until_it_expires() {
+    let mut f = Fixture::new();
+    f.pods(&[pod(1, "a", "train", "Running", &[("main", 11)])]);
+    // The kubelet answered: nobody holds a device. neuron-monitor says otherwise.
+    f.devices(vec![]);
+    let line = report_with_k8s_info(&[("t", 201, &[0])], &[(0, "a", "train", "main")], &[]);
+    f.state.apply(&Report::parse(&line).unwrap());
+    f.attribution.attribute(&mut f.state);
+    assert_eq!(f.runtime("t"), None);
+    let source = |s: &'static str| f.metrics.device_source.get_or_create(&SourceLabel { source: s }).get();
+    assert_eq!((source("kubelet"), source("neuron_monitor")), (1, 0));
+    // The kubelet's answer expires: neuron-monitor's account is used.
+    f.devices.write().unwrap().forget_kubelet();
+    f.attribution.attribute(&mut f.state);
+    assert_eq!(f.runtime("t"), names("a", "train", "main"));
+    assert_eq!((source("kubelet"), source("neuron_monitor")), (0, 1));
+}

@@ -29,12 +29,22 @@ pub struct Launcher {
     pub silence_timeout: Option<Duration>,
     /// Counts files of the state directory left alone (`neuron_agent_state_files_refused`).
     pub refused_files: Counter,
+    /// Every configuration also asks for `neuron_k8s_info` (the attribution source where
+    /// the kubelet's pod-resources socket is not mounted).
+    pub k8s_info: bool,
 }
 
 impl Launcher {
     /// Writes `config` to `<state dir>/neuron-monitor-<hash>.json` (removing older
     /// files) and returns the spec that runs neuron-monitor on it.
     pub async fn prepare(&self, config: &MonitorConfig) -> std::io::Result<LaunchSpec> {
+        let with_k8s_info;
+        let config = if self.k8s_info {
+            with_k8s_info = config.clone().with_k8s_info();
+            &with_k8s_info
+        } else {
+            config
+        };
         let body = serde_json::to_vec_pretty(config).map_err(std::io::Error::other)?;
         let name = format!("neuron-monitor-{}.json", content_hash(&body));
         // Again before each write: the directory may have been replaced since the start.

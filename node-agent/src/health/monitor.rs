@@ -18,8 +18,8 @@ use crate::state::NodeState;
 /// Indices into `SystemState::ecc_totals` (`DeviceEccCounters::KINDS`).
 const MEM_UNCORRECTED: usize = 1;
 const SRAM_UNCORRECTED: usize = 3;
-/// Index of `hardware` in `ErrorSummary::KINDS`.
-const HARDWARE_ERRORS: usize = 5;
+/// The error type of `error_summary` that counts hardware errors.
+const HARDWARE_ERRORS: &str = "hardware";
 
 /// What the node state says of the devices' health.
 pub fn signals(state: &NodeState) -> MonitorSignals {
@@ -37,7 +37,8 @@ pub fn signals(state: &NodeState) -> MonitorSignals {
     let cores_per_device = state.hardware.as_ref().and_then(|h| h.cores_per_device).filter(|n| *n > 0);
     if let Some(per_device) = cores_per_device {
         for rt in &state.runtimes {
-            let Some(errors) = rt.errors_total.map(|e| count(e[HARDWARE_ERRORS])).filter(|n| *n > 0) else {
+            let errors = rt.errors_total.as_ref().and_then(|e| e.get(HARDWARE_ERRORS)).map(count);
+            let Some(errors) = errors.filter(|n| *n > 0) else {
                 continue;
             };
             let mut devices: Vec<u32> = rt.cores.iter().map(|c| c.index / per_device).collect();

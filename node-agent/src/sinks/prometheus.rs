@@ -20,9 +20,10 @@ use std::{
 };
 
 use api::{
+    hardware::{peak_flops, Generation, InstanceType},
     monitor_config::{RuntimeGroup, SystemGroup},
     node_config::Route,
-    report::{DeviceEccCounters, Percentiles},
+    report::DeviceEccCounters,
 };
 use prometheus_client::{
     collector::Collector,
@@ -37,7 +38,7 @@ use prometheus_client::{
 use crate::{
     processes::{ProcessSample, SharedProcesses},
     routing::{PrometheusView, Routing, Selection, SharedRouting},
-    state::{IdleCore, InstanceLabels, NodeState, PodRef, RuntimeLabels, RuntimeState, ERROR_KINDS, STATUS_KINDS},
+    state::{IdleCore, InstanceLabels, LoadedModels, NamedValues, NodeState, PodRef, RuntimeLabels, RuntimeState},
 };
 
 /// The exposition formats the agent serves.
@@ -209,7 +210,7 @@ impl FamilyEncoder for DescriptorEncoder<'_> {
 #[derive(Clone, Copy, Debug)]
 pub enum Value<'a> {
     Text(&'a str),
-    Number(u32),
+    Number(u64),
 }
 
 impl fmt::Display for Value<'_> {
@@ -240,16 +241,29 @@ pub struct Labels<'a> {
     /// Labels a NeuronMonitorConfig adds to its runtimes' series.
     config: Option<&'a BTreeMap<String, String>>,
     extra: [Option<(&'static str, Value<'a>)>; 3],
+    /// More labels of the metric itself (an info series' fields), after `extra`.
+    fields: &'a [(&'static str, String)],
 }
 
 impl<'a> Labels<'a> {
     pub(crate) fn node(instance: &'a InstanceLabels) -> Self {
-        Labels { instance, runtime: None, pod: None, config: None, extra: [None; 3] }
+        Labels { instance, runtime: None, pod: None, config: None, extra: [None; 3], fields: &[] }
     }
 
     fn runtime(rt: &'a RuntimeLabels, view: &'a PrometheusView) -> Self {
         let config = (!view.extra_labels.is_empty()).then_some(&view.extra_labels);
-        Labels { instance: &rt.instance, runtime: Some(rt), pod: rt.pod.as_deref(), config, extra: [None; 3] }
+        Labels {
+            instance: &rt.instance,
+            runtime: Some(rt),
+            pod: rt.pod.as_deref(),
+            config,
+            extra: [None; 3],
+            fields: &[],
+        }
+    }
+
+    fn fields(self, fields: &'a [(&'static str, String)]) -> Self {
+        Labels { fields, ..self }
     }
 
     /// A node-level series of something a pod may hold (an idle core, an EFA device).
@@ -269,6 +283,10 @@ impl<'a> Labels<'a> {
     }
 
     pub(crate) fn number(self, key: &'static str, value: u32) -> Self {
+        self.with(key, Value::Number(value.into()))
+    }
+
+    fn id(self, key: &'static str, value: u64) -> Self {
         self.with(key, Value::Number(value))
     }
 
@@ -314,6 +332,9 @@ impl<'a> Labels<'a> {
         }
         for (key, value) in self.extra.iter().flatten() {
             f(key, *value)?;
+        }
+        for (key, value) in self.fields {
+            f(key, Value::Text(value))?;
         }
         Ok(())
     }
@@ -381,7 +402,8 @@ fn classic_suffix(kind: MetricType) -> &'static str {
 }
 
 /// `HeldCore::flops`, in order. The report gives no data type per core, so no ratio to
-/// a peak is computed (the peak depends on it).
+/// a peak is computed (the peak depends on it): `neuroncore_peak_flops` exports the
+/// documented peaks per data type to divide by.
 const CORE_FLOPS_METRICS: [(&str, &str); 2] = [
     ("neuroncore_flops", "Floating-point operations per second of a NeuronCore over the period (neuron-monitor's flops)"),
     (
@@ -509,23 +531,21 @@ fn encode_runtimes(
         &["user", "system"],
         |rt| rt.vcpu.map(|v| v.iter().map(|p| ratio(*p)).collect()),
     )?;
-    per_runtime(
+    per_name(
         encoder,
         with(RuntimeGroup::ExecutionStats),
         ("execution_errors", "Executions that failed, by error type (running sum)", MetricType::Counter),
         "error_type",
-        &ERROR_KINDS,
-        |rt| rt.errors_total.map(|t| t.iter().map(|v| Some(*v)).collect()),
+        |rt| rt.errors_total.as_ref(),
     )?;
-    per_runtime(
+    per_name(
         encoder,
         with(RuntimeGroup::ExecutionStats),
         ("execution_status", "Executions by outcome (running sum)", MetricType::Counter),
         "status_type",
-        &STATUS_KINDS,
-        |rt| rt.status_total.map(|t| t.iter().map(|v| Some(*v)).collect()),
+        |rt| rt.status_total.as_ref(),
     )?;
-    per_runtime(
+    per_name(
         encoder,
         with(RuntimeGroup::ExecutionStats),
         (
@@ -534,10 +554,9 @@ fn encode_runtimes(
             MetricType::Gauge,
         ),
         "percentile",
-        &Percentiles::NAMES,
-        |rt| rt.latency.map(|l| l.values().to_vec()),
+        |rt| rt.latency.as_ref(),
     )?;
-    per_runtime(
+    per_name(
         encoder,
         with(RuntimeGroup::ExecutionStats),
         (
@@ -546,10 +565,57 @@ fn encode_runtimes(
             MetricType::Gauge,
         ),
         "percentile",
-        &Percentiles::NAMES,
-        |rt| rt.device_latency.map(|l| l.values().to_vec()),
+        |rt| rt.device_latency.as_ref(),
     )?;
-    Ok(())
+    encode_models(encoder, with(RuntimeGroup::MemoryUsed))
+}
+
+/// The models each runtime has loaded: a count by state, and an info series for each of
+/// the first few.
+fn encode_models<'r>(
+    encoder: &mut dyn FamilyEncoder,
+    runtimes: impl Iterator<Item = &'r (&'r RuntimeState, PrometheusView)> + Clone,
+) -> Result<(), fmt::Error> {
+    let mut f = Family::new(
+        "neuron_runtime_loaded_models",
+        "Models the runtime has loaded, by state: running (started), idle (loaded, not started), unknown (not said)",
+        MetricType::Gauge,
+    );
+    fn readable(rt: &RuntimeState) -> Option<&LoadedModels> {
+        rt.models.as_ref().filter(|m| m.readable)
+    }
+    for (rt, view) in runtimes.clone() {
+        let Some(models) = readable(rt) else { continue };
+        for (state, count) in [("running", models.running), ("idle", models.idle), ("unknown", models.unknown)] {
+            // `unknown` only when some model does not say.
+            if state != "unknown" || count > 0 {
+                f.push(Labels::runtime(&rt.labels, view).text("state", state), Some(f64::from(count)));
+            }
+        }
+    }
+    f.write(encoder)?;
+    let mut f = Family::new(
+        "neuron_runtime_loaded_model",
+        "A model the runtime has loaded (the first 32 of each runtime): its name, neuron-monitor's model_id, \
+         whether it runs",
+        MetricType::Info,
+    );
+    for (rt, view) in runtimes {
+        for model in readable(rt).into_iter().flat_map(|m| &m.info) {
+            let running = match model.is_running {
+                Some(true) => "true",
+                Some(false) => "false",
+                None => "",
+            };
+            let labels = Labels::runtime(&rt.labels, view).text("model_name", &model.name).text("running", running);
+            let labels = match model.model_id {
+                Some(id) => labels.id("model_id", id),
+                None => labels.text("model_id", ""),
+            };
+            f.push(labels, Some(1.0));
+        }
+    }
+    f.write(encoder)
 }
 
 /// One value of a process sample.
@@ -665,16 +731,53 @@ fn encode_system(
 
     if let Some(hw) = state.hardware.as_ref().filter(|_| described) {
         if let (Some(devices), Some(cores)) = (hw.device_count, hw.cores_per_device) {
-            let mut f = Family::new("neuron_hardware", "Neuron hardware of the host", MetricType::Info);
+            let mut f = Family::new(
+                "neuron_hardware",
+                "Neuron hardware of the host (and the newer fields of neuron_hardware_info the report has)",
+                MetricType::Info,
+            );
             let labels = Labels::node(instance)
                 .number("neuron_device_count", devices)
-                .number("neuroncore_per_device_count", cores);
+                .number("neuroncore_per_device_count", cores)
+                .fields(&hw.labels);
             f.push(labels, Some(1.0));
             f.write(encoder)?;
         }
     }
-
+    if described {
+        encode_peak_flops(state, encoder)?;
+    }
     Ok(())
+}
+
+/// The documented peak FLOPS of one of the host's NeuronCores (as neuron-monitor counts
+/// them: a logical core is its physical ones together), per data type: what
+/// `neuroncore_flops` can be divided by, the data type being the user's to choose.
+fn encode_peak_flops(state: &NodeState, encoder: &mut dyn FamilyEncoder) -> Result<(), fmt::Error> {
+    let instance = &*state.instance;
+    let table = InstanceType::lookup(&instance.instance_type);
+    let hardware = state.hardware.as_ref();
+    let generation = table
+        .map(|t| t.generation)
+        .or_else(|| hardware.and_then(|h| h.device_type.as_deref()).and_then(Generation::from_device_type));
+    let Some(generation) = generation else {
+        return Ok(());
+    };
+    // Physical cores per reported core: the report's, else the type's default, else 1.
+    let lnc = hardware
+        .and_then(|h| h.logical_neuroncore_config)
+        .or_else(|| table.and_then(|t| t.logical_neuroncore_config()))
+        .unwrap_or(1);
+    let mut f = Family::new(
+        "neuroncore_peak_flops",
+        "Documented peak dense floating-point operations per second of one NeuronCore of this host (a logical core: \
+         its physical cores together), by data type; divide neuroncore_flops by the data type the workload uses",
+        MetricType::Gauge,
+    );
+    for peak in peak_flops(generation) {
+        f.push(Labels::node(instance).text("data_type", peak.data_type), Some(peak.per_core * f64::from(lnc)));
+    }
+    f.write(encoder)
 }
 
 /// What the agent could not read or export from the latest report.
@@ -706,6 +809,24 @@ fn encode_problems(
     );
     let dropped: usize = routed.iter().map(|(_, view)| view.dropped_labels).sum();
     f.push(Labels::node(instance), Some(dropped as f64).filter(|_| state.reports > 0));
+    f.write(encoder)
+}
+
+/// A family with one series per runtime and per name its values carry (error types,
+/// statuses, percentiles: whatever the reports said, under its own label value).
+fn per_name<'r>(
+    encoder: &mut dyn FamilyEncoder,
+    runtimes: impl Iterator<Item = &'r (&'r RuntimeState, PrometheusView)>,
+    (name, help, kind): (&'static str, &'static str, MetricType),
+    label: &'static str,
+    values: impl Fn(&RuntimeState) -> Option<&NamedValues>,
+) -> Result<(), fmt::Error> {
+    let mut f = Family::new(name, help, kind);
+    for (rt, view) in runtimes {
+        for (label_value, value) in values(rt).into_iter().flat_map(NamedValues::iter) {
+            f.push(Labels::runtime(&rt.labels, view).text(label, label_value), Some(value));
+        }
+    }
     f.write(encoder)
 }
 

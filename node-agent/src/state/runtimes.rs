@@ -5,13 +5,14 @@
 use std::{collections::HashMap, sync::Arc};
 
 use api::{
-    limits::MAX_NEURONCORES,
-    report::{Group, Item, Report, RuntimeEntry, RuntimeGroups},
+    limits::{MAX_LOADED_MODELS_PER_RUNTIME, MAX_MODEL_INFO_PER_RUNTIME, MAX_NEURONCORES},
+    report::{Capped, Group, Item, LoadedModel, MemoryUsed, Report, RuntimeEntry, RuntimeGroups},
 };
+use serde_json::value::RawValue;
 
 use super::{
-    add_counts, label_value, truncated, GroupProblem, HeldCore, NodeState, PhysicalCores, ProblemKind, RuntimeLabels,
-    RuntimeState, MAX_PROBLEM_MESSAGE_BYTES,
+    label_value, truncated, GroupProblem, HeldCore, LoadedModels, ModelInfo, NamedValues, NodeState, PhysicalCores,
+    ProblemKind, Refusals, RuntimeLabels, RuntimeState, MAX_PROBLEM_MESSAGE_BYTES,
 };
 
 impl NodeState {
@@ -97,6 +98,13 @@ impl NodeState {
             self.note("memory_used", &tag, g);
             let used = g.ok().and_then(|m| m.neuron_runtime_used_bytes.as_ref());
             state.memory_used = used.map(|u| [u.host, u.neuron_device]);
+            match g.ok() {
+                Some(memory) => {
+                    let models = state.models.get_or_insert_with(LoadedModels::default);
+                    models.update(memory, &mut self.refusals);
+                }
+                None => state.models = None,
+            }
             let refused = &mut self.refusals.core_indices;
             state.core_memory = g.ok().map(|_| {
                 let cores = used
@@ -115,13 +123,30 @@ impl NodeState {
             self.note("execution_stats", &tag, g);
             match g.ok() {
                 Some(stats) => {
-                    let errors = stats.error_summary.unwrap_or_default().values();
-                    add_counts(state.errors_total.get_or_insert([0.0; 6]), &errors);
-                    let status = stats.execution_summary.unwrap_or_default().values();
-                    add_counts(state.status_total.get_or_insert([0.0; 6]), &status);
-                    let latency = stats.latency_stats.unwrap_or_default();
-                    state.latency = latency.total_latency;
-                    state.device_latency = latency.device_latency;
+                    let refused = &mut self.refusals.value_names;
+                    let errors = state.errors_total.get_or_insert_with(NamedValues::default);
+                    if let Some(counts) = &stats.error_summary {
+                        *refused += u64::from(counts.refused);
+                        errors.add(counts, refused);
+                    }
+                    let status = state.status_total.get_or_insert_with(NamedValues::default);
+                    if let Some(counts) = &stats.execution_summary {
+                        *refused += u64::from(counts.refused);
+                        status.add(counts, refused);
+                    }
+                    let latency = stats.latency_stats.as_ref();
+                    for (percentiles, values) in [
+                        (latency.and_then(|l| l.total_latency.as_ref()), &mut state.latency),
+                        (latency.and_then(|l| l.device_latency.as_ref()), &mut state.device_latency),
+                    ] {
+                        match percentiles {
+                            Some(p) => {
+                                *refused += u64::from(p.refused);
+                                values.get_or_insert_with(NamedValues::default).set(p);
+                            }
+                            None => *values = None,
+                        }
+                    }
                 }
                 None => (state.latency, state.device_latency) = (None, None),
             }
@@ -136,6 +161,7 @@ impl RuntimeState {
             pid: None,
             cores: Vec::new(),
             memory_used: None,
+            models: None,
             vcpu: None,
             latency: None,
             device_latency: None,
@@ -186,6 +212,51 @@ impl RuntimeState {
                 flops,
             });
         }
+    }
+}
+
+impl LoadedModels {
+    /// The models of a report's `memory_used` group (absent: none loaded), read again
+    /// only when their text changed; the refusals of that reading count in every report.
+    fn update(&mut self, memory: &MemoryUsed<'_>, refusals: &mut Refusals) {
+        let text = memory.loaded_models.map(RawValue::get).unwrap_or_default();
+        if self.source.is_empty() || self.source != text {
+            match memory.loaded_models() {
+                Ok(models) => self.read(&models),
+                Err(_) => *self = LoadedModels { refused: (1, 0), ..LoadedModels::default() },
+            }
+            self.source.clear();
+            self.source.push_str(text);
+        }
+        refusals.loaded_models += self.refused.0;
+        refusals.label_values += self.refused.1;
+    }
+
+    fn read(&mut self, models: &Capped<Item<LoadedModel<'_>>, MAX_LOADED_MODELS_PER_RUNTIME>) {
+        let (mut running, mut idle, mut unknown, mut refused, mut labels) = (0, 0, 0, models.skipped as u64, 0);
+        self.info.clear();
+        for model in models.iter() {
+            let Item::Ok(model) = model else {
+                refused += 1;
+                continue;
+            };
+            match model.is_running {
+                Some(true) => running += 1,
+                Some(false) => idle += 1,
+                None => unknown += 1,
+            }
+            if self.info.len() == MAX_MODEL_INFO_PER_RUNTIME {
+                refused += 1;
+                continue;
+            }
+            self.info.push(ModelInfo {
+                name: label_value(model.name.as_deref().unwrap_or_default(), &mut labels),
+                model_id: model.model_id,
+                is_running: model.is_running,
+            });
+        }
+        (self.readable, self.running, self.idle, self.unknown) = (true, running, idle, unknown);
+        self.refused = (refused, labels);
     }
 }
 

@@ -9,6 +9,14 @@ fn runtime<'s>(state: &'s NodeState, tag: &str) -> &'s RuntimeState {
     state.runtimes.iter().find(|r| r.labels.runtime_tag == tag).unwrap_or_else(|| panic!("no runtime {tag}"))
 }
 
+fn total(values: Option<&NamedValues>, name: &str) -> Option<f64> {
+    values?.get(name)
+}
+
+fn completed(state: &NodeState, tag: &str) -> Option<f64> {
+    total(runtime(state, tag).status_total.as_ref(), "completed")
+}
+
 /// A small report: runtimes given as (tag, pid, held core, utilization percent, completed).
 fn report(runtimes: &[(&str, u32, u32, f64, u32)], instance_id: &str) -> String {
     let entries: Vec<String> = runtimes
@@ -90,10 +98,10 @@ fn counters_are_running_sums_and_latency_follows_the_report() {
     apply(&mut state, &line);
     apply(&mut state, &line);
     let rt = runtime(&state, "1337");
-    assert_eq!(rt.errors_total.unwrap()[0], 2.0 * 23654.0);
-    assert_eq!(rt.status_total.unwrap()[0], 2.0 * 260.0);
-    assert!(rt.latency.unwrap().p50.unwrap() > 0.0);
-    assert_eq!(rt.device_latency.unwrap().p50, Some(9.5367431640625e-05));
+    assert_eq!(total(rt.errors_total.as_ref(), "generic"), Some(2.0 * 23654.0));
+    assert_eq!(total(rt.status_total.as_ref(), "completed"), Some(2.0 * 260.0));
+    assert!(rt.latency.as_ref().unwrap().get("p50").unwrap() > 0.0);
+    assert_eq!(rt.device_latency.as_ref().unwrap().get("p50"), Some(9.5367431640625e-05));
     assert_eq!(rt.vcpu, Some([Some(19.26), Some(3.95)]));
     // Core 1 holds a little model code but is not busy; core 0 is busy.
     let cores: Vec<u32> = rt.cores.iter().map(|c| c.index).collect();
@@ -107,13 +115,13 @@ fn a_runtime_that_leaves_is_dropped_and_starts_afresh_when_back() {
     let mut state = NodeState::default();
     apply(&mut state, &report(&[("a", 1, 0, 50.0, 10), ("b", 2, 1, 20.0, 5)], "i-1"));
     apply(&mut state, &report(&[("a", 1, 0, 50.0, 10), ("b", 2, 1, 20.0, 5)], "i-1"));
-    assert_eq!(runtime(&state, "b").status_total.unwrap()[0], 10.0);
+    assert_eq!(completed(&state, "b"), Some(10.0));
     apply(&mut state, &report(&[("a", 1, 0, 50.0, 10)], "i-1"));
     assert_eq!(state.runtimes.len(), 1);
     assert_eq!(state.idle_core_indices(), vec![1, 2, 3]);
-    assert_eq!(runtime(&state, "a").status_total.unwrap()[0], 30.0);
+    assert_eq!(completed(&state, "a"), Some(30.0));
     apply(&mut state, &report(&[("a", 1, 0, 50.0, 10), ("b", 3, 1, 20.0, 5)], "i-1"));
-    assert_eq!(runtime(&state, "b").status_total.unwrap()[0], 5.0);
+    assert_eq!(completed(&state, "b"), Some(5.0));
 }
 
 #[test]
@@ -147,7 +155,7 @@ fn a_group_in_error_exports_no_values_and_is_recorded() {
     let rt = runtime(&state, "a");
     assert_eq!(rt.vcpu, None, "no zeros for a group in error");
     assert_eq!(rt.latency, None);
-    assert_eq!(rt.status_total.unwrap()[0], 4.0, "a counter keeps its sum");
+    assert_eq!(completed(&state, "a"), Some(4.0), "a counter keeps its sum");
     // Groups not refreshed in this report keep their last values.
     assert_eq!(rt.memory_used, Some([Some(1.0), Some(2.0)]));
     assert_eq!(rt.cores[0].utilization, Some(50.0));
@@ -270,5 +278,163 @@ fn many_runtimes_sharing_tags_keep_their_state_across_reports() {
     assert_eq!(runtime(&state, "a").pid, Some(1000 - 597));
     assert_eq!(runtime(&state, "a@1000").pid, Some(1000));
     assert_eq!(runtime(&state, "b@999").pid, Some(999));
-    assert!(state.runtimes.iter().all(|rt| rt.status_total.unwrap()[0] == 2.0));
+    assert!(state.runtimes.iter().all(|rt| total(rt.status_total.as_ref(), "completed") == Some(2.0)));
+}
+
+/// One runtime `a` whose `execution_stats` group has this body.
+fn stats_report(body: &str) -> String {
+    format!(
+        r#"{{"neuron_runtime_data":[{{"pid":1,"neuron_runtime_tag":"a","error":"","report":{{
+            "execution_stats":{{"period":1,"error":"",{body}}}}}}}]}}"#
+    )
+}
+
+fn names(values: Option<&NamedValues>) -> Vec<(&str, f64)> {
+    values.map(|v| v.iter().collect()).unwrap_or_default()
+}
+
+#[test]
+fn only_the_types_a_report_carries_are_counted_and_new_ones_under_their_names() {
+    let mut state = NodeState::default();
+    apply(&mut state, &stats_report(r#""error_summary":{"numerical":2,"oom":1},"execution_summary":{}"#));
+    let rt = runtime(&state, "a");
+    assert_eq!(names(rt.errors_total.as_ref()), [("numerical", 2.0), ("oom", 1.0)], "no made-up generic 0");
+    assert!(rt.status_total.as_ref().unwrap().is_empty());
+    // A type that comes and goes keeps its sum; one first seen starts from its count.
+    apply(&mut state, &stats_report(r#""error_summary":{"generic":5}"#));
+    apply(&mut state, &stats_report(r#""error_summary":{"oom":3,"numerical":-4}"#));
+    let rt = runtime(&state, "a");
+    assert_eq!(names(rt.errors_total.as_ref()), [("numerical", 2.0), ("oom", 4.0), ("generic", 5.0)]);
+    assert!(state.refusals.is_empty());
+}
+
+#[test]
+fn percentiles_follow_the_report_a_new_one_included() {
+    let mut state = NodeState::default();
+    apply(
+        &mut state,
+        &stats_report(r#""latency_stats":{"total_latency":{"p50":0.5,"p90":0.7},"device_latency":{"p999":0.9}}"#),
+    );
+    let rt = runtime(&state, "a");
+    assert_eq!(names(rt.latency.as_ref()), [("p50", 0.5), ("p90", 0.7)]);
+    assert_eq!(names(rt.device_latency.as_ref()), [("p999", 0.9)]);
+    apply(&mut state, &stats_report(r#""latency_stats":{"total_latency":{"p99":0.1},"device_latency":null}"#));
+    let rt = runtime(&state, "a");
+    assert_eq!(names(rt.latency.as_ref()), [("p99", 0.1)], "gauges: the latest report's only");
+    assert_eq!(rt.device_latency, None);
+}
+
+#[test]
+fn undocumented_names_are_bounded_per_runtime_and_counted() {
+    use api::limits::MAX_UNDOCUMENTED_NAMES;
+    let mut state = NodeState::default();
+    // Each report brings new names: the runtime's sums keep the first ones only.
+    for round in 0..3 {
+        let extra: Vec<String> = (0..MAX_UNDOCUMENTED_NAMES / 2 + 1).map(|i| format!(r#""t{round}_{i}":1"#)).collect();
+        apply(&mut state, &stats_report(&format!(r#""error_summary":{{"hardware":1,{}}}"#, extra.join(","))));
+    }
+    let errors = runtime(&state, "a").errors_total.clone().unwrap();
+    assert_eq!(errors.iter().count(), MAX_UNDOCUMENTED_NAMES + 1);
+    assert_eq!(errors.get("hardware"), Some(3.0), "documented names always fit");
+    // The third report's names found no room: all counted.
+    assert_eq!(state.refusals.value_names, (MAX_UNDOCUMENTED_NAMES / 2 + 1) as u64);
+    apply(&mut state, &stats_report(r#""error_summary":{"bad name":1,"generic":"x"}"#));
+    assert_eq!(state.refusals.value_names, 2, "refused by the parser, counted per report");
+}
+
+fn models_report(models: &str) -> String {
+    format!(
+        r#"{{"neuron_runtime_data":[{{"pid":1,"neuron_runtime_tag":"a","error":"","report":{{
+            "memory_used":{{"period":1,"error":"","loaded_models":[{models}]}}}}}}]}}"#
+    )
+}
+
+#[test]
+fn loaded_models_are_counted_by_state_and_listed_up_to_the_bound() {
+    use api::limits::MAX_MODEL_INFO_PER_RUNTIME;
+    let mut state = NodeState::default();
+    let model = |i: usize, running: &str| format!(r#"{{"name":"m{i}","model_id":{i},"is_running":{running}}}"#);
+    let mut models: Vec<String> = (0..MAX_MODEL_INFO_PER_RUNTIME + 2).map(|i| model(i, "false")).collect();
+    models[1] = model(1, "true");
+    models.push(r#"{"name":"bell\u0007"}"#.to_owned());
+    apply(&mut state, &models_report(&models.join(",")));
+    let loaded = runtime(&state, "a").models.clone().unwrap();
+    assert_eq!((loaded.running, loaded.idle, loaded.unknown), (1, MAX_MODEL_INFO_PER_RUNTIME as u32 + 1, 1));
+    assert_eq!(loaded.info.len(), MAX_MODEL_INFO_PER_RUNTIME);
+    assert_eq!(loaded.info[1], ModelInfo { name: "m1".into(), model_id: Some(1), is_running: Some(true) });
+    assert_eq!(state.refusals.loaded_models, 3, "three models without an info series");
+    // The same models again (not read again): the same state, the same refusals.
+    apply(&mut state, &models_report(&models.join(",")));
+    assert_eq!(runtime(&state, "a").models.as_ref(), Some(&loaded));
+    assert_eq!(state.refusals.loaded_models, 3);
+    // Fewer: the list shrinks; none: zero counts; not a list: nothing exported.
+    apply(&mut state, &models_report(&models[..2].join(",")));
+    let loaded = runtime(&state, "a").models.clone().unwrap();
+    assert_eq!((loaded.running, loaded.idle, loaded.info.len()), (1, 1, 2));
+    apply(&mut state, &models_report(""));
+    let loaded = runtime(&state, "a").models.clone().unwrap();
+    assert_eq!((loaded.readable, loaded.running, loaded.idle, loaded.unknown, loaded.info.len()), (true, 0, 0, 0, 0));
+    let odd = models_report("").replace(r#""loaded_models":[]"#, r#""loaded_models":{"a":1}"#);
+    apply(&mut state, &odd);
+    assert!(!runtime(&state, "a").models.as_ref().unwrap().readable);
+    assert_eq!(state.refusals.loaded_models, 1);
+}
+
+#[test]
+fn the_newer_hardware_fields_become_labels() {
+    let mut state = NodeState::default();
+    apply(
+        &mut state,
+        r#"{"neuron_hardware_info":{"neuron_device_type":"trainium2","neuron_device_version":"v4",
+            "neuroncore_version":"v3d","neuron_device_count":16,"neuron_device_memory_size":103079215104,
+            "neuroncore_per_device_count":4,"logical_neuroncore_config":2,"error":""}}"#,
+    );
+    let hw = state.hardware.clone().unwrap();
+    let labels: Vec<(&str, &str)> = hw.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    assert_eq!(
+        labels,
+        [
+            ("neuron_device_type", "trainium2"),
+            ("neuron_device_version", "v4"),
+            ("neuroncore_version", "v3d"),
+            ("neuron_device_memory_size", "103079215104"),
+            ("logical_neuroncore_config", "2"),
+        ]
+    );
+    assert_eq!(hw.logical_neuroncore_config, Some(2));
+    apply(&mut state, &hardware_report(16, 2));
+    assert!(state.hardware.clone().unwrap().labels.is_empty(), "older reports: the two counts only");
+}
+
+#[test]
+fn k8s_info_gives_bounded_owners_and_a_new_generation_on_change() {
+    let mut state = NodeState::default();
+    let line = r#"{"neuron_k8s_info":{"error":"","neuroncores_k8s_info":{
+        "2":{"pod_name":"p","namespace":"n","container_name":["c"]},"600":{"pod_name":"p","namespace":"n"},
+        "1":{"pod_name":"q","namespace":"n","container_name":[]},"3":{"namespace":"n"}},
+        "neurondevices_k8s_info":{"0":{"pod_name":"p","namespace":"n","container_name":"c"},"99":{"pod_name":"p","namespace":"n"}}}}"#;
+    apply(&mut state, line);
+    let owner = |pod: &str, containers: &[&str]| K8sOwner {
+        namespace: "n".into(),
+        pod: pod.into(),
+        containers: containers.iter().map(|c| c.to_string()).collect(),
+    };
+    let expected = K8sOwners {
+        cores: vec![(1, owner("q", &[])), (2, owner("p", &["c"]))],
+        devices: vec![(0, owner("p", &["c"]))],
+    };
+    assert_eq!(state.k8s, Some(expected.clone()));
+    assert_eq!((state.refusals.core_indices, state.refusals.device_indices), (1, 1));
+    let generation = state.k8s_generation;
+    apply(&mut state, line);
+    apply(&mut state, "{}");
+    assert_eq!(
+        (state.k8s.as_ref(), state.k8s_generation),
+        (Some(&expected), generation),
+        "unchanged, or not refreshed"
+    );
+    apply(&mut state, r#"{"neuron_k8s_info":{"error":"kubelet not reachable"}}"#);
+    assert_eq!(state.k8s, None);
+    assert!(state.k8s_generation > generation);
+    assert_eq!(state.problems[0].group, "neuron_k8s_info");
 }

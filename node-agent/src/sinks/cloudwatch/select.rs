@@ -10,8 +10,10 @@
 //! applications then share one metric, which is what a coarser dimension set means.
 //! Counters (`neuron_execution_errors`, `neuron_execution_status`,
 //! `neurondevice_hw_ecc_events`) are sent as the number of events since the previous
-//! sample, split by type (`ErrorType`, `StatusType`, `EventType`); latency as the p50 and
-//! p99 that neuron-monitor reports (`Percentile`).
+//! sample, split by type (`ErrorType`, `StatusType`, `EventType`): the error types and
+//! statuses the reports carried, a newer release's under their own names; latency as the
+//! p50 and p99 that neuron-monitor reports, and any percentile a newer release adds
+//! (`Percentile`).
 
 mod insights;
 
@@ -22,13 +24,13 @@ use api::{
     crd::{CloudWatchMetric, CloudWatchNaming, Dimension},
     monitor_config::{RuntimeGroup, SystemGroup},
     node_config::Route,
-    report::Percentiles,
+    report::{DocumentedNames, PercentileNames},
 };
 
 use super::datum::{Accumulator, MetricKey, MAX_DIMENSIONS};
 use crate::{
     routing::Selection,
-    state::{EcsContainer, InstanceLabels, NodeState, PodRef, RuntimeState},
+    state::{EcsContainer, InstanceLabels, NamedValues, NodeState, PodRef, RuntimeState},
 };
 
 /// The sink's selection, and the counter values it last saw.
@@ -44,8 +46,8 @@ pub struct View {
     cluster_name: Option<String>,
     node_name: Option<String>,
     /// Running sums last seen, per runtime tag and per device.
-    errors_seen: HashMap<String, [f64; 6]>,
-    status_seen: HashMap<String, [f64; 6]>,
+    errors_seen: HashMap<String, NamedValues>,
+    status_seen: HashMap<String, NamedValues>,
     ecc_seen: HashMap<u32, [f64; 4]>,
     /// The first sample only records where the running sums stand (the sink started
     /// after the agent had counted events that are not this sink's to send).
@@ -215,34 +217,28 @@ impl View {
 
     fn sample_execution(&mut self, acc: &mut Accumulator, rt: &RuntimeState, base: Origin<'_>, emit_counts: bool) {
         let tag = &rt.labels.runtime_tag;
-        let mut increases: Vec<(&'static MetricShape, [f64; 6])> = Vec::with_capacity(2);
-        for (metric, totals, seen) in [
-            (CloudWatchMetric::NeuronExecutionErrors, rt.errors_total, &mut self.errors_seen),
-            (CloudWatchMetric::NeuronExecutionStatus, rt.status_total, &mut self.status_seen),
+        for (metric, totals) in [
+            (CloudWatchMetric::NeuronExecutionErrors, &rt.errors_total),
+            (CloudWatchMetric::NeuronExecutionStatus, &rt.status_total),
         ] {
             let Some(totals) = totals else { continue };
-            // A runtime first seen after the first sample is new: all its events count.
-            let previous = seen.insert(tag.clone(), totals).or(if emit_counts { Some([0.0; 6]) } else { None });
-            let mut delta = [0.0; 6];
-            for (i, total) in totals.iter().enumerate() {
-                delta[i] = increase(previous.map(|p| p[i]), *total, emit_counts);
-            }
-            increases.push((shape_of(metric), delta));
-        }
-        for (shape, delta) in increases {
-            if !self.publishes(shape.metric) {
+            let seen = match metric {
+                CloudWatchMetric::NeuronExecutionErrors => &mut self.errors_seen,
+                _ => &mut self.status_seen,
+            };
+            let deltas = increases(seen, tag, totals, emit_counts);
+            let shape = shape_of(metric);
+            if !self.publishes(metric) {
                 continue;
             }
-            for (i, value) in delta.iter().enumerate() {
-                let split = shape.split.map(|(name, values)| (name, values[i]));
-                self.count(acc, shape, base, split, *value);
+            for (name, value) in deltas {
+                let split = shape.split.map(|(dimension, _)| (dimension, name));
+                self.count(acc, shape, base, split, value);
             }
         }
         if let (Some(latency), true) = (&rt.latency, self.publishes(CloudWatchMetric::NeuronExecutionLatency)) {
-            for p in LATENCY_PERCENTILES {
-                if let Some(v) = percentile(latency, p) {
-                    self.gauge(acc, CloudWatchMetric::NeuronExecutionLatency, base, Some(("Percentile", p)), v);
-                }
+            for (p, v) in latency.iter().filter(|(p, _)| published_percentile(p)) {
+                self.gauge(acc, CloudWatchMetric::NeuronExecutionLatency, base, Some(("Percentile", p)), v);
             }
         }
     }
@@ -292,7 +288,7 @@ impl View {
         acc: &mut Accumulator,
         metric: CloudWatchMetric,
         origin: Origin<'_>,
-        split: Option<(&'static str, &'static str)>,
+        split: Option<(&'static str, &str)>,
         value: f64,
     ) {
         let shape = shape_of(metric);
@@ -306,7 +302,7 @@ impl View {
         acc: &mut Accumulator,
         shape: &'static MetricShape,
         origin: Origin<'_>,
-        split: Option<(&'static str, &'static str)>,
+        split: Option<(&'static str, &str)>,
         value: f64,
     ) {
         for set in &self.dimension_sets {
@@ -319,7 +315,7 @@ impl View {
         shape: &'static MetricShape,
         set: &[Dimension],
         o: Origin<'_>,
-        split: Option<(&'static str, &'static str)>,
+        split: Option<(&'static str, &str)>,
     ) -> MetricKey {
         let mut dimensions = Vec::with_capacity(set.len() + 1);
         for d in set.iter().copied().filter(|d| applies(*d, shape.level)) {
@@ -364,8 +360,37 @@ fn increase(previous: Option<f64>, total: f64, emit: bool) -> f64 {
     }
 }
 
-fn percentile(p: &Percentiles, name: &str) -> Option<f64> {
-    Percentiles::NAMES.iter().position(|n| *n == name).and_then(|i| p.values()[i])
+/// The events of each name of `totals` since the sample before, remembered under `tag`
+/// in `seen`. A runtime first seen after the first sample is new: all its events count;
+/// so does a name first seen in a runtime already known.
+fn increases<'t>(
+    seen: &mut HashMap<String, NamedValues>,
+    tag: &str,
+    totals: &'t NamedValues,
+    emit_counts: bool,
+) -> Vec<(&'t str, f64)> {
+    match seen.get_mut(tag) {
+        Some(previous) => {
+            let deltas = totals
+                .iter()
+                .map(|(n, t)| (n, increase(Some(previous.get(n).unwrap_or(0.0)), t, emit_counts)))
+                .collect();
+            previous.clone_from(totals);
+            deltas
+        }
+        None => {
+            seen.insert(tag.to_owned(), totals.clone());
+            let previous = emit_counts.then_some(0.0);
+            totals.iter().map(|(n, t)| (n, increase(previous, t, emit_counts))).collect()
+        }
+    }
+}
+
+/// The percentiles sent: the median and the tail of neuron-monitor's documented seven
+/// (each is a metric of its own, so each costs as much as any other), and any a newer
+/// release adds.
+fn published_percentile(name: &str) -> bool {
+    LATENCY_PERCENTILES.contains(&name) || !PercentileNames::NAMES.contains(&name)
 }
 
 fn truncate(mut s: String, max_chars: usize) -> String {

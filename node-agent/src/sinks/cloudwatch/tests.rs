@@ -303,7 +303,8 @@ fn counters_send_increases_since_the_previous_sample() {
     .unwrap();
     let (r, runtimes) = routing.cloudwatch_routes().next().unwrap();
     let sets = SinkSettings::check(r.cloudwatch.as_ref().unwrap()).unwrap().dimension_sets;
-    let per_report: f64 = state.runtimes.iter().filter_map(|rt| rt.errors_total).map(|t| t.iter().sum::<f64>()).sum();
+    let per_report: f64 =
+        state.runtimes.iter().filter_map(|rt| rt.errors_total.as_ref()).flat_map(|t| t.iter().map(|(_, v)| v)).sum();
     assert!(per_report > 0.0, "the fixture has errors");
     let sum = |datums: Vec<Datum>| -> f64 {
         datums
@@ -598,4 +599,59 @@ fn sinks_started_together_first_flush_across_the_interval() {
     }
     // 30 expected in each; a fixed seed keeps this deterministic.
     assert!(tenths.iter().all(|n| (15..=45).contains(n)), "{tenths:?}");
+}
+
+#[test]
+fn newer_error_types_statuses_and_percentiles_keep_their_names_and_none_is_made_up() {
+    let line = |errors: &str| {
+        format!(
+            r#"{{"neuron_runtime_data":[{{"pid":7,"neuron_runtime_tag":"x","error":"","report":{{
+                "execution_stats":{{"period":1.0,"error":"","error_summary":{{{errors}}},
+                  "execution_summary":{{"completed":4,"preempted":1}},
+                  "latency_stats":{{"total_latency":{{"p0":0.001,"p50":0.01,"p90":0.02,"p99":0.03}}}}}}}}}}]}}"#
+        )
+    };
+    let mut spec = cw("Team/Neuron");
+    spec.dimensions = Some(vec![Dimension::RuntimeTag]);
+    let mut view = view(route(None, None, spec), &AgentDimensions::default());
+    let mut state = NodeState::default();
+    let mut flush = |state: &mut NodeState, errors: &str| {
+        state.apply(&Report::parse(&line(errors)).unwrap());
+        let mut acc = Accumulator::default();
+        view.sample(state, &mut acc);
+        acc.drain(std::time::SystemTime::UNIX_EPOCH, 60)
+    };
+    let split_of = |datums: &[Datum], name: &str, dimension: &str| -> Vec<(String, f64)> {
+        let mut values: Vec<(String, f64)> = datums
+            .iter()
+            .filter(|d| d.key.name == name)
+            .map(|d| {
+                let value = d.key.dimensions.iter().find(|(n, _)| *n == dimension).map(|(_, v)| v.clone());
+                let Values::Distribution(v) = &d.values else { panic!("few values") };
+                (value.unwrap_or_default(), v.iter().map(|(x, c)| x * c).sum())
+            })
+            .collect();
+        values.sort_by(|a, b| a.0.cmp(&b.0));
+        values
+    };
+    let datums = flush(&mut state, r#""numerical":2,"oom":1"#);
+    // Only the types the report carried, a newer one under its own name.
+    assert_eq!(
+        split_of(&datums, "neuron_execution_errors", "ErrorType"),
+        [("numerical".into(), 2.0), ("oom".into(), 1.0)]
+    );
+    assert_eq!(
+        split_of(&datums, "neuron_execution_status", "StatusType"),
+        [("completed".into(), 4.0), ("preempted".into(), 1.0)]
+    );
+    // p50 and p99 of the documented seven, and the newer p90.
+    let percentiles: Vec<String> =
+        split_of(&datums, "neuron_execution_latency", "Percentile").into_iter().map(|(p, _)| p).collect();
+    assert_eq!(percentiles, ["p50", "p90", "p99"]);
+    // A type first seen later counts from its first report; one left out sends 0.
+    let datums = flush(&mut state, r#""generic":3"#);
+    assert_eq!(
+        split_of(&datums, "neuron_execution_errors", "ErrorType"),
+        [("generic".into(), 3.0), ("numerical".into(), 0.0), ("oom".into(), 0.0)]
+    );
 }

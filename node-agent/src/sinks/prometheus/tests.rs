@@ -28,7 +28,13 @@ fn exactly_one_core_series_per_runtime_on_the_32_runtime_fixture() {
     assert!(text.contains(r#"memory_location="None""#));
     assert!(text.contains(r#"instance_type="trn1n.32xlarge""#));
     assert_eq!(series(&text, "neuron_hardware_info").len(), 1);
-    assert!(text.contains(r#"neuron_device_count="16",neuroncore_per_device_count="2"} 1"#));
+    // The counts, then the newer fields this report has (not the type, memory size, LNC).
+    assert!(
+        text.contains(
+            r#"neuron_device_count="16",neuroncore_per_device_count="2",neuron_device_version="v2",neuroncore_version="v2"} 1"#
+        ),
+        "{text}"
+    );
 }
 
 #[test]
@@ -278,4 +284,78 @@ fn process_series_follow_the_runtimes_of_the_state() {
     state.lock().unwrap().apply(&Report::parse(&report("")).unwrap());
     let text = exposition.render(Format::Classic).unwrap();
     assert!(!text.contains("neuron_process_"), "{text}");
+}
+
+#[test]
+fn error_types_statuses_and_percentiles_are_exported_as_reported() {
+    let line = r#"{"neuron_runtime_data":[{"pid":7,"neuron_runtime_tag":"x","error":"","report":{
+        "execution_stats":{"period":1.0,"error":"","error_summary":{"numerical":2,"oom":1},
+          "execution_summary":{"completed":4,"preempted":1},
+          "latency_stats":{"total_latency":{"p50":0.01,"p90":0.02},"device_latency":null}}}}],
+        "instance_info":{"instance_id":"i-1","error":""}}"#;
+    let text = exposition(&[line.to_owned()]).render(Format::Classic).unwrap();
+    let label_values = |name: &str, label: &str| -> Vec<String> {
+        let key = format!(r#"{label}=""#);
+        series(&text, name)
+            .iter()
+            .map(|l| l.split(&key).nth(1).and_then(|r| r.split('"').next()).unwrap_or_default().to_owned())
+            .collect()
+    };
+    // No `generic 0` made up: only what the report carried, a newer type under its name.
+    assert_eq!(label_values("execution_errors_total", "error_type"), ["numerical", "oom"]);
+    assert_eq!(label_values("execution_status_total", "status_type"), ["completed", "preempted"]);
+    assert_eq!(label_values("execution_latency_seconds", "percentile"), ["p50", "p90"]);
+    assert!(series(&text, "execution_errors_total").iter().any(|l| l.contains("oom") && l.ends_with(" 1.0")));
+}
+
+#[test]
+fn loaded_models_a_count_by_state_and_an_info_series_each() {
+    let line = r#"{"neuron_runtime_data":[{"pid":7,"neuron_runtime_tag":"x","error":"","report":{
+        "memory_used":{"period":1.0,"error":"","loaded_models":[
+          {"name":"bert.neff","uuid":"u1","model_id":10005,"is_running":true,"subgraphs":{}},
+          {"name":"gpt.neff","model_id":10006,"is_running":false}]}}}],
+        "instance_info":{"instance_id":"i-1","error":""}}"#;
+    let text = exposition(&[line.to_owned()]).render(Format::Classic).unwrap();
+    let counts = series(&text, "neuron_runtime_loaded_models");
+    assert_eq!(counts.len(), 2, "running and idle; no unknown while every model says: {counts:#?}");
+    assert!(counts.iter().any(|l| l.contains(r#"state="running""#) && l.ends_with(" 1.0")), "{counts:#?}");
+    assert!(counts.iter().any(|l| l.contains(r#"state="idle""#) && l.ends_with(" 1.0")), "{counts:#?}");
+    let info = series(&text, "neuron_runtime_loaded_model_info");
+    assert_eq!(info.len(), 2, "{info:#?}");
+    assert!(info[0].contains(r#"runtime_tag="x",model_name="bert.neff",running="true",model_id="10005"} 1"#));
+    assert!(text.contains("# TYPE neuron_runtime_loaded_model_info gauge\n"));
+}
+
+#[test]
+fn newer_hardware_fields_and_documented_peaks() {
+    let line = r#"{"instance_info":{"instance_id":"i-1","instance_type":"trn2.48xlarge","error":""},
+        "neuron_hardware_info":{"neuron_device_type":"trainium2","neuron_device_version":"v4","neuroncore_version":"v3d",
+          "neuron_device_count":16,"neuron_device_memory_size":103079215104,"neuroncore_per_device_count":4,
+          "logical_neuroncore_config":2,"error":""}}"#;
+    let text = exposition(&[line.to_owned()]).render(Format::Classic).unwrap();
+    let hardware = series(&text, "neuron_hardware_info");
+    assert_eq!(hardware.len(), 1);
+    assert!(
+        hardware[0].contains(
+            r#"neuron_device_count="16",neuroncore_per_device_count="4",neuron_device_type="trainium2",neuron_device_version="v4",neuroncore_version="v3d",neuron_device_memory_size="103079215104",logical_neuroncore_config="2"} 1"#
+        ),
+        "{}",
+        hardware[0]
+    );
+    // A logical core of two NeuronCore-v3: twice the documented 79 BF16 TFLOPS.
+    let peaks = series(&text, "neuroncore_peak_flops");
+    assert_eq!(peaks.len(), api::hardware::peak_flops(api::hardware::Generation::Trainium2).len());
+    let bf16 = peaks.iter().find(|l| l.contains(r#"data_type="bf16""#)).unwrap();
+    assert!(bf16.ends_with(" 158000000000000.0"), "{bf16}");
+
+    // An instance type the table does not know, named by its device type; LNC=1.
+    let line = line
+        .replace("trn2.48xlarge", "trn2x.future")
+        .replace(r#""logical_neuroncore_config":2"#, r#""logical_neuroncore_config":1"#);
+    let text = exposition(&[line]).render(Format::Classic).unwrap();
+    let bf16 = series(&text, "neuroncore_peak_flops").into_iter().find(|l| l.contains(r#"data_type="bf16""#)).unwrap();
+    assert!(bf16.ends_with(" 79000000000000.0"), "{bf16}");
+    // Neither known: no peak rather than a guess.
+    let text = exposition(&[fixture(IDLE_INF1).replace("inf1.xlarge", "x9.large")]).render(Format::Classic).unwrap();
+    assert!(series(&text, "neuroncore_peak_flops").is_empty());
 }

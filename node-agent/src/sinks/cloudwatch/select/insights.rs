@@ -21,7 +21,7 @@ use api::{
     monitor_config::RuntimeGroup,
 };
 
-use super::{increase, percentile, truncate, View};
+use super::{increase, increases, truncate, View};
 use crate::{
     sinks::cloudwatch::datum::{Accumulator, MetricKey, MAX_DIMENSIONS},
     state::{InstanceLabels, NodeState, PodRef},
@@ -86,14 +86,13 @@ impl View {
                 }
             }
             if groups.contains(&RuntimeGroup::ExecutionStats) {
-                if let Some(totals) = rt.errors_total {
-                    // A runtime first seen after the first sample is new: all its events count.
-                    let previous = self.errors_seen.insert(tag.to_owned(), totals).or(emit_counts.then_some([0.0; 6]));
+                if let Some(totals) = &rt.errors_total {
+                    // Every error type the reports carried, a newer release's too.
                     let delta: f64 =
-                        totals.iter().enumerate().map(|(i, t)| increase(previous.map(|p| p[i]), *t, emit_counts)).sum();
+                        increases(&mut self.errors_seen, tag, totals, emit_counts).iter().map(|d| d.1).sum();
                     *errors.get_or_insert(0.0) += delta;
                 }
-                latencies.extend(rt.latency.as_ref().and_then(|l| percentile(l, "p50")));
+                latencies.extend(rt.latency.as_ref().and_then(|l| l.get("p50")));
             }
         }
         self.errors_seen.retain(|tag, _| seen_tags.contains(&tag.as_str()));
