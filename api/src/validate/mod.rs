@@ -78,11 +78,29 @@ pub enum Refusal {
     ///
     /// [`MAX_EXTRA_LABELS_PER_SERIES`]: crate::limits::MAX_EXTRA_LABELS_PER_SERIES
     TooManyLabels,
+    /// A sink would create more than [`MAX_SERIES_PER_CONFIG_PER_NODE`] series on a node.
+    ///
+    /// [`MAX_SERIES_PER_CONFIG_PER_NODE`]: crate::limits::MAX_SERIES_PER_CONFIG_PER_NODE
+    TooManySeries,
+    /// A CloudWatch namespace, region or OTLP endpoint the cluster's tenancy policy does
+    /// not allow the config's namespace, or a region of another partition than its nodes'
+    /// (`crate::tenancy`).
+    OutsidePolicy,
+    /// The namespace's configs would cost more than its monthly ceiling.
+    CostCeiling,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 5] =
-        [Refusal::InvalidSpec, Refusal::TooLarge, Refusal::NamespaceLimit, Refusal::NodeLimit, Refusal::TooManyLabels];
+    pub const ALL: [Refusal; 8] = [
+        Refusal::InvalidSpec,
+        Refusal::TooLarge,
+        Refusal::NamespaceLimit,
+        Refusal::NodeLimit,
+        Refusal::TooManyLabels,
+        Refusal::TooManySeries,
+        Refusal::OutsidePolicy,
+        Refusal::CostCeiling,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -91,6 +109,9 @@ impl Refusal {
             Refusal::NamespaceLimit => "NamespaceLimit",
             Refusal::NodeLimit => "NodeLimit",
             Refusal::TooManyLabels => "TooManyLabels",
+            Refusal::TooManySeries => "TooManySeries",
+            Refusal::OutsidePolicy => "OutsidePolicy",
+            Refusal::CostCeiling => "CostCeiling",
         }
     }
 }
@@ -231,6 +252,7 @@ pub fn validate(config: &NeuronMonitorConfig, operator_namespace: &str) -> Resul
     if let Some(cloudwatch) = &sinks.cloudwatch {
         check_cloudwatch(cloudwatch)?;
     }
+    check_series(spec, cluster_wide)?;
 
     let route = Route {
         config: key.to_string(),
@@ -407,7 +429,7 @@ mod tag_filter;
 
 use self::{
     health::node_health,
-    sinks::{check_cloudwatch, prometheus_route},
+    sinks::{check_cloudwatch, check_series, prometheus_route},
     tag_filter::check_tag_filter,
 };
 pub use self::{

@@ -14,7 +14,7 @@ use std::{
 };
 
 use api::{
-    cloudwatch::cost::{self, NodeFacts},
+    cloudwatch::cost::Prices,
     crd::NeuronMonitorConfig,
     node_config::{
         configmap_name, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION, DEFAULT_CONDITION_TYPE, MANAGED_LABEL,
@@ -37,12 +37,15 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+mod admission;
+mod policy;
 mod status;
 
-use self::status::Outcome;
+pub use self::policy::POLICY_KEY;
+use self::{admission::Accepted, policy::PolicySource, status::Outcome};
 use api::{
     render::{self, RenderedNode, Rendering},
-    validate::{self, ConfigKey, Invalid, Refusal, ValidConfig},
+    validate::{ConfigKey, Invalid, Refusal},
 };
 
 use crate::{
@@ -93,9 +96,13 @@ pub struct Controller {
     configs: Store<NeuronMonitorConfig>,
     nodes: Store<Node>,
     configmaps: Store<ConfigMap>,
-    /// Last accepted version of each config (by uid): an invalid update keeps the nodes
+    /// The tenancy policy and the namespaces' labels.
+    tenancy: PolicySource,
+    /// The prices of the cost estimate.
+    prices: Prices,
+    /// Last accepted version of each config (by uid): a refused update keeps the nodes
     /// on it, as the API promises ("never a half-applied config").
-    last_good: Mutex<HashMap<String, ValidConfig>>,
+    last_good: Mutex<HashMap<String, Accepted>>,
     /// Accepted state and reason last announced by an Event, by uid.
     announced: Mutex<HashMap<String, (bool, String)>>,
     changed: Arc<Notify>,
@@ -111,12 +118,24 @@ pub struct Listed {
     pub configs: bool,
     pub nodes: bool,
     pub configmaps: bool,
+    /// The tenancy policy's ConfigMap, and the namespaces (their labels).
+    pub policy: bool,
+    pub namespaces: bool,
 }
 
 impl Listed {
     pub fn all(&self) -> bool {
-        self.configs && self.nodes && self.configmaps
+        self.configs && self.nodes && self.configmaps && self.policy && self.namespaces
     }
+}
+
+/// What the tenancy policy and the cost estimate are given.
+#[derive(Clone, Debug, Default)]
+pub struct TenancyOptions {
+    /// The ConfigMap of the operator's namespace holding the policy ([`POLICY_KEY`]);
+    /// `None`: the built-in policy.
+    pub policy_configmap: Option<String>,
+    pub prices: Prices,
 }
 
 impl Controller {
@@ -127,6 +146,7 @@ impl Controller {
         policy: NeuronNodePolicy,
         metrics: OperatorMetrics,
         recorder: Recorder,
+        tenancy: TenancyOptions,
     ) -> Arc<Controller> {
         let changed = Arc::new(Notify::new());
         let (listed_tx, listed) = watch::channel(Listed::default());
@@ -183,6 +203,8 @@ impl Controller {
                     .default_backoff(),
             ),
         );
+        let tenancy_policy =
+            PolicySource::start(&client, namespace, tenancy.policy_configmap.as_deref(), &changed, &listed_tx);
         Arc::new(Controller {
             client,
             namespace: namespace.to_owned(),
@@ -192,6 +214,8 @@ impl Controller {
             configs,
             nodes,
             configmaps,
+            tenancy: tenancy_policy,
+            prices: tenancy.prices,
             last_good: Mutex::default(),
             announced: Mutex::default(),
             changed,
@@ -268,11 +292,12 @@ impl Controller {
         self.metrics.configs.set(configs.len() as i64);
         self.metrics.nodes.set(nodes.len() as i64);
 
-        let (verdicts, usable) = self.validate_all(&configs);
+        let policy = self.tenancy.current(&self.metrics, &self.recorder).await;
+        let admission = self.admit(&configs, &nodes, &policy);
 
         // Render (configs that do not fit on their nodes are refused) and write what
         // changed. A failed write stops nothing else: it is counted, and the pass retried.
-        let rendering = render::render_all(nodes.iter(), &usable)?;
+        let rendering = render::render_all(nodes.iter(), &admission.usable)?;
         let mut failures = WriteFailures::default();
         let mut written: HashSet<String> = HashSet::new();
         for node in &nodes {
@@ -289,7 +314,8 @@ impl Controller {
         self.delete_stale_configmaps(&rendering, &mut failures).await;
 
         // Verdicts: refused by validation, else by the room on its nodes.
-        let verdicts: Vec<Verdict> = verdicts
+        let verdicts: Vec<Verdict> = admission
+            .verdicts
             .into_iter()
             .map(|(config, verdict)| {
                 let refusal = ConfigKey::of(&config).ok().and_then(|key| rendering.refusal(&key).cloned());
@@ -320,18 +346,10 @@ impl Controller {
                     .is_some_and(|n| nodes::condition_is_true(&n, condition_type.unwrap_or(DEFAULT_CONDITION_TYPE)))
         });
         let health_conflicts = rendering.health_conflicts();
-        let facts: HashMap<String, NodeFacts> = nodes.iter().map(|n| (n.name_any(), nodes::facts(n))).collect();
         for (config, verdict) in verdicts {
             let Ok(key) = ConfigKey::of(&config) else { continue };
-            // What an accepted config with a CloudWatch sink will cost on its nodes.
-            let has_cloudwatch = config.spec.sinks.as_ref().is_some_and(|s| s.cloudwatch.is_some());
-            let estimate = (verdict.is_ok() && has_cloudwatch)
-                .then(|| {
-                    let matched: Vec<NodeFacts> =
-                        rendering.matched_node_names(&key).filter_map(|n| facts.get(n).cloned()).collect();
-                    cost::estimate(&config.spec, key.namespace == self.namespace, &matched)
-                })
-                .flatten();
+            // What an accepted config with a CloudWatch or OTLP sink costs on its nodes.
+            let costs = verdict.is_ok().then(|| admission.costs.get(&key).cloned()).flatten();
             let outcome = Outcome {
                 verdict,
                 matched: rendering.matched_nodes(&key),
@@ -339,7 +357,7 @@ impl Controller {
                 applied: applied.get(&key).copied().unwrap_or(0),
                 unhealthy: unhealthy.get(&key).copied().unwrap_or(0),
                 health: config.spec.health.is_some().then(|| health_conflicts.get(&key).cloned()),
-                estimate,
+                costs,
             };
             if let Err(e) = self.update_status(&config, outcome).await {
                 failures.record(&self.metrics, "status", "apply", &key.to_string(), &e);
@@ -357,35 +375,6 @@ impl Controller {
             0 => Ok(()),
             failed => Err(Error::Incomplete { failed }),
         }
-    }
-
-    /// Validates every config. An invalid config keeps its last accepted version on the
-    /// nodes: the verdicts say what users are told, `usable` is what is rendered.
-    fn validate_all(&self, configs: &[Arc<NeuronMonitorConfig>]) -> (Vec<Verdict>, Vec<ValidConfig>) {
-        let mut verdicts: Vec<Verdict> = Vec::with_capacity(configs.len());
-        let mut usable: Vec<ValidConfig> = Vec::with_capacity(configs.len());
-        let mut last_good = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
-        let live: HashSet<String> = configs.iter().filter_map(|c| c.uid()).collect();
-        last_good.retain(|uid, _| live.contains(uid));
-        // A deleted config's announcement is forgotten with it.
-        self.announced.lock().unwrap_or_else(|p| p.into_inner()).retain(|uid, _| live.contains(uid));
-        for config in configs {
-            let uid = config.uid().unwrap_or_default();
-            match validate::validate(config, &self.namespace) {
-                Ok(valid) => {
-                    last_good.insert(uid, valid.clone());
-                    usable.push(valid);
-                    verdicts.push((config.clone(), Ok(())));
-                }
-                Err(invalid) => {
-                    if let Some(previous) = last_good.get(&uid) {
-                        usable.push(previous.clone());
-                    }
-                    verdicts.push((config.clone(), Err(invalid)));
-                }
-            }
-        }
-        (verdicts, usable)
     }
 
     /// Sets the gauges of configs not accepted, by reason.

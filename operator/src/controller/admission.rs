@@ -1,0 +1,222 @@
+//! Which version of each config is rendered, and what users are told: each config is
+//! validated (`api::validate`), held to its namespace's tenancy rules on its matched
+//! nodes (`api::tenancy::check_targets`), priced in every mode (`api::cloudwatch::cost`),
+//! and a namespace's configs are held to its monthly cost ceiling
+//! (`api::tenancy::share_ceiling`, oldest first).
+//!
+//! A refused config keeps its last accepted version on its nodes — as long as that
+//! version is itself within the policy in force and fits the ceiling: a policy that
+//! tightens takes effect on established configs too. Only a version that passes every
+//! check here becomes the last accepted one.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Arc,
+};
+
+use api::{
+    cloudwatch::cost::{self, Costs, NodeFacts},
+    crd::NeuronMonitorConfig,
+    region::REGION_LABELS,
+    tenancy::{self, Fit, NodeRegions, Priced, Rules, TenancyPolicy},
+    validate::{self, ConfigKey, Invalid, Selector, ValidConfig},
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+
+use super::{Controller, Verdict};
+use crate::nodes;
+
+/// What a pass renders and tells.
+pub(super) struct Admission {
+    pub(super) verdicts: Vec<Verdict>,
+    /// The versions rendered: the current one of accepted configs, the last accepted
+    /// one of refused configs that have one within the policy.
+    pub(super) usable: Vec<ValidConfig>,
+    /// The costs of each accepted config's current version on its matched nodes.
+    pub(super) costs: HashMap<ConfigKey, Costs>,
+}
+
+/// One version of a config that passed validation and the policy.
+#[derive(Clone)]
+pub(super) struct Accepted {
+    pub(super) valid: ValidConfig,
+    pub(super) object: Arc<NeuronMonitorConfig>,
+    costs: Option<Costs>,
+}
+
+impl Accepted {
+    fn usd(&self) -> f64 {
+        self.costs.as_ref().map_or(0.0, Costs::own_usd)
+    }
+}
+
+/// A config: its current version (or why it is refused) and its last accepted one.
+struct Candidate {
+    config: Arc<NeuronMonitorConfig>,
+    current: Result<Accepted, Invalid>,
+    last: Option<Accepted>,
+}
+
+impl Candidate {
+    /// The version that takes the config's place on its nodes, for ordering.
+    fn version(&self) -> Option<&Accepted> {
+        self.current.as_ref().ok().or(self.last.as_ref())
+    }
+}
+
+/// The Neuron nodes with what the checks need of them.
+struct Fleet<'a> {
+    labels: Vec<&'a BTreeMap<String, String>>,
+    names: Vec<String>,
+    facts: Vec<NodeFacts>,
+    regions: Vec<Option<&'a str>>,
+}
+
+impl<'a> Fleet<'a> {
+    fn new(nodes: &'a [Arc<Node>]) -> Fleet<'a> {
+        let labels: Vec<&BTreeMap<String, String>> = nodes.iter().map(|n| nodes::labels(n)).collect();
+        let regions = labels.iter().map(|l| REGION_LABELS.iter().find_map(|k| l.get(*k)).map(String::as_str)).collect();
+        Fleet {
+            labels,
+            names: nodes.iter().map(|n| n.name_any()).collect(),
+            facts: nodes.iter().map(|n| nodes::facts(n)).collect(),
+            regions,
+        }
+    }
+
+    /// The nodes a selector matches.
+    fn matching(&self, selector: &Selector) -> Vec<usize> {
+        (0..self.labels.len()).filter(|&i| selector.is_everything() || selector.matches(self.labels[i])).collect()
+    }
+}
+
+/// Whether the policy or the cost estimate have anything to look at in a config.
+fn has_targets(config: &NeuronMonitorConfig) -> bool {
+    let sinks = config.spec.sinks.as_ref();
+    sinks.is_some_and(|s| s.cloudwatch.is_some() || s.otlp.is_some())
+        || config.spec.health.as_ref().is_some_and(|h| h.logs.is_some())
+}
+
+impl Controller {
+    /// Validates every config, holds it to the policy on its nodes and its namespace's
+    /// ceiling, and picks the version of each to render.
+    pub(super) fn admit(
+        &self,
+        configs: &[Arc<NeuronMonitorConfig>],
+        nodes: &[Arc<Node>],
+        policy: &TenancyPolicy,
+    ) -> Admission {
+        let fleet = Fleet::new(nodes);
+        let mut last_good = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
+        let live: HashSet<String> = configs.iter().filter_map(|c| c.uid()).collect();
+        last_good.retain(|uid, _| live.contains(uid));
+        // A deleted config's announcement is forgotten with it.
+        self.announced.lock().unwrap_or_else(|p| p.into_inner()).retain(|uid, _| live.contains(uid));
+
+        let check = |object: &Arc<NeuronMonitorConfig>, valid: ValidConfig| -> Result<Accepted, Invalid> {
+            if !has_targets(object) {
+                return Ok(Accepted { valid, object: object.clone(), costs: None });
+            }
+            let namespace = valid.key.namespace.as_str();
+            let labels = self.tenancy.namespace_labels(namespace);
+            let rules: &Rules = policy.rules_for(namespace, &labels);
+            let matched = fleet.matching(&valid.selector);
+            let mut regions = NodeRegions::new();
+            for &i in &matched {
+                if let Some(region) = fleet.regions[i] {
+                    regions.entry(region.to_owned()).or_insert_with(|| fleet.names[i].clone());
+                }
+            }
+            tenancy::check_targets(&object.spec, namespace, valid.cluster_wide, rules, &regions)?;
+            let facts: Vec<&NodeFacts> = matched.iter().map(|&i| &fleet.facts[i]).collect();
+            let costs = cost::costs(&object.spec, valid.cluster_wide, &facts, &self.prices);
+            Ok(Accepted { valid, object: object.clone(), costs })
+        };
+
+        // Each config's current version, and its last accepted one where that is within
+        // the policy (re-checked only when it differs from the current one).
+        let mut candidates: Vec<Candidate> = Vec::with_capacity(configs.len());
+        for config in configs {
+            let current = validate::validate(config, &self.namespace).and_then(|v| check(config, v));
+            let previous = config.uid().and_then(|uid| last_good.get(&uid).cloned());
+            let last = match (&current, previous) {
+                (Ok(now), Some(p)) if p.object.metadata.generation == now.object.metadata.generation => {
+                    Some(now.clone())
+                }
+                (_, Some(p)) => check(&p.object, p.valid).ok(),
+                (_, None) => None,
+            };
+            candidates.push(Candidate { config: config.clone(), current, last });
+        }
+
+        // Ceilings: per namespace, the configs in the order they are given room.
+        let mut fits: HashMap<usize, Fit> = HashMap::new();
+        let mut by_namespace: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (i, candidate) in candidates.iter().enumerate() {
+            let Some(v) = candidate.version() else { continue };
+            if !v.valid.cluster_wide {
+                by_namespace.entry(v.valid.key.namespace.as_str()).or_default().push(i);
+            }
+        }
+        for (namespace, mut members) in by_namespace {
+            let labels = self.tenancy.namespace_labels(namespace);
+            let Some(ceiling) = policy.rules_for(namespace, &labels).monthly_cost_ceiling_usd else { continue };
+            members.sort_by(|&a, &b| match (candidates[a].version(), candidates[b].version()) {
+                (Some(a), Some(b)) => a.valid.precedes(&b.valid),
+                _ => std::cmp::Ordering::Equal,
+            });
+            let priced: Vec<Priced> = members
+                .iter()
+                .map(|&i| match &candidates[i] {
+                    Candidate { current: Ok(now), last, .. } => Priced {
+                        usd: now.usd(),
+                        last_accepted_usd: last
+                            .as_ref()
+                            .filter(|l| l.object.metadata.generation != now.object.metadata.generation)
+                            .map(Accepted::usd),
+                    },
+                    // Refused already: its last accepted version takes its room.
+                    Candidate { current: Err(_), last, .. } => {
+                        Priced { usd: last.as_ref().map_or(0.0, Accepted::usd), last_accepted_usd: None }
+                    }
+                })
+                .collect();
+            for (&i, fit) in members.iter().zip(tenancy::share_ceiling(namespace, ceiling, &priced)) {
+                fits.insert(i, fit);
+            }
+        }
+
+        let mut verdicts = Vec::with_capacity(candidates.len());
+        let mut usable = Vec::with_capacity(candidates.len());
+        let mut costs = HashMap::new();
+        for (i, Candidate { config, current, last }) in candidates.into_iter().enumerate() {
+            let fit = fits.remove(&i).unwrap_or(Fit::Admitted);
+            match (current, fit) {
+                (Ok(now), Fit::Admitted) => {
+                    if let Some(uid) = config.uid() {
+                        last_good.insert(uid, now.clone());
+                    }
+                    if let Some(c) = now.costs {
+                        costs.insert(now.valid.key.clone(), c);
+                    }
+                    usable.push(now.valid);
+                    verdicts.push((config, Ok(())));
+                }
+                (Ok(_), Fit::LastAccepted(why)) => {
+                    usable.extend(last.map(|l| l.valid));
+                    verdicts.push((config, Err(why)));
+                }
+                (Ok(_), Fit::Refused(why)) => verdicts.push((config, Err(why))),
+                (Err(why), fit) => {
+                    // Its last accepted version, unless the ceiling has no room for it.
+                    if !matches!(fit, Fit::Refused(_)) {
+                        usable.extend(last.map(|l| l.valid));
+                    }
+                    verdicts.push((config, Err(why)));
+                }
+            }
+        }
+        Admission { verdicts, usable, costs }
+    }
+}
