@@ -510,13 +510,19 @@ fn sigterm_sends_what_is_queued() {
     );
 }
 
+/// A sink with an invalid region, or (defense in depth behind the operator's tenancy
+/// policy) a region of another AWS partition than the instance's — `us-gov-west-1` from
+/// the simulator's `us-west-2` — is left out and counted; the others run.
 #[test]
 fn an_invalid_sink_is_left_out_and_the_others_run() {
     let cw = CloudWatch::start();
     let mut bad = sink(&cw, "Bad/Neuron", &[Dimension::RuntimeTag], "1s");
     bad.region = Some("mars".to_owned());
+    let mut gov = sink(&cw, "Gov/Neuron", &[Dimension::RuntimeTag], "1s");
+    gov.region = Some("us-gov-west-1".to_owned());
     let config = node_config(vec![
         route("team/bad", None, None, bad),
+        route("team/gov", None, None, gov),
         route("ops/all", None, None, sink(&cw, "Ops/Neuron", &[Dimension::RuntimeTag], "1s")),
     ]);
     let agent = start_agent(SIM_SMALL, &config, cw.addr(), NO_RESTART);
@@ -524,6 +530,10 @@ fn an_invalid_sink_is_left_out_and_the_others_run() {
     assert_eq!(sink_value(&m, "neuron_agent_cloudwatch_invalid_sinks", "team/bad", &[("reason", "region")]), 1.0);
     assert_eq!(sink_value(&m, "neuron_agent_cloudwatch_requests_total", "team/bad", &[]), 0.0);
     assert!(list_metrics(&cw, "Bad/Neuron", &[]).is_empty());
+    let gov = sink_value(&m, "neuron_agent_cloudwatch_invalid_sinks", "team/gov", &[("reason", "partition")]);
+    assert_eq!(gov, 1.0, "{}", m.text);
+    assert_eq!(sink_value(&m, "neuron_agent_cloudwatch_requests_total", "team/gov", &[]), 0.0);
+    assert!(list_metrics(&cw, "Gov/Neuron", &[]).is_empty());
     assert!(!list_metrics(&cw, "Ops/Neuron", &[]).is_empty());
     assert!(m.value("neuroncore_utilization_ratio", &[("runtime_tag", "train"), ("neuroncore", "0")]).is_some());
 }
