@@ -618,6 +618,8 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         "neuronmonitor.io/neuronmonitorconfigs/status:patch",
         "/nodes:list",
         "/nodes:watch",
+        "/namespaces:list",
+        "/namespaces:watch",
         "events.k8s.io/events:create",
         "events.k8s.io/events:patch",
     ];
@@ -1052,6 +1054,29 @@ async fn the_admission_policy_holds_the_agent_to_its_own_node_and_fields() {
     let b = agent_nodes.get_status(&node_b).await.unwrap();
     let taint_b = with_taint(&b, "neuronmonitor.io/hardware-error");
     assert_refused("node B's taint", api_answer(agent_nodes.patch(&node_b, &params, &taint_b).await), &other);
+
+    // The chart's other ConfigMaps in the release namespace, which RBAC lets the agent
+    // patch: the Grafana dashboard (the attack's finding) and the tenancy policy. Refused.
+    for suffix in ["-dashboard", "-tenancy"] {
+        let object = find(&docs, "ConfigMap")
+            .into_iter()
+            .find(|c| c["metadata"]["name"].as_str().is_some_and(|n| n.ends_with(suffix)))
+            .unwrap_or_else(|| panic!("the chart's {suffix} ConfigMap"));
+        let name = object["metadata"]["name"].as_str().unwrap();
+        let configmap: ConfigMap = serde_json::from_value(serde_json::to_value(object).unwrap()).unwrap();
+        configmaps.create(&PostParams::default(), &configmap).await.unwrap();
+        let widened = Patch::Merge(json!({ "data": { "policy.yaml": "default: { cloudWatchNamespaces: ['*'] }" } }));
+        assert_refused(
+            &format!("the {suffix} ConfigMap"),
+            api_answer(agent_cms.patch(name, &params, &widened).await),
+            &format!("node {node_a} may write only its own Node and ConfigMap"),
+        );
+        assert_refused(
+            &format!("the {suffix} ConfigMap's annotation"),
+            api_answer(agent_cms.patch(name, &params, &ack("h1")).await),
+            "may write only its own Node and ConfigMap",
+        );
+    }
 
     // Other fields of its own objects: refused.
     let data = Patch::Merge(json!({ "data": { "config.json": "{\"sinks\":[]}" } }));
