@@ -377,7 +377,7 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
 
 #[tokio::test]
 async fn wrong_values_are_refused_naming_the_field() {
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 12] = [
         (&["--set", "operator.replicas=two"], "/operator/replicas"),
         (&["--set", "agent.deviceAccess=root"], "/agent/deviceAccess"),
         (&["--set", "agent.neuronMonitor.source=usr"], "/agent/neuronMonitor/source"),
@@ -385,6 +385,9 @@ async fn wrong_values_are_refused_naming_the_field() {
         (&["--set", "agent.tolerationz[0].key=x"], "tolerationz"),
         (&["--set", "monitoring.serviceMonitor.interval=often"], "/monitoring/serviceMonitor/interval"),
         (&["--set", "operator.image.digest=latest"], "/operator/image/digest"),
+        (&["--set", "tenancy.default.regions[0]=mars"], "/tenancy/default/regions/0"),
+        (&["--set", "tenancy.default.monthlyCostCeilingUsd=-5"], "/tenancy/default/monthlyCostCeilingUsd"),
+        (&["--set", "tenancy.default.cloudwatchNamespaces[0]=x"], "cloudwatchNamespaces"),
         // Rules between fields, said by the templates.
         (&["--set", "operator.leaderElection.enabled=false"], "operator.leaderElection.enabled"),
         (&["--set", "monitoring.podMonitor.enabled=true"], "monitoring.podMonitor.enabled"),
