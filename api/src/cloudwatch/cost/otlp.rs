@@ -199,6 +199,12 @@ const FAMILIES: [Family; 30] = {
     ]
 };
 
+/// The names of the `/metrics` families the estimate counts (a test of the agent checks
+/// that it counts every family the agent serves).
+pub fn family_names() -> impl Iterator<Item = &'static str> {
+    FAMILIES.iter().map(|f| f.name)
+}
+
 /// Series and billed bytes of one flush on one node.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Flush {
