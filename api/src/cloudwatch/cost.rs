@@ -206,18 +206,32 @@ pub fn estimate<N: Borrow<NodeFacts>>(
     sees_node_level: bool,
     nodes: &[N],
 ) -> Option<CostEstimate> {
-    let cloudwatch = spec.sinks.as_ref()?.cloudwatch.as_ref()?;
-    let metrics = metrics_on(spec, cloudwatch, sees_node_level, nodes);
-    // Requests: per distinct kind of node, the datums one node sends per flush.
-    let mut kinds: HashMap<&NodeFacts, u64> = HashMap::new();
+    estimate_kinds(spec, sees_node_level, &kinds(nodes))
+}
+
+/// Nodes of the same facts, once each with their number: the estimate's cost follows the
+/// kinds of nodes (instance types × zones), not the nodes.
+pub type Kinds<'a> = Vec<(&'a NodeFacts, u64)>;
+
+/// `nodes` grouped into [`Kinds`].
+pub fn kinds<N: Borrow<NodeFacts>>(nodes: &[N]) -> Kinds<'_> {
+    let mut counts: HashMap<&NodeFacts, u64> = HashMap::new();
     for n in nodes {
-        *kinds.entry(n.borrow()).or_default() += 1;
+        *counts.entry(n.borrow()).or_default() += 1;
     }
+    counts.into_iter().collect()
+}
+
+fn estimate_kinds(spec: &NeuronMonitorConfigSpec, sees_node_level: bool, kinds: &Kinds) -> Option<CostEstimate> {
+    let cloudwatch = spec.sinks.as_ref()?.cloudwatch.as_ref()?;
+    let metrics = metrics_on(spec, cloudwatch, sees_node_level, kinds);
+    // Requests: per kind of node, the datums one node sends per flush.
     let flush = flush_seconds(cloudwatch.flush_interval.as_deref());
     let requests = kinds
-        .into_iter()
-        .map(|(node, count)| {
-            let per_flush = metrics_on(spec, cloudwatch, sees_node_level, &[node]).div_ceil(DATUMS_PER_REQUEST);
+        .iter()
+        .map(|&(node, count)| {
+            let per_flush =
+                metrics_on(spec, cloudwatch, sees_node_level, &vec![(node, 1)]).div_ceil(DATUMS_PER_REQUEST);
             monthly_requests(count, per_flush, flush).0
         })
         .fold(0u64, u64::saturating_add);
@@ -239,11 +253,11 @@ pub fn flush_seconds(flush_interval: Option<&str>) -> u64 {
 }
 
 /// Distinct metrics of a CloudWatch sink on `nodes`.
-fn metrics_on<N: Borrow<NodeFacts>>(
+fn metrics_on(
     spec: &NeuronMonitorConfigSpec,
     cloudwatch: &CloudWatchSinkSpec,
     sees_node_level: bool,
-    nodes: &[N],
+    nodes: &Kinds,
 ) -> u64 {
     if naming_of(cloudwatch) == CloudWatchNaming::ContainerInsights {
         return published_insights(spec, sees_node_level)
@@ -336,17 +350,12 @@ impl Costs {
     }
 }
 
-/// What one config costs on `nodes` (its matched nodes), as configured and in every
+/// What one config costs on `nodes` (its matched nodes, by [`kinds`]), as configured and in every
 /// mode. `None` for a config with neither a CloudWatch nor an OTLP sink. Each mode keeps
 /// the config's groups and flush interval (its CloudWatch sink's, else its OTLP sink's,
 /// else 60 s — the OTLP mode prefers its OTLP sink's); the classic mode its dimensions
 /// when its CloudWatch sink is classic, else the default ones.
-pub fn costs<N: Borrow<NodeFacts>>(
-    spec: &NeuronMonitorConfigSpec,
-    sees_node_level: bool,
-    nodes: &[N],
-    prices: &Prices,
-) -> Option<Costs> {
+pub fn costs(spec: &NeuronMonitorConfigSpec, sees_node_level: bool, nodes: &Kinds, prices: &Prices) -> Option<Costs> {
     let sinks = spec.sinks.as_ref()?;
     if sinks.cloudwatch.is_none() && sinks.otlp.is_none() {
         return None;
@@ -366,8 +375,14 @@ pub fn costs<N: Borrow<NodeFacts>>(
         };
         let mut as_mode = spec.clone();
         as_mode.sinks = Some(crate::crd::SinksSpec { cloudwatch: Some(sink), ..Default::default() });
-        estimate(&as_mode, sees_node_level, nodes).unwrap_or(CostEstimate { metrics: 0, requests: 0, monthly_usd: 0.0 })
+        estimate_kinds(&as_mode, sees_node_level, nodes).unwrap_or(CostEstimate {
+            metrics: 0,
+            requests: 0,
+            monthly_usd: 0.0,
+        })
     };
+    // The config's own sinks are priced as their mode is: each mode is estimated once.
+    let mut own_cloudwatch = None;
     let mut modes = Vec::with_capacity(Mode::ALL.len());
     for mode in Mode::ALL {
         modes.push(match mode {
@@ -375,23 +390,25 @@ pub fn costs<N: Borrow<NodeFacts>>(
                 let naming =
                     if mode == Mode::Classic { CloudWatchNaming::Classic } else { CloudWatchNaming::ContainerInsights };
                 let e = cloudwatch_mode(naming);
-                ModeCost { mode, series: e.metrics, requests: e.requests, bytes: 0, monthly_usd: e.monthly_usd }
+                let cost =
+                    ModeCost { mode, series: e.metrics, requests: e.requests, bytes: 0, monthly_usd: e.monthly_usd };
+                if sinks.cloudwatch.as_ref().is_some_and(|own| naming_of(own) == naming) {
+                    own_cloudwatch = Some(e);
+                }
+                cost
             }
             Mode::Otlp => otlp_mode.clone(),
         });
     }
     let cheapest =
         modes.iter().min_by(|a, b| a.monthly_usd.total_cmp(&b.monthly_usd)).map_or(Mode::Classic, |m| m.mode);
-    let otlp = sinks
-        .otlp
-        .as_ref()
-        .filter(|o| o.endpoint.is_none())
-        .map(|o| otlp::estimate(spec, sees_node_level, nodes, o.flush_interval.as_deref(), prices));
-    Some(Costs { cloudwatch: estimate(spec, sees_node_level, nodes), otlp, modes, cheapest })
+    // Its OTLP sink's flush interval is the OTLP mode's when it has one.
+    let otlp = sinks.otlp.as_ref().filter(|o| o.endpoint.is_none()).map(|_| otlp_mode);
+    Some(Costs { cloudwatch: own_cloudwatch, otlp, modes, cheapest })
 }
 
 /// Distinct dimension-value combinations of one metric level under one dimension set.
-fn combinations<N: Borrow<NodeFacts>>(level: Level, set: &[Dimension], nodes: &[N]) -> u64 {
+fn combinations(level: Level, set: &[Dimension], nodes: &Kinds) -> u64 {
     let has = |d: Dimension| set.contains(&d) && applies(d, level);
     let per_app = [
         Dimension::RuntimeTag,
@@ -417,44 +434,56 @@ fn combinations<N: Borrow<NodeFacts>>(level: Level, set: &[Dimension], nodes: &[
         }
     };
     if per_node {
-        return nodes.iter().map(|n| on_node(n.borrow()).0).fold(0u64, u64::saturating_add);
+        return nodes.iter().map(|&(n, count)| on_node(n).0.saturating_mul(count)).fold(0u64, u64::saturating_add);
     }
-    // Nodes grouped by the node-level dimension values they share.
-    let key = |n: &NodeFacts, i: usize| {
-        let value = |d: Dimension, v: &Option<String>| match (has(d), v) {
-            (false, _) => String::new(),
-            (true, Some(v)) => v.clone(),
-            (true, None) => format!("\u{0}node-{i}"),
-        };
-        (
-            value(Dimension::InstanceType, &n.instance_type),
-            value(Dimension::AvailabilityZone, &n.availability_zone),
-            // AMI ids are not node facts: assume one per instance type.
-            value(Dimension::AmiId, &n.instance_type),
-        )
-    };
-    let mut groups: std::collections::BTreeMap<(String, String, String), (u64, u64)> = Default::default();
-    for (i, n) in nodes.iter().map(Borrow::borrow).enumerate() {
+    // Nodes grouped by the node-level dimension values they share; a node with an
+    // unknown value is a group of its own.
+    let mut alone = 0u64;
+    let mut groups: HashMap<[Option<&str>; 3], (u64, u64)> = HashMap::new();
+    for &(n, nodes) in nodes {
         let (count, own) = on_node(n);
-        let entry = groups.entry(key(n, i)).or_default();
-        if own {
-            entry.0 = entry.0.saturating_add(count);
-        } else {
-            entry.1 = entry.1.max(count);
+        match shared_values(n, &has) {
+            None => alone = alone.saturating_add(count.saturating_mul(nodes)),
+            Some(key) => {
+                let entry = groups.entry(key).or_default();
+                if own {
+                    entry.0 = entry.0.saturating_add(count.saturating_mul(nodes));
+                } else {
+                    entry.1 = entry.1.max(count);
+                }
+            }
         }
     }
-    groups.values().map(|(own, shared)| own + shared).fold(0u64, u64::saturating_add)
+    groups.values().map(|(own, shared)| own + shared).fold(alone, u64::saturating_add)
+}
+
+/// The values of a node's dimensions that nodes may share (those `has` says the set
+/// names; AMI ids are not node facts: one per instance type is assumed); `None` when
+/// one of them is unknown.
+fn shared_values<'n>(n: &'n NodeFacts, has: &dyn Fn(Dimension) -> bool) -> Option<[Option<&'n str>; 3]> {
+    let value = |d: Dimension, v: &'n Option<String>| match (has(d), v) {
+        (false, _) => Some(None),
+        (true, Some(v)) => Some(Some(v.as_str())),
+        (true, None) => None,
+    };
+    Some([
+        value(Dimension::InstanceType, &n.instance_type)?,
+        value(Dimension::AvailabilityZone, &n.availability_zone)?,
+        value(Dimension::AmiId, &n.instance_type)?,
+    ])
 }
 
 /// Distinct dimension-value combinations of one Container Insights set (the module doc).
-fn insights_combinations<N: Borrow<NodeFacts>>(
+fn insights_combinations(
     family: insights::Family,
     set: &[insights::Dimension],
-    nodes: &[N],
+    nodes: &Kinds,
     sees_node_level: bool,
 ) -> u64 {
     use insights::Dimension as D;
-    let sum = |f: &dyn Fn(&NodeFacts) -> u64| nodes.iter().map(|n| f(n.borrow())).fold(0u64, u64::saturating_add);
+    let sum = |f: &dyn Fn(&NodeFacts) -> u64| {
+        nodes.iter().map(|&(n, count)| f(n).saturating_mul(count)).fold(0u64, u64::saturating_add)
+    };
     let cores = sum(&|n| u64::from(n.cores));
     let has = |d: D| set.contains(&d);
     if has(D::NeuronCore) {
@@ -473,7 +502,7 @@ fn insights_combinations<N: Borrow<NodeFacts>>(
             1
         }
     } else if has(D::NodeName) || has(D::InstanceId) {
-        nodes.len() as u64
+        sum(&|_| 1)
     } else {
         1
     }
@@ -560,7 +589,7 @@ mod tests {
     fn each_mode_is_priced_and_the_cheapest_named() {
         let prices = Prices::default();
         // Per core and pod on one trn1.32xlarge: OTLP's bytes cost less than 672 metrics.
-        let per_core = costs(&spec(sink(None)), false, &[trn1_32()], &prices).unwrap();
+        let per_core = costs(&spec(sink(None)), false, &kinds(&[trn1_32()]), &prices).unwrap();
         assert_eq!(per_core.modes.iter().map(|m| m.mode).collect::<Vec<_>>(), Mode::ALL.to_vec());
         let classic = &per_core.modes[0];
         assert_eq!((classic.series, classic.requests), (672, 43_200));
@@ -571,7 +600,8 @@ mod tests {
         // Its own cost is its CloudWatch sink's; it has no OTLP sink.
         assert_eq!((per_core.own_usd(), per_core.otlp.is_none()), (classic.monthly_usd, true));
         // Cluster-wide series only: 21 metrics beat 1,440 OTLP series.
-        let coarse = costs(&spec(sink(Some(vec![Dimension::ClusterName]))), false, &[trn1_32()], &prices).unwrap();
+        let coarse =
+            costs(&spec(sink(Some(vec![Dimension::ClusterName]))), false, &kinds(&[trn1_32()]), &prices).unwrap();
         assert_eq!((coarse.modes[0].series, coarse.cheapest), (21, Mode::Classic));
         // A config with only an OTLP sink to CloudWatch: its own cost is the OTLP mode's;
         // to another receiver, nothing for CloudWatch.
@@ -582,17 +612,17 @@ mod tests {
             }),
             ..Default::default()
         };
-        let cloudwatch = costs(&otlp_only(None), false, &[trn1_32()], &prices).unwrap();
+        let cloudwatch = costs(&otlp_only(None), false, &kinds(&[trn1_32()]), &prices).unwrap();
         assert_eq!(cloudwatch.own_usd(), cloudwatch.modes[2].monthly_usd);
         assert!(cloudwatch.cloudwatch.is_none());
         let elsewhere =
-            costs(&otlp_only(Some("http://collector:4318/v1/metrics")), false, &[trn1_32()], &prices).unwrap();
+            costs(&otlp_only(Some("http://collector:4318/v1/metrics")), false, &kinds(&[trn1_32()]), &prices).unwrap();
         assert_eq!(elsewhere.own_usd(), 0.0);
         assert_eq!(elsewhere.modes, cloudwatch.modes, "the modes price what it collects, wherever it goes");
         // Twice the price per GB, twice the OTLP cost.
-        let dear = costs(&otlp_only(None), false, &[trn1_32()], &Prices { otlp_usd_per_gb: 1.0 }).unwrap();
+        let dear = costs(&otlp_only(None), false, &kinds(&[trn1_32()]), &Prices { otlp_usd_per_gb: 1.0 }).unwrap();
         assert!((dear.own_usd() - 2.0 * cloudwatch.own_usd()).abs() < 1e-9);
-        assert_eq!(costs(&NeuronMonitorConfigSpec::default(), false, &[trn1_32()], &prices), None);
+        assert_eq!(costs(&NeuronMonitorConfigSpec::default(), false, &kinds(&[trn1_32()]), &prices), None);
     }
 
     #[test]

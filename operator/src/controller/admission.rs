@@ -15,7 +15,7 @@ use std::{
 };
 
 use api::{
-    cloudwatch::cost::{self, Costs, NodeFacts},
+    cloudwatch::cost::{self, Costs, Kinds, NodeFacts},
     crd::NeuronMonitorConfig,
     region::REGION_LABELS,
     tenancy::{self, Fit, NodeRegions, Priced, Rules, TenancyPolicy},
@@ -69,20 +69,43 @@ impl Candidate {
 struct Fleet<'a> {
     labels: Vec<&'a BTreeMap<String, String>>,
     names: Vec<String>,
-    facts: Vec<NodeFacts>,
     regions: Vec<Option<&'a str>>,
+    /// The distinct facts of the nodes (few: instance types × zones), and each node's.
+    kinds: Vec<NodeFacts>,
+    kind_of: Vec<usize>,
 }
 
 impl<'a> Fleet<'a> {
     fn new(nodes: &'a [Arc<Node>]) -> Fleet<'a> {
         let labels: Vec<&BTreeMap<String, String>> = nodes.iter().map(|n| nodes::labels(n)).collect();
         let regions = labels.iter().map(|l| REGION_LABELS.iter().find_map(|k| l.get(*k)).map(String::as_str)).collect();
+        let mut index: HashMap<NodeFacts, usize> = HashMap::new();
+        let kind_of = nodes
+            .iter()
+            .map(|n| {
+                let facts = nodes::facts(n);
+                let next = index.len();
+                *index.entry(facts).or_insert(next)
+            })
+            .collect();
+        let mut kinds: Vec<(NodeFacts, usize)> = index.into_iter().collect();
+        kinds.sort_by_key(|(_, i)| *i);
         Fleet {
             labels,
             names: nodes.iter().map(|n| n.name_any()).collect(),
-            facts: nodes.iter().map(|n| nodes::facts(n)).collect(),
             regions,
+            kinds: kinds.into_iter().map(|(facts, _)| facts).collect(),
+            kind_of,
         }
+    }
+
+    /// The kinds of the `matched` nodes, with their numbers.
+    fn kinds(&self, matched: &[usize]) -> Kinds<'_> {
+        let mut counts = vec![0u64; self.kinds.len()];
+        for &i in matched {
+            counts[self.kind_of[i]] += 1;
+        }
+        self.kinds.iter().zip(counts).filter(|(_, n)| *n > 0).collect()
     }
 
     /// The nodes a selector matches.
@@ -124,13 +147,15 @@ impl Controller {
             let matched = fleet.matching(&valid.selector);
             let mut regions = NodeRegions::new();
             for &i in &matched {
-                if let Some(region) = fleet.regions[i] {
-                    regions.entry(region.to_owned()).or_insert_with(|| fleet.names[i].clone());
+                match fleet.regions[i] {
+                    Some(region) if !regions.contains_key(region) => {
+                        regions.insert(region.to_owned(), fleet.names[i].clone());
+                    }
+                    _ => {}
                 }
             }
             tenancy::check_targets(&object.spec, namespace, valid.cluster_wide, rules, &regions)?;
-            let facts: Vec<&NodeFacts> = matched.iter().map(|&i| &fleet.facts[i]).collect();
-            let costs = cost::costs(&object.spec, valid.cluster_wide, &facts, &self.prices);
+            let costs = cost::costs(&object.spec, valid.cluster_wide, &fleet.kinds(&matched), &self.prices);
             Ok(Accepted { valid, object: object.clone(), costs })
         };
 

@@ -1,7 +1,9 @@
-//! The controller: watches NeuronMonitorConfigs (all namespaces), Nodes and its own
-//! node ConfigMaps, and on any change reconciles everything at once: validate every
-//! config, render every Neuron node, write the ConfigMaps whose content changed, delete
-//! those of nodes nothing applies to any more, and update each config's status.
+//! The controller: watches NeuronMonitorConfigs (all namespaces), Nodes, its own node
+//! ConfigMaps and the tenancy policy ([`policy`]), and on any change reconciles
+//! everything at once: validate every config and hold it to the policy and its
+//! namespace's cost ceiling ([`admission`]), render every Neuron node, write the
+//! ConfigMaps whose content changed, delete those of nodes nothing applies to any more,
+//! and update each config's status ([`status`]).
 //!
 //! A full, level-triggered pass is simple and always correct: a config change can
 //! touch thousands of nodes anyway, and rendering 5,000 nodes takes milliseconds.

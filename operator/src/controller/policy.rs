@@ -48,8 +48,9 @@ pub(super) struct PolicySource {
 
 struct InForce {
     policy: Arc<TenancyPolicy>,
-    /// The ConfigMap's resourceVersion last read (valid or not); `None`: not read, or gone.
-    read: Option<String>,
+    /// The ConfigMap's resourceVersion last read (valid or not), `Some(None)` when it was
+    /// missing; `None` before the first look.
+    read: Option<Option<String>>,
 }
 
 impl PolicySource {
@@ -122,8 +123,8 @@ impl PolicySource {
         let mut announce: Option<(Arc<ConfigMap>, String)> = None;
         let policy = {
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            if state.read != version {
-                state.read = version;
+            if state.read.as_ref() != Some(&version) {
+                state.read = Some(version);
                 match configmap.as_ref().map(|cm| parse(cm)) {
                     None => {
                         metrics.tenancy_policy_valid.set(0);

@@ -46,9 +46,9 @@
 //! series; for a config of the operator's namespace also 4 ECC counters per device and
 //! 9 node series.
 
-use std::{borrow::Borrow, collections::HashMap};
+use std::collections::BTreeMap;
 
-use super::{flush_seconds, ModeCost, NodeFacts, Prices};
+use super::{flush_seconds, Kinds, ModeCost, NodeFacts, Prices};
 use crate::{
     cloudwatch::catalogue::{collected_groups, ERROR_TYPES, STATUS_TYPES},
     crd::NeuronMonitorConfigSpec,
@@ -214,20 +214,26 @@ pub struct Flush {
 
 /// What a config's metrics cost as OTel metrics on `nodes`, flushed every
 /// `flush_interval` (default 60 s).
-pub fn estimate<N: Borrow<NodeFacts>>(
+pub fn estimate(
     spec: &NeuronMonitorConfigSpec,
     sees_node_level: bool,
-    nodes: &[N],
+    nodes: &Kinds,
     flush_interval: Option<&str>,
     prices: &Prices,
 ) -> ModeCost {
     let flushes = SECONDS_PER_MONTH / flush_seconds(flush_interval);
-    let mut kinds: HashMap<&NodeFacts, u64> = HashMap::new();
-    for n in nodes {
-        *kinds.entry(n.borrow()).or_default() += 1;
-    }
-    let (series, bytes) = kinds.into_iter().fold((0u64, 0u64), |(series, bytes), (node, count)| {
-        let flush = per_flush(spec, sees_node_level, node);
+    // Nodes that differ only by zone send the same: each shape is counted once.
+    let mut shapes: Vec<((u32, u64, u64), Flush)> = Vec::new();
+    let (series, bytes) = nodes.iter().fold((0u64, 0u64), |(series, bytes), &(node, count)| {
+        let shape = (node.cores, node.devices(), physical_per_logical(node));
+        let flush = match shapes.iter().find(|(s, _)| *s == shape) {
+            Some((_, flush)) => *flush,
+            None => {
+                let flush = per_flush(spec, sees_node_level, node);
+                shapes.push((shape, flush));
+                flush
+            }
+        };
         (
             series.saturating_add(flush.series.saturating_mul(count)),
             bytes.saturating_add(flush.bytes.saturating_mul(flushes).saturating_mul(count)),
@@ -284,21 +290,24 @@ pub fn per_flush(spec: &NeuronMonitorConfigSpec, sees_node_level: bool, node: &N
     let index = |key: &str, i: u64| key_value(key.len() as u64, digits(i));
     let mut flush = Flush::default();
     for f in collected(spec, sees_node_level) {
-        // The label bytes of each entity the family has a series for.
+        // The label bytes of the family's series on this node, with how many have them
+        // (indices of as many digits take as many bytes).
         let n = entities(f, node);
-        let entities: Vec<u64> = match f.per {
-            Per::Core => (0..n).map(|c| application + index("neuroncore", c)).collect(),
-            Per::PhysicalCore => (0..n)
-                .map(|p| application + index("neuroncore", p / physical) + index("physical_neuroncore", p))
-                .collect(),
-            Per::Application => vec![application; n as usize],
-            Per::Device => (0..n).map(|d| instance + index("neuron_device_index", d)).collect(),
-            Per::Node => vec![instance],
-        };
+        let mut entities: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut add = |bytes: u64, count: u64| *entities.entry(bytes).or_default() += count;
+        match f.per {
+            Per::Core => (0..n).for_each(|c| add(application + index("neuroncore", c), 1)),
+            Per::PhysicalCore => (0..n).for_each(|p| {
+                add(application + index("neuroncore", p / physical) + index("physical_neuroncore", p), 1)
+            }),
+            Per::Application => add(application, n),
+            Per::Device => (0..n).for_each(|d| add(instance + index("neuron_device_index", d), 1)),
+            Per::Node => add(instance, 1),
+        }
         for own in combinations(f.labels) {
-            for labels in &entities {
-                flush.series += 1;
-                flush.bytes += point_bytes(f.name, f.counter, labels + own);
+            for (&labels, &count) in &entities {
+                flush.series += count;
+                flush.bytes += count * point_bytes(f.name, f.counter, labels + own);
             }
         }
     }
@@ -527,10 +536,11 @@ mod tests {
         println!("{per_point} bytes a point, {resource} of resource attributes");
         assert!((650..=800).contains(&per_point), "{per_point}");
         assert!((250..=320).contains(&resource), "{resource}");
-        let minute = estimate(&otlp_config(&[]), false, &[&trn1, &trn1], None, &prices);
+        let minute =
+            estimate(&otlp_config(&[]), false, &crate::cloudwatch::cost::kinds(&[&trn1, &trn1]), None, &prices);
         assert_eq!(minute.bytes, 2 * flush.bytes * 43_200);
         assert!((minute.monthly_usd - minute.bytes as f64 / (1u64 << 30) as f64 * 0.5).abs() < 1e-9);
-        let ten_seconds = estimate(&otlp_config(&[]), false, &[&trn1], Some("10s"), &prices);
+        let ten_seconds = estimate(&otlp_config(&[]), false, &vec![(&trn1, 1)], Some("10s"), &prices);
         assert_eq!(ten_seconds.bytes, flush.bytes * 259_200);
         // An extra label of 10 + 10 bytes adds 24 bytes to every application's point.
         let labelled = per_flush(&otlp_config(&[("team_label", "inference")]), false, &trn1);
