@@ -5,8 +5,10 @@
 //! [`ValidConfig`], so that rendering thousands of nodes only merges ready-made parts.
 //! A refusal names the exact field ([`Invalid`]), for the `Accepted` condition. A config
 //! whose route would add more than [`MAX_CONFIG_RENDERED_BYTES`] to every node's ConfigMap
-//! is refused here as [`Refusal::TooLarge`]; the limits that depend on the other configs
-//! of a node are applied by rendering.
+//! is refused here as [`Refusal::TooLarge`], one whose sink would create more than
+//! `MAX_SERIES_PER_CONFIG_PER_NODE` series as [`Refusal::TooManySeries`]; the limits that
+//! depend on the other configs of a node are applied by rendering, the cluster's tenancy
+//! policy by the operator (`crate::tenancy`).
 //!
 //! Defaults:
 //! - `period`: 5 s; a runtime entry inherits the config's period, a group its entry's

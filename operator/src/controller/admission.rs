@@ -40,8 +40,8 @@ pub(super) struct Admission {
 /// One version of a config that passed validation and the policy.
 #[derive(Clone)]
 pub(super) struct Accepted {
-    pub(super) valid: ValidConfig,
-    pub(super) object: Arc<NeuronMonitorConfig>,
+    valid: ValidConfig,
+    object: Arc<NeuronMonitorConfig>,
     costs: Option<Costs>,
 }
 
