@@ -12,6 +12,7 @@
 //! - [`region`]: AWS regions and their partitions.
 //! - [`cloudwatch`]: the CloudWatch metric catalogue, the sink rules, the cost estimate of
 //!   each mode (classic, Container Insights, OTLP).
+//! - [`otlp`]: the OTLP sink's rules (destination, flush interval, headers from a Secret).
 //! - [`tenancy`]: the cluster operator's policy of what each namespace's configs may
 //!   target (CloudWatch namespaces, regions, OTLP endpoints) and cost.
 //! - [`validate`]: a NeuronMonitorConfig checked (selector, tag filters, sinks, size) into
@@ -20,7 +21,7 @@
 //!   the agent its own node when it runs without Kubernetes: one set of rules.
 //! - [`hash`]: the content hash.
 //!
-//! The resource and what is derived from it (`crd`, `node_config`, `cloudwatch`,
+//! The resource and what is derived from it (`crd`, `node_config`, `cloudwatch`, `otlp`,
 //! `validate`, `render`, `tenancy`) need
 //! kube and schemars: they come with the `crd` feature, so that the simulator, which reads
 //! only the monitor configuration and writes reports, builds without them.
@@ -36,6 +37,8 @@ pub mod limits;
 pub mod monitor_config;
 #[cfg(feature = "crd")]
 pub mod node_config;
+#[cfg(feature = "crd")]
+pub mod otlp;
 pub mod region;
 #[cfg(feature = "crd")]
 pub mod render;

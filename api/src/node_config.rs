@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::hash::content_hash;
 use crate::{
-    crd::CloudWatchSinkSpec,
+    crd::{CloudWatchSinkSpec, OtlpSinkSpec},
     duration::Period,
     monitor_config::{MonitorConfig, RuntimeGroup, SystemGroup},
 };
@@ -159,6 +159,11 @@ pub struct Route {
     pub prometheus: Option<PrometheusRoute>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloudwatch: Option<CloudWatchSinkSpec>,
+    /// The OTLP sink, as the config gives it (the agent checks it with
+    /// [`OtlpSettings::check`](crate::otlp::OtlpSettings::check)); absent from the JSON
+    /// when `None`, so routes without it keep their content hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otlp: Option<OtlpSinkSpec>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,4 +1,6 @@
-//! `/metrics`, `/healthz` and `/readyz` on one port.
+//! `/metrics`, `/healthz` and `/readyz`: the routes the `service` crate serves (on one
+//! port, or the probes on a port of their own; `/metrics` over HTTPS with token checks
+//! when the flags say so).
 
 use std::sync::Arc;
 
@@ -9,8 +11,7 @@ use axum::{
     routing::get,
     Router,
 };
-use service::http::{ConnectionMetrics, Limits};
-use tokio_util::sync::CancellationToken;
+use service::http::Routes;
 
 use crate::{
     pipeline::Pipeline,
@@ -22,25 +23,15 @@ pub struct HttpState {
     pub pipeline: Arc<Pipeline>,
 }
 
-pub fn router(state: Arc<HttpState>) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        // Needs no lock and no worker held by the report path or a scrape.
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready))
-        .with_state(state)
-}
-
-/// Serves until `shutdown` is cancelled, within `limits` (header timeout, connection
-/// cap; see the `service` crate), counting refusals and timeouts in `metrics`.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    state: Arc<HttpState>,
-    limits: Limits,
-    metrics: ConnectionMetrics,
-    shutdown: CancellationToken,
-) {
-    service::http::serve(listener, router(state), limits, metrics, shutdown).await
+pub fn routes(state: Arc<HttpState>) -> Routes {
+    Routes {
+        metrics: Router::new().route("/metrics", get(metrics)).with_state(state.clone()),
+        probes: Router::new()
+            // Needs no lock and no worker held by the report path or a scrape.
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/readyz", get(ready))
+            .with_state(state),
+    }
 }
 
 /// Renders on the blocking pool: rendering takes the state lock, which a report being

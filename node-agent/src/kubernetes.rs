@@ -26,7 +26,13 @@ pub const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(20);
 /// pooled connection went idle). The watches themselves are renewed every
 /// `watch_timeout` (see [`DEFAULT_WATCH_TIMEOUT`]).
 pub async fn client(watch_timeout: Duration) -> Result<kube::Client, kube::Error> {
-    let mut config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
+    let config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
+    client_from(config, watch_timeout)
+}
+
+/// [`client`] from a given configuration (the fleet benchmark's simulated agents share
+/// one).
+pub fn client_from(mut config: kube::Config, watch_timeout: Duration) -> Result<kube::Client, kube::Error> {
     config.read_timeout = Some(watch_timeout + Duration::from_secs(10));
     config.reset_reader_on_write = true;
     kube::Client::try_from(config)

@@ -15,7 +15,7 @@
 //! - [`routing`]: which config gets which applications, groups and sinks.
 //! - [`health`]: Neuron hardware health from the driver's sysfs tree and the kernel log,
 //!   read off the report path (a model per device, its series on `/metrics`).
-//! - [`sinks`]: Prometheus (`/metrics`) and CloudWatch (`PutMetricData`).
+//! - [`sinks`]: Prometheus (`/metrics`), CloudWatch (`PutMetricData`) and OTLP.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`; [`telemetry`]: the agent's own metrics;
 //!   [`ratelimit`]: logs that could repeat per report.
 
@@ -42,6 +42,21 @@ pub(crate) mod testdata {
         });
         let path = format!("{dir}/{name}");
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {path}: {e}"))
+    }
+
+    /// Attributes each runtime of `state` to a pod of its own, `serve-<i>` (container
+    /// `main`), in the namespace `namespace(i)`.
+    pub fn a_pod_per_runtime(state: &mut crate::state::NodeState, namespace: impl Fn(usize) -> &'static str) {
+        for (i, rt) in state.runtimes.iter_mut().enumerate() {
+            let pod = crate::state::PodRef {
+                namespace: namespace(i).into(),
+                pod: format!("serve-{i:02}"),
+                owner: format!("serve-{i:02}"),
+                container: "main".into(),
+                labels: vec![],
+            };
+            std::sync::Arc::make_mut(&mut rt.labels).pod = Some(std::sync::Arc::new(pod));
+        }
     }
 
     pub const IDLE_INF1: &str = "inf1.xlarge-idle-1runtime.json";

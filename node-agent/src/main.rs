@@ -27,12 +27,17 @@ use neuron_node_agent::{
     processes::{self, ProcReader, ProcessMetrics, SharedProcesses},
     sinks::{
         cloudwatch::{self, metrics::CloudWatchMetrics, publish::Backoff, select::AgentDimensions},
+        otlp::{self, encode::Identity, metrics::OtlpMetrics},
         prometheus::Exposition,
     },
     state::NodeState,
     telemetry::AgentMetrics,
 };
 use prometheus_client::registry::Registry;
+use service::{
+    auth::{AuthOptions, MetricsAuth},
+    tls::CertificateFiles,
+};
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -52,6 +57,8 @@ struct Args {
     attribution: AttributionArgs,
     #[command(flatten)]
     cloudwatch: CloudWatchArgs,
+    #[command(flatten)]
+    otlp: OtlpArgs,
     #[command(flatten)]
     http: HttpArgs,
     #[command(flatten)]
@@ -218,21 +225,91 @@ struct CloudWatchArgs {
     cloudwatch_shutdown_timeout: Duration,
 }
 
+/// The OTLP sinks of the node configuration's routes.
+#[derive(clap::Args, Debug)]
+#[command(next_help_heading = "OTLP")]
+struct OtlpArgs {
+    /// Data points each OTLP sink keeps waiting at most (as compressed requests, a few
+    /// bytes a point); beyond it the oldest requests are dropped (and counted). A
+    /// trn1.32xlarge with a pod per core sends about 1,350 per flush with every group.
+    #[arg(long, env = "NEURON_AGENT_OTLP_QUEUE_POINTS", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    otlp_queue_points: u32,
+
+    /// First delay before retrying a throttled or failed OTLP export; doubles per failure,
+    /// jittered. A receiver's Retry-After (seconds) is honoured up to --otlp-retry-max.
+    #[arg(long, env = "NEURON_AGENT_OTLP_RETRY_INITIAL", default_value = "200ms", value_parser = parse_duration)]
+    otlp_retry_initial: Duration,
+
+    /// Longest delay between OTLP export retries.
+    #[arg(long, env = "NEURON_AGENT_OTLP_RETRY_MAX", default_value = "20s", value_parser = parse_duration)]
+    otlp_retry_max: Duration,
+
+    /// Time limit of one OTLP export (sending the request and reading the answer).
+    #[arg(long, env = "NEURON_AGENT_OTLP_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    otlp_request_timeout: Duration,
+
+    /// Time the OTLP sinks get on SIGTERM for a last snapshot and their queue (keep it below
+    /// the pod's termination grace period).
+    #[arg(long, env = "NEURON_AGENT_OTLP_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    otlp_shutdown_timeout: Duration,
+
+    /// URL the sinks without `endpoint` send to instead of CloudWatch's OTLP endpoint of
+    /// their region (a FIPS or private endpoint); still signed for that region.
+    #[arg(long, env = "NEURON_AGENT_OTLP_CLOUDWATCH_ENDPOINT", value_parser = parse_endpoint)]
+    otlp_cloudwatch_endpoint: Option<api::otlp::Endpoint>,
+
+    /// The Secret of --config-namespace into which the operator mirrors the configs'
+    /// OTLP headers (`headersSecret`): the only Secret the agent reads.
+    #[arg(long, env = "NEURON_AGENT_OTLP_HEADERS_SECRET", default_value = "neuron-monitor-otlp-headers")]
+    otlp_headers_secret: String,
+}
+
+fn parse_endpoint(s: &str) -> Result<api::otlp::Endpoint, String> {
+    api::otlp::Endpoint::parse(s)
+}
+
 /// /metrics, /healthz and /readyz.
 #[derive(clap::Args, Debug)]
 #[command(next_help_heading = "HTTP")]
 struct HttpArgs {
-    /// Address of /metrics, /healthz and /readyz.
+    /// Address of /metrics, and of /healthz and /readyz unless --probe-listen is set.
     #[arg(long, env = "NEURON_AGENT_LISTEN", default_value = "0.0.0.0:9010")]
     listen: SocketAddr,
 
-    /// Time an HTTP client gets to send a complete request head, from connecting or from
-    /// its previous response: half-sent requests and idle keep-alive connections are
-    /// closed after it.
+    /// Address of /healthz and /readyz alone, in plain HTTP (for the kubelet, when
+    /// --listen serves HTTPS). Default: none, the probes are served on --listen.
+    #[arg(long, env = "NEURON_AGENT_PROBE_LISTEN")]
+    probe_listen: Option<SocketAddr>,
+
+    /// Serve --listen over HTTPS with this certificate (PEM, the chain after it), e.g.
+    /// `tls.crt` of a mounted Secret: re-read when it changes, no restart.
+    #[arg(long, env = "NEURON_AGENT_TLS_CERT_FILE", requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+
+    /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "NEURON_AGENT_TLS_KEY_FILE", requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
+
+    /// Check every /metrics request's bearer token with the API server (TokenReview) and
+    /// its user's permission to get the non-resource URL /metrics (SubjectAccessReview).
+    /// Needs HTTPS (--tls-cert-file) and the Kubernetes API (in-cluster or KUBECONFIG).
+    #[arg(long, env = "NEURON_AGENT_METRICS_AUTH", default_value_t = false, action = clap::ArgAction::Set,
+          requires_if("true", "tls_cert_file"))]
+    metrics_auth: bool,
+
+    /// Audiences a /metrics token must be meant for (comma-separated). Default: the API
+    /// server's own, as for any ServiceAccount token.
+    #[arg(long, env = "NEURON_AGENT_METRICS_AUTH_AUDIENCES", value_delimiter = ',')]
+    metrics_auth_audiences: Vec<String>,
+
+    /// Time an HTTP client gets to complete its TLS handshake and send a complete request
+    /// head, from connecting or from its previous response: half-sent requests and idle
+    /// keep-alive connections are closed after it.
     #[arg(long, env = "NEURON_AGENT_HTTP_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     http_header_timeout: Duration,
 
-    /// HTTP connections served at once; more are refused (503) and counted.
+    /// HTTP connections served at once (per port); more are refused (503) and counted.
     #[arg(
         long,
         env = "NEURON_AGENT_HTTP_MAX_CONNECTIONS",
@@ -447,9 +524,52 @@ impl CloudWatchArgs {
     }
 }
 
+impl OtlpArgs {
+    fn options(&self, identity: Identity, agent_started: std::time::SystemTime) -> otlp::Options {
+        otlp::Options {
+            identity,
+            queue_points: self.otlp_queue_points as usize,
+            backoff: Backoff { initial: self.otlp_retry_initial, max: self.otlp_retry_max },
+            request_timeout: self.otlp_request_timeout,
+            shutdown_timeout: self.otlp_shutdown_timeout,
+            cloudwatch_endpoint: self.otlp_cloudwatch_endpoint.clone(),
+            agent_started,
+        }
+    }
+}
+
 impl HttpArgs {
-    fn limits(&self) -> service::http::Limits {
-        service::http::Limits { header_timeout: self.http_header_timeout, max_connections: self.http_max_connections }
+    fn settings(&self) -> service::http::Settings {
+        service::http::Settings {
+            listen: self.listen,
+            probe_listen: self.probe_listen,
+            tls: CertificateFiles::from_flags(self.tls_cert_file.as_ref(), self.tls_key_file.as_ref()),
+            limits: service::http::Limits {
+                header_timeout: self.http_header_timeout,
+                max_connections: self.http_max_connections,
+            },
+        }
+    }
+
+    /// The token checks of /metrics, with the agent's API client or, without one (no
+    /// --node-name), a client of their own.
+    async fn auth(
+        &self,
+        client: Option<&kube::Client>,
+        watch_timeout: Duration,
+        metrics: &AgentMetrics,
+    ) -> anyhow::Result<Option<MetricsAuth>> {
+        if !self.metrics_auth {
+            return Ok(None);
+        }
+        let client = match client {
+            Some(client) => client.clone(),
+            None => kubernetes::client(watch_timeout)
+                .await
+                .context("--metrics-auth reviews tokens with the Kubernetes API (in-cluster or KUBECONFIG)")?,
+        };
+        let options = AuthOptions { audiences: self.metrics_auth_audiences.clone() };
+        Ok(Some(MetricsAuth::new(client, options, metrics.http.auth.clone())))
     }
 }
 
@@ -490,10 +610,12 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    let started = std::time::SystemTime::now();
     let source = args.source.source();
     let mut registry = Registry::default();
     let metrics = AgentMetrics::register(&mut registry);
     let cloudwatch_metrics = CloudWatchMetrics::register(&mut registry);
+    let otlp_metrics = OtlpMetrics::register(&mut registry);
 
     // The node configuration: the built-in one until a file's or the ConfigMap's is in force.
     let state_dir = args.monitor.state_dir();
@@ -550,6 +672,32 @@ async fn run(args: Args) -> anyhow::Result<()> {
         health: health.clone(),
     };
     let devices = attribution.as_ref().map(attribution::Sources::devices);
+    // The configs' OTLP headers, as the operator mirrors them (Kubernetes only).
+    let otlp_headers = client.as_ref().map(|client| {
+        let errors = otlp_metrics.headers_watch_errors.clone();
+        let (namespace, secret) = (&args.source.config_namespace, &args.otlp.otlp_headers_secret);
+        otlp::headers::follow(
+            client.clone(),
+            namespace,
+            secret,
+            args.source.api_watch_timeout,
+            errors,
+            shutdown.clone(),
+        )
+    });
+    let platform = if args.source.node_name.is_some() {
+        "aws_eks"
+    } else if args.attribution.ecs_agent_uri.is_some() {
+        "aws_ecs"
+    } else {
+        "aws_ec2"
+    };
+    let identity = Identity {
+        node_name: args.source.node_name.clone(),
+        cluster_name: args.cloudwatch.cluster_name.clone(),
+        platform,
+    };
+    let health_families = HealthCollector { health: health.clone(), state: state.clone(), devices: devices.clone() };
     let log_sink = LogSink {
         destination: log_destination,
         records: log_records,
@@ -571,19 +719,35 @@ async fn run(args: Args) -> anyhow::Result<()> {
         processes.clone(),
         shutdown.clone(),
     ));
+    let otlp_sinks = otlp::Sinks {
+        sources: otlp::Sources {
+            state: state.clone(),
+            processes: processes.clone(),
+            health: Some(Arc::new(health_families)),
+        },
+        routing: activator.routing(),
+        reports: pipeline.subscribe(),
+        headers: otlp_headers,
+        options: args.otlp.options(identity, started),
+        metrics: otlp_metrics,
+    };
     let taint_metrics = TaintMetrics::register(&mut registry);
     let http_state = Arc::new(HttpState {
         exposition: Exposition::new(registry, state, processes, activator.routing()),
         pipeline: pipeline.clone(),
     });
 
-    let listener = tokio::net::TcpListener::bind(args.http.listen)
-        .await
-        .with_context(|| format!("listening on {}", args.http.listen))?;
-    info!(listen = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
-    let server =
-        tokio::spawn(http::serve(listener, http_state, args.http.limits(), metrics.http.clone(), shutdown.clone()));
+    let auth = args.http.auth(client.as_ref(), args.source.api_watch_timeout, &metrics).await?;
+    let server = service::http::start(
+        args.http.settings(),
+        http::routes(http_state),
+        auth,
+        metrics.http.clone(),
+        shutdown.clone(),
+    )
+    .await?;
     let cloudwatch_sinks = tokio::spawn(cloudwatch_sinks.run(shutdown.clone()));
+    let otlp_sinks = tokio::spawn(otlp_sinks.run(shutdown.clone()));
     let log_sink = tokio::spawn(log_sink.run(shutdown.clone()));
     if let ConfigSource::Config(path) = source {
         let follower =
@@ -621,18 +785,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
     drop(activator);
     // The sinks (flushing since the cancel, side by side) bound their own final flush;
     // this only guards against a stuck task.
-    let limit = args.cloudwatch.cloudwatch_shutdown_timeout + Duration::from_secs(2);
-    let flushed = futures::future::join(cloudwatch_sinks, log_sink);
+    let limit =
+        args.cloudwatch.cloudwatch_shutdown_timeout.max(args.otlp.otlp_shutdown_timeout) + Duration::from_secs(2);
+    let flushed = futures::future::join3(cloudwatch_sinks, log_sink, otlp_sinks);
     match tokio::time::timeout(limit, flushed).await {
-        Ok((cloudwatch, logs)) => {
+        Ok((cloudwatch, logs, otlp)) => {
             if let Err(e) = cloudwatch {
                 error!(error = %e, "CloudWatch sinks task failed");
             }
             if let Err(e) = logs {
                 error!(error = %e, "CloudWatch Logs stream task failed");
             }
+            if let Err(e) = otlp {
+                error!(error = %e, "OTLP sinks task failed");
+            }
         }
-        Err(_) => warn!("the CloudWatch sinks did not stop in time"),
+        Err(_) => warn!("the CloudWatch and OTLP sinks did not stop in time"),
     }
     if let Err(e) = server.await {
         error!(error = %e, "HTTP server task failed");

@@ -1,5 +1,5 @@
 //! The routing table of the node's configuration, compiled: which
-//! NeuronMonitorConfig receives which applications and groups, and how. Both sinks ask
+//! NeuronMonitorConfig receives which applications and groups, and how. Every sink asks
 //! one question of it, [`Selection::groups`]: which groups a configuration takes of an
 //! application in this namespace with this tag.
 
@@ -188,6 +188,11 @@ impl Routing {
         self.routes.iter().filter(|c| c.route.cloudwatch.is_some()).map(|c| (&c.route, &c.selection))
     }
 
+    /// Routes with an OTLP sink, each with its selection.
+    pub fn otlp_routes(&self) -> impl Iterator<Item = (&Route, &Selection)> {
+        self.routes.iter().filter(|c| c.route.otlp.is_some()).map(|c| (&c.route, &c.selection))
+    }
+
     /// Whether Prometheus exports a system group.
     pub fn prometheus_system(&self, group: SystemGroup) -> bool {
         self.is_builtin()
@@ -210,6 +215,7 @@ mod tests {
                 extra_labels: BTreeMap::from([("team".to_owned(), config.to_owned())]),
             }),
             cloudwatch: None,
+            otlp: None,
         }
     }
 

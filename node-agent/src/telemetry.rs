@@ -58,6 +58,7 @@ pub struct AgentMetrics {
     pub monitor_kills: Counter,
     pub state_files_refused: Counter,
     pub config_watch_errors: Counter,
+    pub config_ack_failures: Counter,
     pub monitor_backoff_seconds: Gauge<f64, AtomicU64>,
     pub reports: Counter,
     pub lines_rejected: Family<ReasonLabel, Counter>,
@@ -83,6 +84,7 @@ impl AgentMetrics {
             monitor_kills: Counter::default(),
             state_files_refused: Counter::default(),
             config_watch_errors: Counter::default(),
+            config_ack_failures: Counter::default(),
             monitor_backoff_seconds: Gauge::default(),
             reports: Counter::default(),
             lines_rejected: Family::default(),
@@ -125,6 +127,11 @@ impl AgentMetrics {
             "config_watch_errors",
             "Failed requests of the node ConfigMap watch (retried with backoff; the configuration in force stays)",
             metrics.config_watch_errors.clone(),
+        );
+        r.register(
+            "config_ack_failures",
+            "Failed acknowledgements of the node configuration (each retried with backoff until it lands)",
+            metrics.config_ack_failures.clone(),
         );
         r.register(
             "monitor_backoff_seconds",

@@ -54,6 +54,7 @@ fn route(config: &str, namespace: Option<&str>, filter: Option<&str>, cloudwatch
         system_groups: if namespace.is_none() { SystemGroup::ALL.to_vec() } else { vec![] },
         prometheus: Some(Default::default()),
         cloudwatch: Some(cloudwatch),
+        otlp: None,
     }
 }
 
@@ -559,26 +560,9 @@ fn a_namespaced_route_sees_only_applications_of_its_namespace() {
 /// its pods' metrics, and the node-level metrics go only to the operator's route.
 #[test]
 fn each_namespace_gets_exactly_its_pods_metrics() {
-    use neuron_node_agent::attribution::podresources::{NEURONCORE, NEURONDEVICE};
-    use support::kubelet::{container_id, containerd_cgroup, holding, FakeProc, PodResourcesServer};
-
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let cp = neuron_e2e::ControlPlane::shared();
-    let node = format!("neuron-node-{:08x}", neuron_e2e::random_u32());
-    let (a, b) = rt.block_on(async { (cp.namespace("cw-a").await, cp.namespace("cw-b").await) });
-    let client = rt.block_on(cp.client());
-    let (cid_a, cid_b) = (container_id(0xa2), container_id(0xb2));
-    let uid_a = rt.block_on(running_pod(&client, &a, "train", &node, "main", &cid_a));
-    let uid_b = rt.block_on(running_pod(&client, &b, "serve", &node, "srv", &cid_b));
-    let proc = FakeProc::new();
-    proc.process(4101, &containerd_cgroup(&uid_a, &cid_a));
-    proc.process(4102, &containerd_cgroup(&uid_b, &cid_b));
-    let dir = support::TempDir::new("kubelet");
-    let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
-    kubelet.set(vec![
-        holding(&a, "train", "main", NEURONDEVICE, &[0, 1]),
-        holding(&b, "serve", "srv", NEURONCORE, &[4, 5]),
-    ]);
+    let teams = support::kubelet::TwoTeams::start(&rt, "cw", 4100);
+    let (a, b) = (teams.a.clone(), teams.b.clone());
 
     let cw = CloudWatch::start();
     let team_dims = [Dimension::Namespace, Dimension::PodName, Dimension::ContainerName, Dimension::NeuronCore];
@@ -587,23 +571,10 @@ fn each_namespace_gets_exactly_its_pods_metrics() {
         route("b/cw", Some(&b), None, sink(&cw, "TeamB/Neuron", &team_dims, "1s")),
         route("ops/all", None, None, sink(&cw, "Ops/Neuron", &[Dimension::RuntimeTag, Dimension::NeuronDevice], "1s")),
     ]);
-    let sim = [
-        "--instance-type=trn1.32xlarge",
-        "--app=tag=train,cores=0-2,util=80,rps=20,pid=4101",
-        "--app=tag=serve,cores=4,util=50,rps=40,pid=4102",
-        "--ecc-every=1",
-    ];
-    let args = [
-        "--node-name",
-        node.as_str(),
-        "--proc-root",
-        proc.root().to_str().expect("utf-8 path"),
-        "--pod-resources-socket",
-        kubelet.socket.to_str().expect("utf-8 path"),
-        "--pod-resources-interval",
-        "300ms",
-    ];
-    let kubeconfig = cp.kubeconfig.as_os_str();
+    let (sim, args) = (teams.sim_args(), teams.agent_args());
+    let sim: Vec<&str> = sim.iter().map(String::as_str).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let kubeconfig = neuron_e2e::ControlPlane::shared().kubeconfig.as_os_str();
     let agent =
         support::cloudwatch::start_agent_with_env(&sim, &config, cw.addr(), &args, &[("KUBECONFIG", kubeconfig)]);
     agent.wait_for("both teams' sinks sending", Duration::from_secs(60), |m| {

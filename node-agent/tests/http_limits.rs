@@ -126,3 +126,25 @@ fn five_thousand_connections_leave_memory_bounded() {
     let growth_mib = during.max(after).saturating_sub(before) / 1024;
     assert!(growth_mib < 40, "RSS grew by {growth_mib} MiB");
 }
+
+/// The attack finding "the agent also speaks cleartext HTTP/2": an h2c prior-knowledge
+/// request (the HTTP/2 connection preface and a SETTINGS frame) gets no HTTP/2 answer (a
+/// server speaking it sends its own SETTINGS frame first): the HTTP/1.1 server closes
+/// the connection without a word.
+#[test]
+fn an_h2c_prior_knowledge_request_is_not_served_as_http2() {
+    use std::io::Read;
+    let agent = start(&[]);
+    let mut stream = TcpStream::connect(agent.addr).expect("connect");
+    stream.set_read_timeout(Some(MARGIN)).expect("read timeout");
+    stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").expect("the preface");
+    // An empty SETTINGS frame: length 0, type 4, no flags, stream 0.
+    stream.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).expect("a SETTINGS frame");
+    let mut answer = Vec::new();
+    // The server answers and closes; a timeout would leave what arrived.
+    let _ = stream.read_to_end(&mut answer);
+    let http2_settings = answer.len() >= 9 && answer[3] == 4 && answer[5..9] == [0, 0, 0, 0];
+    assert!(!http2_settings, "answered as HTTP/2: {answer:?}");
+    assert!(answer.is_empty() || answer.starts_with(b"HTTP/1.1 "), "not HTTP/1.1: {answer:?}");
+    assert_eq!(agent.get("/healthz").map(|r| r.0), Some(200), "and serves HTTP/1.1 on");
+}

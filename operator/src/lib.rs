@@ -8,7 +8,8 @@
 //! - `api::render`: every node's configs merged into its node configuration, within each
 //!   node's budget (in `api`, as the agent renders its own node with it without Kubernetes).
 //! - [`controller`]: the watches, the level-triggered pass that writes the ConfigMaps, and
-//!   the status and Events users read.
+//!   the status and Events users read; [`headers`]: the configs' OTLP headers mirrored
+//!   for the agents.
 //! - [`leader`]: one writer among replicas (a Lease); [`telemetry`]: the operator's own
 //!   metrics; [`crdgen`]: the CRD YAML.
 //!
@@ -16,6 +17,7 @@
 
 pub mod controller;
 pub mod crdgen;
+pub mod headers;
 pub mod leader;
 pub mod nodes;
 pub mod telemetry;

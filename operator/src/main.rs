@@ -1,7 +1,7 @@
 //! `neuron-operator`: renders NeuronMonitorConfigs into per-node neuron-monitor
 //! configurations. `neuron-operator crd` prints the CRD.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use axum::{extract::State, http::StatusCode, response::IntoResponse, routing::get, Router};
@@ -11,13 +11,18 @@ use kube::{
     Client,
 };
 use neuron_operator::{
-    controller::{Controller, TenancyOptions},
+    controller::{Controller, Options},
     crdgen,
     leader::LeaderElection,
     nodes::NeuronNodePolicy,
     telemetry::OperatorMetrics,
 };
 use prometheus_client::registry::Registry;
+use service::{
+    auth::{AuthOptions, MetricsAuth},
+    http::{Limits, Routes, Settings},
+    tls::CertificateFiles,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -45,17 +50,43 @@ struct RunArgs {
     #[arg(long, env = "OPERATOR_NAMESPACE", default_value = "neuron-monitor")]
     namespace: String,
 
-    /// Address of /metrics, /healthz and /readyz.
+    /// Address of /metrics, and of /healthz and /readyz unless --probe-listen is set.
     #[arg(long, env = "NEURON_OPERATOR_LISTEN", default_value = "0.0.0.0:8080")]
     listen: SocketAddr,
 
-    /// Time an HTTP client gets to send a complete request head, from connecting or from
-    /// its previous response: half-sent requests and idle keep-alive connections are
-    /// closed after it.
+    /// Address of /healthz and /readyz alone, in plain HTTP (for the kubelet, when
+    /// --listen serves HTTPS). Default: none, the probes are served on --listen.
+    #[arg(long, env = "NEURON_OPERATOR_PROBE_LISTEN")]
+    probe_listen: Option<SocketAddr>,
+
+    /// Serve --listen over HTTPS with this certificate (PEM, the chain after it), e.g.
+    /// `tls.crt` of a mounted Secret: re-read when it changes, no restart.
+    #[arg(long, env = "NEURON_OPERATOR_TLS_CERT_FILE", requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+
+    /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "NEURON_OPERATOR_TLS_KEY_FILE", requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
+
+    /// Check every /metrics request's bearer token with the API server (TokenReview) and
+    /// its user's permission to get the non-resource URL /metrics (SubjectAccessReview).
+    /// Needs HTTPS (--tls-cert-file).
+    #[arg(long, env = "NEURON_OPERATOR_METRICS_AUTH", default_value_t = false, action = clap::ArgAction::Set,
+          requires_if("true", "tls_cert_file"))]
+    metrics_auth: bool,
+
+    /// Audiences a /metrics token must be meant for (comma-separated). Default: the API
+    /// server's own, as for any ServiceAccount token.
+    #[arg(long, env = "NEURON_OPERATOR_METRICS_AUTH_AUDIENCES", value_delimiter = ',')]
+    metrics_auth_audiences: Vec<String>,
+
+    /// Time an HTTP client gets to complete its TLS handshake and send a complete request
+    /// head, from connecting or from its previous response: half-sent requests and idle
+    /// keep-alive connections are closed after it.
     #[arg(long, env = "NEURON_OPERATOR_HTTP_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     http_header_timeout: Duration,
 
-    /// HTTP connections served at once; more are refused (503) and counted.
+    /// HTTP connections served at once (per port); more are refused (503) and counted.
     #[arg(
         long,
         env = "NEURON_OPERATOR_HTTP_MAX_CONNECTIONS",
@@ -63,6 +94,16 @@ struct RunArgs {
         value_parser = clap::value_parser!(u32).range(1..=65_536)
     )]
     http_max_connections: u32,
+
+    /// ConfigMap writes in flight at once in a pass (each a server-side apply of one
+    /// node's ConfigMap): a config change reaches N nodes in about N / this round trips.
+    #[arg(
+        long,
+        env = "NEURON_OPERATOR_WRITES_IN_FLIGHT",
+        default_value_t = 16,
+        value_parser = clap::value_parser!(u32).range(1..=256)
+    )]
+    writes_in_flight: u32,
 
     /// Elect a leader through a Lease (off only for a single replica in development).
     #[arg(long, env = "NEURON_OPERATOR_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
@@ -107,6 +148,11 @@ struct RunArgs {
     /// cost estimate (the public rate of us-east-1 by default).
     #[arg(long, env = "NEURON_OPERATOR_OTLP_USD_PER_GB", default_value_t = api::cloudwatch::cost::otlp::DEFAULT_USD_PER_GB, value_parser = parse_price)]
     otlp_usd_per_gb: f64,
+
+    /// The Secret of --namespace into which the configs' OTLP headers (`headersSecret`)
+    /// are mirrored for the agents (the chart creates it).
+    #[arg(long, env = "NEURON_OPERATOR_OTLP_HEADERS_SECRET", default_value = "neuron-monitor-otlp-headers")]
+    otlp_headers_secret: String,
 
     /// Log format.
     #[arg(long, env = "NEURON_OPERATOR_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
@@ -182,11 +228,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         resources: args.neuron_resources.clone(),
         instance_type_prefixes: args.neuron_instance_types.clone(),
     };
-    let tenancy = TenancyOptions {
+    let options = Options {
+        headers_secret: args.otlp_headers_secret.clone(),
+        writes_in_flight: args.writes_in_flight as usize,
         policy_configmap: args.tenancy_policy.clone().filter(|name| !name.is_empty()),
         prices: api::cloudwatch::cost::Prices { otlp_usd_per_gb: args.otlp_usd_per_gb },
     };
-    let controller = Controller::start(client.clone(), &args.namespace, policy, metrics.clone(), recorder, tenancy);
+    let controller = Controller::start(client.clone(), &args.namespace, policy, metrics.clone(), recorder, options);
     let shutdown = CancellationToken::new();
 
     let (leading_tx, leading_rx) = watch::channel(!args.leader_election);
@@ -211,17 +259,25 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 
     let http_state = Arc::new(HttpState { registry, controller: controller.clone() });
-    let app = Router::new()
-        .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready_handler))
-        .with_state(http_state);
-    let listener =
-        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
-    info!(listen = %listener.local_addr()?, namespace = %args.namespace, %identity, "neuron-operator started");
-    let limits =
-        service::http::Limits { header_timeout: args.http_header_timeout, max_connections: args.http_max_connections };
-    let server = tokio::spawn(service::http::serve(listener, app, limits, metrics.http.clone(), shutdown.clone()));
+    let routes = Routes {
+        metrics: Router::new().route("/metrics", get(metrics_handler)).with_state(http_state.clone()),
+        probes: Router::new()
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/readyz", get(ready_handler))
+            .with_state(http_state),
+    };
+    let settings = Settings {
+        listen: args.listen,
+        probe_listen: args.probe_listen,
+        tls: CertificateFiles::from_flags(args.tls_cert_file.as_ref(), args.tls_key_file.as_ref()),
+        limits: Limits { header_timeout: args.http_header_timeout, max_connections: args.http_max_connections },
+    };
+    let auth = args.metrics_auth.then(|| {
+        let options = AuthOptions { audiences: args.metrics_auth_audiences.clone() };
+        MetricsAuth::new(client.clone(), options, metrics.http.auth.clone())
+    });
+    info!(namespace = %args.namespace, %identity, "neuron-operator started");
+    let server = service::http::start(settings, routes, auth, metrics.http.clone(), shutdown.clone()).await?;
     let reconciler = tokio::spawn(controller.run(leading_rx, shutdown.clone()));
 
     service::process::stop_signal().await?;

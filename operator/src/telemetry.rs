@@ -72,7 +72,7 @@ impl OperatorMetrics {
         );
         registry.register(
             "writes",
-            "Objects written, by kind (configmap, status, event) and action (apply, delete)",
+            "Objects written, by kind (configmap, status, event, config) and action (apply, delete, create, annotate)",
             m.writes.clone(),
         );
         registry.register(

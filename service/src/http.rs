@@ -1,5 +1,13 @@
-//! The HTTP server of both binaries: their axum routers served over HTTP/1.1 with the
-//! limits `axum::serve` lacks.
+//! The HTTP server of both binaries: their axum routers served over HTTP/1.1 (plain, or
+//! HTTPS with [`crate::tls`]) with the limits `axum::serve` lacks.
+//!
+//! - **Two ports, when asked.** The main port serves `/metrics` and the probes; with a
+//!   probe port ([`Settings::probe_listen`]) that one serves `/healthz` and `/readyz`
+//!   alone, in plain HTTP, for the kubelet, and `/metrics` stays behind HTTPS and the
+//!   token checks ([`crate::auth`]) of the main port.
+//! - **TLS handshakes** run on the connection's own task, within the header timeout, and
+//!   count against the connection cap like any connection; failures and timeouts are
+//!   counted by reason.
 //!
 //! - **Header timeout.** A connection must deliver a complete request head within
 //!   [`Limits::header_timeout`] of opening, and again of each response sent: hyper arms
@@ -14,6 +22,7 @@
 //! Each binary registers the [`ConnectionMetrics`] under its own prefix.
 
 use std::{
+    net::SocketAddr,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
@@ -21,6 +30,7 @@ use std::{
     time::Duration,
 };
 
+use anyhow::Context;
 use hyper::server::conn::http1;
 use hyper_util::{
     rt::{TokioIo, TokioTimer},
@@ -31,11 +41,15 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
-use tokio::{net::TcpListener, sync::Semaphore};
+use tokio::{net::TcpListener, sync::Semaphore, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::ratelimit::{Decision, RateLimit};
+use crate::{
+    auth::{self, AuthMetrics, MetricsAuth},
+    ratelimit::{Decision, RateLimit},
+    tls::{CertificateFiles, Tls},
+};
 
 /// Largest request head read (hyper's smallest read buffer is 8 KiB).
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
@@ -70,6 +84,20 @@ pub struct PhaseLabel {
     pub phase: &'static str,
 }
 
+/// TLS handshake failures: `timeout` (no complete handshake within the header timeout),
+/// `error` (a plain-HTTP request, no common version or ALPN protocol, a client that
+/// closed or refused the certificate); token checks refused before a review.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+/// Certificate reloads, token reviews and cache hits, by result.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: &'static str,
+}
+
 /// The server's metrics; cloning shares them.
 #[derive(Clone, Default)]
 pub struct ConnectionMetrics {
@@ -77,13 +105,18 @@ pub struct ConnectionMetrics {
     pub accepted: Counter,
     pub refused: Counter,
     pub timed_out: Family<PhaseLabel, Counter>,
+    pub tls_handshake_failures: Family<ReasonLabel, Counter>,
+    pub tls_reloads: Family<ResultLabel, Counter>,
+    pub auth: AuthMetrics,
 }
 
 impl ConnectionMetrics {
     /// Registers the metrics as `<prefix>_connections`, `<prefix>_connections_accepted`,
-    /// `_refused` and `_timed_out` (counters get `_total`).
+    /// `_refused` and `_timed_out`, `<prefix>_tls_handshake_failures`,
+    /// `<prefix>_tls_certificate_reloads` and the token checks' `<prefix>_auth_*`
+    /// (counters get `_total`).
     pub fn register(registry: &mut Registry, prefix: &str) -> Self {
-        let metrics = ConnectionMetrics::default();
+        let mut metrics = ConnectionMetrics::default();
         let registry = registry.sub_registry_with_prefix(prefix);
         registry.register("connections", "HTTP connections open", metrics.open.clone());
         registry.register("connections_accepted", "HTTP connections accepted", metrics.accepted.clone());
@@ -98,12 +131,91 @@ impl ConnectionMetrics {
              arrived; idle: no next request on a kept-alive connection)",
             metrics.timed_out.clone(),
         );
+        registry.register(
+            "tls_handshake_failures",
+            "TLS handshakes that failed, by reason (timeout: not complete within the header timeout; error: any other)",
+            metrics.tls_handshake_failures.clone(),
+        );
+        registry.register(
+            "tls_certificate_reloads",
+            "Changes of the TLS certificate files, by result (loaded; invalid: not a matching certificate and key, the \
+             last good pair kept)",
+            metrics.tls_reloads.clone(),
+        );
+        metrics.auth = AuthMetrics::register(registry);
         metrics
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` is cancelled, then gives the open
-/// connections up to [`SHUTDOWN_GRACE`] to finish their request.
+/// Where and how a binary serves, from its flags.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The main port: `/metrics` and the probes.
+    pub listen: SocketAddr,
+    /// The probe port (`/healthz`, `/readyz` only, plain HTTP), if any.
+    pub probe_listen: Option<SocketAddr>,
+    /// HTTPS on the main port with this certificate.
+    pub tls: Option<CertificateFiles>,
+    pub limits: Limits,
+}
+
+/// The routes of a binary: `metrics` (checked by `auth` when given) and `probes`.
+pub struct Routes {
+    pub metrics: axum::Router,
+    pub probes: axum::Router,
+}
+
+/// Binds the ports of `settings` and serves `routes` on them until `shutdown`; with TLS,
+/// keeps the certificate current. The handle ends when every server has stopped.
+pub async fn start(
+    settings: Settings,
+    routes: Routes,
+    auth: Option<MetricsAuth>,
+    metrics: ConnectionMetrics,
+    shutdown: CancellationToken,
+) -> anyhow::Result<JoinHandle<()>> {
+    let tls = match &settings.tls {
+        Some(files) => {
+            let tls = Tls::load(files.clone()).await.context("loading the TLS certificate of the metrics port")?;
+            tokio::spawn(tls.clone().keep_current(metrics.tls_reloads.clone(), shutdown.clone()));
+            Some(tls)
+        }
+        None => None,
+    };
+    let mut main = routes.metrics;
+    if let Some(auth) = auth {
+        main = main.route_layer(axum::middleware::from_fn_with_state(Arc::new(auth), auth::require));
+    }
+    let main = main.merge(routes.probes.clone());
+    let listener = bind(settings.listen).await?;
+    let probe_listener = match settings.probe_listen {
+        Some(addr) => Some(bind(addr).await?),
+        None => None,
+    };
+    info!(
+        listen = %listener.local_addr()?,
+        scheme = if tls.is_some() { "https" } else { "http" },
+        probes = %probe_listener.as_ref().and_then(|l| l.local_addr().ok()).map_or("the same port".to_owned(), |a| a.to_string()),
+        "serving /metrics, /healthz and /readyz"
+    );
+    let limits = settings.limits;
+    let main = tokio::spawn(serve_with(listener, main, limits, tls, metrics.clone(), shutdown.clone()));
+    let probes = probe_listener.map(|l| tokio::spawn(serve(l, routes.probes, limits, metrics, shutdown)));
+    Ok(tokio::spawn(async move {
+        for server in std::iter::once(main).chain(probes) {
+            if let Err(e) = server.await {
+                warn!(error = %e, "an HTTP server task failed");
+            }
+        }
+    }))
+}
+
+async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))
+}
+
+/// Serves `router` on `listener` in plain HTTP until `shutdown` is cancelled, then gives
+/// the open connections up to [`SHUTDOWN_GRACE`] to finish their request.
 pub async fn serve(
     listener: TcpListener,
     router: axum::Router,
@@ -111,10 +223,22 @@ pub async fn serve(
     metrics: ConnectionMetrics,
     shutdown: CancellationToken,
 ) {
+    serve_with(listener, router, limits, None, metrics, shutdown).await
+}
+
+/// As [`serve`], over TLS with `tls`.
+async fn serve_with(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: Limits,
+    tls: Option<Tls>,
+    metrics: ConnectionMetrics,
+    shutdown: CancellationToken,
+) {
     let permits = Arc::new(Semaphore::new(limits.max_connections as usize));
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_buf_size(MAX_HEAD_BYTES);
-    let timeouts = Arc::new(Mutex::new(log_limit()));
+    let logs = Arc::new(Logs { timeouts: Mutex::new(log_limit()), handshakes: Mutex::new(log_limit()) });
     let mut refusals = log_limit();
     let mut accept_errors = log_limit();
     loop {
@@ -133,7 +257,8 @@ pub async fn serve(
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             metrics.refused.inc();
-            // A fresh socket's send buffer is empty: this never blocks.
+            // A fresh socket's send buffer is empty: this never blocks (on a TLS port the
+            // client reads it as a failed handshake, which is a refusal too).
             let _ = stream.try_write(REFUSAL);
             drop(stream);
             if let Some(count) = logged(&mut refusals) {
@@ -155,18 +280,28 @@ pub async fn serve(
                 hyper::service::Service::call(&router, request)
             })
         };
-        let connection = http.serve_connection(TokioIo::new(stream), service);
-        let (metrics, shutdown, timeouts) = (metrics.clone(), shutdown.clone(), timeouts.clone());
+        let (http, acceptor) = (http.clone(), tls.as_ref().map(Tls::acceptor));
+        let (metrics, shutdown, logs) = (metrics.clone(), shutdown.clone(), logs.clone());
         tokio::spawn(async move {
-            tokio::pin!(connection);
-            let result = tokio::select! {
-                result = connection.as_mut() => result,
-                _ = shutdown.cancelled() => {
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
+            let result = match acceptor {
+                None => Some(drive(http.serve_connection(TokioIo::new(stream), service), &shutdown).await),
+                Some(acceptor) => {
+                    let handshake = tokio::time::timeout(limits.header_timeout, acceptor.accept(stream));
+                    let stream = tokio::select! {
+                        done = handshake => handshake_result(done, &metrics, &logs),
+                        _ = shutdown.cancelled() => None,
+                    };
+                    match stream {
+                        Some(stream) => {
+                            Some(drive(http.serve_connection(TokioIo::new(stream), service), &shutdown).await)
+                        }
+                        None => None,
+                    }
                 }
             };
-            record_end(result, served.load(Ordering::Relaxed), &metrics, &timeouts);
+            if let Some(result) = result {
+                record_end(result, served.load(Ordering::Relaxed), &metrics, &logs.timeouts);
+            }
             metrics.open.dec();
             drop(permit);
         });
@@ -176,6 +311,51 @@ pub async fn serve(
     if tokio::time::timeout(SHUTDOWN_GRACE, permits.acquire_many(limits.max_connections)).await.is_err() {
         warn!("HTTP connections still open after the shutdown grace period");
     }
+}
+
+/// The log limits shared by a server's connections.
+struct Logs {
+    timeouts: Mutex<RateLimit>,
+    handshakes: Mutex<RateLimit>,
+}
+
+/// Serves one connection until it ends, or finishes its request on shutdown.
+async fn drive<I, S, B>(connection: http1::Connection<I, S>, shutdown: &CancellationToken) -> Result<(), hyper::Error>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tokio::pin!(connection);
+    tokio::select! {
+        result = connection.as_mut() => result,
+        _ = shutdown.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    }
+}
+
+/// The TLS stream of a finished handshake; a failed one is counted (and logged, throttled).
+fn handshake_result<S>(
+    done: Result<std::io::Result<S>, tokio::time::error::Elapsed>,
+    metrics: &ConnectionMetrics,
+    logs: &Logs,
+) -> Option<S> {
+    let (reason, error) = match done {
+        Ok(Ok(stream)) => return Some(stream),
+        Ok(Err(e)) => ("error", e.to_string()),
+        Err(_) => ("timeout", "no complete handshake within the header timeout".to_owned()),
+    };
+    metrics.tls_handshake_failures.get_or_create(&ReasonLabel { reason }).inc();
+    if let Some(count) = logs.handshakes.lock().ok().and_then(|mut l| logged(&mut l)) {
+        info!(reason, error, count, "TLS handshakes failed");
+    } else {
+        debug!(reason, error, "TLS handshake failed");
+    }
+    None
 }
 
 /// Counts (and logs, throttled) how a connection ended; `served`: whether it delivered

@@ -9,6 +9,9 @@
 #                 node-agent/tests/support/cloudwatch.rs through tests/tools/localstack_launcher.py);
 #                 plus moto-ext==$MOTO_VERSION, the backend of its CloudWatch Logs
 #   prometheus, promtool   Debian's `prometheus` package (on PATH, /usr/bin)
+#   prometheus3   go install -tags remove_all_sd github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS3_VERSION,
+#                 renamed: Prometheus 3, whose OTLP receiver (--web.enable-otlp-receiver) the
+#                 OTLP tests push to; Debian's 2.x keeps serving the scrape tests
 #   systemd-analyze        Debian's `systemd` package (on PATH, /usr/bin), for the unit of
 #                          deploy/ec2 (tests/e2e/tests/deploy.rs); nothing is started
 # Idempotent: each step is skipped when its stamp (pinned version or source hash)
@@ -17,6 +20,9 @@
 set -euo pipefail
 
 HELM_VERSION=v3.22.0
+# Prometheus 3's Go module version (v0.3xx.y); remove_all_sd leaves out the service
+# discoveries, one of whose dependencies the module proxy refuses.
+PROMETHEUS3_VERSION=v0.316.0
 LOCALSTACK_VERSION=2026.3.0
 # Upper bounds on dependencies localstack-core leaves open, found necessary with this
 # version (with cbor2 6 it finds "no component plugins"), and service-identity, which
@@ -194,6 +200,22 @@ install_prometheus() {
     step prometheus "installed $(prometheus --version 2>&1 | awk 'NR == 1 { print $3; exit }') (Debian package) in $((SECONDS - t))s"
 }
 
+install_prometheus3() {
+    if stamped prometheus3 "$PROMETHEUS3_VERSION" "$bin/prometheus3"; then
+        step prometheus3 "cached ($PROMETHEUS3_VERSION)"
+        return
+    fi
+    local t=$SECONDS tmp=$tools/prometheus3.tmp
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    quiet prometheus3 env GOBIN="$tmp" go install -trimpath -tags remove_all_sd -ldflags "-s -w" \
+        "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS3_VERSION"
+    mv "$tmp/prometheus" "$bin/prometheus3"
+    rm -rf "$tmp"
+    echo "$PROMETHEUS3_VERSION" >"$stamps/prometheus3"
+    step prometheus3 "installed $PROMETHEUS3_VERSION in $((SECONDS - t))s"
+}
+
 # systemd-analyze only: the package is installed, never booted or started (no systemd
 # runs in these containers; `verify` and `security --offline` read files).
 install_systemd_analyze() {
@@ -212,5 +234,6 @@ install_helm
 install_localstack
 install_localstack_logs
 install_prometheus
+install_prometheus3
 install_systemd_analyze
 echo "tools ready in $tools/bin ($((SECONDS - started))s)"

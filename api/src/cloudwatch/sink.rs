@@ -41,7 +41,7 @@ pub struct SinkError {
 }
 
 impl SinkError {
-    fn new(field: &'static str, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(field: &'static str, reason: impl Into<String>) -> Self {
         SinkError { field, reason: reason.into() }
     }
 }
@@ -62,18 +62,7 @@ impl SinkSettings {
         if storage_resolution != 1 && storage_resolution != 60 {
             return Err(SinkError::new("storageResolution", "storage resolution is 1 or 60 seconds"));
         }
-        let flush_interval = match &spec.flush_interval {
-            None => DEFAULT_FLUSH_INTERVAL,
-            Some(text) => {
-                let period: Period =
-                    text.parse().map_err(|e| SinkError::new("flushInterval", format!("{text:?}: {e}")))?;
-                let d = period.as_duration();
-                if d < FLUSH_RANGE.0 || d > FLUSH_RANGE.1 {
-                    return Err(SinkError::new("flushInterval", format!("{text:?} must be from 1s to 1h")));
-                }
-                d
-            }
-        };
+        let flush_interval = parse_flush_interval(spec.flush_interval.as_deref())?;
         let naming = spec.naming.unwrap_or_default();
         if naming == CloudWatchNaming::ContainerInsights {
             // Its names and sets are fixed: a list of ours would be silently meaningless.
@@ -108,6 +97,17 @@ impl SinkSettings {
             flush_interval,
         })
     }
+}
+
+/// A sink's `flushInterval` (CloudWatch's and OTLP's): from 1 s to 1 h; absent, 60 s.
+pub(crate) fn parse_flush_interval(text: Option<&str>) -> Result<Duration, SinkError> {
+    let Some(text) = text else { return Ok(DEFAULT_FLUSH_INTERVAL) };
+    let period: Period = text.parse().map_err(|e| SinkError::new("flushInterval", format!("{text:?}: {e}")))?;
+    let d = period.as_duration();
+    if d < FLUSH_RANGE.0 || d > FLUSH_RANGE.1 {
+        return Err(SinkError::new("flushInterval", format!("{text:?} must be from 1s to 1h")));
+    }
+    Ok(d)
 }
 
 /// CloudWatch's namespace rule: 1-255 characters of `A-Za-z0-9._/#:-` and space, not

@@ -20,7 +20,8 @@
 //!   picture, like neuron-monitor without `-c`); elsewhere, none. Only configs in the
 //!   operator's namespace may set it.
 //! - `sinks.prometheus` absent or without `enabled`: Prometheus on, no extra labels.
-//!   `sinks.cloudwatch` is copied as given; the agent fills in its defaults.
+//!   `sinks.cloudwatch` and `sinks.otlp` are copied as given; the agent fills in their
+//!   defaults.
 //! - `nodeSelector` absent: every Neuron node.
 //! - `health` (operator namespace only): absent, the agent's flags, no taint, no
 //!   CloudWatch Logs; `taint.errors` absent, the fatal errors; `logs.group` absent,
@@ -254,6 +255,9 @@ pub fn validate(config: &NeuronMonitorConfig, operator_namespace: &str) -> Resul
     if let Some(cloudwatch) = &sinks.cloudwatch {
         check_cloudwatch(cloudwatch)?;
     }
+    if let Some(otlp) = &sinks.otlp {
+        check_otlp(otlp)?;
+    }
     check_series(spec, cluster_wide)?;
 
     let route = Route {
@@ -263,6 +267,7 @@ pub fn validate(config: &NeuronMonitorConfig, operator_namespace: &str) -> Resul
         system_groups: system_groups.keys().copied().collect(),
         prometheus,
         cloudwatch: sinks.cloudwatch,
+        otlp: sinks.otlp,
     };
     let rendered_bytes = check_rendered_size(&route)?;
     let created = config.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -350,6 +355,7 @@ fn check_rendered_size(route: &Route) -> Result<usize, Invalid> {
         ("spec.runtimes", json_len(&route.runtimes)),
         ("spec.sinks.prometheus.extraLabels", json_len(&route.prometheus)),
         ("spec.sinks.cloudwatch", json_len(&route.cloudwatch)),
+        ("spec.sinks.otlp", json_len(&route.otlp)),
     ];
     let (field, part) = parts.iter().max_by_key(|(_, n)| *n).copied().unwrap_or(("spec", bytes));
     Err(Invalid::of(
@@ -431,7 +437,7 @@ mod tag_filter;
 
 use self::{
     health::node_health,
-    sinks::{check_cloudwatch, check_series, prometheus_route},
+    sinks::{check_cloudwatch, check_otlp, check_series, prometheus_route},
     tag_filter::check_tag_filter,
 };
 pub use self::{

@@ -1,4 +1,4 @@
-//! `spec.sinks`: the Prometheus route (extra labels) and the CloudWatch sink's rules.
+//! `spec.sinks`: the Prometheus route (extra labels), the CloudWatch and OTLP sinks' rules.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -7,9 +7,10 @@ use crate::cloudwatch::{
     cost::{self, otlp},
     sink::SinkSettings,
 };
-use crate::crd::{CloudWatchSinkSpec, NeuronMonitorConfigSpec, PrometheusSinkSpec};
+use crate::crd::{CloudWatchSinkSpec, NeuronMonitorConfigSpec, OtlpSinkSpec, PrometheusSinkSpec};
 use crate::limits::MAX_SERIES_PER_CONFIG_PER_NODE;
 use crate::node_config::PrometheusRoute;
+use crate::otlp::OtlpSettings;
 
 use super::{Invalid, Refusal};
 
@@ -130,6 +131,13 @@ pub(super) fn check_series(spec: &NeuronMonitorConfigSpec, cluster_wide: bool) -
             ));
         }
     }
+    Ok(())
+}
+
+/// The rules the agent applies too (endpoint, region, headers only with an endpoint,
+/// flush interval).
+pub(super) fn check_otlp(spec: &OtlpSinkSpec) -> Result<(), Invalid> {
+    OtlpSettings::check(spec).map_err(|e| Invalid::new(format!("spec.sinks.otlp.{}", e.field), e.reason))?;
     Ok(())
 }
 

@@ -46,6 +46,7 @@ fn an_empty_spec_in_a_team_namespace_takes_every_application_and_no_system_group
             system_groups: vec![],
             prometheus: Some(PrometheusRoute::default()),
             cloudwatch: None,
+            otlp: None,
         }
     );
 }
@@ -360,6 +361,34 @@ fn sinks_are_copied_into_the_route_and_checked() {
     let many: BTreeMap<String, String> = (0..17).map(|i| (format!("l{i}"), "v".into())).collect();
     let e = invalid("team-a", json!({"sinks": {"prometheus": {"extraLabels": many}}}));
     assert_eq!(e.field, "spec.sinks.prometheus.extraLabels");
+}
+
+#[test]
+fn the_otlp_sink_is_copied_into_the_route_checked_and_counted_in_its_size() {
+    let otlp = json!({"endpoint": "http://otel-collector.observability:4318/v1/metrics",
+                      "headersSecret": {"name": "otlp-token"}, "flushInterval": "15s"});
+    let v = valid("team-a", json!({"sinks": {"otlp": otlp}}));
+    let route = v.route.otlp.as_ref().expect("the OTLP sink in the route");
+    assert_eq!(route.endpoint.as_deref(), Some("http://otel-collector.observability:4318/v1/metrics"));
+    assert_eq!(route.headers_secret.as_ref().map(|s| s.name.as_str()), Some("otlp-token"));
+    assert_eq!(v.rendered_bytes, serde_json::to_string(&v.route).unwrap().len());
+    // CloudWatch's endpoint: nothing but the sink's presence is needed.
+    assert!(valid(OPERATOR_NS, json!({"sinks": {"otlp": {}}})).route.otlp.is_some());
+
+    let cases = [
+        (json!({"endpoint": "ftp://c/v1/metrics"}), "spec.sinks.otlp.endpoint"),
+        (json!({"endpoint": "http://c:99999/"}), "spec.sinks.otlp.endpoint"),
+        (json!({"endpoint": "http://c/v1?tenant=a"}), "spec.sinks.otlp.endpoint"),
+        (json!({"endpoint": "http://c", "region": "us-east-1"}), "spec.sinks.otlp.region"),
+        (json!({"region": "mars"}), "spec.sinks.otlp.region"),
+        (json!({"headersSecret": {"name": "token"}}), "spec.sinks.otlp.headersSecret"),
+        (json!({"flushInterval": "500ms"}), "spec.sinks.otlp.flushInterval"),
+        (json!({"flushInterval": "61m"}), "spec.sinks.otlp.flushInterval"),
+    ];
+    for (otlp, field) in cases {
+        let e = invalid("team-a", json!({ "sinks": { "otlp": otlp } }));
+        assert_eq!(e.field, field, "{otlp}: {e}");
+    }
 }
 
 #[test]

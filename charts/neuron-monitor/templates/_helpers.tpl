@@ -27,6 +27,11 @@
 {{- printf "%s-node-agent" (include "neuron-monitor.fullname" . | trunc 52 | trimSuffix "-") }}
 {{- end }}
 
+{{/* The Secret the operator mirrors the configs' OTLP headers into, for the agents. */}}
+{{- define "neuron-monitor.otlpHeadersSecret" -}}
+{{- printf "%s-otlp-headers" (include "neuron-monitor.fullname" . | trunc 50 | trimSuffix "-") }}
+{{- end }}
+
 {{- define "neuron-monitor.operator.serviceAccountName" -}}
 {{- if .Values.operator.serviceAccount.create }}
 {{- default (include "neuron-monitor.operator.fullname" .) .Values.operator.serviceAccount.name }}
@@ -121,4 +126,143 @@ agent's node and pod kept under other names.
   targetLabel: agent_pod
 - action: labeldrop
   regex: (namespace|pod|container)
+{{- end }}
+
+{{/*
+The metrics endpoints (values metricsEndpoint): the Secret of their certificate, the names
+it is valid for (the Services' DNS names, which the monitors check), and what both
+binaries are given to serve them.
+*/}}
+{{- define "neuron-monitor.metricsTls.secretName" -}}
+{{- if eq .Values.metricsEndpoint.tls.source "secret" }}
+{{- required "metricsEndpoint.tls.secretName: name your Secret when metricsEndpoint.tls.source is secret" .Values.metricsEndpoint.tls.secretName }}
+{{- else }}
+{{- printf "%s-metrics-tls" (include "neuron-monitor.fullname" . | trunc 50 | trimSuffix "-") }}
+{{- end }}
+{{- end }}
+
+{{- define "neuron-monitor.metricsTls.caConfigMapName" -}}
+{{- printf "%s-metrics-ca" (include "neuron-monitor.fullname" . | trunc 51 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "neuron-monitor.metricsReader.name" -}}
+{{- printf "%s-metrics-reader" (include "neuron-monitor.fullname" . | trunc 47 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "neuron-monitor.metricsScraper.name" -}}
+{{- printf "%s-metrics-scraper" (include "neuron-monitor.fullname" . | trunc 46 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The DNS name a component's certificate is checked against (its Service's). Arguments: (dict "root" $ "component" "agent"|"operator"). */}}
+{{- define "neuron-monitor.metricsTls.serverName" -}}
+{{- printf "%s.%s.svc" (include (printf "neuron-monitor.%s.fullname" .component) .root) .root.Release.Namespace }}
+{{- end }}
+
+{{/* Every name of the certificate, one a line. */}}
+{{- define "neuron-monitor.metricsTls.dnsNames" -}}
+{{- range $component := list "agent" "operator" }}
+{{- $service := include (printf "neuron-monitor.%s.fullname" $component) $ }}
+- {{ $service }}
+- {{ $service }}.{{ $.Release.Namespace }}
+- {{ $service }}.{{ $.Release.Namespace }}.svc
+- {{ $service }}.{{ $.Release.Namespace }}.svc.cluster.local
+{{- end }}
+{{- end }}
+
+{{/* Where the binaries read the certificate. */}}
+{{- define "neuron-monitor.metricsTls.dir" -}}/etc/neuron-monitor/metrics-tls{{- end }}
+
+{{/* The flags of a binary's HTTP ports. Arguments: (dict "root" $ "port" <metrics port> "probePort" <probe port>). */}}
+{{- define "neuron-monitor.httpArgs" -}}
+{{- $endpoint := .root.Values.metricsEndpoint -}}
+- --listen=0.0.0.0:{{ .port }}
+# /healthz and /readyz for the kubelet, plain HTTP.
+- --probe-listen=0.0.0.0:{{ .probePort }}
+{{- if $endpoint.tls.enabled }}
+- --tls-cert-file={{ include "neuron-monitor.metricsTls.dir" .root }}/tls.crt
+- --tls-key-file={{ include "neuron-monitor.metricsTls.dir" .root }}/tls.key
+{{- end }}
+- --metrics-auth={{ $endpoint.authorization.enabled }}
+{{- with $endpoint.authorization.audiences }}
+- --metrics-auth-audiences={{ join "," . }}
+{{- end }}
+{{- end }}
+
+{{/* The container ports and probes of a binary. Arguments: (dict "root" $ "port" … "portName" … "probePort" …). */}}
+{{- define "neuron-monitor.httpPorts" -}}
+ports:
+  - name: {{ .portName }}
+    containerPort: {{ .port }}
+    protocol: TCP
+  - name: probes
+    containerPort: {{ .probePort }}
+    protocol: TCP
+{{- end }}
+
+{{- define "neuron-monitor.metricsTls.volumeMount" -}}
+{{- if .Values.metricsEndpoint.tls.enabled -}}
+# The metrics port's certificate (re-read when the kubelet updates the Secret).
+- name: metrics-tls
+  mountPath: {{ include "neuron-monitor.metricsTls.dir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "neuron-monitor.metricsTls.volume" -}}
+{{- if .Values.metricsEndpoint.tls.enabled -}}
+- name: metrics-tls
+  secret:
+    secretName: {{ include "neuron-monitor.metricsTls.secretName" . }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+
+{{/*
+The TLS and token settings of a ServiceMonitor endpoint or PodMonitor metrics endpoint.
+Arguments: (dict "root" $ "component" "agent"|"operator" "kind" "ServiceMonitor"|"PodMonitor").
+*/}}
+{{- define "neuron-monitor.scrapeSecurity" -}}
+{{- $endpoint := .root.Values.metricsEndpoint -}}
+{{- if $endpoint.tls.enabled -}}
+scheme: https
+tlsConfig:
+  serverName: {{ include "neuron-monitor.metricsTls.serverName" (dict "root" .root "component" .component) }}
+  ca:
+    {{- if eq $endpoint.tls.source "chart" }}
+    configMap:
+      name: {{ include "neuron-monitor.metricsTls.caConfigMapName" .root }}
+      key: ca.crt
+    {{- else }}
+    secret:
+      name: {{ include "neuron-monitor.metricsTls.secretName" .root }}
+      key: ca.crt
+    {{- end }}
+{{- end }}
+{{- if $endpoint.authorization.enabled }}
+{{- if eq .kind "ServiceMonitor" }}
+# Prometheus's own ServiceAccount token.
+bearerTokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token
+{{- else }}
+# The token of the chart's scraper ServiceAccount (a PodMonitor cannot name a file).
+authorization:
+  type: Bearer
+  credentials:
+    name: {{ include "neuron-monitor.metricsScraper.name" .root }}
+    key: token
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The two reviews of a /metrics request's token (service/src/auth.rs), when enabled. */}}
+{{- define "neuron-monitor.reviewRules" -}}
+{{- if .Values.metricsEndpoint.authorization.enabled }}
+  # /metrics: is the bearer token valid (TokenReview), may its user get /metrics
+  # (SubjectAccessReview)? See metricsEndpoint.authorization.
+  - apiGroups: ["authentication.k8s.io"]
+    resources: ["tokenreviews"]
+    verbs: ["create"]
+  - apiGroups: ["authorization.k8s.io"]
+    resources: ["subjectaccessreviews"]
+    verbs: ["create"]
+{{- end }}
 {{- end }}

@@ -1,8 +1,9 @@
 //! Following the ConfigMap the operator renders for this node, through the API (a
 //! mounted ConfigMap would take the kubelet 60–90 s to refresh). Its configuration is put
 //! in force and the applied hash written back to the ConfigMap, so the operator can count
-//! applied nodes; no ConfigMap means the built-in configuration. An unreadable ConfigMap
-//! changes nothing: the last good configuration stays.
+//! applied nodes (retried until it lands: a fleet acknowledging one change at once can
+//! meet the API server's 429s); no ConfigMap means the built-in configuration. An
+//! unreadable ConfigMap changes nothing: the last good configuration stays.
 
 use std::{sync::Arc, time::Duration};
 
@@ -15,7 +16,7 @@ use kube::{
     Api, Client, ResourceExt,
 };
 use serde_json::json;
-use tokio::sync::oneshot;
+use tokio::{sync::oneshot, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -52,13 +53,14 @@ impl Reloader {
         let mut events = std::pin::pin!(watch.events(api.clone(), shutdown));
         let mut initialized = Some(initialized);
         let mut seen_in_listing = false;
+        let mut ack = PendingAck::default();
         info!(configmap = %name, namespace = %self.namespace, "following the node configuration");
         while let Some(event) = events.next().await {
             match event {
                 Event::Init => seen_in_listing = false,
                 Event::InitApply(cm) => {
                     seen_in_listing = true;
-                    self.apply(&api, &cm).await;
+                    self.apply(&api, &cm, &mut ack).await;
                 }
                 Event::InitDone => {
                     if !seen_in_listing {
@@ -68,18 +70,18 @@ impl Reloader {
                         let _ = tx.send(());
                     }
                 }
-                Event::Apply(cm) => self.apply(&api, &cm).await,
+                Event::Apply(cm) => self.apply(&api, &cm, &mut ack).await,
                 Event::Delete(_) => self.use_builtin("the node's ConfigMap was deleted").await,
             }
         }
     }
 
-    async fn apply(&self, api: &Api<ConfigMap>, cm: &ConfigMap) {
+    async fn apply(&self, api: &Api<ConfigMap>, cm: &ConfigMap, ack: &mut PendingAck) {
         let hash = cm.annotations().get(CONFIG_HASH_ANNOTATION).cloned().unwrap_or_default();
         let acked = cm.annotations().get(APPLIED_HASH_ANNOTATION) == Some(&hash);
         if self.activator.is_in_force(Origin::ConfigMap, &hash) {
             if !acked {
-                self.acknowledge(api, cm, &hash).await;
+                self.acknowledge(api, cm, &hash, ack);
             }
             return;
         }
@@ -94,7 +96,7 @@ impl Reloader {
             return;
         }
         self.metrics.config_reloads.get_or_create(&ResultLabel { result: "applied" }).inc();
-        self.acknowledge(api, cm, &hash).await;
+        self.acknowledge(api, cm, &hash, ack);
     }
 
     async fn use_builtin(&self, why: &str) {
@@ -108,12 +110,56 @@ impl Reloader {
     }
 
     /// Tells the operator which content this node runs. A merge patch, not an apply:
-    /// it must never create a ConfigMap the operator has just deleted.
-    async fn acknowledge(&self, api: &Api<ConfigMap>, cm: &ConfigMap, hash: &str) {
-        let patch = json!({ "metadata": { "annotations": { APPLIED_HASH_ANNOTATION: hash } } });
-        let params = PatchParams { field_manager: Some(MANAGER.to_owned()), ..Default::default() };
-        if let Err(e) = api.patch(&cm.name_any(), &params, &Patch::Merge(&patch)).await {
-            warn!(error = %e, %hash, "could not acknowledge the node configuration");
+    /// it must never create a ConfigMap the operator has just deleted. Sent from a task of
+    /// its own and retried with backoff until it lands, the ConfigMap is gone, or a newer
+    /// acknowledgement replaces it: nothing else would send it again before the next
+    /// change, and the node would be counted as not applied until then.
+    fn acknowledge(&self, api: &Api<ConfigMap>, cm: &ConfigMap, hash: &str, pending: &mut PendingAck) {
+        let (api, name, hash) = (api.clone(), cm.name_any(), hash.to_owned());
+        let failures = self.metrics.config_ack_failures.clone();
+        pending.replace(tokio::spawn(async move {
+            let patch = json!({ "metadata": { "annotations": { APPLIED_HASH_ANNOTATION: hash } } });
+            let params = PatchParams { field_manager: Some(MANAGER.to_owned()), ..Default::default() };
+            let mut delay = ACK_RETRY_FIRST;
+            loop {
+                match api.patch(&name, &params, &Patch::Merge(&patch)).await {
+                    Ok(_) => return,
+                    Err(kube::Error::Api(e)) if e.code == 404 => return,
+                    Err(e) => {
+                        failures.inc();
+                        // Jittered over its upper half: a fleet refused together retries apart.
+                        let wait = delay.mul_f64(0.5 + fastrand::f64() / 2.0);
+                        warn!(error = %e, %hash, retry_in_ms = wait.as_millis() as u64,
+                              "could not acknowledge the node configuration; retrying");
+                        tokio::time::sleep(wait).await;
+                        delay = (delay * 2).min(ACK_RETRY_MAX);
+                    }
+                }
+            }
+        }));
+    }
+}
+
+/// First and longest wait before an acknowledgement is sent again.
+const ACK_RETRY_FIRST: Duration = Duration::from_millis(500);
+const ACK_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// The acknowledgement being sent: replaced by a newer one, stopped with the follower.
+#[derive(Default)]
+struct PendingAck(Option<JoinHandle<()>>);
+
+impl PendingAck {
+    fn replace(&mut self, task: JoinHandle<()>) {
+        if let Some(previous) = self.0.replace(task) {
+            previous.abort();
+        }
+    }
+}
+
+impl Drop for PendingAck {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
         }
     }
 }

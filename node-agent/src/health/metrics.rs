@@ -23,7 +23,7 @@ use super::{
 };
 use crate::{
     attribution::podresources::{SharedDevices, Unit},
-    sinks::prometheus::{Family, Labels},
+    sinks::prometheus::{Family, FamilyEncoder, Labels},
     state::NodeState,
     telemetry::{SourceLabel, WhatLabel},
 };
@@ -112,6 +112,14 @@ impl fmt::Debug for HealthCollector {
 
 impl Collector for HealthCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        self.encode_into(&mut encoder)
+    }
+}
+
+impl HealthCollector {
+    /// The health families (what `/metrics` serves; an OTLP sink of the operator's
+    /// namespace sends them too).
+    pub fn encode_into(&self, encoder: &mut dyn FamilyEncoder) -> Result<(), fmt::Error> {
         let (instance, hardware) = {
             let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             (state.instance.clone(), state.hardware.clone())
@@ -124,7 +132,7 @@ impl Collector for HealthCollector {
             let ownership = d.read().unwrap_or_else(|p| p.into_inner());
             holders(ownership.allocations(), &health, cores_per_device)
         });
-        encode_health(&health, &instance, devices_reported, pods.as_ref(), &mut encoder)
+        encode_health(&health, &instance, devices_reported, pods.as_ref(), encoder)
     }
 }
 
@@ -177,7 +185,7 @@ pub fn encode_health(
     instance: &crate::state::InstanceLabels,
     devices_reported: u32,
     pods: Option<&BTreeMap<u32, String>>,
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut dyn FamilyEncoder,
 ) -> Result<(), fmt::Error> {
     let mut indices: Vec<u32> = health.devices.keys().copied().chain(0..devices_reported).collect();
     indices.sort_unstable();
@@ -193,7 +201,7 @@ fn encode_states(
     instance: &crate::state::InstanceLabels,
     indices: &[u32],
     pods: Option<&BTreeMap<u32, String>>,
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut dyn FamilyEncoder,
 ) -> Result<(), fmt::Error> {
     let state_of = |i: u32| health.devices.get(&i).map(|d| d.state()).unwrap_or(State::Unknown);
     let mut f = Family::new(
@@ -246,7 +254,7 @@ fn encode_faults(
     health: &HealthModel,
     instance: &crate::state::InstanceLabels,
     indices: &[u32],
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut dyn FamilyEncoder,
 ) -> Result<(), fmt::Error> {
     let index_text: BTreeMap<Option<u32>, String> =
         indices.iter().map(|i| (Some(*i), i.to_string())).chain(std::iter::once((None, String::new()))).collect();
@@ -314,7 +322,7 @@ fn encode_faults(
 fn encode_readings(
     health: &HealthModel,
     instance: &crate::state::InstanceLabels,
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut dyn FamilyEncoder,
 ) -> Result<(), fmt::Error> {
     let readings = || health.devices.iter().filter_map(|(i, d)| d.reading.as_ref().map(|r| (*i, r)));
 

@@ -1,5 +1,12 @@
-//! Prometheus exposition of the node state, with the metric names and labels of AWS's
-//! `neuron-monitor-prometheus.py` (the names AWS's Grafana dashboard queries).
+//! The metric families of the node state, with the metric names and labels of AWS's
+//! `neuron-monitor-prometheus.py` (the names AWS's Grafana dashboard queries), and their
+//! Prometheus exposition.
+//!
+//! One piece of code ([`encode_node`]) produces the families of a [`Scope`]: `/metrics`'
+//! (what every Prometheus route exports) or one route's (what its OTLP sink sends: a
+//! team's config its namespace's applications, the operator namespace's config also the
+//! node-level series). Each family goes to a [`FamilyEncoder`]: prometheus-client's
+//! descriptor encoder here, an OTLP request in `sinks::otlp`.
 //!
 //! The node state is encoded on each scrape by a [`Collector`], so a series that left
 //! the state (a runtime that exited) leaves the exposition at once, with no bookkeeping.
@@ -14,6 +21,7 @@ use std::{
 
 use api::{
     monitor_config::{RuntimeGroup, SystemGroup},
+    node_config::Route,
     report::{DeviceEccCounters, Percentiles},
 };
 use prometheus_client::{
@@ -28,8 +36,8 @@ use prometheus_client::{
 
 use crate::{
     processes::{ProcessSample, SharedProcesses},
-    routing::{PrometheusView, Routing, SharedRouting},
-    state::{InstanceLabels, NodeState, PodRef, RuntimeLabels, RuntimeState, ERROR_KINDS, STATUS_KINDS},
+    routing::{PrometheusView, Routing, Selection, SharedRouting},
+    state::{IdleCore, InstanceLabels, NodeState, PodRef, RuntimeLabels, RuntimeState, ERROR_KINDS, STATUS_KINDS},
 };
 
 /// The exposition formats the agent serves.
@@ -122,15 +130,95 @@ impl Collector for NodeCollector {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // Taken after the state's lock, never the other way (the reader holds one at a time).
         let processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
-        encode_node(&state, &processes, &routing, &mut encoder)
+        encode_node(&state, &processes, Scope::Exposition(&routing), &mut encoder)
+    }
+}
+
+/// Whose series an encoding takes.
+#[derive(Clone, Copy, Debug)]
+pub enum Scope<'r> {
+    /// `/metrics`: what the Prometheus routes export (the built-in configuration: all).
+    Exposition(&'r Routing),
+    /// What one route's sink sends: the applications (and their groups) of its selection,
+    /// the idle cores its namespace's pods hold, the route's extra labels; the node-level
+    /// series only for a route of the operator's namespace (no `namespace`).
+    Route(&'r Route, &'r Selection),
+}
+
+impl Scope<'_> {
+    /// What is exported of a runtime of `namespace` with this tag; `None`: nothing.
+    fn view(&self, namespace: Option<&str>, tag: &str) -> Option<PrometheusView> {
+        match self {
+            Scope::Exposition(routing) => routing.prometheus_view(namespace, tag),
+            Scope::Route(route, selection) => Some(PrometheusView {
+                groups: selection.groups(namespace, tag)?,
+                extra_labels: route.prometheus.as_ref().map(|p| p.extra_labels.clone()).unwrap_or_default(),
+                dropped_labels: 0,
+            }),
+        }
+    }
+
+    /// Whether a system group's node-level series are taken.
+    fn system(&self, group: SystemGroup) -> bool {
+        match self {
+            Scope::Exposition(routing) => routing.prometheus_system(group),
+            Scope::Route(route, _) => route.namespace.is_none() && route.system_groups.contains(&group),
+        }
+    }
+
+    /// Whether a core no application uses, held by a pod of `namespace` (or by none), is
+    /// taken.
+    fn idle_core(&self, namespace: Option<&str>) -> bool {
+        match self {
+            Scope::Exposition(_) => true,
+            Scope::Route(_, selection) => selection.takes_untagged(namespace, RuntimeGroup::NeuroncoreCounters),
+        }
+    }
+
+    /// Whether the node's own series (health, group errors, the agent's label drops) are
+    /// taken.
+    pub fn node_level(&self) -> bool {
+        match self {
+            Scope::Exposition(_) => true,
+            Scope::Route(route, _) => route.namespace.is_none(),
+        }
+    }
+}
+
+/// Where families go: the exposition, or an OTLP request.
+pub trait FamilyEncoder {
+    /// Encodes one family; it has at least one series.
+    fn encode_family(&mut self, family: &Family<'_>) -> Result<(), fmt::Error>;
+}
+
+impl FamilyEncoder for DescriptorEncoder<'_> {
+    fn encode_family(&mut self, family: &Family<'_>) -> Result<(), fmt::Error> {
+        let mut metric = self.encode_descriptor(family.name, family.help, None, family.kind)?;
+        for (labels, value) in &family.series {
+            match family.kind {
+                MetricType::Info => metric.encode_info(labels)?,
+                MetricType::Counter => ConstCounter::new(*value).encode(metric.encode_family(labels)?)?,
+                _ => ConstGauge::new(*value).encode(metric.encode_family(labels)?)?,
+            }
+        }
+        Ok(())
     }
 }
 
 /// One label value: text, or a number written without allocation.
-#[derive(Clone, Copy)]
-enum Value<'a> {
+#[derive(Clone, Copy, Debug)]
+pub enum Value<'a> {
     Text(&'a str),
     Number(u32),
+}
+
+impl fmt::Display for Value<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Text(t) => f.write_str(t),
+            Value::Number(n) => write!(f, "{n}"),
+        }
+    }
 }
 
 impl EncodeLabelValue for Value<'_> {
@@ -144,7 +232,7 @@ impl EncodeLabelValue for Value<'_> {
 
 /// The labels of one series: instance labels, the runtime's labels if any, its pod's
 /// labels if any, and up to three labels of the metric itself.
-pub(crate) struct Labels<'a> {
+pub struct Labels<'a> {
     instance: &'a InstanceLabels,
     runtime: Option<&'a RuntimeLabels>,
     /// The pod of a series without a runtime (an idle core held by a pod).
@@ -182,10 +270,14 @@ impl<'a> Labels<'a> {
     pub(crate) fn number(self, key: &'static str, value: u32) -> Self {
         self.with(key, Value::Number(value))
     }
-}
 
-impl EncodeLabelSet for Labels<'_> {
-    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
+    /// The pod the series belongs to, if any.
+    pub fn pod(&self) -> Option<&'a PodRef> {
+        self.pod
+    }
+
+    /// Every label in order, as the exposition writes them; stops at the first error.
+    pub fn try_for_each<E>(&self, mut f: impl FnMut(&str, Value<'_>) -> Result<(), E>) -> Result<(), E> {
         let i = self.instance;
         for (key, value) in [
             ("instance_name", &i.instance_name),
@@ -195,39 +287,45 @@ impl EncodeLabelSet for Labels<'_> {
             ("region", &i.region),
             ("subnet_id", &i.subnet_id),
         ] {
-            (key, value.as_str()).encode(encoder.encode_label())?;
+            f(key, Value::Text(value))?;
         }
         if let Some(rt) = self.runtime {
-            ("runtime_tag", rt.runtime_tag.as_str()).encode(encoder.encode_label())?;
+            f("runtime_tag", Value::Text(&rt.runtime_tag))?;
         }
         if let Some(pod) = self.pod {
-            ("namespace", pod.namespace.as_str()).encode(encoder.encode_label())?;
-            ("pod", pod.pod.as_str()).encode(encoder.encode_label())?;
-            ("container", pod.container.as_str()).encode(encoder.encode_label())?;
+            f("namespace", Value::Text(&pod.namespace))?;
+            f("pod", Value::Text(&pod.pod))?;
+            f("container", Value::Text(&pod.container))?;
             // A configuration's label of the same name wins: a name appears once per series.
             for (key, value) in &pod.labels {
                 if !self.config.is_some_and(|c| c.contains_key(key)) {
-                    (key.as_str(), value.as_str()).encode(encoder.encode_label())?;
+                    f(key, Value::Text(value))?;
                 }
             }
         }
         if let Some(ecs) = self.runtime.and_then(|rt| rt.ecs.as_deref()) {
-            ("ecs_task_arn", ecs.task_arn.as_str()).encode(encoder.encode_label())?;
-            ("ecs_task_family", ecs.family.as_str()).encode(encoder.encode_label())?;
-            ("ecs_container", ecs.container.as_str()).encode(encoder.encode_label())?;
+            f("ecs_task_arn", Value::Text(&ecs.task_arn))?;
+            f("ecs_task_family", Value::Text(&ecs.family))?;
+            f("ecs_container", Value::Text(&ecs.container))?;
         }
         for (key, value) in self.config.into_iter().flatten() {
-            (key.as_str(), value.as_str()).encode(encoder.encode_label())?;
+            f(key, Value::Text(value))?;
         }
         for (key, value) in self.extra.iter().flatten() {
-            (*key, *value).encode(encoder.encode_label())?;
+            f(key, *value)?;
         }
         Ok(())
     }
 }
 
-/// One metric family being assembled; its descriptor is written only if it has a series.
-pub(crate) struct Family<'s> {
+impl EncodeLabelSet for Labels<'_> {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
+        self.try_for_each(|key, value| (key, value).encode(encoder.encode_label()))
+    }
+}
+
+/// One metric family being assembled; it is encoded only if it has a series.
+pub struct Family<'s> {
     name: &'static str,
     help: &'static str,
     kind: MetricType,
@@ -245,19 +343,39 @@ impl<'s> Family<'s> {
         }
     }
 
-    pub(crate) fn write(self, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+    pub(crate) fn write(self, encoder: &mut dyn FamilyEncoder) -> Result<(), fmt::Error> {
         if self.series.is_empty() {
             return Ok(());
         }
-        let mut metric = encoder.encode_descriptor(self.name, self.help, None, self.kind)?;
-        for (labels, value) in &self.series {
-            match self.kind {
-                MetricType::Info => metric.encode_info(labels)?,
-                MetricType::Counter => ConstCounter::new(*value).encode(metric.encode_family(labels)?)?,
-                _ => ConstGauge::new(*value).encode(metric.encode_family(labels)?)?,
-            }
-        }
-        Ok(())
+        encoder.encode_family(&self)
+    }
+
+    pub fn kind(&self) -> MetricType {
+        self.kind
+    }
+
+    pub fn help(&self) -> &'static str {
+        self.help
+    }
+
+    /// The name as `/metrics` serves it in the classic format: counters end in `_total`,
+    /// info metrics in `_info` (see [`openmetrics_to_classic`]).
+    pub fn classic_name(&self) -> String {
+        format!("{}{}", self.name, classic_suffix(self.kind))
+    }
+
+    /// Each series' labels and value (finite).
+    pub fn series(&self) -> &[(Labels<'s>, f64)] {
+        &self.series
+    }
+}
+
+/// What the classic text format appends to an OpenMetrics family name.
+fn classic_suffix(kind: MetricType) -> &'static str {
+    match kind {
+        MetricType::Counter => "_total",
+        MetricType::Info => "_info",
+        _ => "",
     }
 }
 
@@ -279,32 +397,41 @@ const CORE_MEMORY_METRICS: [(&str, &str); 5] = [
     ("neuroncore_memory_usage_tensors", "NeuronCore memory used by tensors, bytes"),
 ];
 
-fn encode_node(
+/// The families of the node state that `scope` takes.
+pub fn encode_node(
     state: &NodeState,
     processes: &BTreeMap<u32, ProcessSample>,
-    routing: &Routing,
-    encoder: &mut DescriptorEncoder,
+    scope: Scope<'_>,
+    encoder: &mut dyn FamilyEncoder,
 ) -> Result<(), fmt::Error> {
-    // Each runtime with what Prometheus routes give it; runtimes no route exports drop out.
+    // Each runtime with what the scope gives it; runtimes it does not take drop out.
     let routed: Vec<(&RuntimeState, PrometheusView)> = state
         .runtimes
         .iter()
         .filter_map(|rt| {
             let namespace = rt.labels.pod.as_ref().map(|p| p.namespace.as_str());
-            routing.prometheus_view(namespace, &rt.labels.runtime_tag).map(|view| (rt, view))
+            scope.view(namespace, &rt.labels.runtime_tag).map(|view| (rt, view))
         })
         .collect();
-    encode_runtimes(state, &routed, encoder)?;
+    let idle_cores = state.idle_cores.iter().filter(|c| scope.idle_core(c.pod.as_ref().map(|p| p.namespace.as_str())));
+    let idle_cores: Vec<&IdleCore> = idle_cores.collect();
+    encode_runtimes(state, &routed, &idle_cores, encoder)?;
     encode_processes(processes, &routed, encoder)?;
-    encode_system(state, routing, encoder)?;
-    encode_problems(state, &routed, encoder)
+    // A team sees the node's description only where it has series of its own.
+    let described = scope.node_level() || !routed.is_empty() || !idle_cores.is_empty();
+    encode_system(state, scope, described, encoder)?;
+    if scope.node_level() {
+        encode_problems(state, &routed, encoder)?;
+    }
+    Ok(())
 }
 
-/// The series of each routed runtime, and of the idle cores.
+/// The series of each routed runtime, and of the idle cores taken.
 fn encode_runtimes(
     state: &NodeState,
     routed: &[(&RuntimeState, PrometheusView)],
-    encoder: &mut DescriptorEncoder,
+    idle_cores: &[&IdleCore],
+    encoder: &mut dyn FamilyEncoder,
 ) -> Result<(), fmt::Error> {
     let instance = &*state.instance;
     let ratio = |percent: Option<f64>| percent.map(|p| p / 100.0);
@@ -321,7 +448,7 @@ fn encode_runtimes(
             f.push(Labels::runtime(&rt.labels, view).number("neuroncore", core.index), ratio(core.utilization));
         }
     }
-    for core in &state.idle_cores {
+    for core in idle_cores {
         f.push(Labels::idle_core(instance, core.pod.as_deref()).number("neuroncore", core.index), Some(0.0));
     }
     f.write(encoder)?;
@@ -432,7 +559,7 @@ type ProcessValue = fn(&ProcessSample) -> Option<f64>;
 fn encode_processes(
     processes: &BTreeMap<u32, ProcessSample>,
     routed: &[(&RuntimeState, PrometheusView)],
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut dyn FamilyEncoder,
 ) -> Result<(), fmt::Error> {
     let sampled = routed.iter().filter(|(_, view)| view.groups.contains(&RuntimeGroup::NeuronRuntimeVcpuUsage));
     let sampled: Vec<(&RuntimeState, &PrometheusView, &ProcessSample)> =
@@ -482,13 +609,19 @@ fn encode_processes(
     Ok(())
 }
 
-/// The node-level series: ECC counters, vCPUs, memory, instance and hardware info.
-fn encode_system(state: &NodeState, routing: &Routing, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+/// The node-level series: ECC counters, vCPUs, memory, and (when `described`) instance
+/// and hardware info.
+fn encode_system(
+    state: &NodeState,
+    scope: Scope<'_>,
+    described: bool,
+    encoder: &mut dyn FamilyEncoder,
+) -> Result<(), fmt::Error> {
     let instance = &*state.instance;
     let ratio = |percent: Option<f64>| percent.map(|p| p / 100.0);
     let system = &state.system;
     let mut f = Family::new("hardware_ecc_events", "ECC events of Neuron devices (running sum)", MetricType::Counter);
-    let ecc = routing.prometheus_system(SystemGroup::NeuronHwCounters);
+    let ecc = scope.system(SystemGroup::NeuronHwCounters);
     for (device, totals) in system.ecc_totals.iter().filter(|_| ecc) {
         for (kind, total) in DeviceEccCounters::KINDS.iter().zip(totals) {
             let labels = Labels::node(instance).text("event_type", kind).number("neuron_device_index", *device);
@@ -498,7 +631,7 @@ fn encode_system(state: &NodeState, routing: &Routing, encoder: &mut DescriptorE
     f.write(encoder)?;
 
     let mut f = Family::new("system_vcpu_count", "Number of vCPUs of the host", MetricType::Gauge);
-    let vcpu = routing.prometheus_system(SystemGroup::VcpuUsage);
+    let vcpu = scope.system(SystemGroup::VcpuUsage);
     f.push(Labels::node(instance), system.vcpu_count.filter(|_| vcpu).map(|c| c as f64));
     f.write(encoder)?;
 
@@ -508,7 +641,7 @@ fn encode_system(state: &NodeState, routing: &Routing, encoder: &mut DescriptorE
     }
     f.write(encoder)?;
 
-    let memory = system.memory.filter(|_| routing.prometheus_system(SystemGroup::MemoryInfo)).unwrap_or_default();
+    let memory = system.memory.filter(|_| scope.system(SystemGroup::MemoryInfo)).unwrap_or_default();
     for ((name, help), value) in [
         ("system_memory_total_bytes", "Memory of the host, bytes"),
         ("system_memory_used_bytes", "Memory used on the host, bytes"),
@@ -523,13 +656,13 @@ fn encode_system(state: &NodeState, routing: &Routing, encoder: &mut DescriptorE
         f.write(encoder)?;
     }
 
-    if state.reports > 0 {
+    if state.reports > 0 && described {
         let mut f = Family::new("instance", "Instance the agent runs on", MetricType::Info);
         f.push(Labels::node(instance), Some(1.0));
         f.write(encoder)?;
     }
 
-    if let Some(hw) = &state.hardware {
+    if let Some(hw) = state.hardware.as_ref().filter(|_| described) {
         if let (Some(devices), Some(cores)) = (hw.device_count, hw.cores_per_device) {
             let mut f = Family::new("neuron_hardware", "Neuron hardware of the host", MetricType::Info);
             let labels = Labels::node(instance)
@@ -547,7 +680,7 @@ fn encode_system(state: &NodeState, routing: &Routing, encoder: &mut DescriptorE
 fn encode_problems(
     state: &NodeState,
     routed: &[(&RuntimeState, PrometheusView)],
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut dyn FamilyEncoder,
 ) -> Result<(), fmt::Error> {
     let instance = &*state.instance;
     let mut f = Family::new(
@@ -577,7 +710,7 @@ fn encode_problems(
 
 /// A family with one series per runtime and per value of one label.
 fn per_runtime<'r>(
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut dyn FamilyEncoder,
     runtimes: impl Iterator<Item = &'r (&'r RuntimeState, PrometheusView)>,
     (name, help, kind): (&'static str, &'static str, MetricType),
     label: &'static str,
@@ -605,8 +738,8 @@ pub fn openmetrics_to_classic(open: &str) -> String {
         } else if let Some(rest) = line.strip_prefix("# TYPE ") {
             let (name, kind) = rest.split_once(' ').unwrap_or((rest, "unknown"));
             let (suffix, classic_kind) = match kind {
-                "counter" => ("_total", "counter"),
-                "info" => ("_info", "gauge"),
+                "counter" => (classic_suffix(MetricType::Counter), "counter"),
+                "info" => (classic_suffix(MetricType::Info), "gauge"),
                 "gauge" | "histogram" | "summary" => ("", kind),
                 _ => ("", "untyped"),
             };

@@ -1,7 +1,8 @@
 //! What a sink has to send and has not sent yet (a CloudWatch sink's datums, the health
-//! event stream's records): bounded, the oldest making room for the newest; a request's
-//! items are in flight until sent, given up or put back; the shutdown waits for it to
-//! drain.
+//! event stream's records, an OTLP sink's requests): bounded, the oldest making room for
+//! the newest; a request's items are in flight until sent, given up or put back; the
+//! shutdown waits for it to drain. Items count 1 each, or their weight (an OTLP request:
+//! its data points), so that the bound and the counts are in what users think in.
 
 use std::{
     collections::VecDeque,
@@ -12,9 +13,10 @@ use tokio::sync::Notify;
 
 /// How a queue reports itself.
 pub trait QueueMetrics {
-    /// Items queued or in flight.
+    /// Items (their weight) queued or in flight.
     fn depth(&self, items: usize);
-    /// Items given up, and why ([`QUEUE_FULL`] when the newest pushed them out).
+    /// Items (their weight) given up, and why ([`QUEUE_FULL`] when the newest pushed them
+    /// out).
     fn dropped(&self, reason: &'static str, items: usize);
 }
 
@@ -27,22 +29,35 @@ pub struct Queue<T, M> {
     pub notify: Notify,
     /// Emptied: the shutdown waits on it.
     drained: Notify,
+    /// In weight units.
     capacity: usize,
+    weight: fn(&T) -> usize,
     metrics: M,
 }
 
 struct State<T> {
     items: VecDeque<T>,
+    /// The weight of `items`.
+    queued: usize,
+    /// The weight of the request in flight.
     in_flight: usize,
 }
 
 impl<T, M: QueueMetrics> Queue<T, M> {
+    /// A queue of at most `capacity` items.
     pub fn new(capacity: usize, metrics: M) -> Self {
+        Self::weighted(capacity, metrics, |_| 1)
+    }
+
+    /// A queue of items of `weight` each, at most `capacity` in all (and at least the
+    /// newest item, whatever its weight).
+    pub fn weighted(capacity: usize, metrics: M, weight: fn(&T) -> usize) -> Self {
         Queue {
-            state: Mutex::new(State { items: VecDeque::new(), in_flight: 0 }),
+            state: Mutex::new(State { items: VecDeque::new(), queued: 0, in_flight: 0 }),
             notify: Notify::new(),
             drained: Notify::new(),
             capacity: capacity.max(1),
+            weight,
             metrics,
         }
     }
@@ -52,7 +67,7 @@ impl<T, M: QueueMetrics> Queue<T, M> {
     }
 
     fn publish_depth(&self, state: &State<T>) {
-        let depth = state.items.len() + state.in_flight;
+        let depth = state.queued + state.in_flight;
         self.metrics.depth(depth);
         if depth == 0 {
             self.drained.notify_waiters();
@@ -64,15 +79,24 @@ impl<T, M: QueueMetrics> Queue<T, M> {
     pub fn push(&self, items: impl IntoIterator<Item = T>) {
         let mut state = self.lock();
         let before = state.items.len();
-        state.items.extend(items);
+        for item in items {
+            state.queued += (self.weight)(&item);
+            state.items.push_back(item);
+        }
         if state.items.len() == before {
             return;
         }
         let room = self.capacity.saturating_sub(state.in_flight).max(1);
-        let excess = state.items.len().saturating_sub(room);
-        if excess > 0 {
-            state.items.drain(..excess);
-            self.metrics.dropped(QUEUE_FULL, excess);
+        let mut dropped = 0;
+        while state.queued > room && state.items.len() > 1 {
+            if let Some(oldest) = state.items.pop_front() {
+                let w = (self.weight)(&oldest);
+                state.queued -= w;
+                dropped += w;
+            }
+        }
+        if dropped > 0 {
+            self.metrics.dropped(QUEUE_FULL, dropped);
         }
         self.publish_depth(&state);
         drop(state);
@@ -84,12 +108,14 @@ impl<T, M: QueueMetrics> Queue<T, M> {
         f(self.lock().items.front())
     }
 
-    /// The next request, taken from the front by `take` (which says how many items it
-    /// took): in flight until [`Queue::finish`] or [`Queue::put_back`].
-    pub fn take<B>(&self, take: impl FnOnce(&mut VecDeque<T>) -> (B, usize)) -> B {
+    /// The next request, taken from the front by `take`: in flight until
+    /// [`Queue::finish`] or [`Queue::put_back`].
+    pub fn take<B>(&self, take: impl FnOnce(&mut VecDeque<T>) -> B) -> B {
         let mut state = self.lock();
-        let (batch, taken) = take(&mut state.items);
-        state.in_flight = taken;
+        let batch = take(&mut state.items);
+        let left: usize = state.items.iter().map(self.weight).sum();
+        state.in_flight = state.queued - left.min(state.queued);
+        state.queued = left;
         batch
     }
 
@@ -106,15 +132,16 @@ impl<T, M: QueueMetrics> Queue<T, M> {
         let mut state = self.lock();
         state.in_flight = 0;
         for item in items.into_iter().rev() {
+            state.queued += (self.weight)(&item);
             state.items.push_front(item);
         }
         self.publish_depth(&state);
     }
 
-    /// Items queued or in flight.
+    /// Items (their weight) queued or in flight.
     pub fn len(&self) -> usize {
         let state = self.lock();
-        state.items.len() + state.in_flight
+        state.queued + state.in_flight
     }
 
     pub fn is_empty(&self) -> bool {
@@ -135,8 +162,9 @@ impl<T, M: QueueMetrics> Queue<T, M> {
     /// Gives up everything queued or in flight.
     pub fn abandon(&self, reason: &'static str) {
         let mut state = self.lock();
-        let n = state.items.len() + state.in_flight;
+        let n = state.queued + state.in_flight;
         state.items.clear();
+        state.queued = 0;
         state.in_flight = 0;
         self.metrics.dropped(reason, n);
         self.publish_depth(&state);
@@ -164,10 +192,8 @@ mod tests {
         }
     }
 
-    fn take_two(items: &mut VecDeque<u32>) -> (Vec<u32>, usize) {
-        let batch: Vec<u32> = items.drain(..items.len().min(2)).collect();
-        let n = batch.len();
-        (batch, n)
+    fn take_two(items: &mut VecDeque<u32>) -> Vec<u32> {
+        items.drain(..items.len().min(2)).collect()
     }
 
     #[test]
@@ -199,6 +225,32 @@ mod tests {
         assert_eq!((q.len(), q.front(|f| f.copied())), (3, Some(3)));
         q.finish();
         assert_eq!(q.len(), 1);
+    }
+
+    #[test]
+    fn weighted_items_count_their_weight() {
+        let seen = Seen::default();
+        // Each item weighs its value: a capacity of 10 "points".
+        let q = Queue::weighted(10, seen.clone(), |n: &u32| *n as usize);
+        q.push([4, 3, 2]);
+        assert_eq!(q.len(), 9);
+        // 6 more: 15 > 10, the oldest (4) goes, 11 > 10, then 3 goes.
+        q.push([6]);
+        assert_eq!((q.len(), q.front(|f| f.copied())), (8, Some(2)));
+        assert_eq!(seen.0.lock().unwrap().1, [(QUEUE_FULL, 7)]);
+        let batch = q.take(|items| items.pop_front());
+        assert_eq!((batch, q.len()), (Some(2), 8), "in flight still counts");
+        q.put_back(vec![2]);
+        assert_eq!(q.len(), 8);
+        let _ = q.take(|items| items.pop_front());
+        q.finish();
+        assert_eq!(q.len(), 6);
+        // An item heavier than the whole capacity still goes in, alone.
+        q.push([25]);
+        assert_eq!((q.len(), q.front(|f| f.copied())), (25, Some(25)));
+        q.abandon("shutdown");
+        let seen = seen.0.lock().unwrap();
+        assert_eq!((seen.0, seen.1.last().copied()), (0, Some(("shutdown", 25))));
     }
 
     #[tokio::test]

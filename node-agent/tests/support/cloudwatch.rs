@@ -515,6 +515,76 @@ impl Drop for FaultProxy {
     }
 }
 
+/// A CloudWatch stand-in on 127.0.0.1 for rates: it answers every PutMetricData with
+/// success (storing nothing) and notes when each arrived, with its body.
+pub struct CountingEndpoint {
+    pub addr: SocketAddr,
+    arrivals: Arc<Mutex<Vec<Arrival>>>,
+    stop: Arc<AtomicBool>,
+}
+
+/// One PutMetricData as the counting endpoint received it.
+#[derive(Clone, Debug)]
+pub struct Arrival {
+    pub at: Instant,
+    /// The request body, decompressed (CBOR).
+    pub body: Vec<u8>,
+}
+
+impl CountingEndpoint {
+    pub fn start() -> CountingEndpoint {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the counting endpoint");
+        let addr = listener.local_addr().expect("addr");
+        let arrivals: Arc<Mutex<Vec<Arrival>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = arrivals.clone();
+        serve(
+            listener,
+            stop.clone(),
+            Arc::new(move |req: HttpMessage| {
+                let at = Instant::now();
+                if !Service::CloudWatch.is_write(&req) {
+                    return error_response(400, "UnknownOperationException", "only PutMetricData here");
+                }
+                let mut body = Vec::new();
+                if req.header("content-encoding").is_some_and(|e| e.contains("gzip")) {
+                    let mut gz = flate2::read::GzDecoder::new(&req.body[..]);
+                    if std::io::Read::read_to_end(&mut gz, &mut body).is_err() {
+                        return error_response(400, "InvalidParameterValue", "not gzip");
+                    }
+                } else {
+                    body.clone_from(&req.body);
+                }
+                seen.lock().unwrap().push(Arrival { at, body });
+                // PutMetricData has no output: an empty CBOR map.
+                let headers = [
+                    ("content-type", "application/cbor".to_owned()),
+                    ("smithy-protocol", "rpc-v2-cbor".to_owned()),
+                    ("x-amzn-requestid", format!("test-{}", fastrand::u64(..))),
+                ];
+                HttpMessage {
+                    start: "HTTP/1.1 200 OK".to_owned(),
+                    headers: headers.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+                    body: vec![0xa0],
+                }
+            }),
+        );
+        CountingEndpoint { addr, arrivals, stop }
+    }
+
+    /// The PutMetricData requests so far, in arrival order.
+    pub fn arrivals(&self) -> Vec<Arrival> {
+        self.arrivals.lock().unwrap().clone()
+    }
+}
+
+impl Drop for CountingEndpoint {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
 fn forward(upstream: SocketAddr, req: &HttpMessage) -> std::io::Result<HttpMessage> {
     let stream = TcpStream::connect(upstream)?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;

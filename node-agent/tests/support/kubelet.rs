@@ -270,3 +270,68 @@ pub async fn running_pod_with(
         .expect("set the pod's status");
     created.metadata.uid.expect("pod uid")
 }
+
+/// A node with two teams' applications, attributed through the real API server, a test
+/// kubelet and a fake /proc: team `a`'s pod `train` (container `main`, application tag
+/// `train`) holds devices 0 and 1 and uses cores 0-2 at 80 %; team `b`'s pod `serve`
+/// (container `srv`, tag `serve`) holds cores 4 and 5 and uses core 4 at 50 %.
+pub struct TwoTeams {
+    pub node: String,
+    pub a: String,
+    pub b: String,
+    pub proc: FakeProc,
+    pub kubelet: PodResourcesServer,
+    _dir: TempDir,
+    /// The simulated applications' PIDs are `pid_base + 1` (train) and `+ 2` (serve).
+    pid_base: u32,
+}
+
+impl TwoTeams {
+    /// Namespaces `<prefix>-a-…` and `<prefix>-b-…`; `pid_base` keeps tests' fake PIDs apart.
+    pub fn start(rt: &tokio::runtime::Runtime, prefix: &str, pid_base: u32) -> TwoTeams {
+        use neuron_node_agent::attribution::podresources::{NEURONCORE, NEURONDEVICE};
+        let cp = neuron_e2e::ControlPlane::shared();
+        let node = format!("neuron-node-{:08x}", neuron_e2e::random_u32());
+        let (a, b) = rt.block_on(async {
+            (cp.namespace(&format!("{prefix}-a")).await, cp.namespace(&format!("{prefix}-b")).await)
+        });
+        let client = rt.block_on(cp.client());
+        let (cid_a, cid_b) = (container_id(pid_base + 0xa), container_id(pid_base + 0xb));
+        let uid_a = rt.block_on(running_pod(&client, &a, "train", &node, "main", &cid_a));
+        let uid_b = rt.block_on(running_pod(&client, &b, "serve", &node, "srv", &cid_b));
+        let proc = FakeProc::new();
+        proc.process(pid_base + 1, &containerd_cgroup(&uid_a, &cid_a));
+        proc.process(pid_base + 2, &containerd_cgroup(&uid_b, &cid_b));
+        let dir = TempDir::new("kubelet");
+        let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
+        kubelet.set(vec![
+            holding(&a, "train", "main", NEURONDEVICE, &[0, 1]),
+            holding(&b, "serve", "srv", NEURONCORE, &[4, 5]),
+        ]);
+        TwoTeams { node, a, b, proc, kubelet, _dir: dir, pid_base }
+    }
+
+    /// The simulator's arguments: a trn1.32xlarge, the two applications, ECC events.
+    pub fn sim_args(&self) -> Vec<String> {
+        vec![
+            "--instance-type=trn1.32xlarge".to_owned(),
+            format!("--app=tag=train,cores=0-2,util=80,rps=20,pid={}", self.pid_base + 1),
+            format!("--app=tag=serve,cores=4,util=50,rps=40,pid={}", self.pid_base + 2),
+            "--ecc-every=1".to_owned(),
+        ]
+    }
+
+    /// The agent's arguments: this node, its fake /proc and kubelet.
+    pub fn agent_args(&self) -> Vec<String> {
+        vec![
+            "--node-name".to_owned(),
+            self.node.clone(),
+            "--proc-root".to_owned(),
+            self.proc.root().display().to_string(),
+            "--pod-resources-socket".to_owned(),
+            self.kubelet.socket.display().to_string(),
+            "--pod-resources-interval".to_owned(),
+            "300ms".to_owned(),
+        ]
+    }
+}

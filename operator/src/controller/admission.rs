@@ -7,7 +7,8 @@
 //! A refused config keeps its last accepted version on its nodes — as long as that
 //! version is itself within the policy in force and fits the ceiling: a policy that
 //! tightens takes effect on established configs too. Only a version that passes every
-//! check here becomes the last accepted one.
+//! check here becomes the last accepted one, and is recorded on the config
+//! ([`super::accepted`]) for the operator that renders after a restart or a leader change.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -24,7 +25,7 @@ use api::{
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use super::{Controller, Verdict};
+use super::{accepted, Controller, Verdict};
 use crate::nodes;
 
 /// What a pass renders and tells.
@@ -35,6 +36,8 @@ pub(super) struct Admission {
     pub(super) usable: Vec<ValidConfig>,
     /// The costs of each accepted config's current version on its matched nodes.
     pub(super) costs: HashMap<ConfigKey, Costs>,
+    /// Accepted configs whose current version is not recorded on them yet.
+    pub(super) to_record: Vec<Arc<NeuronMonitorConfig>>,
 }
 
 /// One version of a config that passed validation and the policy.
@@ -160,16 +163,20 @@ impl Controller {
         };
 
         // Each config's current version, and its last accepted one where that is within
-        // the policy (re-checked only when it differs from the current one).
+        // the policy (re-checked only when it differs from the current one). The last
+        // accepted version comes from memory, else from the config's record of it.
         let mut candidates: Vec<Candidate> = Vec::with_capacity(configs.len());
         for config in configs {
             let current = validate::validate(config, &self.namespace).and_then(|v| check(config, v));
-            let previous = config.uid().and_then(|uid| last_good.get(&uid).cloned());
+            let previous = match config.uid().and_then(|uid| last_good.get(&uid).cloned()) {
+                Some(p) => Some((p.object, p.valid)),
+                None => accepted::recorded(config, &self.namespace).map(|(object, valid)| (Arc::new(object), valid)),
+            };
             let last = match (&current, previous) {
-                (Ok(now), Some(p)) if p.object.metadata.generation == now.object.metadata.generation => {
+                (Ok(now), Some((object, _))) if object.metadata.generation == now.object.metadata.generation => {
                     Some(now.clone())
                 }
-                (_, Some(p)) => check(&p.object, p.valid).ok(),
+                (_, Some((object, valid))) => check(&object, valid).ok(),
                 (_, None) => None,
             };
             candidates.push(Candidate { config: config.clone(), current, last });
@@ -215,12 +222,16 @@ impl Controller {
         let mut verdicts = Vec::with_capacity(candidates.len());
         let mut usable = Vec::with_capacity(candidates.len());
         let mut costs = HashMap::new();
+        let mut to_record = Vec::new();
         for (i, Candidate { config, current, last }) in candidates.into_iter().enumerate() {
             let fit = fits.remove(&i).unwrap_or(Fit::Admitted);
             match (current, fit) {
                 (Ok(now), Fit::Admitted) => {
                     if let Some(uid) = config.uid() {
                         last_good.insert(uid, now.clone());
+                    }
+                    if !accepted::is_recorded(&config) {
+                        to_record.push(config.clone());
                     }
                     if let Some(c) = now.costs {
                         costs.insert(now.valid.key.clone(), c);
@@ -234,7 +245,11 @@ impl Controller {
                 }
                 (Ok(_), Fit::Refused(why)) => verdicts.push((config, Err(why))),
                 (Err(why), fit) => {
-                    // Its last accepted version, unless the ceiling has no room for it.
+                    // Its last accepted version (kept in memory: it may have been read
+                    // from the config's record), unless the ceiling has no room for it.
+                    if let (Some(l), Some(uid)) = (&last, config.uid()) {
+                        last_good.insert(uid, l.clone());
+                    }
                     if !matches!(fit, Fit::Refused(_)) {
                         usable.extend(last.map(|l| l.valid));
                     }
@@ -242,6 +257,6 @@ impl Controller {
                 }
             }
         }
-        Admission { verdicts, usable, costs }
+        Admission { verdicts, usable, costs, to_record }
     }
 }

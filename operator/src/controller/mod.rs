@@ -23,10 +23,11 @@ use api::{
         MONITOR_CONFIG_KEY, NODE_ANNOTATION, NODE_CONFIG_KEY,
     },
 };
-use futures::{Stream, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::{
     api::{DeleteParams, Patch, PatchParams},
+    core::PartialObjectMeta,
     runtime::{
         events::Recorder,
         reflector::{self, Store},
@@ -39,7 +40,9 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+mod accepted;
 mod admission;
+mod pending;
 mod policy;
 mod status;
 
@@ -51,6 +54,7 @@ use api::{
 };
 
 use crate::{
+    headers::HeadersMirror,
     nodes::{self, NeuronNodePolicy},
     telemetry::{ErrorLabel, OperatorMetrics, ReasonLabel},
 };
@@ -59,6 +63,10 @@ use crate::{
 pub const MANAGER: &str = "neuron-operator";
 /// A full pass at least this often, whatever the watches say.
 const RESYNC: Duration = Duration::from_secs(300);
+/// ... and this often while a config names an OTLP headers Secret: the Secrets are read,
+/// not watched (the operator may not watch them), so a rotation or a new grant reaches
+/// the agents within it.
+const HEADERS_RESYNC: Duration = Duration::from_secs(60);
 /// Server-side duration of each watch call; below the client's read timeout, so a quiet
 /// watch ends normally and is resumed from its resource version.
 pub const WATCH_SECONDS: u32 = 20;
@@ -97,7 +105,13 @@ pub struct Controller {
     recorder: Recorder,
     configs: Store<NeuronMonitorConfig>,
     nodes: Store<Node>,
-    configmaps: Store<ConfigMap>,
+    /// Metadata only: the operator reads their annotations, never their data (which can
+    /// approach 1 MiB per node).
+    configmaps: Store<PartialObjectMeta<ConfigMap>>,
+    /// The configs' OTLP headers, mirrored for the agents.
+    headers: HeadersMirror,
+    /// The last pass found a config with an OTLP headers Secret.
+    reads_headers: std::sync::atomic::AtomicBool,
     /// The tenancy policy and the namespaces' labels.
     tenancy: PolicySource,
     /// The prices of the cost estimate.
@@ -110,6 +124,10 @@ pub struct Controller {
     changed: Arc<Notify>,
     /// Which watches have listed everything (see [`Listed`]).
     listed: watch::Receiver<Listed>,
+    /// ConfigMap writes (and deletes) in flight at once in a pass.
+    writes_in_flight: usize,
+    /// ConfigMaps written that the cache may not show yet.
+    pending: pending::PendingWrites,
 }
 
 /// Which watches have completed their first listing. Kept here rather than asked of the
@@ -131,12 +149,17 @@ impl Listed {
     }
 }
 
-/// What the tenancy policy and the cost estimate are given.
+/// How the controller runs, beyond what it watches.
 #[derive(Clone, Debug, Default)]
-pub struct TenancyOptions {
-    /// The ConfigMap of the operator's namespace holding the policy ([`POLICY_KEY`]);
-    /// `None`: the built-in policy.
+pub struct Options {
+    /// The Secret of the operator's namespace the configs' OTLP headers are mirrored into.
+    pub headers_secret: String,
+    /// ConfigMap writes (and deletes) a pass has in flight at once (at least 1).
+    pub writes_in_flight: usize,
+    /// The ConfigMap of the operator's namespace holding the tenancy policy
+    /// ([`POLICY_KEY`]); `None`: the built-in policy.
     pub policy_configmap: Option<String>,
+    /// The prices of the cost estimate.
     pub prices: Prices,
 }
 
@@ -148,7 +171,7 @@ impl Controller {
         policy: NeuronNodePolicy,
         metrics: OperatorMetrics,
         recorder: Recorder,
-        tenancy: TenancyOptions,
+        options: Options,
     ) -> Arc<Controller> {
         let changed = Arc::new(Notify::new());
         let (listed_tx, listed) = watch::channel(Listed::default());
@@ -158,7 +181,8 @@ impl Controller {
         let (configmaps, configmaps_writer) = reflector::store();
         let config_api: Api<NeuronMonitorConfig> = Api::all(client.clone());
         let node_api: Api<Node> = Api::all(client.clone());
-        let configmap_api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+        // Metadata-only requests (`PartialObjectMeta`).
+        let configmap_api: Api<PartialObjectMeta<ConfigMap>> = Api::namespaced(client.clone(), namespace);
         let label = format!("{MANAGED_LABEL}=true");
         spawn_watch(
             "neuronmonitorconfigs",
@@ -202,12 +226,15 @@ impl Controller {
             reflector::reflector(
                 configmaps_writer,
                 watcher(configmap_api, watcher::Config::default().labels(&label).timeout(WATCH_SECONDS))
-                    .default_backoff(),
+                    .default_backoff()
+                    .modify(|cm| cm.managed_fields_mut().clear()),
             ),
         );
         let tenancy_policy =
-            PolicySource::start(&client, namespace, tenancy.policy_configmap.as_deref(), &changed, &listed_tx);
+            PolicySource::start(&client, namespace, options.policy_configmap.as_deref(), &changed, &listed_tx);
         Arc::new(Controller {
+            headers: HeadersMirror::new(client.clone(), namespace, &options.headers_secret),
+            reads_headers: Default::default(),
             client,
             namespace: namespace.to_owned(),
             policy,
@@ -217,11 +244,13 @@ impl Controller {
             nodes,
             configmaps,
             tenancy: tenancy_policy,
-            prices: tenancy.prices,
+            prices: options.prices,
             last_good: Mutex::default(),
             announced: Mutex::default(),
             changed,
             listed,
+            writes_in_flight: options.writes_in_flight.max(1),
+            pending: Default::default(),
         })
     }
 
@@ -263,7 +292,23 @@ impl Controller {
         let mut retry = Duration::from_millis(500);
         loop {
             if *leading.borrow_and_update() {
-                match self.reconcile().await {
+                // A pass over thousands of nodes takes seconds: it stops at once when the
+                // lease is lost (the new leader writes now) or on shutdown (so the lease is
+                // released without delay); the next leader's pass finishes it.
+                let lost = async {
+                    if leading.wait_for(|leads| !*leads).await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                let pass = tokio::select! {
+                    pass = self.reconcile() => pass,
+                    _ = lost => {
+                        warn!("lost the lease during a pass; stopped writing");
+                        continue;
+                    }
+                    _ = shutdown.cancelled() => return,
+                };
+                match pass {
                     Ok(()) => retry = Duration::from_millis(500),
                     Err(e) => {
                         warn!(error = %e, retry_in_ms = retry.as_millis() as u64, "reconcile failed");
@@ -280,9 +325,17 @@ impl Controller {
             tokio::select! {
                 _ = self.changed.notified() => tokio::time::sleep(DEBOUNCE).await,
                 _ = leading.changed() => {}
-                _ = tokio::time::sleep(RESYNC) => {}
+                _ = tokio::time::sleep(self.resync()) => {}
                 _ = shutdown.cancelled() => return,
             }
+        }
+    }
+
+    fn resync(&self) -> Duration {
+        if self.reads_headers.load(std::sync::atomic::Ordering::Relaxed) {
+            HEADERS_RESYNC
+        } else {
+            RESYNC
         }
     }
 
@@ -296,24 +349,52 @@ impl Controller {
 
         let policy = self.tenancy.current(&self.metrics, &self.recorder).await;
         let admission = self.admit(&configs, &nodes, &policy);
+        let mut failures = WriteFailures::default();
+        // Before the nodes get a new version: a restart must find it recorded.
+        for config in &admission.to_record {
+            if let Err(e) = self.record_accepted(config).await {
+                failures.record(&self.metrics, "config", "annotate", &config.name_any(), &e);
+            }
+        }
 
         // Render (configs that do not fit on their nodes are refused) and write what
         // changed. A failed write stops nothing else: it is counted, and the pass retried.
         let rendering = render::render_all(nodes.iter(), &admission.usable)?;
-        let mut failures = WriteFailures::default();
+        self.pending.expire();
         let mut written: HashSet<String> = HashSet::new();
-        for node in &nodes {
-            let name = node.name_any();
-            if let Some(rendered) = rendering.rendered(&name) {
-                match self.apply_configmap(node, rendered).await {
-                    Ok(()) => {
-                        written.insert(name);
-                    }
-                    Err(e) => failures.record(&self.metrics, "configmap", "apply", &name, &e),
+        // Several writes in flight: one at a time, a round trip per node made a change
+        // reach 1,000 nodes in tens of seconds.
+        // (Futures collected first: a stream mapped by a closure over borrowed nodes would
+        // not be `Send` for the spawned reconcile loop.)
+        let writes: Vec<_> = nodes
+            .iter()
+            .filter_map(|node| {
+                let rendered = rendering.rendered(&node.name_any())?;
+                Some(async move { (node.name_any(), self.apply_configmap(node, rendered).await) })
+            })
+            .collect();
+        let applied: Vec<(String, Result<(), Error>)> =
+            futures::stream::iter(writes).buffer_unordered(self.writes_in_flight).collect().await;
+        for (name, result) in applied {
+            match result {
+                Ok(()) => {
+                    written.insert(name);
                 }
+                Err(e) => failures.record(&self.metrics, "configmap", "apply", &name, &e),
             }
         }
         self.delete_stale_configmaps(&rendering, &mut failures).await;
+
+        // The OTLP headers of the configs the nodes run, for their agents.
+        let on_nodes =
+            admission.usable.iter().filter(|v| rendering.refusal(&v.key).is_none()).map(|v| (&v.key, &v.route));
+        let (headers, mirrored) = self.headers.sync(on_nodes).await;
+        self.reads_headers.store(!headers.is_empty(), std::sync::atomic::Ordering::Relaxed);
+        match mirrored {
+            Ok(true) => self.metrics.wrote("secret", "apply"),
+            Ok(false) => {}
+            Err(e) => failures.record(&self.metrics, "secret", "apply", "OTLP headers mirror", &e.into()),
+        }
 
         // Verdicts: refused by validation, else by the room on its nodes.
         let verdicts: Vec<Verdict> = admission
@@ -359,6 +440,7 @@ impl Controller {
                 applied: applied.get(&key).copied().unwrap_or(0),
                 unhealthy: unhealthy.get(&key).copied().unwrap_or(0),
                 health: config.spec.health.is_some().then(|| health_conflicts.get(&key).cloned()),
+                headers: headers.get(&key).cloned(),
                 costs,
             };
             if let Err(e) = self.update_status(&config, outcome).await {
@@ -399,6 +481,11 @@ impl Controller {
         let name = configmap_name(&node_name);
         let current = self.configmaps.get(&reflector::ObjectRef::new(&name).within(&self.namespace));
         if current.as_ref().and_then(|cm| cm.annotations().get(CONFIG_HASH_ANNOTATION)) == Some(&rendered.hash) {
+            self.pending.seen(&name);
+            return Ok(());
+        }
+        let cached_version = current.as_ref().and_then(|cm| cm.metadata.resource_version.as_deref());
+        if self.pending.is_pending(&name, &rendered.hash, cached_version) {
             return Ok(());
         }
         let monitor = serde_json::to_string_pretty(&rendered.config.monitor)?;
@@ -422,25 +509,48 @@ impl Controller {
         });
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
         api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&configmap)).await?;
+        self.pending.wrote(&name, &rendered.hash, cached_version);
         self.metrics.wrote("configmap", "apply");
         info!(node = %node_name, configmap = %name, hash = %rendered.hash, "wrote node configuration");
         Ok(())
     }
 
+    /// Deletes the ConfigMaps of nodes nothing applies to any more (a node that is gone
+    /// takes its own: the garbage collector follows its owner reference).
     async fn delete_stale_configmaps(&self, rendering: &Rendering, failures: &mut WriteFailures) {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
-        for cm in self.configmaps.state() {
-            let node = cm.annotations().get(NODE_ANNOTATION).cloned().unwrap_or_default();
-            if rendering.rendered(&node).is_some() {
-                continue;
-            }
-            match api.delete(&cm.name_any(), &DeleteParams::default()).await {
-                Ok(_) => {
-                    self.metrics.wrote("configmap", "delete");
-                    info!(configmap = %cm.name_any(), node = %node, "deleted the configuration of a node nothing applies to");
+        let deletes: Vec<_> = self
+            .configmaps
+            .state()
+            .into_iter()
+            .filter(|cm| {
+                let node = cm.annotations().get(NODE_ANNOTATION).map(String::as_str).unwrap_or_default();
+                rendering.rendered(node).is_none()
+            })
+            .map(|cm| {
+                let api = api.clone();
+                async move {
+                    let name = cm.name_any();
+                    self.pending.seen(&name);
+                    let result = match api.delete(&name, &DeleteParams::default()).await {
+                        Ok(_) => {
+                            self.metrics.wrote("configmap", "delete");
+                            let node = cm.annotations().get(NODE_ANNOTATION).cloned().unwrap_or_default();
+                            info!(configmap = %name, %node, "deleted the configuration of a node nothing applies to");
+                            Ok(())
+                        }
+                        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                        Err(e) => Err(e),
+                    };
+                    (name, result)
                 }
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => failures.record(&self.metrics, "configmap", "delete", &cm.name_any(), &e.into()),
+            })
+            .collect();
+        let deleted: Vec<(String, Result<(), kube::Error>)> =
+            futures::stream::iter(deletes).buffer_unordered(self.writes_in_flight).collect().await;
+        for (name, result) in deleted {
+            if let Err(e) = result {
+                failures.record(&self.metrics, "configmap", "delete", &name, &e.into());
             }
         }
     }

@@ -24,7 +24,7 @@ use api::{
     validate::{Invalid, Refusal},
 };
 
-use crate::telemetry::ReasonLabel;
+use crate::{headers::HeadersOutcome, telemetry::ReasonLabel};
 
 /// What a pass found for one config.
 pub(super) struct Outcome {
@@ -42,11 +42,14 @@ pub(super) struct Outcome {
     pub(super) health: Option<Option<HealthConflict>>,
     /// What an accepted config with a CloudWatch or OTLP sink costs.
     pub(super) costs: Option<Costs>,
+    /// For a config whose OTLP sink has a `headersSecret`: whether its headers reach the
+    /// agents.
+    pub(super) headers: Option<HeadersOutcome>,
 }
 
 impl Controller {
     pub(super) async fn update_status(&self, config: &NeuronMonitorConfig, outcome: Outcome) -> Result<(), Error> {
-        let Outcome { verdict, matched, carried, applied, unhealthy, health, costs } = outcome;
+        let Outcome { verdict, matched, carried, applied, unhealthy, health, headers, costs } = outcome;
         let previous = config.status.clone().unwrap_or_default();
         let generation = config.metadata.generation;
         // Only what reached the nodes' ConfigMaps is claimed.
@@ -101,6 +104,9 @@ impl Controller {
                 ),
             };
             conditions.push(condition(&previous, "HealthSettings", in_force, reason, &message, generation));
+        }
+        if let Some(h) = headers {
+            conditions.push(condition(&previous, "OtlpHeaders", h.mirrored, h.reason, &h.message, generation));
         }
         let status = NeuronMonitorConfigStatus {
             observed_generation: generation,

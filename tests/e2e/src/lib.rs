@@ -6,11 +6,22 @@
 //!   helm, prometheus, promtool; LocalStack has a venv of its own, see
 //!   `node-agent/tests/support/cloudwatch.rs`).
 //! - [`workspace_bin`]: the project's own binaries (`cargo build --workspace --bins`).
+//! - [`chart`]: the Helm chart rendered, its objects, a container's args and environment.
+//! - [`https`]: an HTTPS client for the metrics ports, and a Secret volume laid out as
+//!   the kubelet lays it out.
+//! - [`prometheus`]: a real Prometheus (scraping, or Prometheus 3 receiving OTLP);
+//!   [`otlp`]: a test OTLP receiver that records what it is sent; [`dashboard`]: the
+//!   chart dashboard's queries.
 //!
 //! Every process started here dies with the test binary, even when a test panics: it is
 //! started from a thread that lives as long as the process, with the parent-death
 //! signal set, and is stopped gracefully (SIGTERM) so it cleans up after itself.
 
+pub mod chart;
+pub mod dashboard;
+pub mod fleet;
+pub mod https;
+pub mod otlp;
 pub mod prometheus;
 
 use std::{
@@ -23,7 +34,11 @@ use std::{
 
 use anyhow::{anyhow, bail, Context};
 use k8s_openapi::{
-    api::core::v1::Namespace, apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    api::{
+        authentication::v1::{TokenRequest, TokenRequestSpec},
+        core::v1::{Namespace, ServiceAccount},
+    },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 };
 use kube::{
     api::{ObjectMeta, Patch, PatchParams, PostParams},
@@ -111,6 +126,9 @@ pub struct ControlPlane {
     pub log: PathBuf,
     pub controllers: bool,
     pub ready_seconds: f64,
+    /// The process (etcd, kube-apiserver and the controllers), for its CPU and memory.
+    #[serde(skip)]
+    pub pid: u32,
 }
 
 static CONTROL_PLANE: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
@@ -133,7 +151,10 @@ impl ControlPlane {
         if line.trim().is_empty() {
             bail!("the control plane (pid {pid}) exited before it was ready; see its log on stderr");
         }
-        serde_json::from_str(line.trim()).with_context(|| format!("control plane ready line {line:?}"))
+        let mut control_plane: ControlPlane =
+            serde_json::from_str(line.trim()).with_context(|| format!("control plane ready line {line:?}"))?;
+        control_plane.pid = pid;
+        Ok(control_plane)
     }
 
     fn config(&self) -> anyhow::Result<Kubeconfig> {
@@ -187,6 +208,56 @@ impl ControlPlane {
         let groups = service_account_groups(namespace);
         let groups = groups.each_ref().map(String::as_str);
         self.client_as_with_extra(&service_account_user(namespace, name), &groups, &[(NODE_NAME_EXTRA, node)]).await
+    }
+
+    /// Writes a kubeconfig acting as the ServiceAccount `namespace/name` (impersonation by
+    /// the administrator), as a pod with that ServiceAccount would: on `node`, its token
+    /// names the node in the user extra, as a token the kubelet mounts does.
+    pub fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+        node: Option<&str>,
+        path: &Path,
+    ) -> anyhow::Result<()> {
+        let text = std::fs::read_to_string(&self.kubeconfig)?;
+        let mut config: serde_norway::Value = serde_norway::from_str(&text)?;
+        let users = config["users"].as_sequence_mut().ok_or_else(|| anyhow!("no users in the kubeconfig"))?;
+        for user in users {
+            let user = user["user"].as_mapping_mut().ok_or_else(|| anyhow!("a kubeconfig user without settings"))?;
+            user.insert("as".into(), service_account_user(namespace, name).into());
+            user.insert("as-groups".into(), serde_norway::to_value(service_account_groups(namespace))?);
+            if let Some(node) = node {
+                let extra = serde_json::json!({ NODE_NAME_EXTRA: [node] });
+                user.insert("as-user-extra".into(), serde_norway::to_value(extra)?);
+            }
+        }
+        std::fs::write(path, serde_norway::to_string(&config)?).with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// A token of the ServiceAccount `namespace/name` (created when missing) from a
+    /// TokenRequest, valid an hour, for `audiences` (empty: the API server's), as the
+    /// kubelet mounts one in a pod.
+    pub async fn service_account_token(&self, namespace: &str, name: &str, audiences: &[&str]) -> String {
+        let accounts = Api::<ServiceAccount>::namespaced(self.client().await, namespace);
+        if accounts.get_opt(name).await.expect("read the ServiceAccount").is_none() {
+            let account = ServiceAccount {
+                metadata: ObjectMeta { name: Some(name.to_owned()), ..Default::default() },
+                ..Default::default()
+            };
+            accounts.create(&PostParams::default(), &account).await.expect("create the ServiceAccount");
+        }
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: audiences.iter().map(|a| (*a).to_owned()).collect(),
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let issued =
+            accounts.create_token_request(name, &PostParams::default(), &request).await.expect("a TokenRequest");
+        issued.status.expect("the TokenRequest's status").token
     }
 
     /// Creates a namespace of its own for one test: `<prefix>-<random>`.

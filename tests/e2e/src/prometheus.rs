@@ -1,5 +1,6 @@
 //! A real Prometheus server (the `prometheus` test tool) with a scrape configuration of
-//! the test's choosing, and PromQL over its HTTP API.
+//! the test's choosing, or Prometheus 3 (`prometheus3`) receiving OTLP; PromQL over its
+//! HTTP API.
 
 use std::{
     collections::BTreeMap,
@@ -29,20 +30,38 @@ impl Prometheus {
     /// its items), evaluating and scraping every second by default, and waits until it is
     /// ready.
     pub fn start(scrape_configs: &str) -> anyhow::Result<Prometheus> {
-        let dir = std::env::temp_dir().join(format!("neuron-e2e-prometheus-{:08x}", random_u32()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let config = format!(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nscrape_configs:\n{scrape_configs}"
         );
+        Self::launch("prometheus", &config, &[])
+    }
+
+    /// Starts Prometheus 3 with its OTLP receiver (`--web.enable-otlp-receiver`) and
+    /// nothing to scrape; `otlp` is the YAML under its `otlp:` key (e.g. the
+    /// `translation_strategy`), empty for the defaults.
+    pub fn start_otlp_receiver(otlp: &str) -> anyhow::Result<Prometheus> {
+        let config = format!("global:\n  evaluation_interval: 1s\n{otlp}");
+        Self::launch("prometheus3", &config, &["--web.enable-otlp-receiver"])
+    }
+
+    /// The URL of its OTLP/HTTP metrics receiver.
+    pub fn otlp_url(&self) -> String {
+        format!("http://{}/api/v1/otlp/v1/metrics", self.addr)
+    }
+
+    fn launch(binary: &str, config: &str, args: &[&str]) -> anyhow::Result<Prometheus> {
+        let dir = std::env::temp_dir().join(format!("neuron-e2e-prometheus-{:08x}", random_u32()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let config_path = dir.join("prometheus.yml");
         std::fs::write(&config_path, config).context("writing prometheus.yml")?;
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse()?;
-        let mut command = Command::new(tool("prometheus"));
+        let mut command = Command::new(tool(binary));
         command
             .arg(format!("--config.file={}", config_path.display()))
             .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
             .arg(format!("--web.listen-address={addr}"))
             .arg("--log.level=warn")
+            .args(args)
             .stdin(Stdio::null())
             .stderr(Stdio::inherit());
         let (pid, _stdout) = spawn_tied(command, libc::SIGTERM)?;
@@ -50,7 +69,7 @@ impl Prometheus {
         let started = Instant::now();
         while get(addr, "/-/ready").map(|r| r.0) != Some(200) {
             if started.elapsed() > Duration::from_secs(60) {
-                bail!("prometheus (pid {pid}) was not ready after 60 s");
+                bail!("{binary} (pid {pid}) was not ready after 60 s");
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -143,23 +162,6 @@ fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
     let body = &raw[split + 4..];
     let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    let body = if head.contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_vec() };
+    let body = if head.contains("transfer-encoding: chunked") { crate::https::dechunk(body) } else { body.to_vec() };
     Some((status, String::from_utf8_lossy(&body).into_owned()))
-}
-
-/// The payload of a chunked body (sizes count bytes).
-fn dechunk(mut body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(line_end) = body.windows(2).position(|w| w == b"\r\n") {
-        let size = std::str::from_utf8(&body[..line_end]).ok().and_then(|s| usize::from_str_radix(s.trim(), 16).ok());
-        let rest = &body[line_end + 2..];
-        match size {
-            Some(size) if size > 0 && rest.len() >= size => {
-                out.extend_from_slice(&rest[..size]);
-                body = rest[size..].strip_prefix(b"\r\n").unwrap_or(&rest[size..]);
-            }
-            _ => break,
-        }
-    }
-    out
 }

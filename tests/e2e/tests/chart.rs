@@ -10,7 +10,6 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    sync::OnceLock,
     time::{Duration, Instant},
 };
 
@@ -29,20 +28,17 @@ use kube::{
     Api, Client, ResourceExt,
 };
 use neuron_e2e::{
-    free_port, http_get, kubectl, prometheus::Prometheus, random_u32, repo_root, sample, service_account_groups,
-    service_account_user, spawn_tied, tool, wait_for, workspace_bin, ControlPlane, Process, NODE_NAME_EXTRA,
+    chart::{chart_args, chart_dir, chart_env, documents, find, helm, kind, one, run, strings, template_as},
+    free_port, http_get, https, kubectl,
+    prometheus::Prometheus,
+    random_u32, repo_root, sample, spawn_tied, tool, wait_for, workspace_bin, ControlPlane, Process, NODE_NAME_EXTRA,
 };
-use serde::Deserialize;
 use serde_json::json;
 use serde_norway::Value;
 
 const RELEASE: &str = "nm";
 /// The monitoring.coreos.com kinds the chart renders when the cluster serves them.
 const MONITORING_KINDS: [&str; 3] = ["ServiceMonitor", "PodMonitor", "PrometheusRule"];
-
-fn chart_dir() -> PathBuf {
-    repo_root().join("charts/neuron-monitor")
-}
 
 /// The realistic values files (charts/neuron-monitor/ci/), sorted.
 fn values_files() -> Vec<PathBuf> {
@@ -58,53 +54,10 @@ fn values_files() -> Vec<PathBuf> {
     files
 }
 
-fn run(mut command: Command) -> (bool, String, String) {
-    let out =
-        command.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("running {:?}: {e}", command.get_program()));
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// helm, with its configuration and caches in the target directory rather than the
-/// user's home.
-fn helm(args: &[&str]) -> (bool, String, String) {
-    static HOME: OnceLock<PathBuf> = OnceLock::new();
-    let home = HOME.get_or_init(|| {
-        // <target>/<profile>/deps/<test binary> → <target>/<profile>/helm-home
-        let exe = std::env::current_exe().expect("the test executable's path");
-        let dir = exe.parent().and_then(Path::parent).expect("target/<profile>").join("helm-home");
-        std::fs::create_dir_all(&dir).expect("helm home");
-        dir
-    });
-    let mut command = Command::new(tool("helm"));
-    command
-        .args(args)
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"));
-    run(command)
-}
-
 /// `helm template` of the chart as release [`RELEASE`]; panics with helm's message when
 /// it fails.
 fn template(namespace: &str, values: Option<&Path>, extra: &[&str]) -> String {
     template_as(RELEASE, namespace, values, extra)
-}
-
-fn template_as(release: &str, namespace: &str, values: Option<&Path>, extra: &[&str]) -> String {
-    let chart = chart_dir();
-    let mut args = vec!["template", release, chart.to_str().unwrap(), "--namespace", namespace];
-    let values = values.map(|v| v.display().to_string());
-    if let Some(v) = &values {
-        args.extend(["--values", v]);
-    }
-    args.extend_from_slice(extra);
-    let (ok, out, err) = helm(&args);
-    assert!(ok, "helm {}: {err}", args.join(" "));
-    out
 }
 
 /// `--api-versions` flags that make helm render every monitoring.coreos.com kind.
@@ -113,32 +66,6 @@ fn monitoring_api_flags() -> Vec<String> {
         .iter()
         .flat_map(|k| ["--api-versions".to_owned(), format!("monitoring.coreos.com/v1/{k}")])
         .collect()
-}
-
-fn documents(yaml: &str) -> Vec<Value> {
-    serde_norway::Deserializer::from_str(yaml)
-        .map(|d| Value::deserialize(d).expect("rendered YAML parses"))
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
-fn kind(doc: &Value) -> &str {
-    doc["kind"].as_str().unwrap_or_default()
-}
-
-fn find<'a>(docs: &'a [Value], k: &str) -> Vec<&'a Value> {
-    docs.iter().filter(|d| kind(d) == k).collect()
-}
-
-fn one<'a>(docs: &'a [Value], k: &str) -> &'a Value {
-    match find(docs, k).as_slice() {
-        [d] => d,
-        other => panic!("expected one {k}, found {}", other.len()),
-    }
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect()
 }
 
 /// The Prometheus Operator's CRDs (ServiceMonitor, PodMonitor, PrometheusRule), from the
@@ -330,6 +257,164 @@ fn templates_render_what_the_chart_promises() {
     // The default NeuronMonitorConfig lives in the release namespace.
     let nmc = one(&docs, "NeuronMonitorConfig");
     assert_eq!(nmc["metadata"]["namespace"].as_str(), Some("neuron-monitor"));
+
+    // The OTLP headers mirror: an empty Secret, named to both binaries.
+    let mirror = find(&docs, "Secret")
+        .into_iter()
+        .find(|s| s["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-otlp-headers")))
+        .expect("the OTLP headers Secret");
+    assert!(mirror["data"].is_null(), "created empty: {mirror:?}");
+    let flag = format!("--otlp-headers-secret={}", mirror["metadata"]["name"].as_str().unwrap());
+    for k in ["Deployment", "DaemonSet"] {
+        assert!(strings(&one(&docs, k)["spec"]["template"]["spec"]["containers"][0]["args"]).contains(&flag), "{k}");
+    }
+}
+
+/// The names of the Secrets rendered; the (empty) OTLP headers mirror is always one.
+fn secret_names(docs: &[Value]) -> Vec<&str> {
+    find(docs, "Secret").iter().filter_map(|s| s["metadata"]["name"].as_str()).collect()
+}
+
+/// The metrics endpoints (values `metricsEndpoint`): HTTPS with the chart's own
+/// certificate, token reviews granted to both binaries, the reader ClusterRole, monitors
+/// that send a token and check the certificate; cert-manager, plain HTTP and the
+/// NetworkPolicy when asked.
+#[test]
+fn templates_render_the_metrics_endpoints_behind_https_and_tokens() {
+    let api = monitoring_api_flags();
+    let api: Vec<&str> = api.iter().map(String::as_str).collect();
+    let docs = documents(&template("neuron-monitor", None, &api));
+    let args_of = |docs: &[Value], workload: &str| {
+        strings(&one(docs, workload)["spec"]["template"]["spec"]["containers"][0]["args"])
+    };
+    for workload in ["DaemonSet", "Deployment"] {
+        let args = args_of(&docs, workload);
+        for flag in ["--tls-cert-file=", "--tls-key-file=", "--probe-listen=0.0.0.0:"] {
+            assert!(args.iter().any(|a| a.starts_with(flag)), "{workload}: {flag} in {args:?}");
+        }
+        assert!(args.contains(&"--metrics-auth=true".to_owned()), "{workload}: {args:?}");
+        let (secret, _) = certificate_files(&docs, workload);
+        assert_eq!(secret, "nm-neuron-monitor-metrics-tls");
+    }
+    // The chart's own certificate and CA; the CA published on its own.
+    let secret = find(&docs, "Secret").into_iter().find(|d| d["metadata"]["name"] == "nm-neuron-monitor-metrics-tls");
+    let secret = secret.expect("the certificate Secret");
+    assert_eq!(secret["type"].as_str(), Some("kubernetes.io/tls"));
+    for key in ["tls.crt", "tls.key", "ca.crt"] {
+        assert!(secret["data"][key].as_str().is_some_and(|v| !v.is_empty()), "{key}");
+    }
+    let ca = find(&docs, "ConfigMap").into_iter().find(|d| d["metadata"]["name"] == "nm-neuron-monitor-metrics-ca");
+    assert!(ca.expect("the CA ConfigMap")["data"]["ca.crt"].as_str().unwrap().contains("BEGIN CERTIFICATE"));
+    // Both binaries may review tokens; a scraper needs get on /metrics.
+    for role in ["nm-neuron-monitor-node-agent", "nm-neuron-monitor-operator"] {
+        let role = find(&docs, "ClusterRole").into_iter().find(|r| r["metadata"]["name"] == role).expect(role);
+        let rules = serde_norway::to_string(&role["rules"]).unwrap();
+        assert!(rules.contains("tokenreviews") && rules.contains("subjectaccessreviews"), "{rules}");
+    }
+    let reader =
+        find(&docs, "ClusterRole").into_iter().find(|r| r["metadata"]["name"] == "nm-neuron-monitor-metrics-reader");
+    let reader = &reader.expect("the reader ClusterRole")["rules"][0];
+    assert_eq!(
+        (strings(&reader["nonResourceURLs"]), strings(&reader["verbs"])),
+        (vec!["/metrics".to_owned()], vec!["get".to_owned()])
+    );
+    assert!(
+        find(&docs, "ClusterRoleBinding").iter().all(|b| b["metadata"]["name"] != "nm-neuron-monitor-metrics-reader"),
+        "bound only when named"
+    );
+    // The ServiceMonitors: HTTPS to the Service's name, the published CA, Prometheus's token.
+    for (suffix, service) in
+        [("node-agent", "nm-neuron-monitor-node-agent"), ("operator", "nm-neuron-monitor-operator")]
+    {
+        let monitor = find(&docs, "ServiceMonitor")
+            .into_iter()
+            .find(|m| m["metadata"]["name"].as_str().unwrap().ends_with(suffix))
+            .unwrap();
+        let endpoint = &monitor["spec"]["endpoints"][0];
+        assert_eq!(endpoint["scheme"].as_str(), Some("https"));
+        assert_eq!(
+            endpoint["tlsConfig"]["serverName"].as_str(),
+            Some(format!("{service}.neuron-monitor.svc").as_str())
+        );
+        assert_eq!(endpoint["tlsConfig"]["ca"]["configMap"]["name"].as_str(), Some("nm-neuron-monitor-metrics-ca"));
+        assert!(endpoint["bearerTokenFile"].as_str().is_some_and(|f| f.ends_with("serviceaccount/token")));
+    }
+    assert!(find(&docs, "NetworkPolicy").is_empty(), "off by default");
+
+    // PodMonitors: the chart's scraper ServiceAccount and its token Secret, bound to the reader role.
+    let pm = documents(&template("ns", Some(&chart_dir().join("ci/podmonitor-values.yaml")), &api));
+    let endpoint = &find(&pm, "PodMonitor")[0]["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(endpoint["authorization"]["credentials"]["name"].as_str(), Some("nm-neuron-monitor-metrics-scraper"));
+    let token = find(&pm, "Secret")
+        .into_iter()
+        .find(|s| s["type"] == "kubernetes.io/service-account-token")
+        .expect("the scraper's token");
+    assert_eq!(
+        token["metadata"]["annotations"]["kubernetes.io/service-account.name"].as_str(),
+        Some("nm-neuron-monitor-metrics-scraper")
+    );
+    let binding = find(&pm, "ClusterRoleBinding")
+        .into_iter()
+        .find(|b| b["metadata"]["name"] == "nm-neuron-monitor-metrics-reader")
+        .expect("bound");
+    assert_eq!(binding["subjects"][0]["name"].as_str(), Some("nm-neuron-monitor-metrics-scraper"));
+
+    // cert-manager: a Certificate into the same Secret (a self-signed Issuer unless one is
+    // named); the monitors take the CA from the Secret.
+    let cm = documents(&template(
+        "neuron-monitor",
+        None,
+        &[&api[..], &["--set", "metricsEndpoint.tls.source=certManager"]].concat(),
+    ));
+    let certificate = one(&cm, "Certificate");
+    assert_eq!(certificate["spec"]["secretName"].as_str(), Some("nm-neuron-monitor-metrics-tls"));
+    assert!(strings(&certificate["spec"]["dnsNames"])
+        .contains(&"nm-neuron-monitor-node-agent.neuron-monitor.svc".to_owned()));
+    assert_eq!(one(&cm, "Issuer")["spec"]["selfSigned"], Value::Mapping(Default::default()));
+    assert_eq!(secret_names(&cm), ["nm-neuron-monitor-otlp-headers"], "no chart-made certificate");
+    let ca = &find(&cm, "ServiceMonitor")[0]["spec"]["endpoints"][0]["tlsConfig"]["ca"]["secret"];
+    assert_eq!((ca["name"].as_str(), ca["key"].as_str()), (Some("nm-neuron-monitor-metrics-tls"), Some("ca.crt")));
+
+    // Plain HTTP (local trials): no certificate, no token checks, plain monitors.
+    let plain = ["--set", "metricsEndpoint.tls.enabled=false", "--set", "metricsEndpoint.authorization.enabled=false"];
+    let plain = documents(&template("neuron-monitor", None, &[&api[..], &plain].concat()));
+    let args = args_of(&plain, "DaemonSet");
+    assert!(
+        args.contains(&"--metrics-auth=false".to_owned()) && !args.iter().any(|a| a.starts_with("--tls-")),
+        "{args:?}"
+    );
+    assert_eq!(secret_names(&plain), ["nm-neuron-monitor-otlp-headers"], "no certificate");
+    assert!(find(&plain, "ServiceMonitor")[0]["spec"]["endpoints"][0]["scheme"].is_null());
+
+    // The NetworkPolicy: the metrics port from the Prometheus pods named, the probe port
+    // from the sources given, nothing else.
+    let set = [
+        "--set",
+        "metricsEndpoint.networkPolicy.enabled=true",
+        "--set",
+        "metricsEndpoint.networkPolicy.prometheusNamespace=monitoring",
+        "--set",
+        "metricsEndpoint.networkPolicy.prometheusPodLabels.app\\.kubernetes\\.io/name=prometheus",
+        "--set",
+        "metricsEndpoint.networkPolicy.probeSources[0].ipBlock.cidr=10.0.0.0/16",
+    ];
+    let policies = documents(&template("neuron-monitor", None, &set));
+    let policies = find(&policies, "NetworkPolicy");
+    assert_eq!(policies.len(), 2, "one per component");
+    for (policy, (port, probe)) in policies.iter().zip([(9010, 9011), (8080, 8081)]) {
+        assert_eq!(strings(&policy["spec"]["policyTypes"]), vec!["Ingress"]);
+        let ingress = policy["spec"]["ingress"].as_sequence().unwrap();
+        assert_eq!(ingress.len(), 2, "{ingress:?}");
+        assert_eq!(ingress[0]["ports"][0]["port"].as_i64(), Some(port));
+        let from = &ingress[0]["from"][0];
+        assert_eq!(
+            from["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"].as_str(),
+            Some("monitoring")
+        );
+        assert_eq!(from["podSelector"]["matchLabels"]["app.kubernetes.io/name"].as_str(), Some("prometheus"));
+        assert_eq!(ingress[1]["ports"][0]["port"].as_i64(), Some(probe));
+        assert_eq!(ingress[1]["from"][0]["ipBlock"]["cidr"].as_str(), Some("10.0.0.0/16"));
+    }
 }
 
 /// Every object of the default and of every values file, accepted by kube-apiserver
@@ -369,6 +454,9 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
         "PodDisruptionBudget",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
+        "NetworkPolicy",
+        "ClusterRoleBinding",
+        "Secret",
     ]) {
         assert!(kinds_seen.contains(*k), "no {k} was checked: {kinds_seen:?}");
     }
@@ -377,7 +465,7 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
 
 #[tokio::test]
 async fn wrong_values_are_refused_naming_the_field() {
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 15] = [
         (&["--set", "operator.replicas=two"], "/operator/replicas"),
         (&["--set", "agent.deviceAccess=root"], "/agent/deviceAccess"),
         (&["--set", "agent.neuronMonitor.source=usr"], "/agent/neuronMonitor/source"),
@@ -391,6 +479,9 @@ async fn wrong_values_are_refused_naming_the_field() {
         // Rules between fields, said by the templates.
         (&["--set", "operator.leaderElection.enabled=false"], "operator.leaderElection.enabled"),
         (&["--set", "monitoring.podMonitor.enabled=true"], "monitoring.podMonitor.enabled"),
+        (&["--set", "metricsEndpoint.tls.source=vault"], "/metricsEndpoint/tls/source"),
+        (&["--set", "metricsEndpoint.tls.enabled=false"], "metricsEndpoint.authorization.enabled"),
+        (&["--set", "metricsEndpoint.networkPolicy.enabled=true"], "metricsEndpoint.networkPolicy.prometheusNamespace"),
     ];
     let chart = chart_dir().display().to_string();
     for (set, field) in cases {
@@ -420,22 +511,6 @@ async fn wrong_values_are_refused_naming_the_field() {
     assert!(ok && out.trim().is_empty(), "nothing installed: {out}{err}");
 }
 
-/// A kubeconfig acting as the ServiceAccount `namespace/name` (impersonation by the
-/// control plane's administrator), as a pod with that ServiceAccount would: on `node`,
-/// its token names the node in the user extra, as a token the kubelet mounts does.
-fn impersonating_kubeconfig(cp: &ControlPlane, namespace: &str, name: &str, node: Option<&str>, path: &Path) {
-    let mut config: Value = serde_norway::from_str(&std::fs::read_to_string(&cp.kubeconfig).unwrap()).unwrap();
-    for user in config["users"].as_sequence_mut().expect("kubeconfig users") {
-        let user = user["user"].as_mapping_mut().expect("user");
-        user.insert("as".into(), service_account_user(namespace, name).into());
-        user.insert("as-groups".into(), serde_norway::to_value(service_account_groups(namespace)).unwrap());
-        if let Some(node) = node {
-            user.insert("as-user-extra".into(), serde_norway::to_value(json!({ NODE_NAME_EXTRA: [node] })).unwrap());
-        }
-    }
-    std::fs::write(path, serde_norway::to_string(&config).unwrap()).unwrap();
-}
-
 /// The rules a ServiceAccount has in `namespace`, as `group/resource[/name]:verb`,
 /// without the self-review rules every authenticated user has.
 async fn rules_of(client: Client, namespace: &str) -> BTreeSet<String> {
@@ -449,7 +524,8 @@ async fn rules_of(client: Client, namespace: &str) -> BTreeSet<String> {
     let mut rules = BTreeSet::new();
     for rule in status.resource_rules {
         let groups = rule.api_groups.unwrap_or_default();
-        if groups.iter().any(|g| g == "authorization.k8s.io" || g == "authentication.k8s.io") {
+        // Every user's own reviews (system:basic-user); not the reviews of others' tokens.
+        if rule.resources.iter().flatten().all(|r| r.starts_with("selfsubject")) {
             continue;
         }
         let names = rule.resource_names.filter(|n| !n.is_empty()).unwrap_or_else(|| vec![String::new()]);
@@ -475,43 +551,18 @@ fn api_code(result: Result<impl Sized, kube::Error>) -> u16 {
     api_answer(result).0
 }
 
-/// Container args of the chart with some flags' values replaced (the chart's own are
-/// paths inside the pod); every other flag is passed as rendered, so that a flag the
-/// binary does not know fails the test.
-fn chart_args(container: &Value, replace: &[(&str, String)]) -> Vec<String> {
-    strings(&container["args"])
-        .into_iter()
-        .map(|arg| {
-            for (flag, value) in replace {
-                if arg == *flag || arg.starts_with(&format!("{flag}=")) {
-                    return format!("{flag}={value}");
-                }
-            }
-            arg
-        })
-        .collect()
-}
-
-/// The environment of a container: plain values, and downward-API fields from `fields`.
-fn chart_env(container: &Value, fields: &[(&str, String)]) -> Vec<(String, String)> {
-    container["env"]
-        .as_sequence()
-        .into_iter()
-        .flatten()
-        .map(|e| {
-            let name = e["name"].as_str().unwrap().to_owned();
-            let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
-                Some(path) => fields
-                    .iter()
-                    .find(|(f, _)| *f == path)
-                    .unwrap_or_else(|| panic!("no test value for the downward-API field {path}"))
-                    .1
-                    .clone(),
-                None => e["value"].as_str().unwrap_or_default().to_owned(),
-            };
-            (name, value)
-        })
-        .collect()
+/// The agent's args as the DaemonSet gives them, with the paths inside the pod moved
+/// under `dir`, the simulator as neuron-monitor, and the flags of `replaced` (its ports)
+/// replaced as well.
+fn agent_chart_args(container: &Value, dir: &Path, mut replaced: Vec<(&'static str, String)>) -> Vec<String> {
+    replaced.extend([
+        ("--monitor-command", workspace_bin("neuron-monitor-sim").display().to_string()),
+        ("--state-dir", dir.join("state").display().to_string()),
+        ("--pod-resources-socket", dir.join("kubelet.sock").display().to_string()),
+        ("--log-format", "text".into()),
+        ("--sysfs-root", dir.join("sys").display().to_string()),
+    ]);
+    chart_args(container, &replaced)
 }
 
 fn start(binary: &str, args: Vec<String>, env: Vec<(String, String)>, cp: &ControlPlane) -> Process {
@@ -528,13 +579,17 @@ where
 }
 
 /// The HTTP probes a container declares, as (probe, path). Each probe's port must be the
-/// one the binary serves on: a named port is resolved through the container's ports and
-/// must equal the port of its `--listen` flag, as the kubelet would resolve it.
+/// one the binary serves its probes on: a named port is resolved through the container's
+/// ports and must equal the port of its `--probe-listen` flag (else `--listen`), as the
+/// kubelet would resolve it.
 fn http_probes(container: &Value) -> Vec<(&'static str, String)> {
-    let listen_port: u64 = strings(&container["args"])
-        .iter()
-        .find_map(|a| a.strip_prefix("--listen=")?.rsplit_once(':')?.1.parse().ok())
-        .expect("the container's args set --listen=<host>:<port>");
+    let args = strings(&container["args"]);
+    let port_of = |flag: &str| -> Option<u64> {
+        args.iter().find_map(|a| a.strip_prefix(flag)?.strip_prefix('=')?.rsplit_once(':')?.1.parse().ok())
+    };
+    let listen_port = port_of("--probe-listen")
+        .or_else(|| port_of("--listen"))
+        .expect("the container's args set --probe-listen or --listen=<host>:<port>");
     let mut probes = Vec::new();
     for kind in ["livenessProbe", "readinessProbe", "startupProbe"] {
         let probe = &container[kind];
@@ -561,8 +616,8 @@ fn http_probes(container: &Value) -> Vec<(&'static str, String)> {
     probes
 }
 
-/// Every probe the chart declares for `container` answers 200 from the binary at `addr`
-/// (the binary runs as the chart runs it, its `--listen` moved to `addr`).
+/// Every probe the chart declares for `container` answers 200 in plain HTTP from the
+/// binary at `addr` (the binary runs as the chart runs it, its probe port moved to `addr`).
 async fn assert_probes_pass(what: &str, container: &Value, addr: SocketAddr) {
     for (kind, path) in http_probes(container) {
         wait(&format!("{what}: the chart's {kind} ({path}) to answer 200"), Duration::from_secs(60), || async {
@@ -585,7 +640,24 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     let kubeconfig = cp.kubeconfig.display().to_string();
     let chart = chart_dir().display().to_string();
     let started = Instant::now();
-    let (ok, out, err) = helm(&["install", RELEASE, &chart, "--namespace", &ns, "--kubeconfig", &kubeconfig]);
+    // The test's Prometheus ServiceAccount is bound to the chart's metrics reader role.
+    let bound = [
+        format!("metricsEndpoint.prometheusServiceAccounts[0].namespace={team}"),
+        "metricsEndpoint.prometheusServiceAccounts[0].name=prometheus".to_owned(),
+    ];
+    let (ok, out, err) = helm(&[
+        "install",
+        RELEASE,
+        &chart,
+        "--namespace",
+        &ns,
+        "--kubeconfig",
+        &kubeconfig,
+        "--set",
+        &bound[0],
+        "--set",
+        &bound[1],
+    ]);
     assert!(ok, "helm install: {out}{err}");
     println!("helm install: {:?}", started.elapsed());
     assert!(out.contains("STATUS: deployed") && out.contains("neuron-monitor"), "{out}");
@@ -618,6 +690,7 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     let operator_cluster = [
         "neuronmonitor.io/neuronmonitorconfigs:list",
         "neuronmonitor.io/neuronmonitorconfigs:watch",
+        "neuronmonitor.io/neuronmonitorconfigs:patch",
         "neuronmonitor.io/neuronmonitorconfigs/status:patch",
         "/nodes:list",
         "/nodes:watch",
@@ -625,6 +698,8 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         "/namespaces:watch",
         "events.k8s.io/events:create",
         "events.k8s.io/events:patch",
+        "authentication.k8s.io/tokenreviews:create",
+        "authorization.k8s.io/subjectaccessreviews:create",
     ];
     let mut operator_here = set(&operator_cluster);
     operator_here.extend(set(&[
@@ -636,6 +711,7 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         "coordination.k8s.io/leases:create",
         "coordination.k8s.io/leases/neuron-operator:get",
         "coordination.k8s.io/leases/neuron-operator:update",
+        "/secrets/nm-neuron-monitor-otlp-headers:patch",
     ]));
     assert_eq!(rules_of(operator_client.clone(), &ns).await, operator_here);
     assert_eq!(rules_of(operator_client.clone(), &team).await, set(&operator_cluster));
@@ -647,37 +723,55 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         "/nodes:patch",
         "events.k8s.io/events:create",
         "events.k8s.io/events:patch",
+        "authentication.k8s.io/tokenreviews:create",
+        "authorization.k8s.io/subjectaccessreviews:create",
     ];
     let mut agent_here = set(&agent_cluster);
-    agent_here.extend(set(&["/configmaps:list", "/configmaps:watch", "/configmaps:patch"]));
+    agent_here.extend(set(&[
+        "/configmaps:list",
+        "/configmaps:watch",
+        "/configmaps:patch",
+        "/secrets/nm-neuron-monitor-otlp-headers:get",
+        "/secrets/nm-neuron-monitor-otlp-headers:list",
+        "/secrets/nm-neuron-monitor-otlp-headers:watch",
+    ]));
     assert_eq!(rules_of(agent_client.clone(), &ns).await, agent_here);
     assert_eq!(rules_of(agent_client.clone(), &team).await, set(&agent_cluster));
 
     // A Neuron node (no kubelet runs here: a Node object is enough for both binaries).
-    let node_name = format!("ip-10-0-{}-7.ec2.internal", random_u32() % 250);
-    let node: Node = serde_json::from_value(json!({
-        "metadata": { "name": node_name, "labels": { "node.kubernetes.io/instance-type": "trn1.2xlarge" } }
-    }))
-    .unwrap();
-    Api::<Node>::all(admin.clone()).create(&PostParams::default(), &node).await.unwrap();
+    let node_name = neuron_node(&admin).await;
 
     // Two operator replicas, as the Deployment runs them, authenticated as its ServiceAccount.
     let dir = std::env::temp_dir().join(format!("neuron-e2e-chart-{:08x}", random_u32()));
     std::fs::create_dir_all(dir.join("proc")).unwrap();
     let operator_kubeconfig = dir.join("operator.kubeconfig");
     let agent_kubeconfig = dir.join("agent.kubeconfig");
-    impersonating_kubeconfig(cp, &ns, &operator_sa, None, &operator_kubeconfig);
+    cp.service_account_kubeconfig(&ns, &operator_sa, None, &operator_kubeconfig).expect("a ServiceAccount kubeconfig");
     // The agent's token is bound to its pod on the node: the chart's admission policy
     // lets it write that node's objects only.
-    impersonating_kubeconfig(cp, &ns, &agent_sa, Some(&node_name), &agent_kubeconfig);
-    let operator = |pod: &str| -> (Process, SocketAddr) {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let args = chart_args(&operator_container, &[("--listen", addr.to_string())]);
+    cp.service_account_kubeconfig(&ns, &agent_sa, Some(&node_name), &agent_kubeconfig)
+        .expect("a ServiceAccount kubeconfig");
+    // The metrics ports' certificate, as the chart made it and mounts it in both binaries.
+    let (secret_name, _) = certificate_files(&docs, "Deployment");
+    let tls = Api::<Secret>::namespaced(admin.clone(), &ns).get(&secret_name).await.expect("the chart's certificate");
+    let tls = tls.data.expect("certificate data");
+    let files: Vec<(&str, &[u8])> = tls.iter().map(|(k, v)| (k.as_str(), v.0.as_slice())).collect();
+    let volume = https::SecretVolume::new(dir.join("tls"), &files).unwrap();
+    let tls_args = |workload: &str, ports: &Ports| -> Vec<(&'static str, String)> {
+        let (secret, files) = certificate_files(&docs, workload);
+        assert_eq!(secret, secret_name, "{workload} mounts the same certificate");
+        let mut args = vec![("--listen", ports.metrics.to_string()), ("--probe-listen", ports.probes.to_string())];
+        args.extend(files.into_iter().map(|(flag, file)| (flag, volume.path(&file).display().to_string())));
+        args
+    };
+    let operator = |pod: &str| -> (Process, Ports) {
+        let ports = Ports::new();
+        let args = chart_args(&operator_container, &tls_args("Deployment", &ports));
         let mut env =
             chart_env(&operator_container, &[("metadata.namespace", ns.clone()), ("metadata.name", pod.to_owned())]);
         env.push(("KUBECONFIG".into(), operator_kubeconfig.display().to_string()));
         env.push(("NEURON_OPERATOR_LOG_FORMAT".into(), "text".into()));
-        (start("neuron-operator", args, env, cp), addr)
+        (start("neuron-operator", args, env, cp), ports)
     };
     let mut replicas = vec![("nm-operator-a", operator("nm-operator-a")), ("nm-operator-b", operator("nm-operator-b"))];
 
@@ -715,8 +809,8 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     assert!(replicas.iter().any(|(name, _)| *name == leader), "leader {leader}");
     // Every replica, leader or standby, passes the probes the kubelet will run: without
     // that, `helm install --wait` hangs and the PodDisruptionBudget blocks node drains.
-    for (name, (_, addr)) in &replicas {
-        assert_probes_pass(&format!("operator {name}"), &operator_container, *addr).await;
+    for (name, (_, ports)) in &replicas {
+        assert_probes_pass(&format!("operator {name}"), &operator_container, ports.probes).await;
     }
 
     // The agent, as the DaemonSet runs it: it follows and acknowledges its ConfigMap.
@@ -732,18 +826,8 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         .find(|m| m["mountPath"].as_str() == Some(sysfs_root.as_str()))
         .expect("a volume mounted at --sysfs-root");
     assert_eq!(sys_mount["readOnly"].as_bool(), Some(true), "the sysfs tree is mounted read-only: {sys_mount:?}");
-    let agent_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let mut agent_args = chart_args(
-        &agent_container,
-        &[
-            ("--listen", agent_addr.to_string()),
-            ("--monitor-command", workspace_bin("neuron-monitor-sim").display().to_string()),
-            ("--state-dir", dir.join("state").display().to_string()),
-            ("--pod-resources-socket", dir.join("kubelet.sock").display().to_string()),
-            ("--log-format", "text".into()),
-            ("--sysfs-root", dir.join("sys").display().to_string()),
-        ],
-    );
+    let agent_ports = Ports::new();
+    let mut agent_args = agent_chart_args(&agent_container, &dir, tls_args("DaemonSet", &agent_ports));
     // A driver tree with one device in the invalid state: the Node condition and an
     // Event, written with the chart's rules.
     let device = dir.join("sys/devices/virtual/neuron_device/neuron0");
@@ -762,7 +846,7 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         (a.get(APPLIED_HASH_ANNOTATION) == Some(&first_hash)).then_some(())
     })
     .await;
-    assert_probes_pass("agent", &agent_container, agent_addr).await;
+    assert_probes_pass("agent", &agent_container, agent_ports.probes).await;
     wait("Ready with the node applied", Duration::from_secs(60), || async {
         let status = configs.get(&default_config).await.ok()?.status?;
         let ready = status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
@@ -777,11 +861,32 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     }))
     .unwrap();
     Api::<Pod>::namespaced(admin.clone(), &team).create(&PostParams::default(), &pod).await.unwrap();
+    // /metrics over HTTPS, as the chart's ServiceMonitor scrapes it: the CA, the
+    // Service's name, the token of a ServiceAccount the chart binds to its reader role.
+    let server_name = |suffix: &str| {
+        let monitor = find(&docs, "ServiceMonitor")
+            .into_iter()
+            .find(|m| m["metadata"]["name"].as_str().is_some_and(|n| n.ends_with(suffix)))
+            .expect("a ServiceMonitor");
+        monitor["spec"]["endpoints"][0]["tlsConfig"]["serverName"].as_str().expect("a serverName").to_owned()
+    };
+    let ca = &tls["ca.crt"].0;
+    let agent_https = https::Client::new(ca, &server_name("node-agent")).unwrap();
+    let operator_https = https::Client::new(ca, &server_name("operator")).unwrap();
+    let token = cp.service_account_token(&team, "prometheus", &[]).await;
     let agent_metrics = wait("the agent to see the node's pod", Duration::from_secs(60), || async {
-        let (status, body) = http_get(agent_addr, "/metrics")?;
-        (status == 200 && sample(&body, "neuron_agent_pods") == Some(1.0)).then_some(body)
+        let answer = agent_https.get(agent_ports.metrics, "/metrics", Some(&token)).ok()?;
+        (answer.status == 200 && sample(&answer.body, "neuron_agent_pods") == Some(1.0)).then_some(answer.body)
     })
     .await;
+    // The attack finding "/metrics is unauthenticated and shows every namespace's pod
+    // labels to anyone who can reach the port": as the chart runs it, the agent answers
+    // a request without a token (or over plain HTTP) with nothing of its metrics.
+    let anyone = agent_https.get(agent_ports.metrics, "/metrics", None).unwrap();
+    assert_eq!(anyone.status, 401, "{}", anyone.body);
+    assert!(!anyone.body.contains("neuron_") && !anyone.body.contains(&team), "{}", anyone.body);
+    assert_ne!(http_get(agent_ports.metrics, "/metrics").map(|r| r.0), Some(200), "plain HTTP");
+    assert_eq!(http_get(agent_ports.probes, "/metrics").map(|r| r.0), Some(404), "the probe port");
     assert!(agent_metrics.contains("neuron_agent_config{source=\"configmap\""), "runs the ConfigMap's configuration");
     assert!(sample(&agent_metrics, "neuron_agent_pod_watch_errors_total").unwrap_or(0.0) == 0.0);
     let nodes = Api::<Node>::all(admin.clone());
@@ -844,8 +949,11 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         (cm.annotations().get(APPLIED_HASH_ANNOTATION) == Some(&second_hash)).then_some(())
     })
     .await;
-    let (_, operator_addr) = &replicas[0].1;
-    let operator_metrics = http_get(*operator_addr, "/metrics").unwrap().1;
+    let (_, operator_ports) = &replicas[0].1;
+    let operator_metrics = operator_https.get(operator_ports.metrics, "/metrics", Some(&token)).unwrap();
+    assert_eq!(operator_metrics.status, 200, "{}", operator_metrics.body);
+    let operator_metrics = operator_metrics.body;
+    assert_eq!(operator_https.get(operator_ports.metrics, "/metrics", None).unwrap().status, 401);
     assert_eq!(sample(&operator_metrics, "neuron_operator_leader"), Some(1.0));
     assert!(
         !operator_metrics.contains("neuron_operator_reconcile_errors_total{"),
@@ -929,6 +1037,202 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     assert!(crds.get_opt("neuronmonitorconfigs.neuronmonitor.io").await.unwrap().is_some(), "helm keeps crds/");
     Api::<Node>::all(admin.clone()).delete(&node_name, &DeleteParams::default()).await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A binary's two ports on the loopback: /metrics (HTTPS), and the probes.
+struct Ports {
+    metrics: SocketAddr,
+    probes: SocketAddr,
+}
+
+impl Ports {
+    fn new() -> Ports {
+        let port = || -> SocketAddr { format!("127.0.0.1:{}", free_port()).parse().unwrap() };
+        Ports { metrics: port(), probes: port() }
+    }
+}
+
+/// The certificate the chart gives the container of `workload`: the Secret it mounts
+/// and, for `--tls-cert-file` and `--tls-key-file`, the file of that Secret each names
+/// (each flag must point into the Secret volume, as the kubelet lays it out).
+fn certificate_files(docs: &[Value], workload: &str) -> (String, Vec<(&'static str, String)>) {
+    let pod = &one(docs, workload)["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let args = strings(&container["args"]);
+    let mut secret = None;
+    let mut files = Vec::new();
+    for flag in ["--tls-cert-file", "--tls-key-file"] {
+        let path = args.iter().find_map(|a| a.strip_prefix(flag)?.strip_prefix('=')).expect("the chart sets it");
+        let (dir, file) = path.rsplit_once('/').expect("a path");
+        let named = |list: &Value, key: &str, value: &str| -> Value {
+            list.as_sequence()
+                .into_iter()
+                .flatten()
+                .find(|v| v[key].as_str() == Some(value))
+                .cloned()
+                .unwrap_or_else(|| panic!("{workload} {flag}: no {key} {value}"))
+        };
+        let mount = named(&container["volumeMounts"], "mountPath", dir);
+        assert_eq!(mount["readOnly"].as_bool(), Some(true), "{workload}: the certificate is mounted read-only");
+        let volume = named(&pod["volumes"], "name", mount["name"].as_str().unwrap());
+        secret = Some(volume["secret"]["secretName"].as_str().expect("a Secret volume").to_owned());
+        files.push((flag, file.to_owned()));
+    }
+    (secret.expect("a Secret"), files)
+}
+
+/// The OTLP headers of a config's Secret reach its endpoint with exactly the chart's
+/// RBAC: the operator cannot read the Secret until a Role grants it `get` on it (the
+/// config's `OtlpHeaders` condition says so, and the agent sends nothing without its
+/// headers); then it mirrors them into the chart's Secret, the only one the agent reads,
+/// and every request carries them. The agent can read no other Secret.
+#[tokio::test]
+async fn otlp_headers_reach_the_endpoint_with_exactly_the_charts_rbac() {
+    const RELEASE: &str = "nmh";
+    let cp = ControlPlane::shared();
+    install_all_crds(cp).await;
+    let admin = cp.client().await;
+    let ns = cp.namespace("nm-otlp").await;
+    let kubeconfig = cp.kubeconfig.display().to_string();
+    let chart = chart_dir().display().to_string();
+    // Plain /metrics: this test is about the headers Secret's way (the metrics endpoint's
+    // HTTPS and token reviews have tests of their own).
+    let plain = ["--set", "metricsEndpoint.tls.enabled=false", "--set", "metricsEndpoint.authorization.enabled=false"];
+    let mut install = vec!["install", RELEASE, &chart, "--namespace", &ns, "--kubeconfig", &kubeconfig];
+    install.extend(plain);
+    let (ok, out, err) = helm(&install);
+    assert!(ok, "helm install: {out}{err}");
+    let (ok, manifest, err) = helm(&["get", "manifest", RELEASE, "--namespace", &ns, "--kubeconfig", &kubeconfig]);
+    assert!(ok, "{err}");
+    let docs = documents(&manifest);
+    let pod_spec = |k: &str| one(&docs, k)["spec"]["template"]["spec"].clone();
+    let (operator_pod, agent_pod) = (pod_spec("Deployment"), pod_spec("DaemonSet"));
+    let operator_sa = operator_pod["serviceAccountName"].as_str().unwrap().to_owned();
+    let agent_sa = agent_pod["serviceAccountName"].as_str().unwrap().to_owned();
+    let mirror = one(&docs, "Secret")["metadata"]["name"].as_str().unwrap().to_owned();
+
+    let node_name = neuron_node(&admin).await;
+    let dir = std::env::temp_dir().join(format!("neuron-e2e-chart-otlp-{:08x}", random_u32()));
+    std::fs::create_dir_all(dir.join("proc")).unwrap();
+    let (operator_kubeconfig, agent_kubeconfig) = (dir.join("operator.kubeconfig"), dir.join("agent.kubeconfig"));
+    cp.service_account_kubeconfig(&ns, &operator_sa, None, &operator_kubeconfig).expect("a kubeconfig");
+    cp.service_account_kubeconfig(&ns, &agent_sa, Some(&node_name), &agent_kubeconfig).expect("a kubeconfig");
+
+    // The operator (one replica) and the agent, as the chart runs them.
+    let operator_container = &operator_pod["containers"][0];
+    let operator_ports = Ports::new();
+    let mut env = chart_env(operator_container, &[("metadata.namespace", ns.clone()), ("metadata.name", "op".into())]);
+    env.push(("KUBECONFIG".into(), operator_kubeconfig.display().to_string()));
+    let operator = start(
+        "neuron-operator",
+        chart_args(
+            operator_container,
+            &[
+                ("--listen", operator_ports.metrics.to_string()),
+                ("--probe-listen", operator_ports.probes.to_string()),
+                ("--leader-election", "false".into()),
+            ],
+        ),
+        env,
+        cp,
+    );
+    let agent_container = &agent_pod["containers"][0];
+    let agent_ports = Ports::new();
+    let ports = vec![("--listen", agent_ports.metrics.to_string()), ("--probe-listen", agent_ports.probes.to_string())];
+    let mut agent_args = agent_chart_args(agent_container, &dir, ports);
+    agent_args.extend([
+        format!("--kmsg-path={}", dir.join("kmsg").display()),
+        format!("--proc-root={}", dir.join("proc").display()),
+        "--monitor-arg=--app=tag=serve,cores=0,util=60,rps=50".to_owned(),
+    ]);
+    let mut agent_env = chart_env(agent_container, &[("spec.nodeName", node_name.clone())]);
+    agent_env.push(("KUBECONFIG".into(), agent_kubeconfig.display().to_string()));
+    let agent = start("neuron-node-agent", agent_args, agent_env, cp);
+
+    // A config of the release namespace (it sees every application) sending to the test
+    // receiver with the headers of its Secret.
+    let receiver = neuron_e2e::otlp::Receiver::start().unwrap();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "otlp-token", "namespace": ns },
+        "stringData": { "Authorization": "Bearer s3cr3t", "X-Scope-OrgID": "team-a" },
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(admin.clone(), &ns).create(&PostParams::default(), &secret).await.unwrap();
+    let config: api::crd::NeuronMonitorConfig = serde_json::from_value(json!({
+        "apiVersion": "neuronmonitor.io/v1alpha1", "kind": "NeuronMonitorConfig",
+        "metadata": { "name": "otlp", "namespace": ns },
+        "spec": { "period": "1s", "sinks": { "otlp": {
+            "endpoint": receiver.url("/v1/metrics"), "headersSecret": { "name": "otlp-token" }, "flushInterval": "1s",
+        } } },
+    }))
+    .unwrap();
+    let configs: Api<api::crd::NeuronMonitorConfig> = Api::namespaced(admin.clone(), &ns);
+    configs.create(&PostParams::default(), &config).await.unwrap();
+    let headers_condition = |configs: Api<api::crd::NeuronMonitorConfig>| async move {
+        let status = configs.get("otlp").await.ok()?.status?;
+        status.conditions.into_iter().find(|c| c.type_ == "OtlpHeaders")
+    };
+    let refused = wait("OtlpHeaders=False", Duration::from_secs(60), || async {
+        headers_condition(configs.clone()).await.filter(|c| c.status == "False")
+    })
+    .await;
+    assert_eq!(refused.reason, "Forbidden", "{}", refused.message);
+    // Without its headers the sink sends nothing.
+    wait("the agent waiting for its headers", Duration::from_secs(60), || async {
+        let (_, body) = http_get(agent_ports.metrics, "/metrics")?;
+        body.contains("neuron_agent_otlp_failures_total{sink=")
+            .then_some(())
+            .filter(|_| body.contains("reason=\"headers\""))
+    })
+    .await;
+    assert!(receiver.received().is_empty(), "a request without its headers");
+
+    // The grant a team makes: get on that one Secret, to the operator's ServiceAccount.
+    let grant = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: otlp-headers-reader, namespace: {ns}}}\n\
+         rules: [{{apiGroups: [''], resources: [secrets], resourceNames: [otlp-token], verbs: [get]}}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: otlp-headers-reader, namespace: {ns}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: otlp-headers-reader}}\n\
+         subjects: [{{kind: ServiceAccount, name: {operator_sa}, namespace: {ns}}}]\n"
+    );
+    let (ok, out, err) = kubectl(cp, &["apply", "-f", "-"], Some(&grant));
+    assert!(ok, "{out}{err}");
+    // The next pass reads it (within a minute; a change of the config starts one now).
+    let touch = json!({ "metadata": { "annotations": { "test/touched": "1" } } });
+    configs.patch("otlp", &PatchParams::default(), &Patch::Merge(touch)).await.unwrap();
+    let mirrored = wait("OtlpHeaders=True", Duration::from_secs(90), || async {
+        headers_condition(configs.clone()).await.filter(|c| c.status == "True")
+    })
+    .await;
+    assert_eq!(mirrored.reason, "Mirrored", "{}", mirrored.message);
+    let received = receiver
+        .wait_for("a request with the headers", Duration::from_secs(60), |r| r.first().cloned())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(received.headers.get("authorization").map(String::as_str), Some("Bearer s3cr3t"));
+    assert_eq!(received.headers.get("x-scope-orgid").map(String::as_str), Some("team-a"));
+    assert!(!received.decode().unwrap().resource_metrics.is_empty());
+
+    // The agent reads the mirror and no other Secret.
+    let agent_secrets = Api::<Secret>::namespaced(cp.service_account_client(&ns, &agent_sa).await, &ns);
+    assert_eq!(api_code(agent_secrets.get("otlp-token").await), 403);
+    assert_eq!(api_code(agent_secrets.get(&mirror).await), 200);
+    drop(agent);
+    drop(operator);
+    Api::<Node>::all(admin.clone()).delete(&node_name, &DeleteParams::default()).await.unwrap();
+    let (ok, out, err) = helm(&["uninstall", RELEASE, "--namespace", &ns, "--kubeconfig", &kubeconfig]);
+    assert!(ok, "helm uninstall: {out}{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Creates a Neuron node (a trn1.2xlarge Node object) of a name of its own.
+async fn neuron_node(admin: &Client) -> String {
+    let name = format!("ip-10-0-{}-{}.ec2.internal", random_u32() % 250, random_u32() % 250);
+    let node: Node = serde_json::from_value(json!({
+        "metadata": { "name": name, "labels": { "node.kubernetes.io/instance-type": "trn1.2xlarge" } }
+    }))
+    .unwrap();
+    Api::<Node>::all(admin.clone()).create(&PostParams::default(), &node).await.unwrap();
+    name
 }
 
 /// The status code and message of an API answer (200 and "" for a success).
@@ -1176,7 +1480,7 @@ fn alert_rules_pass_promtool_checks_and_unit_tests() {
         let alert = rule["alert"].as_str().unwrap();
         alerts += 1;
         assert!(tests.contains(&format!("alertname: {alert}\n")), "{alert} has no unit test in tests/alerts_test.yaml");
-        for metric in metric_names(rule["expr"].as_str().unwrap()) {
+        for metric in neuron_e2e::dashboard::metric_names(rule["expr"].as_str().unwrap()) {
             let family = metric.strip_suffix("_total").unwrap_or(&metric);
             assert!(
                 metric == "up" || registered(&sources, family),
@@ -1215,20 +1519,6 @@ fn source_text(dirs: &[PathBuf]) -> String {
         }
     }
     text
-}
-
-/// Metric names selected in a PromQL expression: identifiers followed by `{`.
-fn metric_names(promql: &str) -> BTreeSet<String> {
-    let bytes = promql.as_bytes();
-    let mut names = BTreeSet::new();
-    for (i, _) in promql.match_indices('{') {
-        let start =
-            promql[..i].rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')).map_or(0, |p| p + 1);
-        if start < i && !bytes[start].is_ascii_digit() {
-            names.insert(promql[start..i].to_owned());
-        }
-    }
-    names
 }
 
 /// A process of this test started with [`spawn_tied`], stopped with SIGTERM on drop.
@@ -1275,23 +1565,11 @@ fn standalone_agent(state_dir: &Path, sim_args: &[&str]) -> (Tied, SocketAddr) {
     (Tied(pid), addr)
 }
 
-/// Replaces the dashboard's variables with values that select everything.
-fn expand(expr: &str) -> String {
-    expr.replace("$__rate_interval", "1m")
-        .replace("$__interval", "5s")
-        .replace("$__range", "5m")
-        .replace("$instance_type", ".*")
-        .replace("$namespace", ".*")
-        .replace("$pod", ".*")
-}
-
 #[test]
 fn every_dashboard_query_returns_data_from_a_real_prometheus() {
-    let dashboard: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(chart_dir().join("files/dashboard.json")).unwrap()).unwrap();
+    let dashboard = neuron_e2e::dashboard::load();
     // Its shape, as Grafana's sidecar loads it.
     assert!(dashboard["uid"].is_string() && dashboard["title"].is_string());
-    let mut queries: Vec<(String, String)> = Vec::new();
     let mut ids = BTreeSet::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         assert!(ids.insert(panel["id"].as_i64().unwrap()), "panel ids are unique");
@@ -1299,20 +1577,10 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
             continue;
         }
         assert_eq!(panel["datasource"]["uid"], "${datasource}", "{} uses the datasource variable", panel["title"]);
-        let targets = panel["targets"].as_array().unwrap();
-        assert!(!targets.is_empty(), "{} has a query", panel["title"]);
-        for t in targets {
-            queries.push((panel["title"].as_str().unwrap().to_owned(), t["expr"].as_str().unwrap().to_owned()));
-        }
+        assert!(!panel["targets"].as_array().unwrap().is_empty(), "{} has a query", panel["title"]);
     }
-    // Variables: label_values(<selector>, label): the selector must have data.
-    for var in dashboard["templating"]["list"].as_array().unwrap() {
-        if var["type"] == "query" {
-            let q = var["query"]["query"].as_str().unwrap();
-            let inner = q.strip_prefix("label_values(").and_then(|r| r.rsplit_once(',')).map(|(s, _)| s).unwrap();
-            queries.push((format!("variable {}", var["name"].as_str().unwrap()), inner.to_owned()));
-        }
-    }
+    // Panels' queries, and the variables' label_values(<selector>, label): each must have data.
+    let queries = neuron_e2e::dashboard::queries(&dashboard);
     assert!(queries.len() >= 20, "{} queries", queries.len());
 
     // Two simulated nodes: a trn1 with ECC events and an uncorrectable HBM error on its
@@ -1357,7 +1625,7 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let started = Instant::now();
     let mut empty = Vec::new();
     for (title, expr) in &queries {
-        let promql = expand(expr);
+        let promql = neuron_e2e::dashboard::expand(expr);
         assert!(!promql.contains('$'), "{title}: unknown variable in {expr}");
         let found = prometheus.wait_for(&promql, Duration::from_secs(20), |r| (!r.is_empty()).then_some(r.len()));
         match found {

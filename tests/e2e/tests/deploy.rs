@@ -24,6 +24,10 @@
 //! - `deploy/iam/neuron-node-agent-health-logs-policy.json` (attached only when the
 //!   hardware-health event stream is on): exactly the CloudWatch Logs operations the
 //!   agent's source calls, on the default log group and its streams only.
+//! - `deploy/iam/neuron-node-agent-otlp-policy.json` (attached only when a config sends to
+//!   CloudWatch's OTLP endpoint): `cloudwatch:PutMetricData`, which authorizes OTLP
+//!   ingest, without a `cloudwatch:namespace` condition (OTLP requests have no namespace:
+//!   such a condition denies them); the agent signs its OTLP requests for `monitoring`.
 //!
 //! Needs `cargo build --workspace --bins` (the agent and the simulator) and the tools of
 //! `tests/tools/install.sh` (systemd-analyze; LocalStack's venv for botocore).
@@ -44,6 +48,7 @@ const CONFIGS: &str = "deploy/ec2/configs.yaml";
 const TASK_DEFINITION: &str = "deploy/ecs/task-definition.json";
 const POLICY: &str = "deploy/iam/neuron-node-agent-policy.json";
 const LOGS_POLICY: &str = "deploy/iam/neuron-node-agent-health-logs-policy.json";
+const OTLP_POLICY: &str = "deploy/iam/neuron-node-agent-otlp-policy.json";
 
 /// Where the unit expects the agent and its configuration.
 const UNIT_AGENT: &str = "/usr/local/bin/neuron-node-agent";
@@ -587,6 +592,34 @@ fn the_health_logs_policy_allows_exactly_the_log_calls_of_the_agent_on_its_group
         "{LOGS_POLICY}"
     );
     assert_eq!(called_operations("logs"), allowed, "CloudWatch Logs operations the agent calls");
+}
+
+#[test]
+fn the_otlp_policy_allows_put_metric_data_without_a_namespace_condition() {
+    let policy: Value = serde_json::from_str(&read(OTLP_POLICY)).unwrap_or_else(|e| panic!("{OTLP_POLICY}: {e}"));
+    assert_eq!(policy["Version"], "2012-10-17");
+    let statements = policy["Statement"].as_array().expect("Statement list");
+    assert_eq!(statements.len(), 1, "{policy}");
+    let statement = &statements[0];
+    assert_eq!(statement["Effect"], "Allow");
+    assert!(statement.get("NotAction").is_none() && statement.get("NotResource").is_none(), "{statement}");
+    assert_eq!(one_or_many(&statement["Action"]), vec!["cloudwatch:PutMetricData"]);
+    assert_eq!(one_or_many(&statement["Resource"]), vec!["*"]);
+    // OTLP requests carry no CloudWatch namespace: a condition on it would deny them all.
+    assert!(statement.get("Condition").is_none(), "{statement}");
+
+    // What the agent signs: requests to CloudWatch's OTLP endpoint for the service whose
+    // PutMetricData this grants, and no SDK call beyond PutMetricData (the test above).
+    assert_eq!(api::otlp::CLOUDWATCH_SIGNING_NAME, "monitoring");
+    assert_eq!(
+        api::otlp::cloudwatch_endpoint("us-west-2").url(),
+        "https://monitoring.us-west-2.amazonaws.com/v1/metrics"
+    );
+    let signing: Vec<PathBuf> = rust_files(&repo_root().join("node-agent/src"))
+        .into_iter()
+        .filter(|f| std::fs::read_to_string(f).is_ok_and(|t| t.contains("CLOUDWATCH_SIGNING_NAME")))
+        .collect();
+    assert_eq!(signing.len(), 1, "one place signs OTLP requests: {signing:?}");
 }
 
 fn rust_files(dir: &Path) -> Vec<PathBuf> {

@@ -53,11 +53,7 @@ pub(super) fn oldest_ms(queue: &Queue) -> Option<i64> {
 
 /// The next request's events, now in flight.
 pub(super) fn take(queue: &Queue, identity: &Identity) -> Batch {
-    queue.take(|records| {
-        let batch = take_batch(records, identity);
-        let taken = batch.records.len();
-        (batch, taken)
-    })
+    queue.take(|records| take_batch(records, identity))
 }
 
 /// What names the instance in its events and stream.

@@ -203,11 +203,7 @@ pub async fn run_sender(queue: Arc<Queue>, target: Target, stop: CancellationTok
     let mut log_limit = RateLimit::new(5, Duration::from_secs(60));
     loop {
         let batch = loop {
-            let batch = queue.take(|datums| {
-                let batch = take_batch(datums, &target.namespace);
-                let taken = batch.len();
-                (batch, taken)
-            });
+            let batch = queue.take(|datums| take_batch(datums, &target.namespace));
             if !batch.is_empty() {
                 break batch;
             }

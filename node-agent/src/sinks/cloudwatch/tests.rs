@@ -17,7 +17,7 @@ use super::{
 use crate::{
     routing::Routing,
     state::{NodeState, PodRef},
-    testdata::{fixture, TRN1N_32, TRN1_ERRORS},
+    testdata::{a_pod_per_runtime, fixture, TRN1N_32, TRN1_ERRORS},
 };
 
 fn key(name: &'static str, dims: &[(&'static str, &str)]) -> MetricKey {
@@ -36,6 +36,7 @@ fn route(namespace: Option<&str>, filter: Option<&str>, spec: CloudWatchSinkSpec
         system_groups: SystemGroup::ALL.to_vec(),
         prometheus: None,
         cloudwatch: Some(spec),
+        otlp: None,
     }
 }
 
@@ -502,16 +503,7 @@ fn container_insights_leaves_out_sets_with_unknown_values() {
 #[test]
 fn container_insights_on_a_32_pod_node_fits_two_requests() {
     let mut state = state_of(TRN1N_32);
-    for (i, rt) in state.runtimes.iter_mut().enumerate() {
-        let pod = PodRef {
-            namespace: "team-a".into(),
-            pod: format!("serve-{i:02}"),
-            owner: format!("serve-{i:02}"),
-            container: "main".into(),
-            labels: vec![],
-        };
-        Arc::make_mut(&mut rt.labels).pod = Some(Arc::new(pod));
-    }
+    a_pod_per_runtime(&mut state, |_| "team-a");
     let ops = insights(None, &state);
     let requests = split(ops.clone(), "ContainerInsights");
     let bytes: usize = ops.iter().map(Datum::encoded_size).sum();
@@ -526,6 +518,70 @@ fn container_insights_on_a_32_pod_node_fits_two_requests() {
     // container_: 7 × (1 + 3 × 32). One datum per metric per flush.
     assert_eq!(ops.len(), 7 * 34 + 2 * 2 + 7 * (2 + 3 * 32) + 7 * (1 + 3 * 32));
     assert_eq!(requests.len(), 2);
+}
+
+/// The figures of the README on the wire: what one flush sends for a trn1n.32xlarge
+/// report with a pod per core, for the operator namespace's config in the classic naming
+/// (the default set) and in Container Insights naming, as the SDK encodes it (CBOR, gzip
+/// past 10 KiB), received by a test server. One report's values (a minute of varying
+/// samples adds value/count pairs). For OTLP see `otlp_on_a_32_pod_node…`.
+/// `cargo test -p neuron-node-agent --lib -- cloudwatch_bytes_on_the_wire --nocapture`
+#[tokio::test]
+async fn cloudwatch_bytes_on_the_wire_of_a_32_pod_node() {
+    use aws_sdk_cloudwatch::config::{BehaviorVersion, Credentials, Region};
+    use aws_smithy_http_client::tls;
+    let mut state = state_of(TRN1N_32);
+    a_pod_per_runtime(&mut state, |_| "team-a");
+    let agent = AgentDimensions { cluster_name: Some("prod".into()), node_name: Some("node-a".into()) };
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+        .build_https();
+    for (naming, namespace, datums) in [
+        ("classic", "Ops/Neuron", sample(route(None, None, cw("Ops/Neuron")), &state, &agent)),
+        ("ContainerInsights", "ContainerInsights", insights(None, &state)),
+    ] {
+        let receiver = neuron_e2e::otlp::Receiver::start().unwrap();
+        let config = aws_sdk_cloudwatch::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-west-2"))
+            .endpoint_url(receiver.url(""))
+            .credentials_provider(Credentials::new("AKID", "secret", None, None, "test"))
+            .retry_config(aws_sdk_cloudwatch::config::retry::RetryConfig::disabled())
+            .http_client(http.clone())
+            .build();
+        let client = aws_sdk_cloudwatch::Client::from_conf(config);
+        let requests = split(datums.clone(), namespace);
+        for request in &requests {
+            // The test server's answer is not CloudWatch's: only the request matters here.
+            let _ = client
+                .put_metric_data()
+                .namespace(namespace)
+                .set_metric_data(Some(request.iter().map(to_sdk).collect()))
+                .send()
+                .await;
+        }
+        let received = receiver.received();
+        assert_eq!(received.len(), requests.len(), "{naming}");
+        let mut wire = 0;
+        let mut raw = 0;
+        for r in &received {
+            wire += r.body.len();
+            raw += match r.headers.get("content-encoding").map(String::as_str) {
+                Some("gzip") => {
+                    let mut out = Vec::new();
+                    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(r.body.as_slice()), &mut out).unwrap();
+                    out.len()
+                }
+                _ => r.body.len(),
+            };
+        }
+        eprintln!(
+            "{naming}: {} datums, {} requests, {raw} bytes raw, {wire} bytes on the wire per flush",
+            datums.len(),
+            requests.len()
+        );
+        assert!(raw <= requests.len() * MAX_REQUEST_BYTES && wire < raw, "{naming}");
+    }
 }
 
 /// 300 sinks started in the same instant (one config change reaching 300 nodes) flush

@@ -140,6 +140,7 @@ fn pod_labels_go_on_runtime_series_and_on_idle_cores_a_pod_holds() {
                 extra_labels: BTreeMap::from([("team".to_owned(), "config".to_owned())]),
             }),
             cloudwatch: None,
+            otlp: None,
         }],
         health: None,
     };
@@ -179,6 +180,7 @@ fn extra_labels_beyond_the_cap_are_left_off_and_counted() {
                 extra_labels: (0..16).map(|l| (format!("c{c:02}_l{l:02}"), "v".to_owned())).collect(),
             }),
             cloudwatch: None,
+            otlp: None,
         })
         .collect();
     let routing = SharedRouting::default();
