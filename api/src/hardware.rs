@@ -9,6 +9,11 @@ pub const NEURONDEVICE_RESOURCE: &str = "aws.amazon.com/neurondevice";
 pub const NEURON_RESOURCE: &str = "aws.amazon.com/neuron";
 pub const NEURON_RESOURCES: [&str; 3] = [NEURONCORE_RESOURCE, NEURONDEVICE_RESOURCE, NEURON_RESOURCE];
 
+/// The EFA device plugin's extended resource: its device ids are the EFA devices' names
+/// under `/sys/class/infiniband` (`rdmap16s27`), as CloudWatch Container Insights'
+/// EFA scraper also reads them.
+pub const EFA_RESOURCE: &str = "vpc.amazonaws.com/efa";
+
 /// Instance-type prefixes of the Neuron families (every type of [`INSTANCE_TYPES`]
 /// starts with one; a test checks it).
 pub const NEURON_INSTANCE_FAMILIES: [&str; 6] = ["inf1.", "inf2.", "trn1.", "trn1n.", "trn2.", "trn2u."];
@@ -48,6 +53,12 @@ impl InstanceType {
     /// The device holding a host core index.
     pub const fn device_of(&self, core: u32) -> u32 {
         core / self.cores_per_device
+    }
+
+    /// EFA devices the type has when every network card carries one (0: no EFA); see
+    /// [`EFA_DEVICES`].
+    pub fn efa_devices(&self) -> u32 {
+        EFA_DEVICES.iter().find(|(name, _)| *name == self.name).map_or(0, |(_, n)| *n)
     }
 
     /// Physical cores grouped into each logical one (LNC), where the family has logical
@@ -105,6 +116,15 @@ pub const INSTANCE_TYPES: [InstanceType; 13] = [
     instance("trn2u.48xlarge", 16, 4, 192, 2048, Trainium2),
 ];
 
+/// EFA devices of the Neuron types that have EFA, one per network card: trn1.32xlarge 8 and
+/// trn1n.32xlarge 16 (Neuron SDK documentation, "How to prepare trn1.32xlarge for
+/// multi-node execution"); trn2.48xlarge and trn2u.48xlarge 16 (EC2's network
+/// specifications: 16 network cards, one EFA each, 3.2 Tbps); inf1.24xlarge 1 (EC2's list
+/// of EFA instance types, which AWS's EFA device plugin chart copies). No inf2 type and no
+/// smaller inf1 or trn1 type is on that list.
+pub const EFA_DEVICES: [(&str, u32); 5] =
+    [("inf1.24xlarge", 1), ("trn1.32xlarge", 8), ("trn1n.32xlarge", 16), ("trn2.48xlarge", 16), ("trn2u.48xlarge", 16)];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,6 +164,18 @@ mod tests {
             assert!(physical_per_device <= MAX_NEURONCORES_PER_DEVICE, "{}", t.name);
             assert!(t.devices * physical_per_device <= MAX_NEURONCORES, "{}", t.name);
         }
+    }
+
+    #[test]
+    fn efa_counts_name_types_of_the_table() {
+        for (name, count) in EFA_DEVICES {
+            assert!(InstanceType::lookup(name).is_some(), "{name}");
+            // One per network card: 32 on the EC2 type with the most (p5).
+            assert!((1..=32).contains(&count), "{name}");
+        }
+        let efa = |n: &str| InstanceType::lookup(n).unwrap().efa_devices();
+        assert_eq!((efa("trn1.32xlarge"), efa("trn1n.32xlarge"), efa("trn2.48xlarge")), (8, 16, 16));
+        assert_eq!((efa("trn1.2xlarge"), efa("inf2.48xlarge")), (0, 0));
     }
 
     #[test]

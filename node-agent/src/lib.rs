@@ -10,6 +10,8 @@
 //! - [`state`]: what the node looks like now, folded from the reports.
 //! - [`attribution`]: processes and cores → pods (cgroups, the kubelet's pod-resources
 //!   API, the pod watch).
+//! - [`efa`]: the EFA devices' counters from sysfs, with the pods holding the devices,
+//!   read off the report path.
 //! - [`processes`]: the applications' own processes (CPU, memory, threads, descriptors,
 //!   I/O) from `/proc`, read after each report off the report path.
 //! - [`routing`]: which config gets which applications, groups and sinks.
@@ -21,6 +23,7 @@
 
 pub mod attribution;
 pub mod config;
+pub mod efa;
 pub mod health;
 pub mod http;
 pub mod kubernetes;
@@ -42,6 +45,30 @@ pub(crate) mod testdata {
         });
         let path = format!("{dir}/{name}");
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {path}: {e}"))
+    }
+
+    /// A temporary file tree for the tests of readers (sysfs, /proc), removed on drop.
+    pub struct Tree(pub std::path::PathBuf);
+
+    impl Tree {
+        pub fn new(tag: &str) -> Tree {
+            let p = std::env::temp_dir().join(format!("{tag}-{}-{}", std::process::id(), fastrand::u64(..)));
+            std::fs::create_dir_all(&p).unwrap();
+            Tree(p)
+        }
+
+        /// Writes `text` to the file at `rel`, creating its directories.
+        pub fn write(&self, rel: &str, text: &str) {
+            let path = self.0.join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+    }
+
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 
     /// Attributes each runtime of `state` to a pod of its own, `serve-<i>` (container

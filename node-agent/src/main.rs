@@ -13,6 +13,7 @@ use clap::Parser;
 use neuron_node_agent::{
     attribution,
     config::{open_state_dir, standalone, Activator, Launcher, Reloader},
+    efa::{self, EfaCollector, EfaMetrics, EfaReader, SharedEfa},
     health::{
         self,
         logs::{self, LogDestination, LogMetrics, LogSink},
@@ -63,6 +64,8 @@ struct Args {
     http: HttpArgs,
     #[command(flatten)]
     health: HealthArgs,
+    #[command(flatten)]
+    efa: EfaArgs,
     #[command(flatten)]
     log: LogArgs,
 }
@@ -377,6 +380,17 @@ struct HealthArgs {
     health_log_flush_interval: Duration,
 }
 
+/// The EFA devices' counters (`class/infiniband/` under --sysfs-root), read off the
+/// report path.
+#[derive(clap::Args, Debug)]
+#[command(next_help_heading = "EFA")]
+struct EfaArgs {
+    /// The EFA counters are read after each report, and after this long without one
+    /// (neuron-monitor restarting or silent).
+    #[arg(long, env = "NEURON_AGENT_EFA_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    efa_interval: Duration,
+}
+
 fn parse_log_group(s: &str) -> Result<String, String> {
     api::validate::check_log_group(s)?;
     Ok(s.to_owned())
@@ -674,14 +688,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let devices = attribution.as_ref().map(attribution::Sources::devices);
     // The configs' OTLP headers, as the operator mirrors them (Kubernetes only).
     let otlp_headers = client.as_ref().map(|client| {
-        let errors = otlp_metrics.headers_watch_errors.clone();
         let (namespace, secret) = (&args.source.config_namespace, &args.otlp.otlp_headers_secret);
         otlp::headers::follow(
             client.clone(),
             namespace,
             secret,
+            activator.routing(),
             args.source.api_watch_timeout,
-            errors,
+            otlp_metrics.clone(),
             shutdown.clone(),
         )
     });
@@ -719,6 +733,23 @@ async fn run(args: Args) -> anyhow::Result<()> {
         processes.clone(),
         shutdown.clone(),
     ));
+    // The EFA devices' counters: read after each report by a task of their own.
+    let efa_table = SharedEfa::default();
+    let efa_reader =
+        EfaReader { sysfs_root: args.health.sysfs_root.clone(), metrics: EfaMetrics::register(&mut registry) };
+    tokio::spawn(efa::follow(
+        efa_reader,
+        pipeline.subscribe(),
+        args.efa.efa_interval,
+        efa_table.clone(),
+        shutdown.clone(),
+    ));
+    registry.register_collector(Box::new(EfaCollector {
+        table: efa_table,
+        state: state.clone(),
+        holders: attribution.as_ref().map(attribution::Sources::efa_holders),
+        routing: activator.routing(),
+    }));
     let otlp_sinks = otlp::Sinks {
         sources: otlp::Sources {
             state: state.clone(),

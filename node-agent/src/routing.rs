@@ -188,9 +188,21 @@ impl Routing {
         self.routes.iter().filter(|c| c.route.cloudwatch.is_some()).map(|c| (&c.route, &c.selection))
     }
 
+    /// Whether a Prometheus route sees what belongs to a pod of `namespace` (`None`: to no
+    /// pod, the node's): a route of the operator's namespace (no namespace) sees all, a
+    /// team's route its own namespace's.
+    pub fn prometheus_sees(&self, namespace: Option<&str>) -> bool {
+        self.is_builtin() || self.routes.iter().any(|r| r.route.prometheus.is_some() && r.selection.sees(namespace))
+    }
+
     /// Routes with an OTLP sink, each with its selection.
     pub fn otlp_routes(&self) -> impl Iterator<Item = (&Route, &Selection)> {
         self.routes.iter().filter(|c| c.route.otlp.is_some()).map(|c| (&c.route, &c.selection))
+    }
+
+    /// Whether an OTLP sink in force takes its headers from a Secret.
+    pub fn names_otlp_headers(&self) -> bool {
+        self.otlp_routes().any(|(route, _)| route.otlp.as_ref().is_some_and(|o| o.headers_secret.is_some()))
     }
 
     /// Whether Prometheus exports a system group.
@@ -243,6 +255,22 @@ mod tests {
         let other = routing.prometheus_view(Some("b"), "serve-1").unwrap();
         assert_eq!(other.groups, vec![RuntimeGroup::NeuroncoreCounters]);
         assert!(!routing.prometheus_system(SystemGroup::VcpuUsage));
+    }
+
+    #[test]
+    fn what_a_namespace_holds_is_seen_by_its_routes_and_the_cluster_wide_ones() {
+        let team = route("a/one", Some("a"), Some("^serve"), &[RuntimeGroup::MemoryUsed]);
+        let mut cloudwatch_only = route("b/one", Some("b"), None, &[RuntimeGroup::MemoryUsed]);
+        cloudwatch_only.prometheus = None;
+        let teams = NodeConfig { monitor: Default::default(), routes: vec![team, cloudwatch_only], health: None };
+        let routing = Routing::compile(&teams).unwrap();
+        assert!(routing.prometheus_sees(Some("a")));
+        assert!(!routing.prometheus_sees(Some("b")) && !routing.prometheus_sees(None));
+        let mut all = teams.clone();
+        all.routes.push(route("ops/all", None, None, &[]));
+        let routing = Routing::compile(&all).unwrap();
+        assert!(routing.prometheus_sees(Some("b")) && routing.prometheus_sees(None));
+        assert!(Routing::default().prometheus_sees(None));
     }
 
     #[test]

@@ -148,7 +148,7 @@ pub struct Driver {
     seq: u64,
 }
 
-fn write_atomic(path: &Path, text: &str) -> Result<()> {
+pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
     let dir = path.parent().context("a file in a directory")?;
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");

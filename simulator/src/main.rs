@@ -12,9 +12,12 @@
 //! - [`replay`]: `--replay FILE` instead of generated documents.
 //! - [`driver`]: a fake Neuron driver: its sysfs tree, kernel-log records, hardware
 //!   faults on a schedule or a control file.
+//! - [`efa`]: fake EFA devices in the same sysfs tree, their counters following the
+//!   applications' activity.
 
 mod document;
 mod driver;
+mod efa;
 mod faults;
 mod hardware;
 mod replay;
@@ -179,6 +182,14 @@ struct Args {
     #[arg(long, value_name = "DIR", env = "NEURON_SIM_SYSFS_ROOT")]
     sysfs_root: Option<PathBuf>,
 
+    /// With --sysfs-root: EFA devices written under DIR/class/infiniband, their counters
+    /// advancing every second with the applications' activity. Default: the instance
+    /// type's (trn1.32xlarge 8, trn1n.32xlarge and trn2 16, inf1.24xlarge 1, others none);
+    /// 0: no EFA.
+    #[arg(long, value_name = "N", env = "NEURON_SIM_EFA_DEVICES",
+          value_parser = clap::value_parser!(u32).range(0..=64))]
+    efa_devices: Option<u32>,
+
     /// Append the kernel-log records of injected faults to FILE, in /dev/kmsg's format.
     #[arg(long, value_name = "FILE", env = "NEURON_SIM_KMSG")]
     kmsg: Option<PathBuf>,
@@ -261,12 +272,32 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<ExitCode> {
     // Everything is validated before the first byte is written.
-    let source = if args.replay.is_empty() {
+    let (source, apps) = if args.replay.is_empty() {
         let plan = Plan::new(&args.config()?)?;
-        Source::Generated(Box::new(Generator::new(args.scenario()?, plan)))
+        let scenario = args.scenario()?;
+        let (instance, apps) = (scenario.instance, scenario.apps.clone());
+        (Source::Generated(Box::new(Generator::new(scenario, plan))), Some((instance, apps)))
     } else {
-        Source::Replay(replay::load(&args.replay)?, args.interval)
+        (Source::Replay(replay::load(&args.replay)?, args.interval), None)
     };
+
+    if let Some(root) = &args.sysfs_root {
+        // Replayed reports have no applications: the EFA devices stay idle.
+        let (instance, apps) = match apps {
+            Some(scenario) => scenario,
+            None => (hardware::lookup(&args.instance_type)?, Vec::new()),
+        };
+        let count = args.efa_devices.unwrap_or_else(|| instance.efa_devices()) as usize;
+        if count > 0 {
+            let fake = efa::FakeEfa::new(&instance, root, efa::loads(&instance, &apps, count))?;
+            std::thread::spawn(move || {
+                if let Err(e) = fake.run() {
+                    eprintln!("neuron-monitor-sim: error: fake EFA: {e:#}");
+                    std::process::exit(1);
+                }
+            });
+        }
+    }
 
     if args.sysfs_root.is_some() || args.kmsg.is_some() {
         // The control file's lines count from now on, also those written with the tree.
@@ -430,6 +461,8 @@ mod tests {
             "7",
             "--stderr-lines",
             "2",
+            "--efa-devices",
+            "0",
         ])
         .unwrap();
         assert_eq!(args.config, Some(PathBuf::from("monitor.json")));
@@ -440,6 +473,7 @@ mod tests {
         assert_eq!(faults.oversized_bytes, 100);
         assert_eq!((faults.exit_after, faults.truncate_every), (Some(3), Some(3)));
         assert_eq!(args.interval, Period::from_secs(1));
+        assert_eq!(args.efa_devices, Some(0));
     }
 
     #[test]
@@ -457,6 +491,7 @@ mod tests {
     fn refuses_bad_values_at_startup() {
         assert!(parse(&["--verbose", "5"]).is_err());
         assert!(parse(&["--garbage-every", "0"]).is_err());
+        assert!(parse(&["--efa-devices", "65"]).is_err());
         assert!(parse(&["--group-error", "gpu_usage"]).is_err());
         assert!(parse(&["--interval", "soon"]).is_err());
         let err = parse(&["--instance-type", "m5.large"]).unwrap().scenario().unwrap_err();

@@ -228,6 +228,53 @@ impl CoreOwners {
     }
 }
 
+/// (EFA device name, the container holding it), sorted by device.
+pub type EfaHeld = Arc<[(String, Arc<PodRef>)]>;
+
+/// Which pod holds each EFA device, by the kubelet's account (the EFA series' pods);
+/// cloning shares it.
+#[derive(Clone)]
+pub struct EfaHolders {
+    pods: SharedPods,
+    devices: SharedDevices,
+    cache: Arc<Mutex<HeldCache>>,
+}
+
+/// The holders for one (pods, devices) generation.
+struct HeldCache {
+    key: Option<(u64, u64)>,
+    held: EfaHeld,
+}
+
+impl EfaHolders {
+    pub fn new(pods: SharedPods, devices: SharedDevices) -> Self {
+        EfaHolders { pods, devices, cache: Arc::new(Mutex::new(HeldCache { key: None, held: Arc::from([]) })) }
+    }
+
+    /// The holders now. A device held by a pod that finished, was deleted or is not
+    /// listed yet has none; a device the kubelet lists twice (never, the devices are
+    /// exclusive) goes to the first listed.
+    pub fn current(&self) -> EfaHeld {
+        let pods = self.pods.read().unwrap_or_else(|p| p.into_inner());
+        let devices = self.devices.read().unwrap_or_else(|p| p.into_inner());
+        let key = Some((pods.generation(), devices.generation()));
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.key != key {
+            let mut holders: Vec<(String, Arc<PodRef>)> = Vec::new();
+            for a in devices.efa() {
+                if holders.last().is_some_and(|(device, _)| *device == a.device) {
+                    continue;
+                }
+                if let Some(owner) = pods.container(&a.namespace, &a.pod, &a.container) {
+                    holders.push((a.device.clone(), owner.clone()));
+                }
+            }
+            *cache = HeldCache { key, held: holders.into() };
+        }
+        cache.held.clone()
+    }
+}
+
 impl Attribution {
     pub fn new(
         proc_root: PathBuf,

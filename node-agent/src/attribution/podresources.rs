@@ -65,9 +65,10 @@ pub mod proto {
     }
 }
 
-/// Extended resources of the Neuron device plugin.
+/// Extended resources of the Neuron device plugin, and of the EFA device plugin.
 pub use api::hardware::{
-    NEURONCORE_RESOURCE as NEURONCORE, NEURONDEVICE_RESOURCE as NEURONDEVICE, NEURON_RESOURCE as NEURON,
+    EFA_RESOURCE as EFA, NEURONCORE_RESOURCE as NEURONCORE, NEURONDEVICE_RESOURCE as NEURONDEVICE,
+    NEURON_RESOURCE as NEURON,
 };
 
 /// A response larger than this is refused (a node with hundreds of pods and CPU sets
@@ -173,10 +174,55 @@ pub fn allocations(response: &proto::ListPodResourcesResponse) -> (Vec<Allocatio
     (out, unreadable)
 }
 
+/// One EFA device held by one container: the EFA device plugin's device id is the
+/// device's name under `/sys/class/infiniband`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EfaAllocation {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    pub device: String,
+}
+
+/// EFA allocations kept from one answer (a node has at most 32 EFA devices; 64 are read),
+/// and ids named as unreadable.
+const MAX_EFA_ALLOCATIONS: usize = 1024;
+const MAX_UNREADABLE_EFA_IDS: usize = 16;
+
+/// The EFA allocations of a `List` answer, sorted by device, and (some of) the device ids
+/// that cannot be device names, cut to 64 bytes.
+pub fn efa_allocations(response: &proto::ListPodResourcesResponse) -> (Vec<EfaAllocation>, Vec<String>) {
+    let mut out = Vec::new();
+    let mut unreadable = Vec::new();
+    for pod in &response.pod_resources {
+        for container in &pod.containers {
+            for devices in container.devices.iter().filter(|d| d.resource_name == EFA) {
+                for id in devices.device_ids.iter().take(MAX_EFA_ALLOCATIONS.saturating_sub(out.len())) {
+                    if !crate::efa::sysfs::valid_device_name(id) {
+                        if unreadable.len() < MAX_UNREADABLE_EFA_IDS {
+                            unreadable.push(format!("{EFA}={}", &id[..id.floor_char_boundary(64)]));
+                        }
+                        continue;
+                    }
+                    out.push(EfaAllocation {
+                        namespace: pod.namespace.clone(),
+                        pod: pod.name.clone(),
+                        container: container.name.clone(),
+                        device: id.clone(),
+                    });
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| a.device.cmp(&b.device));
+    (out, unreadable)
+}
+
 /// The device allocations the kubelet last reported, shared with the report path.
 #[derive(Debug, Default)]
 pub struct DeviceOwnership {
     allocations: Vec<Allocation>,
+    efa: Vec<EfaAllocation>,
     generation: u64,
 }
 
@@ -195,6 +241,18 @@ impl DeviceOwnership {
     pub fn set(&mut self, allocations: Vec<Allocation>) {
         if self.allocations != allocations {
             self.allocations = allocations;
+            self.generation += 1;
+        }
+    }
+
+    /// The EFA devices held, sorted by device name.
+    pub fn efa(&self) -> &[EfaAllocation] {
+        &self.efa
+    }
+
+    pub fn set_efa(&mut self, efa: Vec<EfaAllocation>) {
+        if self.efa != efa {
+            self.efa = efa;
             self.generation += 1;
         }
     }
@@ -225,10 +283,12 @@ impl KubeletPoller {
             };
             match result {
                 Ok(response) => {
-                    let (allocations, unreadable) = allocations(&response);
+                    let (allocations, mut unreadable) = allocations(&response);
+                    let (efa, efa_unreadable) = efa_allocations(&response);
+                    unreadable.extend(efa_unreadable);
                     // Said once per distinct set, not on every poll.
                     if !unreadable.is_empty() && unreadable != reported_unreadable {
-                        warn!(ids = ?unreadable, "Neuron device ids that are not indices are ignored");
+                        warn!(ids = ?unreadable, "device ids that are not Neuron indices or EFA device names are ignored");
                     }
                     reported_unreadable = unreadable;
                     if failing {
@@ -237,7 +297,10 @@ impl KubeletPoller {
                     failing = false;
                     last_success = Some(Instant::now());
                     let count = allocations.len();
-                    self.devices.write().unwrap_or_else(|p| p.into_inner()).set(allocations);
+                    let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
+                    devices.set(allocations);
+                    devices.set_efa(efa);
+                    drop(devices);
                     self.metrics.kubelet_requests.get_or_create(&super::ResultLabel { result: "ok" }).inc();
                     self.metrics.kubelet_up.set(1);
                     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -255,9 +318,10 @@ impl KubeletPoller {
                     failing = true;
                     let expired = last_success.is_none_or(|t| t.elapsed() >= self.keep_for);
                     let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
-                    if expired && !devices.allocations.is_empty() {
-                        warn!("the last known device allocations are too old; cores are no longer credited by device");
+                    if expired && !(devices.allocations.is_empty() && devices.efa.is_empty()) {
+                        warn!("the last known device allocations are too old; cores and EFA devices are no longer credited by device");
                         devices.set(Vec::new());
+                        devices.set_efa(Vec::new());
                     }
                 }
             }
@@ -314,6 +378,39 @@ mod tests {
         assert_eq!(allocations[2].cores(Some(2)), 2..4);
         assert_eq!(allocations[2].cores(None), 0..0);
         assert_eq!(allocations[0].cores(None), 4..5);
+    }
+
+    #[test]
+    fn efa_device_ids_are_device_names() {
+        let response = ListPodResourcesResponse {
+            pod_resources: vec![
+                PodResources {
+                    name: "train".into(),
+                    namespace: "a".into(),
+                    containers: vec![ContainerResources {
+                        name: "main".into(),
+                        devices: vec![devices(NEURONDEVICE, &["0"]), devices(EFA, &["rdmap32s27", "rdmap16s27"])],
+                    }],
+                },
+                PodResources {
+                    name: "x".into(),
+                    namespace: "b".into(),
+                    containers: vec![ContainerResources {
+                        name: "c".into(),
+                        devices: vec![devices(EFA, &["../etc", &"é".repeat(100)])],
+                    }],
+                },
+            ],
+        };
+        let (efa, unreadable) = efa_allocations(&response);
+        let summary: Vec<(&str, &str, &str)> =
+            efa.iter().map(|a| (a.pod.as_str(), a.container.as_str(), a.device.as_str())).collect();
+        assert_eq!(summary, vec![("train", "main", "rdmap16s27"), ("train", "main", "rdmap32s27")]);
+        assert_eq!(unreadable.len(), 2);
+        assert_eq!(unreadable[0], "vpc.amazonaws.com/efa=../etc");
+        assert!(unreadable[1].len() <= EFA.len() + 1 + 64, "bounded: {}", unreadable[1]);
+        // The Neuron allocations are not affected.
+        assert_eq!(allocations(&response).0.len(), 1);
     }
 
     #[test]

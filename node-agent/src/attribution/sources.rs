@@ -15,7 +15,7 @@ use super::{
     ecs::{self, EcsPoller, SharedEcs},
     podresources::{DeviceOwnership, KubeletPoller, SharedDevices},
     pods::{PodIndex, PodLabelKeys, PodWatcher, SharedPods},
-    Attribution, AttributionMetrics,
+    Attribution, AttributionMetrics, EfaHolders,
 };
 
 /// Where attribution reads from.
@@ -70,6 +70,11 @@ impl Sources {
     /// Who holds which devices, by the kubelet's account (for the health series' pods).
     pub fn devices(&self) -> SharedDevices {
         self.devices.clone()
+    }
+
+    /// Which pod holds each EFA device (for the EFA series' pods).
+    pub fn efa_holders(&self) -> EfaHolders {
+        EfaHolders::new(self.pods.clone(), self.devices.clone())
     }
 
     /// Starts the pod watch of `node` and the kubelet poller, until `shutdown`.

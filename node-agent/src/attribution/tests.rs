@@ -301,3 +301,34 @@ fn a_process_in_an_ecs_task_takes_the_task_and_container_the_ecs_agent_lists() {
     f.report(apps);
     assert_eq!(f.ecs_task("train"), None);
 }
+
+#[test]
+fn efa_devices_go_to_the_listed_containers_holding_them() {
+    let f = Fixture::new();
+    f.pods(&[pod(1, "a", "train", "Running", &[("main", 1)]), pod(2, "b", "serve", "Running", &[("srv", 2)])]);
+    let efa = |ns: &str, pod: &str, container: &str, device: &str| podresources::EfaAllocation {
+        namespace: ns.into(),
+        pod: pod.into(),
+        container: container.into(),
+        device: device.into(),
+    };
+    f.devices.write().unwrap().set_efa(vec![
+        efa("a", "train", "main", "rdmap16s27"),
+        efa("b", "serve", "srv", "rdmap24s27"),
+        efa("a", "gone", "main", "rdmap32s27"),
+    ]);
+    let holders = EfaHolders::new(f.pods.clone(), f.devices.clone());
+    let summary = |h: &[(String, Arc<PodRef>)]| -> Vec<(String, String, String)> {
+        h.iter().map(|(d, p)| (d.clone(), p.pod.clone(), p.container.clone())).collect()
+    };
+    let current = holders.current();
+    assert_eq!(
+        summary(&current),
+        [("rdmap16s27".into(), "train".into(), "main".into()), ("rdmap24s27".into(), "serve".into(), "srv".into())],
+        "a pod the watch does not know holds nothing"
+    );
+    assert!(Arc::ptr_eq(&current, &holders.current()), "cached while nothing changed");
+    // serve finishes: its device is no longer credited to it.
+    f.pods(&[pod(1, "a", "train", "Running", &[("main", 1)]), pod(2, "b", "serve", "Succeeded", &[("srv", 2)])]);
+    assert_eq!(summary(&holders.current()), [("rdmap16s27".into(), "train".into(), "main".into())]);
+}

@@ -517,30 +517,11 @@ mod tests {
         assert_eq!(parse_driver_version(""), None);
     }
 
-    struct Tree(PathBuf);
-
-    impl Tree {
-        fn new() -> Tree {
-            let p = std::env::temp_dir().join(format!("health-sysfs-{}-{}", std::process::id(), fastrand::u64(..)));
-            fs::create_dir_all(&p).unwrap();
-            Tree(p)
-        }
-        fn write(&self, rel: &str, text: &str) {
-            let path = self.0.join(rel);
-            fs::create_dir_all(path.parent().unwrap()).unwrap();
-            fs::write(path, text).unwrap();
-        }
-    }
-
-    impl Drop for Tree {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::testdata::Tree;
 
     #[test]
     fn no_driver_tree_is_not_an_error() {
-        let tree = Tree::new();
+        let tree = Tree::new("health-sysfs");
         let node = read_node(&tree.0);
         assert!(!node.driver_loaded);
         assert!(node.devices.is_empty());
@@ -548,7 +529,7 @@ mod tests {
 
     #[test]
     fn reads_what_exists_and_names_what_is_broken() {
-        let tree = Tree::new();
+        let tree = Tree::new("health-sysfs");
         let d = "devices/virtual/neuron_device/neuron1";
         tree.write("module/neuron/version", "2.30.2.0\n");
         tree.write(&format!("{d}/core_count"), "2");
@@ -582,7 +563,7 @@ mod tests {
 
     #[test]
     fn an_oversized_file_is_unreadable() {
-        let tree = Tree::new();
+        let tree = Tree::new("health-sysfs");
         let d = "devices/virtual/neuron_device/neuron0";
         tree.write(&format!("{d}/reset"), &"1".repeat(MAX_SYSFS_FILE_BYTES + 1));
         let node = read_node(&tree.0);

@@ -252,7 +252,8 @@ impl<'a> Labels<'a> {
         Labels { instance: &rt.instance, runtime: Some(rt), pod: rt.pod.as_deref(), config, extra: [None; 3] }
     }
 
-    fn idle_core(instance: &'a InstanceLabels, pod: Option<&'a PodRef>) -> Self {
+    /// A node-level series of something a pod may hold (an idle core, an EFA device).
+    pub(crate) fn held_by(instance: &'a InstanceLabels, pod: Option<&'a PodRef>) -> Self {
         Labels { pod, ..Labels::node(instance) }
     }
 
@@ -449,7 +450,7 @@ fn encode_runtimes(
         }
     }
     for core in idle_cores {
-        f.push(Labels::idle_core(instance, core.pod.as_deref()).number("neuroncore", core.index), Some(0.0));
+        f.push(Labels::held_by(instance, core.pod.as_deref()).number("neuroncore", core.index), Some(0.0));
     }
     f.write(encoder)?;
 

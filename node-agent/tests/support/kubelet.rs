@@ -39,6 +39,23 @@ pub fn holding(namespace: &str, pod: &str, container: &str, resource: &str, ids:
     }
 }
 
+/// A pod whose container holds Neuron `ids` of `resource` and the EFA devices `efa` (by
+/// name, as the EFA device plugin's `vpc.amazonaws.com/efa` ids are).
+pub fn holding_with_efa(
+    namespace: &str,
+    pod: &str,
+    container: &str,
+    (resource, ids): (&str, &[u32]),
+    efa: &[&str],
+) -> PodResources {
+    let mut pod = holding(namespace, pod, container, resource, ids);
+    pod.containers[0].devices.push(ContainerDevices {
+        resource_name: api::hardware::EFA_RESOURCE.to_owned(),
+        device_ids: efa.iter().map(|d| d.to_string()).collect(),
+    });
+    pod
+}
+
 /// A test pod-resources server. Stops (and removes its socket) on drop.
 pub struct PodResourcesServer {
     pub socket: PathBuf,

@@ -123,6 +123,8 @@ fn real_agent(fleet: &Fleet, node: &str) -> anyhow::Result<Process> {
         &state_dir.display().to_string(),
         "--stop-grace",
         "1s",
+        "--otlp-headers-secret",
+        &fleet.otlp_headers_secret(),
     ]
     .map(String::from);
     let env = [("KUBECONFIG", kubeconfig.display().to_string()), ("NEURON_AGENT_LOG", "error".to_owned())];

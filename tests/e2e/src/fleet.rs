@@ -38,12 +38,14 @@ pub const CONFIG_HASH_ANNOTATION: &str = "neuronmonitor.io/config-hash";
 pub const APPLIED_HASH_ANNOTATION: &str = "neuronmonitor.io/applied-hash";
 pub const NODE_ANNOTATION: &str = "neuronmonitor.io/node";
 
-/// The chart's ServiceAccounts and RBAC, as `helm template` renders them.
-const RBAC_TEMPLATES: [&str; 4] = [
+/// The chart's ServiceAccounts and RBAC, and the OTLP headers mirror they name, as
+/// `helm template` renders them.
+const RBAC_TEMPLATES: [&str; 5] = [
     "templates/operator-serviceaccount.yaml",
     "templates/operator-rbac.yaml",
     "templates/agent-serviceaccount.yaml",
     "templates/agent-rbac.yaml",
+    "templates/otlp-headers-secret.yaml",
 ];
 /// Requests in flight when the harness creates or deletes nodes.
 const SETUP_CONCURRENCY: usize = 16;
@@ -101,6 +103,11 @@ impl Fleet {
     /// The agent's ServiceAccount (the chart's), in the operator's namespace.
     pub fn agent_service_account(&self) -> String {
         format!("{}-neuron-monitor-node-agent", self.release)
+    }
+
+    /// The chart's OTLP headers mirror, which both binaries are named.
+    pub fn otlp_headers_secret(&self) -> String {
+        format!("{}-neuron-monitor-otlp-headers", self.release)
     }
 
     /// Creates these Neuron nodes (trn1.32xlarge, labelled for this fleet).
@@ -181,7 +188,13 @@ impl Fleet {
     /// defaults. `extra` adds flags.
     pub fn operator(&self, identity: &str, extra: &[&str]) -> Operator {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("an address");
-        let mut args = vec!["--namespace".to_owned(), self.namespace.clone(), "--listen".to_owned(), addr.to_string()];
+        let mut args = vec![
+            "--namespace".to_owned(),
+            self.namespace.clone(),
+            "--listen".to_owned(),
+            addr.to_string(),
+            format!("--otlp-headers-secret={}", self.otlp_headers_secret()),
+        ];
         args.extend(extra.iter().map(|a| (*a).to_owned()));
         let env = [
             ("KUBECONFIG", self.operator_kubeconfig.display().to_string()),

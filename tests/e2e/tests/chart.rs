@@ -1149,6 +1149,16 @@ async fn otlp_headers_reach_the_endpoint_with_exactly_the_charts_rbac() {
     agent_env.push(("KUBECONFIG".into(), agent_kubeconfig.display().to_string()));
     let agent = start("neuron-node-agent", agent_args, agent_env, cp);
 
+    // No config names a headersSecret yet: the agent does not watch the mirror.
+    let followed = |value: &'static str| {
+        let port = agent_ports.metrics;
+        move || async move {
+            let (_, body) = http_get(port, "/metrics")?;
+            body.lines().any(|l| l == format!("neuron_agent_otlp_headers_followed {value}")).then_some(())
+        }
+    };
+    wait("the agent up, not following the headers", Duration::from_secs(60), followed("0")).await;
+
     // A config of the release namespace (it sees every application) sending to the test
     // receiver with the headers of its Secret.
     let receiver = neuron_e2e::otlp::Receiver::start().unwrap();
@@ -1177,6 +1187,7 @@ async fn otlp_headers_reach_the_endpoint_with_exactly_the_charts_rbac() {
     })
     .await;
     assert_eq!(refused.reason, "Forbidden", "{}", refused.message);
+    wait("the agent following the headers", Duration::from_secs(60), followed("1")).await;
     // Without its headers the sink sends nothing.
     wait("the agent waiting for its headers", Duration::from_secs(60), || async {
         let (_, body) = http_get(agent_ports.metrics, "/metrics")?;
@@ -1583,9 +1594,9 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let queries = neuron_e2e::dashboard::queries(&dashboard);
     assert!(queries.len() >= 20, "{} queries", queries.len());
 
-    // Two simulated nodes: a trn1 with ECC events and an uncorrectable HBM error on its
-    // device, and an inf2 whose neuron-monitor crashes, writes garbage and has a group in
-    // error.
+    // Two simulated nodes: a trn1 with ECC events, an uncorrectable HBM error on its
+    // device and two fake EFA devices carrying its application's traffic, and an inf2
+    // whose neuron-monitor crashes, writes garbage and has a group in error.
     let dir = std::env::temp_dir().join(format!("neuron-e2e-dashboard-{:08x}", random_u32()));
     let trn1 = standalone_agent(
         &dir.join("a"),
@@ -1594,6 +1605,7 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
             "--app=tag=serve,cores=0,util=60,rps=50,errors=2",
             "--ecc-every=2",
             "--health-fault=hbm-ue:0@1s",
+            "--efa-devices=2",
         ],
     );
     let faulty = standalone_agent(

@@ -32,6 +32,7 @@ pub struct OtlpMetrics {
     pub last_success: Family<SinkLabel, Gauge<f64, AtomicU64>>,
     pub invalid: Family<SinkReasonLabels, Gauge>,
     pub headers_watch_errors: Counter,
+    pub headers_followed: Gauge,
 }
 
 impl OtlpMetrics {
@@ -90,6 +91,11 @@ impl OtlpMetrics {
             "headers_watch_errors",
             "Failed requests of the watch of the mirrored OTLP headers Secret (retried with backoff)",
             m.headers_watch_errors.clone(),
+        );
+        registry.register(
+            "headers_followed",
+            "1 while a config in force names OTLP headers and the agent follows their mirror Secret, else 0",
+            m.headers_followed.clone(),
         );
         m
     }

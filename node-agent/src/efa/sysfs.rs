@@ -1,0 +1,476 @@
+//! The EFA devices' counters in sysfs, under the sysfs root:
+//! `class/infiniband/<dev>/hw_counters/*` (the device's) and
+//! `class/infiniband/<dev>/ports/<n>/hw_counters/*` (each port's; EFA devices have port 1).
+//!
+//! An RDMA device is an EFA device when its PCI function is bound to the kernel's `efa`
+//! driver: `<dev>/device/driver` is a link ending in `drivers/efa`. Other RDMA devices (a
+//! Mellanox HCA, a software `rxe`) are left alone. The `class/infiniband/<dev>` entries
+//! and those links are relative symbolic links, so they resolve under a sysfs mounted
+//! elsewhere (`/host/sys`).
+//!
+//! Whatever counter files exist are read (drivers add counters over time), each within
+//! bounds: entries per directory, a name of `[a-z0-9_]`, a file of a few bytes holding a
+//! u64 decimal. What does not fit is left out and counted by [`Skip`] reason. A host with
+//! no `class/infiniband`, or none of its devices EFA, reads as no device: not an error.
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use crate::{
+    health::sysfs::parse_counter,
+    processes::procfs::{self, Failure},
+};
+
+/// The RDMA devices' class directory, under the sysfs root.
+pub const INFINIBAND_DIR: &str = "class/infiniband";
+/// The name of the kernel driver of EFA devices.
+pub const EFA_DRIVER: &str = "efa";
+/// Entries of `class/infiniband` looked at; the rest of the listing is not read. A host
+/// has one RDMA device per network card at most (32 on the largest EC2 type).
+pub const MAX_RDMA_DEVICES: usize = 256;
+/// EFA devices read, the first by name; more are counted and left out.
+pub const MAX_EFA_DEVICES: usize = 64;
+/// Ports read per device (EFA devices have one, port 1); port numbers are 1 to 255.
+pub const MAX_PORTS: usize = 8;
+const MAX_PORT_NUMBER: u32 = 255;
+/// Counter files read per `hw_counters` directory (a port has about 25, a device 12); the
+/// rest of the listing is not read.
+pub const MAX_COUNTERS_PER_DIR: usize = 128;
+/// Bytes of a device or counter name (the kernel's own bound for a device name is 64).
+pub const MAX_NAME_BYTES: usize = 64;
+/// Bytes of a counter file: a u64 is at most 20 digits and a newline.
+pub const MAX_COUNTER_FILE_BYTES: u64 = 64;
+
+/// Why something of the tree was left out: the `reason` label of
+/// `neuron_agent_efa_read_failures_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Skip {
+    /// Listed, then gone before it was read.
+    Gone,
+    /// Not readable by the agent.
+    Denied,
+    /// A counter file beyond [`MAX_COUNTER_FILE_BYTES`].
+    TooLarge,
+    /// Not a u64 decimal.
+    Malformed,
+    /// A device or counter name outside its charset or length.
+    BadName,
+    /// Devices, ports or counter files beyond their bounds.
+    Limit,
+    /// A counter entry that is not a regular file (a link, a directory, a pipe).
+    NotAFile,
+    /// Any other error of the file system.
+    Other,
+}
+
+impl Skip {
+    pub const ALL: [Skip; 8] = [
+        Skip::Gone,
+        Skip::Denied,
+        Skip::TooLarge,
+        Skip::Malformed,
+        Skip::BadName,
+        Skip::Limit,
+        Skip::NotAFile,
+        Skip::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Skip::Gone => "gone",
+            Skip::Denied => "denied",
+            Skip::TooLarge => "too_large",
+            Skip::Malformed => "malformed",
+            Skip::BadName => "bad_name",
+            Skip::Limit => "limit",
+            Skip::NotAFile => "not_a_file",
+            Skip::Other => "other",
+        }
+    }
+
+    fn from_io(e: &io::Error) -> Self {
+        match e.kind() {
+            io::ErrorKind::NotFound => Skip::Gone,
+            io::ErrorKind::PermissionDenied => Skip::Denied,
+            _ => Skip::Other,
+        }
+    }
+}
+
+impl From<Failure> for Skip {
+    fn from(failure: Failure) -> Self {
+        match failure {
+            Failure::Gone => Skip::Gone,
+            Failure::Denied => Skip::Denied,
+            Failure::TooLarge => Skip::TooLarge,
+            Failure::Malformed => Skip::Malformed,
+            Failure::Other => Skip::Other,
+        }
+    }
+}
+
+/// One counter file and its value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Counter {
+    pub name: String,
+    pub value: u64,
+}
+
+/// One port's counters, sorted by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Port {
+    pub number: u32,
+    pub counters: Vec<Counter>,
+}
+
+/// One EFA device: its own counters and its ports', each sorted (ports by number).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Device {
+    pub name: String,
+    pub counters: Vec<Counter>,
+    pub ports: Vec<Port>,
+}
+
+impl Device {
+    /// Whether a counter of this device reads lower than in `before` (the same device at
+    /// an earlier read): the driver was reloaded and its counters started again from zero.
+    pub fn went_back_from(&self, before: &Device) -> bool {
+        let lower = |now: &[Counter], then: &[Counter]| {
+            now.iter().any(|c| then.binary_search_by(|t| t.name.cmp(&c.name)).is_ok_and(|i| then[i].value > c.value))
+        };
+        lower(&self.counters, &before.counters)
+            || self.ports.iter().any(|p| {
+                before.ports.iter().find(|b| b.number == p.number).is_some_and(|b| lower(&p.counters, &b.counters))
+            })
+    }
+}
+
+/// The tree at one moment.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Reading {
+    /// `class/infiniband` exists.
+    pub rdma_class: bool,
+    /// EFA devices, sorted by name.
+    pub devices: Vec<Device>,
+    /// RDMA devices of other drivers, left alone.
+    pub other_devices: usize,
+    /// What was left out, by [`Skip::ALL`].
+    pub skipped: [u64; Skip::ALL.len()],
+}
+
+impl Reading {
+    fn skip(&mut self, why: Skip) {
+        self.skipped[why as usize] += 1;
+    }
+}
+
+/// A device name as a label value: `[A-Za-z0-9_.:-]`, at most [`MAX_NAME_BYTES`].
+pub fn valid_device_name(name: &str) -> bool {
+    let ok = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-');
+    !name.is_empty() && name.len() <= MAX_NAME_BYTES && name.bytes().all(ok)
+}
+
+/// A counter name as part of a metric name (`efa_<name>_total`): `[a-z][a-z0-9_]*`, at most
+/// [`MAX_NAME_BYTES`].
+pub fn valid_counter_name(name: &str) -> bool {
+    let ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_';
+    name.len() <= MAX_NAME_BYTES && name.bytes().next().is_some_and(|b| b.is_ascii_lowercase()) && name.bytes().all(ok)
+}
+
+/// Whether the RDMA device at `dir` is bound to the `efa` driver.
+fn is_efa(dir: &Path) -> bool {
+    fs::read_link(dir.join("device/driver")).is_ok_and(|target| target.file_name().is_some_and(|n| n == EFA_DRIVER))
+}
+
+/// The names of a directory's entries that are not hidden (`.name`: no sysfs attribute is;
+/// a writer's temporary file may be), at most `max` of them; more are counted as
+/// [`Skip::Limit`] (once) and the rest of the listing is not read. A name that is not
+/// UTF-8 is counted as [`Skip::BadName`]. Each name comes with whether its entry is a
+/// regular file (without following a link).
+fn list(dir: &Path, max: usize, reading: &mut Reading) -> io::Result<Vec<(String, bool)>> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let Ok(entry) = entry else {
+            reading.skip(Skip::Other);
+            continue;
+        };
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            reading.skip(Skip::BadName);
+            continue;
+        };
+        if name.starts_with('.') {
+            continue;
+        }
+        if names.len() == max {
+            reading.skip(Skip::Limit);
+            break;
+        }
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        names.push((name, is_file));
+    }
+    names.sort_unstable();
+    Ok(names)
+}
+
+/// Reads every EFA device under the sysfs root `root`. Never writes.
+pub fn read(root: &Path) -> Reading {
+    let mut reading = Reading::default();
+    let class = root.join(INFINIBAND_DIR);
+    let names = match list(&class, MAX_RDMA_DEVICES, &mut reading) {
+        Ok(names) => names,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return reading,
+        Err(e) => {
+            reading.rdma_class = true;
+            reading.skip(Skip::from_io(&e));
+            return reading;
+        }
+    };
+    reading.rdma_class = true;
+    for (name, _) in names {
+        let dir = class.join(&name);
+        if !is_efa(&dir) {
+            reading.other_devices += 1;
+            continue;
+        }
+        if !valid_device_name(&name) {
+            reading.skip(Skip::BadName);
+            continue;
+        }
+        if reading.devices.len() == MAX_EFA_DEVICES {
+            reading.skip(Skip::Limit);
+            continue;
+        }
+        let device = read_device(name, &dir, &mut reading);
+        reading.devices.push(device);
+    }
+    reading
+}
+
+fn read_device(name: String, dir: &Path, reading: &mut Reading) -> Device {
+    let counters = read_counters(&dir.join("hw_counters"), reading);
+    let mut ports = Vec::new();
+    match list(&dir.join("ports"), MAX_PORTS, reading) {
+        Ok(entries) => {
+            for (entry, _) in entries {
+                let number = entry.parse::<u32>().ok().filter(|n| (1..=MAX_PORT_NUMBER).contains(n));
+                match number {
+                    // Parsed back, so `01` and `1` are not two ports.
+                    Some(number) if number.to_string() == entry => {
+                        let path: PathBuf =
+                            [dir, Path::new("ports"), Path::new(&entry), Path::new("hw_counters")].iter().collect();
+                        ports.push(Port { number, counters: read_counters(&path, reading) });
+                    }
+                    _ => reading.skip(Skip::BadName),
+                }
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => reading.skip(Skip::from_io(&e)),
+    }
+    ports.sort_unstable_by_key(|p| p.number);
+    Device { name, counters, ports }
+}
+
+/// The counters of one `hw_counters` directory, sorted by name; none when it does not exist.
+fn read_counters(dir: &Path, reading: &mut Reading) -> Vec<Counter> {
+    let entries = match list(dir, MAX_COUNTERS_PER_DIR, reading) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) => {
+            reading.skip(Skip::from_io(&e));
+            return Vec::new();
+        }
+    };
+    let mut counters = Vec::with_capacity(entries.len());
+    for (name, is_file) in entries {
+        if !valid_counter_name(&name) {
+            reading.skip(Skip::BadName);
+            continue;
+        }
+        // Never opened unless a regular file: a pipe would block the read.
+        if !is_file {
+            reading.skip(Skip::NotAFile);
+            continue;
+        }
+        let value = procfs::read_bounded(&dir.join(&name), MAX_COUNTER_FILE_BYTES)
+            .map_err(Skip::from)
+            .and_then(|bytes| std::str::from_utf8(&bytes).ok().and_then(parse_counter).ok_or(Skip::Malformed));
+        match value {
+            Ok(value) => counters.push(Counter { name, value }),
+            Err(why) => reading.skip(why),
+        }
+    }
+    counters
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testdata::Tree;
+    use std::os::unix::fs::symlink;
+
+    /// An RDMA device of `driver` on PCI function `pci` in a fake sysfs root, laid out as
+    /// the kernel's: under `devices/`, relative links from `class/infiniband` and to the
+    /// driver. Returns its directory.
+    fn device(tree: &Tree, name: &str, pci: &str, driver: &str) -> String {
+        let function = format!("devices/pci0000:00/{pci}");
+        let dev = format!("{function}/infiniband/{name}");
+        fs::create_dir_all(tree.0.join(&dev)).unwrap();
+        fs::create_dir_all(tree.0.join(format!("bus/pci/drivers/{driver}"))).unwrap();
+        symlink(format!("../../../bus/pci/drivers/{driver}"), tree.0.join(&function).join("driver")).unwrap();
+        symlink(format!("../../../{pci}"), tree.0.join(&dev).join("device")).unwrap();
+        fs::create_dir_all(tree.0.join(INFINIBAND_DIR)).unwrap();
+        symlink(format!("../../{dev}"), tree.0.join(INFINIBAND_DIR).join(name)).unwrap();
+        dev
+    }
+
+    fn counters(pairs: &[(&str, u64)]) -> Vec<Counter> {
+        pairs.iter().map(|(n, v)| Counter { name: n.to_string(), value: *v }).collect()
+    }
+
+    fn skipped(reading: &Reading, why: Skip) -> u64 {
+        reading.skipped[why as usize]
+    }
+
+    #[test]
+    fn no_rdma_class_or_no_efa_device_is_no_device() {
+        let tree = Tree::new("efa-sysfs");
+        assert_eq!(read(&tree.0), Reading::default());
+        let dev = device(&tree, "mlx5_0", "0000:00:04.0", "mlx5_core");
+        tree.write(&format!("{dev}/ports/1/hw_counters/rx_bytes"), "5\n");
+        let reading = read(&tree.0);
+        assert!(reading.rdma_class && reading.devices.is_empty());
+        assert_eq!((reading.other_devices, reading.skipped), (1, [0; 8]));
+    }
+
+    #[test]
+    fn reads_every_counter_file_of_efa_devices_through_their_links() {
+        let tree = Tree::new("efa-sysfs");
+        for (name, pci) in [("rdmap32s27", "0000:20:1b.0"), ("rdmap16s27", "0000:10:1b.0")] {
+            let dev = device(&tree, name, pci, "efa");
+            tree.write(&format!("{dev}/ports/1/hw_counters/tx_bytes"), "1024\n");
+            tree.write(&format!("{dev}/ports/1/hw_counters/rx_drops"), "0\n");
+            tree.write(&format!("{dev}/ports/1/hw_counters/a_counter_of_a_newer_driver"), "18446744073709551615\n");
+            tree.write(&format!("{dev}/hw_counters/cmds_err"), "3");
+        }
+        let other = device(&tree, "mlx5_0", "0000:00:04.0", "mlx5_core");
+        tree.write(&format!("{other}/ports/1/hw_counters/tx_bytes"), "7\n");
+        let reading = read(&tree.0);
+        assert_eq!(reading.other_devices, 1);
+        assert_eq!(reading.skipped, [0; 8]);
+        let names: Vec<&str> = reading.devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["rdmap16s27", "rdmap32s27"]);
+        let device = &reading.devices[0];
+        assert_eq!(device.counters, counters(&[("cmds_err", 3)]));
+        assert_eq!(device.ports.len(), 1);
+        assert_eq!(device.ports[0].number, 1);
+        assert_eq!(
+            device.ports[0].counters,
+            counters(&[("a_counter_of_a_newer_driver", u64::MAX), ("rx_drops", 0), ("tx_bytes", 1024)])
+        );
+    }
+
+    #[test]
+    fn broken_files_are_left_out_and_counted_by_reason() {
+        let tree = Tree::new("efa-sysfs");
+        let dev = device(&tree, "rdmap16s27", "0000:10:1b.0", "efa");
+        let port = format!("{dev}/ports/1/hw_counters");
+        tree.write(&format!("{port}/tx_bytes"), "1\n");
+        tree.write(&format!("{port}/negative"), "-1\n");
+        tree.write(&format!("{port}/garbage"), "12 apples\n");
+        tree.write(&format!("{port}/overflow"), "18446744073709551616\n");
+        tree.write(&format!("{port}/empty"), "");
+        fs::write(tree.0.join(&port).join("not_utf8"), b"\xff\xfe").unwrap();
+        tree.write(&format!("{port}/huge"), &"1".repeat(MAX_COUNTER_FILE_BYTES as usize + 1));
+        tree.write(&format!("{port}/Upper_Case"), "1\n");
+        tree.write(&format!("{port}/{}", "x".repeat(MAX_NAME_BYTES + 1)), "1\n");
+        tree.write(&format!("{port}/.tx_bytes.tmp"), "999\n");
+        fs::create_dir_all(tree.0.join(&port).join("a_directory")).unwrap();
+        symlink("tx_bytes", tree.0.join(&port).join("linked")).unwrap();
+        symlink("/dev/zero", tree.0.join(&port).join("zeros")).unwrap();
+        let fifo = std::ffi::CString::new(tree.0.join(&port).join("pipe").to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path; mkfifo only creates the node.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        tree.write(&format!("{dev}/ports/01/hw_counters/tx_bytes"), "1\n");
+        tree.write(&format!("{dev}/ports/0/hw_counters/tx_bytes"), "1\n");
+        tree.write(&format!("{dev}/ports/x/hw_counters/tx_bytes"), "1\n");
+        device(&tree, "a device", "0000:11:1b.0", "efa");
+
+        let reading = read(&tree.0);
+        let device = &reading.devices[0];
+        assert_eq!(device.ports.len(), 1);
+        assert_eq!(device.ports[0].counters, counters(&[("tx_bytes", 1)]));
+        assert_eq!(skipped(&reading, Skip::Malformed), 5, "negative, garbage, overflow, empty, not UTF-8");
+        assert_eq!(skipped(&reading, Skip::TooLarge), 1);
+        assert_eq!(reading.devices.len(), 1);
+        assert_eq!(skipped(&reading, Skip::BadName), 2 + 3 + 1, "two counter names, three port names, a device");
+        assert_eq!(skipped(&reading, Skip::NotAFile), 4, "directory, two links, pipe");
+        assert_eq!(skipped(&reading, Skip::Limit), 0);
+    }
+
+    #[test]
+    fn devices_ports_and_counters_are_bounded() {
+        let tree = Tree::new("efa-sysfs");
+        for i in 0..MAX_EFA_DEVICES + 2 {
+            let dev = device(&tree, &format!("rdmap{i:03}s27"), &format!("0000:{i:02x}:1b.0"), "efa");
+            if i == 0 {
+                for c in 0..MAX_COUNTERS_PER_DIR + 10 {
+                    tree.write(&format!("{dev}/hw_counters/c{c:03}"), "1\n");
+                }
+                for p in 1..=MAX_PORTS + 1 {
+                    tree.write(&format!("{dev}/ports/{p}/hw_counters/tx_bytes"), "1\n");
+                }
+            }
+        }
+        let reading = read(&tree.0);
+        assert_eq!(reading.devices.len(), MAX_EFA_DEVICES);
+        assert_eq!(reading.devices.last().unwrap().name, format!("rdmap{:03}s27", MAX_EFA_DEVICES - 1));
+        let first = &reading.devices[0];
+        assert_eq!(first.counters.len(), MAX_COUNTERS_PER_DIR);
+        assert_eq!(first.ports.len(), MAX_PORTS);
+        // Two devices, the rest of one counter listing, the rest of one port listing.
+        assert_eq!(skipped(&reading, Skip::Limit), 2 + 1 + 1);
+    }
+
+    #[test]
+    fn unreadable_directories_are_counted() {
+        let tree = Tree::new("efa-sysfs");
+        let dev = device(&tree, "rdmap16s27", "0000:10:1b.0", "efa");
+        // A loop instead of the counters directory.
+        symlink("hw_counters", tree.0.join(&dev).join("hw_counters")).unwrap();
+        tree.write(&format!("{dev}/ports/1/hw_counters/tx_bytes"), "4\n");
+        let reading = read(&tree.0);
+        assert_eq!(reading.devices[0].counters, Vec::new());
+        assert_eq!(reading.devices[0].ports[0].counters, counters(&[("tx_bytes", 4)]));
+        assert_eq!(skipped(&reading, Skip::Other), 1);
+    }
+
+    #[test]
+    fn a_counter_lower_than_before_is_a_reload() {
+        let device = |tx: u64, cmds: u64| Device {
+            name: "rdmap16s27".into(),
+            counters: counters(&[("cmds_err", cmds)]),
+            ports: vec![Port { number: 1, counters: counters(&[("rx_bytes", 5), ("tx_bytes", tx)]) }],
+        };
+        assert!(!device(10, 1).went_back_from(&device(10, 1)));
+        assert!(!device(11, 2).went_back_from(&device(10, 1)));
+        assert!(device(9, 1).went_back_from(&device(10, 1)));
+        assert!(device(10, 0).went_back_from(&device(10, 1)));
+        // A counter that appeared or went is no reload.
+        let mut fewer = device(10, 1);
+        fewer.ports[0].counters.remove(0);
+        assert!(!fewer.went_back_from(&device(10, 1)));
+        assert!(!device(10, 1).went_back_from(&fewer));
+    }
+
+    #[test]
+    fn names_are_bounded_labels() {
+        assert!(valid_device_name("rdmap16s27") && valid_device_name("efa_0") && valid_device_name("mlx5:0.1-a"));
+        assert!(!valid_device_name("") && !valid_device_name("a b") && !valid_device_name(&"a".repeat(65)));
+        assert!(valid_counter_name("rdma_read_wr_err") && valid_counter_name("tx_bytes2"));
+        assert!(!valid_counter_name("") && !valid_counter_name("2x") && !valid_counter_name("_x"));
+        assert!(!valid_counter_name("Tx") && !valid_counter_name("tx-bytes") && !valid_counter_name(&"a".repeat(65)));
+    }
+}

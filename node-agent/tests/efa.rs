@@ -1,0 +1,187 @@
+//! The EFA series of the real agent binary: the simulator writes a fake EFA tree (the
+//! kernel's layout, counters following its applications) under the sysfs root the agent
+//! reads; Pod objects live in the real test API server and the test kubelet says which
+//! pod holds which EFA device.
+
+mod support;
+
+use std::{collections::BTreeMap, ffi::OsStr, path::Path, time::Duration};
+
+use neuron_e2e::{random_u32, ControlPlane};
+use neuron_node_agent::attribution::podresources::{NEURONCORE, NEURONDEVICE};
+use support::{
+    kubelet::{container_id, containerd_cgroup, holding_with_efa, running_pod, FakeProc, PodResourcesServer},
+    Agent, Metrics, TempDir,
+};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The counter files of one `hw_counters` directory of the fake tree, as metric names.
+fn files(dir: &Path) -> BTreeMap<String, f64> {
+    let mut counters = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let name = entry.expect("entry").file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue; // the simulator's file being replaced
+        }
+        if let Ok(text) = std::fs::read_to_string(dir.join(&name)) {
+            counters.insert(format!("efa_{name}_total"), text.trim().parse().expect("a counter"));
+        }
+    }
+    counters
+}
+
+/// The EFA series of one device (and port, or none), by name.
+fn series(m: &Metrics, device: &str, port: Option<&str>) -> BTreeMap<String, f64> {
+    m.samples
+        .iter()
+        .filter(|s| {
+            s.name.starts_with("efa_")
+                && s.labels.get("efa_device").map(String::as_str) == Some(device)
+                && s.labels.get("port").map(String::as_str) == port
+        })
+        .map(|s| (s.name.clone(), s.value))
+        .collect()
+}
+
+fn pod_of<'m>(m: &'m Metrics, device: &str) -> Option<(&'m str, &'m str, &'m str)> {
+    let sample = m.find("efa_tx_bytes_total", &[("efa_device", device)]).into_iter().next()?;
+    let label = |k: &str| sample.labels.get(k).map(String::as_str);
+    Some((label("namespace")?, label("pod")?, label("container")?))
+}
+
+#[test]
+fn efa_counters_land_on_the_pods_holding_the_devices_with_the_simulators_values() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let cp = ControlPlane::shared();
+    let node = format!("neuron-node-{:08x}", random_u32());
+    let (a, b) = rt.block_on(async { (cp.namespace("efa-a").await, cp.namespace("efa-b").await) });
+    let client = rt.block_on(cp.client());
+    let (cid_a, cid_b) = (container_id(0xea1), container_id(0xeb1));
+    let uid_a = rt.block_on(running_pod(&client, &a, "train", &node, "main", &cid_a));
+    let uid_b = rt.block_on(running_pod(&client, &b, "serve", &node, "srv", &cid_b));
+    let proc = FakeProc::new();
+    proc.process(5101, &containerd_cgroup(&uid_a, &cid_a));
+    proc.process(5102, &containerd_cgroup(&uid_b, &cid_b));
+    // trn1.32xlarge: 16 devices of 2 cores, 8 EFA devices, each carrying two devices'
+    // traffic: train (devices 0-1) sends over rdmap16s27, serve (device 2) over rdmap24s27.
+    let dir = TempDir::new("efa");
+    let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
+    kubelet.set(vec![
+        holding_with_efa(&a, "train", "main", (NEURONDEVICE, &[0, 1]), &["rdmap16s27"]),
+        holding_with_efa(&b, "serve", "srv", (NEURONCORE, &[4, 5]), &["rdmap24s27"]),
+    ]);
+    let sys = dir.0.join("sys");
+    let sim_sysfs = format!("--sysfs-root={}", sys.display());
+    let apps = [
+        "--instance-type=trn1.32xlarge",
+        "--app=tag=train,cores=0-2,util=80,pid=5101",
+        "--app=tag=serve,cores=4,util=50,pid=5102",
+        sim_sysfs.as_str(),
+    ];
+    let args = [
+        "--period=500ms",
+        "--node-name",
+        &node,
+        "--proc-root",
+        proc.root().to_str().expect("utf-8 path"),
+        "--pod-resources-socket",
+        kubelet.socket.to_str().expect("utf-8 path"),
+        "--pod-resources-interval=300ms",
+        "--pod-label=app",
+        "--sysfs-root",
+        sys.to_str().expect("utf-8 path"),
+    ];
+    let agent = Agent::start_with_env(support::sim(), &apps, &args, &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))]);
+
+    let m = agent.wait_for("both held devices attributed and carrying traffic", WAIT, |m| {
+        let done = pod_of(m, "rdmap16s27") == Some((a.as_str(), "train", "main"))
+            && pod_of(m, "rdmap24s27") == Some((b.as_str(), "serve", "srv"))
+            && m.value("efa_tx_bytes_total", &[("efa_device", "rdmap24s27")]).is_some_and(|v| v > 0.0);
+        done.then(|| m.clone())
+    });
+    // Every device of the tree, each counter once; the devices no pod holds carry no pod.
+    let devices: Vec<String> = std::fs::read_dir(sys.join("class/infiniband"))
+        .expect("the fake tree")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(devices.len(), 8);
+    assert_eq!(m.value("neuron_agent_efa_devices", &[]), Some(8.0));
+    for device in &devices {
+        let tx = m.find("efa_tx_bytes_total", &[("efa_device", device)]);
+        assert_eq!(tx.len(), 1, "{device}");
+        let held = matches!(device.as_str(), "rdmap16s27" | "rdmap24s27");
+        assert_eq!(tx[0].labels.contains_key("pod"), held, "{device}: {:?}", tx[0].labels);
+        assert_eq!(tx[0].labels.get("port").map(String::as_str), Some("1"));
+    }
+    assert_eq!(m.find("efa_tx_bytes_total", &[("efa_device", "rdmap16s27")])[0].labels["label_app"], "train");
+    // The idle devices sent nothing, the busy ones in proportion to their load (2.4 : 0.5).
+    assert_eq!(m.value("efa_tx_bytes_total", &[("efa_device", "rdmap32s27")]), Some(0.0));
+    let (train, serve) = (
+        m.value("efa_tx_bytes_total", &[("efa_device", "rdmap16s27")]).expect("train's device"),
+        m.value("efa_tx_bytes_total", &[("efa_device", "rdmap24s27")]).expect("serve's device"),
+    );
+    assert!(train > 4.0 * serve, "{train} vs {serve}");
+
+    // Every counter the simulator wrote, with its value: port counters with `port`,
+    // device counters without (the values of one read of the tree, between two advances).
+    let tree = sys.join("class/infiniband/rdmap16s27");
+    agent.wait_for("the series equal the simulator's files", WAIT, |m| {
+        let port = files(&tree.join("ports/1/hw_counters"));
+        let device = files(&tree.join("hw_counters"));
+        (port.len() == 13 && series(m, "rdmap16s27", Some("1")) == port && series(m, "rdmap16s27", None) == device)
+            .then_some(())
+    });
+    assert_eq!(m.sum("neuron_agent_efa_read_failures_total", &[]), 0.0, "{}", m.text);
+    assert!(m.value("neuron_agent_efa_read_seconds", &[]).is_some());
+    let complaints = support::promtool_complaints(&m.text);
+    assert!(complaints.iter().all(|c| c == support::ACCEPTED_LINT), "promtool: {complaints:#?}");
+
+    // serve gives its EFA device back: its series go on without a pod.
+    kubelet.set(vec![holding_with_efa(&a, "train", "main", (NEURONDEVICE, &[0, 1]), &["rdmap16s27"])]);
+    agent.wait_for("serve's device without a pod", WAIT, |m| {
+        let tx = m.find("efa_tx_bytes_total", &[("efa_device", "rdmap24s27")]);
+        (tx.len() == 1 && !tx[0].labels.contains_key("pod")).then_some(())
+    });
+}
+
+#[test]
+fn a_node_without_efa_exports_none_and_says_so_once() {
+    // A node with an RDMA device of another driver, and no EFA device.
+    let dir = TempDir::new("no-efa");
+    let sys = dir.0.join("sys");
+    let function = sys.join("devices/pci0000:00/0000:00:04.0");
+    std::fs::create_dir_all(function.join("infiniband/mlx5_0/ports/1/hw_counters")).expect("tree");
+    std::fs::write(function.join("infiniband/mlx5_0/ports/1/hw_counters/port_xmit_data"), "42\n").expect("counter");
+    std::fs::create_dir_all(sys.join("bus/pci/drivers/mlx5_core")).expect("driver");
+    std::fs::create_dir_all(sys.join("class/infiniband")).expect("class");
+    std::os::unix::fs::symlink("../../../bus/pci/drivers/mlx5_core", function.join("driver")).expect("link");
+    std::os::unix::fs::symlink("../../../0000:00:04.0", function.join("infiniband/mlx5_0/device")).expect("link");
+    std::os::unix::fs::symlink(
+        "../../devices/pci0000:00/0000:00:04.0/infiniband/mlx5_0",
+        sys.join("class/infiniband/mlx5_0"),
+    )
+    .expect("link");
+    let log = dir.0.join("agent.log");
+    let log_file = std::fs::File::create(&log).expect("log file");
+    let sim_sysfs = format!("--sysfs-root={}", sys.display());
+    let agent = Agent::start_configured(
+        support::sim(),
+        &["--instance-type=trn1.2xlarge", sim_sysfs.as_str()],
+        &["--period=300ms", "--sysfs-root", sys.to_str().expect("utf-8 path"), "--efa-interval=200ms"],
+        |command, _| {
+            command.arg("--log-format=json").stderr(log_file);
+        },
+    );
+    let m = agent
+        .wait_for("reports exported", WAIT, |m| (m.sum("neuron_agent_reports_total", &[]) >= 5.0).then(|| m.clone()));
+    assert!(m.samples.iter().all(|s| !s.name.starts_with("efa_")), "{}", m.text);
+    assert!(m.text.lines().all(|l| !l.starts_with("# TYPE efa_")));
+    assert_eq!(m.value("neuron_agent_efa_devices", &[]), Some(0.0));
+    assert_eq!(m.sum("neuron_agent_efa_read_failures_total", &[]), 0.0);
+    drop(agent);
+    let text = std::fs::read_to_string(&log).expect("the agent's log");
+    let efa: Vec<&str> = text.lines().filter(|l| l.contains("EFA") || l.contains("infiniband")).collect();
+    assert_eq!(efa.len(), 1, "{efa:#?}");
+    assert!(efa[0].contains(r#""level":"INFO""#) && efa[0].contains("no EFA device"), "{}", efa[0]);
+}
