@@ -259,7 +259,7 @@ pub struct PrometheusSinkSpec {
     /// Labels added to every series of this config's applications.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("maxProperties" = 16))]
-    #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-zA-Z_][a-zA-Z0-9_]{0,62}$') && !(k in ['instance_name', 'instance_id', 'instance_type', 'availability_zone', 'region', 'subnet_id', 'runtime_tag', 'namespace', 'pod', 'container', 'neuroncore', 'physical_neuroncore', 'memory_location', 'usage_type', 'error_type', 'status_type', 'percentile', 'event_type', 'neuron_device_index', 'ecs_task_arn', 'ecs_task_family', 'ecs_container']))").message("label names must be Prometheus label names and not one the metrics already use"))]
+    #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-zA-Z_][a-zA-Z0-9_]{0,62}$') && !(k in ['job', 'instance', 'node', 'agent_pod', 'mode', 'instance_name', 'instance_id', 'instance_type', 'availability_zone', 'region', 'subnet_id', 'runtime_tag', 'namespace', 'pod', 'container', 'neuroncore', 'physical_neuroncore', 'memory_location', 'usage_type', 'error_type', 'status_type', 'percentile', 'event_type', 'neuron_device_index', 'ecs_task_arn', 'ecs_task_family', 'ecs_container']))").message("label names must be Prometheus label names and not one the metrics already use"))]
     #[x_kube(validation = Rule::new("self.all(k, size(self[k]) <= 128)").message("label values are at most 128 characters"))]
     pub extra_labels: Option<BTreeMap<String, String>>,
 }
@@ -442,9 +442,10 @@ pub struct NeuronMonitorConfigStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// `Accepted`: the spec is valid, fits the limits on every node it matches, and is
-    /// rendered (reasons: Valid, InvalidSpec, TooLarge, NamespaceLimit, NodeLimit,
-    /// TooManyLabels, NoMatchingNodes). `Ready`: every matched node runs it (Applied,
+    /// `Accepted`: the spec is valid, within the cluster's tenancy policy, fits the
+    /// limits on every node it matches, and is rendered (reasons: Valid, InvalidSpec,
+    /// TooLarge, NamespaceLimit, NodeLimit, TooManyLabels, TooManySeries, OutsidePolicy,
+    /// CostCeiling, NoMatchingNodes). `Ready`: every matched node runs it (Applied,
     /// Applying, WriteFailed, NotAccepted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -458,17 +459,54 @@ pub struct NeuronMonitorConfigStatus {
     #[serde(default)]
     pub applied_nodes: i32,
 
-    /// Distinct CloudWatch metrics (name + dimension values) this config creates across
-    /// its matched nodes.
+    /// Distinct CloudWatch metrics (name + dimension values) this config's CloudWatch
+    /// sink creates across its matched nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_cloud_watch_metrics: Option<i64>,
 
-    /// Monthly cost of those metrics at the public per-metric price, in USD.
+    /// What this config's sinks cost CloudWatch a month as configured, in USD: its
+    /// CloudWatch sink (metrics and requests) plus its OTLP sink to CloudWatch (bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_monthly_cost_usd: Option<String>,
+
+    /// What this config's metrics would cost in each way CloudWatch takes them, and the
+    /// cheapest, for a config with a CloudWatch or OTLP sink.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_cost: Option<EstimatedCost>,
 
     /// Matched nodes (of `matchedNodes`) whose Neuron health condition is True: a device
     /// has a fault.
     #[serde(default)]
     pub unhealthy_nodes: i32,
+}
+
+/// A config's metrics priced in each mode, on its matched nodes.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EstimatedCost {
+    /// The cheapest mode: Classic, ContainerInsights or Otlp.
+    pub cheapest_mode: String,
+    /// CloudWatch custom metrics with this project's names (per metric-month and request).
+    pub classic: ModeCost,
+    /// CloudWatch custom metrics with Container Insights' names and dimension sets.
+    pub container_insights: ModeCost,
+    /// OpenTelemetry metrics through CloudWatch's OTLP endpoint (per GB ingested).
+    pub otlp: ModeCost,
+}
+
+/// What a config's metrics cost in one mode.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ModeCost {
+    /// Distinct series: CloudWatch metrics (name + dimension values) or OTLP series
+    /// (name + labels).
+    pub series: i64,
+    /// PutMetricData requests a month (the classic modes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_month: Option<i64>,
+    /// Bytes billed a month (OTLP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_month: Option<i64>,
+    /// USD a month, e.g. `"12.34"`.
+    pub monthly_usd: String,
 }

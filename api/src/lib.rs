@@ -9,8 +9,12 @@
 //!   the routes), its ConfigMap's names and the content hash.
 //! - [`report`]: one NDJSON document that neuron-monitor writes per refresh.
 //! - [`limits`]: the largest inputs the operator and the agent accept.
-//! - [`cloudwatch`]: the CloudWatch metric catalogue, the sink rules, the cost estimate.
+//! - [`region`]: AWS regions and their partitions.
+//! - [`cloudwatch`]: the CloudWatch metric catalogue, the sink rules, the cost estimate of
+//!   each mode (classic, Container Insights, OTLP).
 //! - [`otlp`]: the OTLP sink's rules (destination, flush interval, headers from a Secret).
+//! - [`tenancy`]: the cluster operator's policy of what each namespace's configs may
+//!   target (CloudWatch namespaces, regions, OTLP endpoints) and cost.
 //! - [`validate`]: a NeuronMonitorConfig checked (selector, tag filters, sinks, size) into
 //!   what rendering needs; [`render`]: every node's configs merged into its node
 //!   configuration, within each node's budget. The operator renders the fleet with them,
@@ -18,7 +22,7 @@
 //! - [`hash`]: the content hash.
 //!
 //! The resource and what is derived from it (`crd`, `node_config`, `cloudwatch`, `otlp`,
-//! `validate`, `render`) need
+//! `validate`, `render`, `tenancy`) need
 //! kube and schemars: they come with the `crd` feature, so that the simulator, which reads
 //! only the monitor configuration and writes reports, builds without them.
 
@@ -35,8 +39,11 @@ pub mod monitor_config;
 pub mod node_config;
 #[cfg(feature = "crd")]
 pub mod otlp;
+pub mod region;
 #[cfg(feature = "crd")]
 pub mod render;
 pub mod report;
+#[cfg(feature = "crd")]
+pub mod tenancy;
 #[cfg(feature = "crd")]
 pub mod validate;

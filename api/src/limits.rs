@@ -89,6 +89,16 @@ pub const MAX_NODE_RENDERED_BYTES: usize = 768 * 1024;
 /// report. Beyond it: `NodeLimit`.
 pub const MAX_CONFIGS_PER_NODE: usize = 512;
 
+/// Series one config's CloudWatch or OTLP sink may create on one node (CloudWatch
+/// metrics of every dimension set and roll-up; OTLP series), as the cost estimate counts
+/// them on the largest Neuron node (trn2.48xlarge with one physical core per logical
+/// one: 128 NeuronCores, 16 devices) with one application per core. The agent builds,
+/// queues and sends each of them every flush, for each config: the default CloudWatch
+/// sink takes 2,688 there, the OTLP sink 6,144, a config with ten per-core roll-ups
+/// ~30,000 (30 PutMetricData requests per node and flush). Beyond it: `TooManySeries`,
+/// naming the sink.
+pub const MAX_SERIES_PER_CONFIG_PER_NODE: u64 = 10_000;
+
 // --- Labels a series carries ---------------------------------------------------------
 
 /// Distinct extra Prometheus labels on one series. The agent puts on a runtime's series

@@ -511,13 +511,19 @@ fn sigterm_sends_what_is_queued() {
     );
 }
 
+/// A sink with an invalid region, or (defense in depth behind the operator's tenancy
+/// policy) a region of another AWS partition than the instance's — `us-gov-west-1` from
+/// the simulator's `us-west-2` — is left out and counted; the others run.
 #[test]
 fn an_invalid_sink_is_left_out_and_the_others_run() {
     let cw = CloudWatch::start();
     let mut bad = sink(&cw, "Bad/Neuron", &[Dimension::RuntimeTag], "1s");
     bad.region = Some("mars".to_owned());
+    let mut gov = sink(&cw, "Gov/Neuron", &[Dimension::RuntimeTag], "1s");
+    gov.region = Some("us-gov-west-1".to_owned());
     let config = node_config(vec![
         route("team/bad", None, None, bad),
+        route("team/gov", None, None, gov),
         route("ops/all", None, None, sink(&cw, "Ops/Neuron", &[Dimension::RuntimeTag], "1s")),
     ]);
     let agent = start_agent(SIM_SMALL, &config, cw.addr(), NO_RESTART);
@@ -525,6 +531,10 @@ fn an_invalid_sink_is_left_out_and_the_others_run() {
     assert_eq!(sink_value(&m, "neuron_agent_cloudwatch_invalid_sinks", "team/bad", &[("reason", "region")]), 1.0);
     assert_eq!(sink_value(&m, "neuron_agent_cloudwatch_requests_total", "team/bad", &[]), 0.0);
     assert!(list_metrics(&cw, "Bad/Neuron", &[]).is_empty());
+    let gov = sink_value(&m, "neuron_agent_cloudwatch_invalid_sinks", "team/gov", &[("reason", "partition")]);
+    assert_eq!(gov, 1.0, "{}", m.text);
+    assert_eq!(sink_value(&m, "neuron_agent_cloudwatch_requests_total", "team/gov", &[]), 0.0);
+    assert!(list_metrics(&cw, "Gov/Neuron", &[]).is_empty());
     assert!(!list_metrics(&cw, "Ops/Neuron", &[]).is_empty());
     assert!(m.value("neuroncore_utilization_ratio", &[("runtime_tag", "train"), ("neuroncore", "0")]).is_some());
 }
@@ -689,13 +699,16 @@ fn the_operator_gives_each_team_its_own_cloudwatch_namespace() {
     let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
     kubelet.set(vec![holding(&a, "train", "main", NEURONCORE, &[0]), holding(&b, "serve", "srv", NEURONCORE, &[1])]);
 
-    // The three configs, through the API.
+    // The three configs, through the API; each team in its own CloudWatch namespace, as
+    // the built-in tenancy policy gives it (Teams/<namespace>/…).
     let cw = CloudWatch::start();
+    let (team_a, team_b) = (format!("Teams/{a}/Neuron"), format!("Teams/{b}/Neuron"));
+    let (team_a, team_b) = (team_a.as_str(), team_b.as_str());
     let team_dims = [Dimension::Namespace, Dimension::PodName, Dimension::ContainerName, Dimension::NeuronCore];
     let cluster_dims = [Dimension::NodeName, Dimension::Namespace, Dimension::PodName, Dimension::RuntimeTag];
     let configs = [
-        monitor_config(&a, "team", &run, sink(&cw, "TeamA/Neuron", &team_dims, "1s")),
-        monitor_config(&b, "team", &run, sink(&cw, "TeamB/Neuron", &team_dims, "2s")),
+        monitor_config(&a, "team", &run, sink(&cw, team_a, &team_dims, "1s")),
+        monitor_config(&b, "team", &run, sink(&cw, team_b, &team_dims, "2s")),
         monitor_config(&ops, "cluster", &run, sink(&cw, "Cluster/Neuron", &cluster_dims, "1s")),
     ];
     for config in &configs {
@@ -787,7 +800,7 @@ fn the_operator_gives_each_team_its_own_cloudwatch_namespace() {
 
     // Each team's namespace: its pod's series only, no node-level metric.
     for (cw_ns, ns, pod, container, core, util) in
-        [("TeamA/Neuron", &a, "train", "main", "0", 80.0), ("TeamB/Neuron", &b, "serve", "srv", "1", 30.0)]
+        [(team_a, &a, "train", "main", "0", 80.0), (team_b, &b, "serve", "srv", "1", 30.0)]
     {
         let metrics = list_metrics(&cw, cw_ns, &[]);
         assert!(names(&metrics).contains("neuroncore_utilization"), "{cw_ns}: {:?}", names(&metrics));
@@ -849,11 +862,11 @@ fn the_operator_gives_each_team_its_own_cloudwatch_namespace() {
     assert!(corrected > 0.0, "the simulator reported ECC events");
     let d = [("NodeName", node.as_str()), ("EventType", "mem_ecc_corrected")];
     assert_eq!(statistic(&cw, "Cluster/Neuron", "neurondevice_hw_ecc_events", &d, "Sum"), Some(corrected));
-    for cw_ns in ["TeamA/Neuron", "TeamB/Neuron"] {
+    for cw_ns in [team_a, team_b] {
         assert!(list_metrics(&cw, cw_ns, &[("EventType", "mem_ecc_corrected")]).is_empty(), "{cw_ns}");
     }
     // The operator's estimate is an upper bound of what the sink creates.
-    for cw_ns in ["TeamA/Neuron", "TeamB/Neuron", "Cluster/Neuron"] {
+    for cw_ns in [team_a, team_b, "Cluster/Neuron"] {
         let created = list_metrics(&cw, cw_ns, &[]).len() as i64;
         let estimate = estimates.get(&cw.namespace(cw_ns)).copied().unwrap_or(0);
         eprintln!("{cw_ns}: {created} metrics created, {estimate} estimated");
@@ -861,7 +874,7 @@ fn the_operator_gives_each_team_its_own_cloudwatch_namespace() {
     }
     // Nothing else was written (in this test's namespaces: the others are other tests').
     let namespaces: BTreeSet<String> = cw.stored().into_iter().map(|d| d.namespace).collect();
-    assert_eq!(namespaces, ["Cluster/Neuron", "TeamA/Neuron", "TeamB/Neuron"].map(|n| cw.namespace(n)).into());
+    assert_eq!(namespaces, ["Cluster/Neuron", team_a, team_b].map(|n| cw.namespace(n)).into());
 
     drop(agent);
     rt.block_on(nodes.delete(&node, &DeleteParams::default())).expect("delete the node");

@@ -366,6 +366,20 @@ fn sigterm_sends_the_queued_events() {
     assert!(errors.contains(&"SRAM_UNCORRECTABLE_ERROR") && errors.contains(&"DMA_ERROR"), "{errors:?}");
 }
 
+/// The agent on `driver`'s trn1.32xlarge with `extra` flags, following a node
+/// configuration whose health settings (a NeuronMonitorConfig's `spec.health`, rendered
+/// by the operator) send the events to `destination`.
+fn start_with_destination(ls: &LocalStack, driver: &FakeDriver, destination: LogDestination, extra: &[&str]) -> Agent {
+    let mut args = driver.agent_args();
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let health = NodeHealth { config: "ops/health".to_owned(), logs: Some(destination), ..NodeHealth::default() };
+    let monitor = MonitorConfig::all_groups("1s".parse().expect("period"));
+    let node_config = serde_json::to_value(NodeConfig { monitor, routes: Vec::new(), health: Some(health) })
+        .expect("a node configuration");
+    start_agent(&["--instance-type=trn1.32xlarge"], &node_config, ls.addr, &args)
+}
+
 /// The node configuration's `health.logs` (a NeuronMonitorConfig's `spec.health.logs`,
 /// rendered by the operator) chooses the group over the agent's flags.
 #[test]
@@ -373,18 +387,8 @@ fn the_node_configurations_log_group_wins_over_the_flags() {
     let ls = LocalStack::shared();
     let driver = FakeDriver::start("trn1.32xlarge");
     let (configured, flagged) = (group(), group());
-    let mut args = driver.agent_args();
-    args.extend(["--health-log-group", &flagged].map(str::to_owned));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let health = NodeHealth {
-        config: "ops/health".to_owned(),
-        logs: Some(LogDestination { group: configured.clone(), region: Some("us-west-2".to_owned()) }),
-        ..NodeHealth::default()
-    };
-    let monitor = MonitorConfig::all_groups("1s".parse().expect("period"));
-    let node_config = serde_json::to_value(NodeConfig { monitor, routes: Vec::new(), health: Some(health) })
-        .expect("a node configuration");
-    let agent = start_agent(&["--instance-type=trn1.32xlarge"], &node_config, ls.addr, &args);
+    let destination = LogDestination { group: configured.clone(), region: Some("us-west-2".to_owned()) };
+    let agent = start_with_destination(ls, &driver, destination, &["--health-log-group", &flagged]);
     let instance = instance_id(&agent);
     driver.inject(&["hbm-ue:5"]);
     wait_state(&agent, "5", "unhealthy");
@@ -392,4 +396,24 @@ fn the_node_configurations_log_group_wins_over_the_flags() {
     let events = &streams[&instance];
     assert!(events.iter().any(|(_, e)| e["error"] == "HBM_UNCORRECTABLE_ERROR" && e["device"] == 5), "{events:#?}");
     assert!(stored(ls.addr, "us-west-2", &flagged).is_empty(), "nothing in the flags' group");
+}
+
+/// A log destination in another AWS partition than the instance's (`us-gov-west-1` from
+/// the simulator's `us-west-2`) is refused by the agent too, behind the operator's
+/// tenancy policy: nothing is sent, the destination is reported invalid.
+#[test]
+fn a_destination_in_another_partition_is_refused() {
+    let ls = LocalStack::shared();
+    let driver = FakeDriver::start("trn1.32xlarge");
+    let configured = group();
+    let destination = LogDestination { group: configured.clone(), region: Some("us-gov-west-1".to_owned()) };
+    let agent = start_with_destination(ls, &driver, destination, &[]);
+    driver.inject(&["hbm-ue:5"]);
+    wait_state(&agent, "5", "unhealthy");
+    agent.wait_for("the destination reported invalid", WAIT, |m| {
+        (m.value("neuron_agent_health_log_invalid_destination", &[])? == 1.0).then_some(())
+    });
+    assert_eq!(log_events(&agent.metrics(), "sent"), 0.0);
+    assert!(stored(ls.addr, "us-gov-west-1", &configured).is_empty(), "nothing in GovCloud's group");
+    assert!(stored(ls.addr, "us-west-2", &configured).is_empty(), "nor in the instance's region");
 }

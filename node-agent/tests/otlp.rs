@@ -458,7 +458,8 @@ fn cloudwatch_requests_are_sigv4_signed_gzip_protobuf() {
 
 /// Throttling (with Retry-After), a 5xx and a stall are retried and counted, a partial
 /// success's rejected points are counted, and nothing of it holds up `/metrics`; a sink
-/// with an unusable endpoint is left out and counted while the other runs. On SIGTERM a
+/// with an unusable endpoint, or a region in another AWS partition than the instance's,
+/// is left out and counted while the other runs. On SIGTERM a
 /// sink whose next flush is an hour away still sends its last snapshot.
 #[test]
 fn faults_are_retried_and_counted_and_sigterm_sends_the_last_snapshot() {
@@ -475,6 +476,8 @@ fn faults_are_retried_and_counted_and_sigterm_sends_the_last_snapshot() {
         vec![
             route("team-a/otlp", None, otlp(Some(&url), None, "1s")),
             route("team-b/broken", None, otlp(Some("ftp://collector/v1/metrics"), None, "1s")),
+            // CloudWatch's endpoint in another partition than the simulator's us-west-2.
+            route("team-c/gov", None, otlp(None, Some("us-gov-west-1"), "1s")),
         ],
         &["--otlp-request-timeout=1s", "--otlp-retry-initial=50ms", "--otlp-retry-max=2s"],
         &[],
@@ -493,6 +496,8 @@ fn faults_are_retried_and_counted_and_sigterm_sends_the_last_snapshot() {
     });
     assert_eq!(sink_value(&m, "neuron_agent_otlp_invalid_sinks", "team-b/broken", &[("reason", "endpoint")]), 1.0);
     assert_eq!(sink_value(&m, "neuron_agent_otlp_points_sent_total", "team-b/broken", &[]), 0.0);
+    assert_eq!(sink_value(&m, "neuron_agent_otlp_invalid_sinks", "team-c/gov", &[("reason", "partition")]), 1.0);
+    assert_eq!(sink_value(&m, "neuron_agent_otlp_requests_total", "team-c/gov", &[]), 0.0);
     assert!(sink_value(&m, "neuron_agent_otlp_points_sent_total", sink, &[]) > 0.0);
     assert_eq!(sink_value(&m, "neuron_agent_otlp_dropped_points_total", sink, &[("reason", "rejected")]), 0.0);
     let received = receiver.received();

@@ -2,7 +2,9 @@
 //!
 //! - [`nodes`]: which Nodes are Neuron nodes, and what the cost estimate knows of them.
 //! - `api::validate`: a NeuronMonitorConfig checked once per pass (selector, tag filters,
-//!   sinks, size) into what rendering needs.
+//!   sinks, size, series) into what rendering needs.
+//! - `api::tenancy`, `api::cloudwatch::cost`: what its namespace may target and cost, on
+//!   its matched nodes (the controller's `admission`, with the policy its `policy` reads).
 //! - `api::render`: every node's configs merged into its node configuration, within each
 //!   node's budget (in `api`, as the agent renders its own node with it without Kubernetes).
 //! - [`controller`]: the watches, the level-triggered pass that writes the ConfigMaps, and

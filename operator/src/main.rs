@@ -11,7 +11,11 @@ use kube::{
     Client,
 };
 use neuron_operator::{
-    controller::Controller, crdgen, leader::LeaderElection, nodes::NeuronNodePolicy, telemetry::OperatorMetrics,
+    controller::{Controller, Options},
+    crdgen,
+    leader::LeaderElection,
+    nodes::NeuronNodePolicy,
+    telemetry::OperatorMetrics,
 };
 use prometheus_client::registry::Registry;
 use service::{
@@ -132,6 +136,19 @@ struct RunArgs {
     )]
     neuron_instance_types: Vec<String>,
 
+    /// ConfigMap of the operator's namespace whose key `policy.yaml` holds the tenancy
+    /// policy: which CloudWatch namespaces, regions and OTLP endpoints each namespace's
+    /// configs may use, and their monthly cost ceiling. Followed while running. Default:
+    /// the built-in policy (a team publishes under `Teams/<namespace>/`, to its nodes'
+    /// partition, to CloudWatch's OTLP endpoint only, without a ceiling).
+    #[arg(long, env = "NEURON_OPERATOR_TENANCY_POLICY")]
+    tenancy_policy: Option<String>,
+
+    /// Price of CloudWatch OpenTelemetry metrics, USD per GB ingested, for the OTLP
+    /// cost estimate (the public rate of us-east-1 by default).
+    #[arg(long, env = "NEURON_OPERATOR_OTLP_USD_PER_GB", default_value_t = api::cloudwatch::cost::otlp::DEFAULT_USD_PER_GB, value_parser = parse_price)]
+    otlp_usd_per_gb: f64,
+
     /// The Secret of --namespace into which the configs' OTLP headers (`headersSecret`)
     /// are mirrored for the agents (the chart creates it).
     #[arg(long, env = "NEURON_OPERATOR_OTLP_HEADERS_SECRET", default_value = "neuron-monitor-otlp-headers")]
@@ -144,6 +161,13 @@ struct RunArgs {
     /// Log filter, in tracing's EnvFilter syntax.
     #[arg(long, env = "NEURON_OPERATOR_LOG", default_value = "info")]
     log: String,
+}
+
+fn parse_price(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(usd) if usd.is_finite() && (0.0..=1000.0).contains(&usd) => Ok(usd),
+        _ => Err("a price in USD from 0 to 1000, e.g. 0.50".to_owned()),
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -204,15 +228,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         resources: args.neuron_resources.clone(),
         instance_type_prefixes: args.neuron_instance_types.clone(),
     };
-    let controller = Controller::start(
-        client.clone(),
-        &args.namespace,
-        &args.otlp_headers_secret,
-        policy,
-        metrics.clone(),
-        recorder,
-        args.writes_in_flight as usize,
-    );
+    let options = Options {
+        headers_secret: args.otlp_headers_secret.clone(),
+        writes_in_flight: args.writes_in_flight as usize,
+        policy_configmap: args.tenancy_policy.clone().filter(|name| !name.is_empty()),
+        prices: api::cloudwatch::cost::Prices { otlp_usd_per_gb: args.otlp_usd_per_gb },
+    };
+    let controller = Controller::start(client.clone(), &args.namespace, policy, metrics.clone(), recorder, options);
     let shutdown = CancellationToken::new();
 
     let (leading_tx, leading_rx) = watch::channel(!args.leader_election);

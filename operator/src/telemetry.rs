@@ -37,6 +37,8 @@ pub struct OperatorMetrics {
     pub configs: Gauge,
     pub invalid_configs: Gauge,
     pub nodes: Gauge,
+    /// 1 while the tenancy policy in force is the one its ConfigMap holds.
+    pub tenancy_policy_valid: Gauge,
     /// The HTTP server's connections (`neuron_operator_http_*`).
     pub http: ConnectionMetrics,
 }
@@ -57,6 +59,7 @@ impl OperatorMetrics {
             configs: Gauge::default(),
             invalid_configs: Gauge::default(),
             nodes: Gauge::default(),
+            tenancy_policy_valid: Gauge::default(),
             http: ConnectionMetrics::register(registry, "neuron_operator_http"),
         };
         let registry = registry.sub_registry_with_prefix("neuron_operator");
@@ -80,7 +83,7 @@ impl OperatorMetrics {
         registry.register(
             "refused_configs",
             "NeuronMonitorConfigs not accepted in the last pass, by reason (InvalidSpec, TooLarge, \
-             NamespaceLimit, NodeLimit, TooManyLabels)",
+             NamespaceLimit, NodeLimit, TooManyLabels, TooManySeries, OutsidePolicy, CostCeiling)",
             m.refused_configs.clone(),
         );
         registry.register(
@@ -92,6 +95,12 @@ impl OperatorMetrics {
         registry.register("configs", "NeuronMonitorConfigs seen", m.configs.clone());
         registry.register("invalid_configs", "NeuronMonitorConfigs not accepted", m.invalid_configs.clone());
         registry.register("neuron_nodes", "Neuron nodes seen", m.nodes.clone());
+        registry.register(
+            "tenancy_policy_valid",
+            "1 while the tenancy policy in force is what its ConfigMap holds (or the built-in one, when none is \
+             named); 0 while that ConfigMap is missing or not valid and the last valid policy stays in force",
+            m.tenancy_policy_valid.clone(),
+        );
         m
     }
 

@@ -213,7 +213,7 @@ pub fn naming_of(spec: &CloudWatchSinkSpec) -> CloudWatchNaming {
 }
 
 /// The groups a config collects: (runtime groups, system groups).
-fn collected_groups(
+pub(crate) fn collected_groups(
     spec: &NeuronMonitorConfigSpec,
     sees_node_level: bool,
 ) -> (BTreeSet<RuntimeGroup>, BTreeSet<SystemGroup>) {

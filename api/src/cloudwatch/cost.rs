@@ -47,15 +47,37 @@
 //! that small unless pods are replaced many times an hour. The price tiers apply to an
 //! account's total, so a config priced alone from the first tier is priced at the
 //! highest rate — again an upper bound.
+//!
+//! # Requests
+//! PutMetricData costs $0.01 per 1,000 requests: a node sends each flush in requests of
+//! at most 1,000 datums (one datum per metric and flush), so per node and flush
+//! `⌈metrics on that node / 1,000⌉` requests, every `flushInterval` (default 60 s). A
+//! flush interval of 1 s on 100 nodes is 259 million requests, $2,592 a month.
+//!
+//! # Modes
+//! [`costs`] prices what one config collects in each way CloudWatch can take it: the
+//! classic naming and the Container Insights naming (per metric-month and request, as
+//! above), and OpenTelemetry metrics over OTLP (per GB ingested, [`otlp`]); and names
+//! the cheapest. The config's own cost is that of its sinks as configured: its
+//! CloudWatch sink in its naming, plus its OTLP sink when that goes to CloudWatch (no
+//! `endpoint`; another receiver is not billed by CloudWatch).
 
-use super::catalogue::{applies, dimension_sets, insights, naming_of, published_insights, published_metrics, Level};
+use std::{borrow::Borrow, collections::HashMap, time::Duration};
+
+use super::{
+    catalogue::{applies, dimension_sets, insights, naming_of, published_insights, published_metrics, Level},
+    sink::DEFAULT_FLUSH_INTERVAL,
+};
 use crate::{
-    crd::{CloudWatchNaming, Dimension, NeuronMonitorConfigSpec},
+    crd::{CloudWatchNaming, CloudWatchSinkSpec, Dimension, NeuronMonitorConfigSpec},
+    duration::Period,
     hardware::InstanceType,
 };
 
+pub mod otlp;
+
 /// What the operator knows of one matched node, without I/O.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct NodeFacts {
     /// NeuronCores: the node's `aws.amazon.com/neuroncore` capacity, or
     /// [`instance_type_cores`] of its `node.kubernetes.io/instance-type` label.
@@ -87,6 +109,23 @@ impl NodeFacts {
             u64::from(self.devices.min(self.cores.max(1)))
         }
     }
+}
+
+/// The largest Neuron node: the most NeuronCores of the instance-type table, trn2 with
+/// one physical core per logical one (128 cores, 16 devices).
+pub fn largest_node() -> NodeFacts {
+    crate::hardware::INSTANCE_TYPES
+        .iter()
+        .rev()
+        .map(|t| t.with_lnc(1).unwrap_or(*t))
+        .max_by_key(InstanceType::cores)
+        .map(|t| NodeFacts {
+            cores: t.cores(),
+            devices: t.devices,
+            instance_type: Some(t.name.to_owned()),
+            availability_zone: None,
+        })
+        .unwrap_or_default()
 }
 
 /// (devices, cores per device as neuron-monitor counts them) of a Neuron instance type.
@@ -136,35 +175,97 @@ pub fn monthly_metric_cost_usd(metrics: u64) -> f64 {
     usd
 }
 
-/// The estimate for one config.
+/// The estimate for one config's CloudWatch sink.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CostEstimate {
     /// Distinct metric name + dimension values combinations.
     pub metrics: u64,
-    /// Their price per month ([`monthly_metric_cost_usd`]).
+    /// PutMetricData requests per month, from every matched node.
+    pub requests: u64,
+    /// The metrics' price per month ([`monthly_metric_cost_usd`]) plus the requests'.
     pub monthly_usd: f64,
 }
 
 impl CostEstimate {
     /// The status field's text: dollars with cents, e.g. `"1234.50"`.
     pub fn monthly_usd_text(&self) -> String {
-        format!("{:.2}", self.monthly_usd)
+        usd_text(self.monthly_usd)
     }
 }
 
-/// Estimates the CloudWatch metrics one config creates on `nodes` (its matched nodes) and
-/// their monthly price. `sees_node_level`: the config is in the operator's namespace.
-/// `None` when the config has no CloudWatch sink.
-pub fn estimate(spec: &NeuronMonitorConfigSpec, sees_node_level: bool, nodes: &[NodeFacts]) -> Option<CostEstimate> {
+/// Dollars with cents, e.g. `"1234.50"`.
+pub fn usd_text(usd: f64) -> String {
+    format!("{usd:.2}")
+}
+
+/// Estimates the CloudWatch metrics one config creates on `nodes` (its matched nodes),
+/// the requests that carry them, and their monthly price. `sees_node_level`: the config
+/// is in the operator's namespace. `None` when the config has no CloudWatch sink.
+pub fn estimate<N: Borrow<NodeFacts>>(
+    spec: &NeuronMonitorConfigSpec,
+    sees_node_level: bool,
+    nodes: &[N],
+) -> Option<CostEstimate> {
+    estimate_kinds(spec, sees_node_level, &kinds(nodes))
+}
+
+/// Nodes of the same facts, once each with their number: the estimate's cost follows the
+/// kinds of nodes (instance types × zones), not the nodes.
+pub type Kinds<'a> = Vec<(&'a NodeFacts, u64)>;
+
+/// `nodes` grouped into [`Kinds`].
+pub fn kinds<N: Borrow<NodeFacts>>(nodes: &[N]) -> Kinds<'_> {
+    let mut counts: HashMap<&NodeFacts, u64> = HashMap::new();
+    for n in nodes {
+        *counts.entry(n.borrow()).or_default() += 1;
+    }
+    counts.into_iter().collect()
+}
+
+fn estimate_kinds(spec: &NeuronMonitorConfigSpec, sees_node_level: bool, kinds: &Kinds) -> Option<CostEstimate> {
     let cloudwatch = spec.sinks.as_ref()?.cloudwatch.as_ref()?;
+    let metrics = metrics_on(spec, cloudwatch, sees_node_level, kinds);
+    // Requests: per kind of node, the datums one node sends per flush.
+    let flush = flush_seconds(cloudwatch.flush_interval.as_deref());
+    let requests = kinds
+        .iter()
+        .map(|&(node, count)| {
+            let per_flush =
+                metrics_on(spec, cloudwatch, sees_node_level, &vec![(node, 1)]).div_ceil(DATUMS_PER_REQUEST);
+            monthly_requests(count, per_flush, flush).0
+        })
+        .fold(0u64, u64::saturating_add);
+    let monthly_usd = monthly_metric_cost_usd(metrics) + requests as f64 / 1000.0 * USD_PER_1000_REQUESTS;
+    Some(CostEstimate { metrics, requests, monthly_usd })
+}
+
+/// Datums one PutMetricData request carries at most.
+const DATUMS_PER_REQUEST: u64 = 1000;
+
+/// Seconds of a flush interval as the sinks read it (default 60 s; an unreadable one,
+/// which validation refuses, counts as the default).
+pub fn flush_seconds(flush_interval: Option<&str>) -> u64 {
+    flush_interval
+        .and_then(|text| text.parse::<Period>().ok())
+        .map_or(DEFAULT_FLUSH_INTERVAL, Period::as_duration)
+        .max(Duration::from_secs(1))
+        .as_secs()
+}
+
+/// Distinct metrics of a CloudWatch sink on `nodes`.
+fn metrics_on(
+    spec: &NeuronMonitorConfigSpec,
+    cloudwatch: &CloudWatchSinkSpec,
+    sees_node_level: bool,
+    nodes: &Kinds,
+) -> u64 {
     if naming_of(cloudwatch) == CloudWatchNaming::ContainerInsights {
-        let total = published_insights(spec, sees_node_level)
+        return published_insights(spec, sees_node_level)
             .iter()
             .flat_map(|m| {
                 m.dimension_sets().iter().map(move |set| insights_combinations(m.family, set, nodes, sees_node_level))
             })
             .fold(0u64, u64::saturating_add);
-        return Some(CostEstimate { metrics: total, monthly_usd: monthly_metric_cost_usd(total) });
     }
     let metrics = published_metrics(spec, sees_node_level);
     let sets = dimension_sets(cloudwatch.dimensions.as_deref(), cloudwatch.rollups.as_deref());
@@ -175,11 +276,139 @@ pub fn estimate(spec: &NeuronMonitorConfigSpec, sees_node_level: bool, nodes: &[
             total = total.saturating_add(split.saturating_mul(combinations(m.level, set, nodes)));
         }
     }
-    Some(CostEstimate { metrics: total, monthly_usd: monthly_metric_cost_usd(total) })
+    total
+}
+
+/// The ways CloudWatch can take a config's metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Mode {
+    /// Custom metrics with this project's names (`naming: Classic`).
+    Classic,
+    /// Custom metrics with Container Insights' names and sets.
+    ContainerInsights,
+    /// OpenTelemetry metrics through CloudWatch's OTLP endpoint.
+    Otlp,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 3] = [Mode::Classic, Mode::ContainerInsights, Mode::Otlp];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Classic => "Classic",
+            Mode::ContainerInsights => "ContainerInsights",
+            Mode::Otlp => "Otlp",
+        }
+    }
+}
+
+/// What a config's metrics cost in one mode.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModeCost {
+    pub mode: Mode,
+    /// Distinct series: CloudWatch metrics (name + dimension values), or OTLP series
+    /// (name + labels).
+    pub series: u64,
+    /// PutMetricData requests a month (billed in the classic modes; OTLP requests are not).
+    pub requests: u64,
+    /// Bytes billed a month (OTLP only: [`otlp`]).
+    pub bytes: u64,
+    pub monthly_usd: f64,
+}
+
+/// The prices the operator is told (the chart sets them; the defaults are the public
+/// ones of us-east-1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Prices {
+    /// CloudWatch OTel metrics: USD per GB (2^30 bytes) ingested.
+    pub otlp_usd_per_gb: f64,
+}
+
+impl Default for Prices {
+    fn default() -> Self {
+        Prices { otlp_usd_per_gb: otlp::DEFAULT_USD_PER_GB }
+    }
+}
+
+/// A config's costs: its own sinks', and each mode's for what it collects.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Costs {
+    /// Its CloudWatch sink as configured.
+    pub cloudwatch: Option<CostEstimate>,
+    /// Its OTLP sink, when that goes to CloudWatch (no endpoint).
+    pub otlp: Option<ModeCost>,
+    /// Each mode, in [`Mode::ALL`] order.
+    pub modes: Vec<ModeCost>,
+    /// The cheapest mode (the first of equals).
+    pub cheapest: Mode,
+}
+
+impl Costs {
+    /// What the config's sinks cost CloudWatch a month as configured.
+    pub fn own_usd(&self) -> f64 {
+        self.cloudwatch.as_ref().map_or(0.0, |e| e.monthly_usd) + self.otlp.as_ref().map_or(0.0, |o| o.monthly_usd)
+    }
+}
+
+/// What one config costs on `nodes` (its matched nodes, by [`kinds`]), as configured and in every
+/// mode. `None` for a config with neither a CloudWatch nor an OTLP sink. Each mode keeps
+/// the config's groups and flush interval (its CloudWatch sink's, else its OTLP sink's,
+/// else 60 s — the OTLP mode prefers its OTLP sink's); the classic mode its dimensions
+/// when its CloudWatch sink is classic, else the default ones.
+pub fn costs(spec: &NeuronMonitorConfigSpec, sees_node_level: bool, nodes: &Kinds, prices: &Prices) -> Option<Costs> {
+    let sinks = spec.sinks.as_ref()?;
+    if sinks.cloudwatch.is_none() && sinks.otlp.is_none() {
+        return None;
+    }
+    let cloudwatch_flush = sinks.cloudwatch.as_ref().and_then(|c| c.flush_interval.clone());
+    let otlp_flush = sinks.otlp.as_ref().and_then(|o| o.flush_interval.clone());
+    let otlp_mode =
+        otlp::estimate(spec, sees_node_level, nodes, otlp_flush.as_deref().or(cloudwatch_flush.as_deref()), prices);
+    let cloudwatch_mode = |naming: CloudWatchNaming| {
+        let sink = match &sinks.cloudwatch {
+            Some(own) if naming_of(own) == naming => own.clone(),
+            _ => CloudWatchSinkSpec {
+                naming: Some(naming),
+                flush_interval: cloudwatch_flush.clone().or(otlp_flush.clone()),
+                ..Default::default()
+            },
+        };
+        let mut as_mode = spec.clone();
+        as_mode.sinks = Some(crate::crd::SinksSpec { cloudwatch: Some(sink), ..Default::default() });
+        estimate_kinds(&as_mode, sees_node_level, nodes).unwrap_or(CostEstimate {
+            metrics: 0,
+            requests: 0,
+            monthly_usd: 0.0,
+        })
+    };
+    // The config's own sinks are priced as their mode is: each mode is estimated once.
+    let mut own_cloudwatch = None;
+    let mut modes = Vec::with_capacity(Mode::ALL.len());
+    for mode in Mode::ALL {
+        modes.push(match mode {
+            Mode::Classic | Mode::ContainerInsights => {
+                let naming =
+                    if mode == Mode::Classic { CloudWatchNaming::Classic } else { CloudWatchNaming::ContainerInsights };
+                let e = cloudwatch_mode(naming);
+                let cost =
+                    ModeCost { mode, series: e.metrics, requests: e.requests, bytes: 0, monthly_usd: e.monthly_usd };
+                if sinks.cloudwatch.as_ref().is_some_and(|own| naming_of(own) == naming) {
+                    own_cloudwatch = Some(e);
+                }
+                cost
+            }
+            Mode::Otlp => otlp_mode.clone(),
+        });
+    }
+    let cheapest =
+        modes.iter().min_by(|a, b| a.monthly_usd.total_cmp(&b.monthly_usd)).map_or(Mode::Classic, |m| m.mode);
+    // Its OTLP sink's flush interval is the OTLP mode's when it has one.
+    let otlp = sinks.otlp.as_ref().filter(|o| o.endpoint.is_none()).map(|_| otlp_mode);
+    Some(Costs { cloudwatch: own_cloudwatch, otlp, modes, cheapest })
 }
 
 /// Distinct dimension-value combinations of one metric level under one dimension set.
-fn combinations(level: Level, set: &[Dimension], nodes: &[NodeFacts]) -> u64 {
+fn combinations(level: Level, set: &[Dimension], nodes: &Kinds) -> u64 {
     let has = |d: Dimension| set.contains(&d) && applies(d, level);
     let per_app = [
         Dimension::RuntimeTag,
@@ -205,44 +434,56 @@ fn combinations(level: Level, set: &[Dimension], nodes: &[NodeFacts]) -> u64 {
         }
     };
     if per_node {
-        return nodes.iter().map(|n| on_node(n).0).fold(0u64, u64::saturating_add);
+        return nodes.iter().map(|&(n, count)| on_node(n).0.saturating_mul(count)).fold(0u64, u64::saturating_add);
     }
-    // Nodes grouped by the node-level dimension values they share.
-    let key = |n: &NodeFacts, i: usize| {
-        let value = |d: Dimension, v: &Option<String>| match (has(d), v) {
-            (false, _) => String::new(),
-            (true, Some(v)) => v.clone(),
-            (true, None) => format!("\u{0}node-{i}"),
-        };
-        (
-            value(Dimension::InstanceType, &n.instance_type),
-            value(Dimension::AvailabilityZone, &n.availability_zone),
-            // AMI ids are not node facts: assume one per instance type.
-            value(Dimension::AmiId, &n.instance_type),
-        )
-    };
-    let mut groups: std::collections::BTreeMap<(String, String, String), (u64, u64)> = Default::default();
-    for (i, n) in nodes.iter().enumerate() {
+    // Nodes grouped by the node-level dimension values they share; a node with an
+    // unknown value is a group of its own.
+    let mut alone = 0u64;
+    let mut groups: HashMap<[Option<&str>; 3], (u64, u64)> = HashMap::new();
+    for &(n, nodes) in nodes {
         let (count, own) = on_node(n);
-        let entry = groups.entry(key(n, i)).or_default();
-        if own {
-            entry.0 = entry.0.saturating_add(count);
-        } else {
-            entry.1 = entry.1.max(count);
+        match shared_values(n, &has) {
+            None => alone = alone.saturating_add(count.saturating_mul(nodes)),
+            Some(key) => {
+                let entry = groups.entry(key).or_default();
+                if own {
+                    entry.0 = entry.0.saturating_add(count.saturating_mul(nodes));
+                } else {
+                    entry.1 = entry.1.max(count);
+                }
+            }
         }
     }
-    groups.values().map(|(own, shared)| own + shared).fold(0u64, u64::saturating_add)
+    groups.values().map(|(own, shared)| own + shared).fold(alone, u64::saturating_add)
+}
+
+/// The values of a node's dimensions that nodes may share (those `has` says the set
+/// names; AMI ids are not node facts: one per instance type is assumed); `None` when
+/// one of them is unknown.
+fn shared_values<'n>(n: &'n NodeFacts, has: &dyn Fn(Dimension) -> bool) -> Option<[Option<&'n str>; 3]> {
+    let value = |d: Dimension, v: &'n Option<String>| match (has(d), v) {
+        (false, _) => Some(None),
+        (true, Some(v)) => Some(Some(v.as_str())),
+        (true, None) => None,
+    };
+    Some([
+        value(Dimension::InstanceType, &n.instance_type)?,
+        value(Dimension::AvailabilityZone, &n.availability_zone)?,
+        value(Dimension::AmiId, &n.instance_type)?,
+    ])
 }
 
 /// Distinct dimension-value combinations of one Container Insights set (the module doc).
 fn insights_combinations(
     family: insights::Family,
     set: &[insights::Dimension],
-    nodes: &[NodeFacts],
+    nodes: &Kinds,
     sees_node_level: bool,
 ) -> u64 {
     use insights::Dimension as D;
-    let sum = |f: &dyn Fn(&NodeFacts) -> u64| nodes.iter().map(f).fold(0u64, u64::saturating_add);
+    let sum = |f: &dyn Fn(&NodeFacts) -> u64| {
+        nodes.iter().map(|&(n, count)| f(n).saturating_mul(count)).fold(0u64, u64::saturating_add)
+    };
     let cores = sum(&|n| u64::from(n.cores));
     let has = |d: D| set.contains(&d);
     if has(D::NeuronCore) {
@@ -261,7 +502,7 @@ fn insights_combinations(
             1
         }
     } else if has(D::NodeName) || has(D::InstanceId) {
-        nodes.len() as u64
+        sum(&|_| 1)
     } else {
         1
     }
@@ -279,8 +520,7 @@ pub fn monthly_requests(nodes: u64, requests_per_flush: u64, flush_seconds: u64)
 mod tests {
     use super::*;
     use crate::crd::{
-        CloudWatchMetric, CloudWatchSinkSpec, RuntimeMetricGroup, RuntimeSelectorSpec, SinksSpec, SystemMetricGroup,
-        SystemMetricsSpec,
+        CloudWatchMetric, RuntimeMetricGroup, RuntimeSelectorSpec, SinksSpec, SystemMetricGroup, SystemMetricsSpec,
     };
     use crate::monitor_config::{RuntimeGroup, SystemGroup};
 
@@ -316,7 +556,98 @@ mod tests {
         // 32, status 6 × 32, latency 2 × 32; no ECC (a namespaced config).
         let e = estimate(&spec(sink(None)), false, &[trn1_32()]).unwrap();
         assert_eq!(e.metrics, 6 * 32 + 32 + 6 * 32 + 6 * 32 + 2 * 32);
-        assert_eq!(e.monthly_usd_text(), format!("{:.2}", e.metrics as f64 * 0.30));
+        // 672 datums a flush: one request a minute, 43,200 a month ($0.43).
+        assert_eq!(e.requests, 43_200);
+        assert_eq!(e.monthly_usd_text(), format!("{:.2}", e.metrics as f64 * 0.30 + 0.432));
+        assert_eq!(e.monthly_usd_text(), "202.03");
+    }
+
+    #[test]
+    fn requests_follow_the_flush_interval_and_the_datums_of_each_node() {
+        // The module doc's figure: a 1 s flush on 100 nodes.
+        let mut every_second = sink(None);
+        every_second.flush_interval = Some("1s".into());
+        let nodes = vec![trn1_32(); 100];
+        let e = estimate(&spec(every_second), false, &nodes).unwrap();
+        assert_eq!(e.requests, 100 * 30 * 24 * 3600);
+        let requests_usd = e.monthly_usd - monthly_metric_cost_usd(e.metrics);
+        assert!((requests_usd - 2_592.0).abs() < 1e-6, "{requests_usd}");
+        // More than 1,000 datums on a node: more requests a flush. The default set and two
+        // more per pod and core: 3 × 672 on a trn1.32xlarge.
+        let mut wide = sink(None);
+        wide.rollups = Some(vec![
+            vec![Dimension::NodeName, Dimension::NeuronCore, Dimension::PodName],
+            vec![Dimension::ClusterName, Dimension::NeuronCore, Dimension::PodName],
+        ]);
+        let e =
+            estimate(&spec(wide), false, &[trn1_32(), NodeFacts::from_instance_type("inf2.xlarge").unwrap()]).unwrap();
+        // trn1.32xlarge: 2,016 datums, 3 requests; inf2.xlarge (2 cores): 1 request.
+        assert_eq!(e.requests, (3 + 1) * 43_200);
+    }
+
+    #[test]
+    fn each_mode_is_priced_and_the_cheapest_named() {
+        let prices = Prices::default();
+        // Per core and pod on one trn1.32xlarge: OTLP's bytes cost less than 672 metrics.
+        let per_core = costs(&spec(sink(None)), false, &kinds(&[trn1_32()]), &prices).unwrap();
+        assert_eq!(per_core.modes.iter().map(|m| m.mode).collect::<Vec<_>>(), Mode::ALL.to_vec());
+        let classic = &per_core.modes[0];
+        assert_eq!((classic.series, classic.requests), (672, 43_200));
+        assert_eq!(per_core.cheapest, Mode::Otlp);
+        let otlp = &per_core.modes[2];
+        assert_eq!((otlp.series, otlp.requests), (1504, 0));
+        assert!(otlp.monthly_usd < classic.monthly_usd / 5.0, "{per_core:?}");
+        // Its own cost is its CloudWatch sink's; it has no OTLP sink.
+        assert_eq!((per_core.own_usd(), per_core.otlp.is_none()), (classic.monthly_usd, true));
+        // Cluster-wide series only: 21 metrics beat 1,440 OTLP series.
+        let coarse =
+            costs(&spec(sink(Some(vec![Dimension::ClusterName]))), false, &kinds(&[trn1_32()]), &prices).unwrap();
+        assert_eq!((coarse.modes[0].series, coarse.cheapest), (21, Mode::Classic));
+        // A config with only an OTLP sink to CloudWatch: its own cost is the OTLP mode's;
+        // to another receiver, nothing for CloudWatch.
+        let otlp_only = |endpoint: Option<&str>| NeuronMonitorConfigSpec {
+            sinks: Some(SinksSpec {
+                otlp: Some(crate::crd::OtlpSinkSpec { endpoint: endpoint.map(str::to_owned), ..Default::default() }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let cloudwatch = costs(&otlp_only(None), false, &kinds(&[trn1_32()]), &prices).unwrap();
+        assert_eq!(cloudwatch.own_usd(), cloudwatch.modes[2].monthly_usd);
+        assert!(cloudwatch.cloudwatch.is_none());
+        let elsewhere =
+            costs(&otlp_only(Some("http://collector:4318/v1/metrics")), false, &kinds(&[trn1_32()]), &prices).unwrap();
+        assert_eq!(elsewhere.own_usd(), 0.0);
+        assert_eq!(elsewhere.modes, cloudwatch.modes, "the modes price what it collects, wherever it goes");
+        // Twice the price per GB, twice the OTLP cost.
+        let dear = costs(&otlp_only(None), false, &kinds(&[trn1_32()]), &Prices { otlp_usd_per_gb: 1.0 }).unwrap();
+        assert!((dear.own_usd() - 2.0 * cloudwatch.own_usd()).abs() < 1e-9);
+        assert_eq!(costs(&NeuronMonitorConfigSpec::default(), false, &kinds(&[trn1_32()]), &prices), None);
+    }
+
+    #[test]
+    fn the_largest_node_has_128_cores() {
+        let node = largest_node();
+        assert_eq!((node.cores, node.devices, node.instance_type.as_deref()), (128, 16, Some("trn2.48xlarge")));
+        // The figures of limits::MAX_SERIES_PER_CONFIG_PER_NODE's doc.
+        assert_eq!(estimate(&spec(sink(None)), false, &[&node]).unwrap().metrics, 2_688);
+        let mut rollups = sink(None);
+        rollups.rollups = Some(
+            (0..10)
+                .map(|i| {
+                    let extra =
+                        [Dimension::InstanceType, Dimension::AvailabilityZone, Dimension::AmiId, Dimension::RuntimeTag];
+                    let mut set = vec![Dimension::NodeName, Dimension::NeuronCore, Dimension::PodName];
+                    set.extend(extra.iter().take(i % 5).copied());
+                    if i >= 5 {
+                        set.push(Dimension::ClusterName);
+                    }
+                    set
+                })
+                .collect(),
+        );
+        let wide = estimate(&spec(rollups), false, &[&node]).unwrap().metrics;
+        assert!((29_000..=31_000).contains(&wide), "{wide}");
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //! [`ValidConfig`], so that rendering thousands of nodes only merges ready-made parts.
 //! A refusal names the exact field ([`Invalid`]), for the `Accepted` condition. A config
 //! whose route would add more than [`MAX_CONFIG_RENDERED_BYTES`] to every node's ConfigMap
-//! is refused here as [`Refusal::TooLarge`]; the limits that depend on the other configs
-//! of a node are applied by rendering.
+//! is refused here as [`Refusal::TooLarge`], one whose sink would create more than
+//! `MAX_SERIES_PER_CONFIG_PER_NODE` series as [`Refusal::TooManySeries`]; the limits that
+//! depend on the other configs of a node are applied by rendering, the cluster's tenancy
+//! policy by the operator (`crate::tenancy`).
 //!
 //! Defaults:
 //! - `period`: 5 s; a runtime entry inherits the config's period, a group its entry's
@@ -79,11 +81,29 @@ pub enum Refusal {
     ///
     /// [`MAX_EXTRA_LABELS_PER_SERIES`]: crate::limits::MAX_EXTRA_LABELS_PER_SERIES
     TooManyLabels,
+    /// A sink would create more than [`MAX_SERIES_PER_CONFIG_PER_NODE`] series on a node.
+    ///
+    /// [`MAX_SERIES_PER_CONFIG_PER_NODE`]: crate::limits::MAX_SERIES_PER_CONFIG_PER_NODE
+    TooManySeries,
+    /// A CloudWatch namespace, region or OTLP endpoint the cluster's tenancy policy does
+    /// not allow the config's namespace, or a region of another partition than its nodes'
+    /// (`crate::tenancy`).
+    OutsidePolicy,
+    /// The namespace's configs would cost more than its monthly ceiling.
+    CostCeiling,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 5] =
-        [Refusal::InvalidSpec, Refusal::TooLarge, Refusal::NamespaceLimit, Refusal::NodeLimit, Refusal::TooManyLabels];
+    pub const ALL: [Refusal; 8] = [
+        Refusal::InvalidSpec,
+        Refusal::TooLarge,
+        Refusal::NamespaceLimit,
+        Refusal::NodeLimit,
+        Refusal::TooManyLabels,
+        Refusal::TooManySeries,
+        Refusal::OutsidePolicy,
+        Refusal::CostCeiling,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -92,6 +112,9 @@ impl Refusal {
             Refusal::NamespaceLimit => "NamespaceLimit",
             Refusal::NodeLimit => "NodeLimit",
             Refusal::TooManyLabels => "TooManyLabels",
+            Refusal::TooManySeries => "TooManySeries",
+            Refusal::OutsidePolicy => "OutsidePolicy",
+            Refusal::CostCeiling => "CostCeiling",
         }
     }
 }
@@ -235,6 +258,7 @@ pub fn validate(config: &NeuronMonitorConfig, operator_namespace: &str) -> Resul
     if let Some(otlp) = &sinks.otlp {
         check_otlp(otlp)?;
     }
+    check_series(spec, cluster_wide)?;
 
     let route = Route {
         config: key.to_string(),
@@ -413,7 +437,7 @@ mod tag_filter;
 
 use self::{
     health::node_health,
-    sinks::{check_cloudwatch, check_otlp, prometheus_route},
+    sinks::{check_cloudwatch, check_otlp, check_series, prometheus_route},
     tag_filter::check_tag_filter,
 };
 pub use self::{

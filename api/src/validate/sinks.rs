@@ -3,19 +3,31 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use crate::cloudwatch::sink::SinkSettings;
-use crate::crd::{CloudWatchSinkSpec, OtlpSinkSpec, PrometheusSinkSpec};
+use crate::cloudwatch::{
+    cost::{self, otlp},
+    sink::SinkSettings,
+};
+use crate::crd::{CloudWatchSinkSpec, NeuronMonitorConfigSpec, OtlpSinkSpec, PrometheusSinkSpec};
+use crate::limits::MAX_SERIES_PER_CONFIG_PER_NODE;
 use crate::node_config::PrometheusRoute;
 use crate::otlp::OtlpSettings;
 
-use super::Invalid;
+use super::{Invalid, Refusal};
 
 const MAX_EXTRA_LABELS: usize = 16;
 const MAX_LABEL_VALUE: usize = 128;
 const MAX_ROLLUPS: usize = 10;
 /// Label names the node agent already puts on its series (see the CRD's CEL rule): an
-/// extra label with one of these names would produce duplicate labels.
-const RESERVED_LABELS: [&str; 22] = [
+/// extra label with one of these names would produce duplicate labels. Also `job` and
+/// `instance`, the labels Prometheus gives a target (a series carrying its own would
+/// pass for another target's where a scrape honours its labels), and `node` and
+/// `agent_pod`, the chart's target labels of the agents.
+pub const RESERVED_LABELS: [&str; 27] = [
+    "job",
+    "instance",
+    "node",
+    "agent_pod",
+    "mode",
     "instance_name",
     "instance_id",
     "instance_type",
@@ -92,6 +104,32 @@ pub(super) fn check_cloudwatch(spec: &CloudWatchSinkSpec) -> Result<(), Invalid>
     }
     if let Some(metrics) = &spec.metrics {
         check_set(metrics, usize::MAX, &format!("{field}.metrics"))?;
+    }
+    Ok(())
+}
+
+/// The series each sink creates on the largest Neuron node: at most
+/// [`MAX_SERIES_PER_CONFIG_PER_NODE`], so that no config makes every agent it reaches
+/// build, queue and send an unbounded number of them.
+pub(super) fn check_series(spec: &NeuronMonitorConfigSpec, cluster_wide: bool) -> Result<(), Invalid> {
+    let node = cost::largest_node();
+    let sinks = spec.sinks.as_ref();
+    let cloudwatch = cost::estimate(spec, cluster_wide, &[&node]).map(|e| ("spec.sinks.cloudwatch", e.metrics));
+    let otlp =
+        sinks.and_then(|s| s.otlp.as_ref()).map(|_| ("spec.sinks.otlp", otlp::series(spec, cluster_wide, &node)));
+    for (field, series) in cloudwatch.into_iter().chain(otlp) {
+        if series > MAX_SERIES_PER_CONFIG_PER_NODE {
+            return Err(Invalid::of(
+                Refusal::TooManySeries,
+                field,
+                format!(
+                    "would create {series} series on a node of {} NeuronCores (one application per core); at most \
+                     {MAX_SERIES_PER_CONFIG_PER_NODE} per config per node: fewer dimension sets or roll-ups, a metric \
+                     allow-list or fewer metric groups",
+                    node.cores
+                ),
+            ));
+        }
     }
     Ok(())
 }

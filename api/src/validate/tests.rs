@@ -538,3 +538,44 @@ fn invalid_health_values_are_refused_by_field() {
         assert_eq!(check_condition_type(ok), Ok(()), "{ok}");
     }
 }
+
+#[test]
+fn prometheus_target_labels_and_the_metrics_own_are_refused_as_extra_labels() {
+    for name in ["job", "instance", "node", "agent_pod", "mode", "pod", "neuroncore"] {
+        let e = invalid("team-a", json!({"sinks": {"prometheus": {"extraLabels": {name: "x"}}}}));
+        assert_eq!(e.field, format!("spec.sinks.prometheus.extraLabels[{name:?}]"), "{name}");
+        assert_eq!(e.kind, Refusal::InvalidSpec);
+    }
+    assert!(validate(
+        &nmc("team-a", "c", json!({"sinks": {"prometheus": {"extraLabels": {"team": "a"}}}})),
+        OPERATOR_NS
+    )
+    .is_ok());
+    // The CRD's CEL rule refuses the same names at admission.
+    let crd = serde_json::to_string(&<NeuronMonitorConfig as kube::CustomResourceExt>::crd()).unwrap();
+    for name in sinks::RESERVED_LABELS {
+        assert!(crd.contains(&format!("'{name}'")), "the CRD's rule does not refuse {name}");
+    }
+}
+
+#[test]
+fn a_sink_that_would_create_too_many_series_on_a_node_is_refused_naming_it() {
+    // The default sinks: 2,688 CloudWatch metrics, 6,144 OTLP series on the largest node.
+    assert!(validate(
+        &nmc("team-a", "c", json!({"sinks": {"cloudwatch": {"namespace": "N"}, "otlp": {}}})),
+        OPERATOR_NS
+    )
+    .is_ok());
+    // Four per-core roll-ups: 5 × 2,688.
+    let per_core: Vec<_> =
+        [["NodeName", "PodName"], ["ClusterName", "PodName"], ["NodeName", "ContainerName"], ["RuntimeTag", "PodName"]]
+            .iter()
+            .map(|set| json!([set[0], set[1], "NeuronCore"]))
+            .collect();
+    let e = invalid("team-a", json!({"sinks": {"cloudwatch": {"namespace": "N", "rollups": per_core}}}));
+    assert_eq!((e.kind, e.field.as_str()), (Refusal::TooManySeries, "spec.sinks.cloudwatch"));
+    assert!(e.reason.contains("13440 series") && e.reason.contains("128 NeuronCores"), "{e}");
+    // An allow-list brings it under the bound.
+    let fewer = json!({"sinks": {"cloudwatch": {"namespace": "N", "rollups": per_core, "metrics": ["neuroncore_utilization"]}}});
+    assert!(validate(&nmc("team-a", "c", fewer), OPERATOR_NS).is_ok());
+}

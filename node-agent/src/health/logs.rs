@@ -252,7 +252,8 @@ impl LogMetrics {
         );
         r.register(
             "invalid_destination",
-            "1 while the configured log group or region is not valid (nothing is sent)",
+            "1 while the configured log group or region is not valid, or the region is in another AWS partition \
+             than the instance's (nothing is sent)",
             m.invalid.clone(),
         );
         m

@@ -51,17 +51,20 @@ pub(super) fn is_recorded(config: &NeuronMonitorConfig) -> bool {
 }
 
 /// The version recorded on `config`, validated again as the operator of `namespace`
-/// would; `None` when there is none, or it is unreadable or no longer valid.
-pub(super) fn recorded(config: &NeuronMonitorConfig, namespace: &str) -> Option<ValidConfig> {
+/// would, with the object it is of: the same name, uid and creation time (the same
+/// precedence), the accepted spec and its generation. `None` when there is none, or it
+/// is unreadable or no longer valid.
+pub(super) fn recorded(config: &NeuronMonitorConfig, namespace: &str) -> Option<(NeuronMonitorConfig, ValidConfig)> {
     let text = config.annotations().get(LAST_ACCEPTED_ANNOTATION)?;
     if text.len() > MAX_LAST_ACCEPTED_BYTES {
         return None;
     }
     let last: LastAccepted = serde_json::from_str(text).ok()?;
-    // Same object (name, uid, creation time: the same precedence), the accepted spec.
     let mut previous = NeuronMonitorConfig::new(&config.name_any(), last.spec);
     previous.metadata = config.metadata.clone();
-    validate::validate(&previous, namespace).ok()
+    previous.metadata.generation = Some(last.generation);
+    let valid = validate::validate(&previous, namespace).ok()?;
+    Some((previous, valid))
 }
 
 impl Controller {
@@ -103,7 +106,8 @@ mod tests {
         let last = LastAccepted { generation: 3, spec: valid_spec() };
         let c = config(4, Some(serde_json::to_string(&last).unwrap()));
         assert!(!is_recorded(&c), "generation 4 is not the recorded 3");
-        let valid = recorded(&c, "neuron-monitor").expect("the recorded spec");
+        let (object, valid) = recorded(&c, "neuron-monitor").expect("the recorded spec");
+        assert_eq!(object.metadata.generation, Some(3), "the recorded generation");
         assert_eq!(valid.key.to_string(), "team/c");
         assert_eq!(valid.route.runtimes.len(), 1);
         assert!(is_recorded(&config(3, Some(serde_json::to_string(&last).unwrap()))));

@@ -1,7 +1,9 @@
-//! The controller: watches NeuronMonitorConfigs (all namespaces), Nodes and its own
-//! node ConfigMaps, and on any change reconciles everything at once: validate every
-//! config, render every Neuron node, write the ConfigMaps whose content changed, delete
-//! those of nodes nothing applies to any more, and update each config's status.
+//! The controller: watches NeuronMonitorConfigs (all namespaces), Nodes, its own node
+//! ConfigMaps and the tenancy policy ([`policy`]), and on any change reconciles
+//! everything at once: validate every config and hold it to the policy and its
+//! namespace's cost ceiling ([`admission`]), render every Neuron node, write the
+//! ConfigMaps whose content changed, delete those of nodes nothing applies to any more,
+//! and update each config's status ([`status`]).
 //!
 //! A full, level-triggered pass is simple and always correct: a config change can
 //! touch thousands of nodes anyway, and rendering 5,000 nodes takes milliseconds.
@@ -14,7 +16,7 @@ use std::{
 };
 
 use api::{
-    cloudwatch::cost::{self, NodeFacts},
+    cloudwatch::cost::Prices,
     crd::NeuronMonitorConfig,
     node_config::{
         configmap_name, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION, DEFAULT_CONDITION_TYPE, MANAGED_LABEL,
@@ -39,13 +41,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 mod accepted;
+mod admission;
 mod pending;
+mod policy;
 mod status;
 
-use self::status::Outcome;
+pub use self::policy::POLICY_KEY;
+use self::{admission::Accepted, policy::PolicySource, status::Outcome};
 use api::{
     render::{self, RenderedNode, Rendering},
-    validate::{self, ConfigKey, Invalid, Refusal, ValidConfig},
+    validate::{ConfigKey, Invalid, Refusal},
 };
 
 use crate::{
@@ -107,9 +112,13 @@ pub struct Controller {
     headers: HeadersMirror,
     /// The last pass found a config with an OTLP headers Secret.
     reads_headers: std::sync::atomic::AtomicBool,
-    /// Last accepted version of each config (by uid): an invalid update keeps the nodes
+    /// The tenancy policy and the namespaces' labels.
+    tenancy: PolicySource,
+    /// The prices of the cost estimate.
+    prices: Prices,
+    /// Last accepted version of each config (by uid): a refused update keeps the nodes
     /// on it, as the API promises ("never a half-applied config").
-    last_good: Mutex<HashMap<String, ValidConfig>>,
+    last_good: Mutex<HashMap<String, Accepted>>,
     /// Accepted state and reason last announced by an Event, by uid.
     announced: Mutex<HashMap<String, (bool, String)>>,
     changed: Arc<Notify>,
@@ -129,26 +138,40 @@ pub struct Listed {
     pub configs: bool,
     pub nodes: bool,
     pub configmaps: bool,
+    /// The tenancy policy's ConfigMap, and the namespaces (their labels).
+    pub policy: bool,
+    pub namespaces: bool,
 }
 
 impl Listed {
     pub fn all(&self) -> bool {
-        self.configs && self.nodes && self.configmaps
+        self.configs && self.nodes && self.configmaps && self.policy && self.namespaces
     }
 }
 
+/// How the controller runs, beyond what it watches.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// The Secret of the operator's namespace the configs' OTLP headers are mirrored into.
+    pub headers_secret: String,
+    /// ConfigMap writes (and deletes) a pass has in flight at once (at least 1).
+    pub writes_in_flight: usize,
+    /// The ConfigMap of the operator's namespace holding the tenancy policy
+    /// ([`POLICY_KEY`]); `None`: the built-in policy.
+    pub policy_configmap: Option<String>,
+    /// The prices of the cost estimate.
+    pub prices: Prices,
+}
+
 impl Controller {
-    /// Starts the watches; their caches fill in the background. `headers_secret`: the
-    /// Secret of `namespace` the configs' OTLP headers are mirrored into. A pass writes up
-    /// to `writes_in_flight` ConfigMaps at once (at least 1).
+    /// Starts the watches; their caches fill in the background.
     pub fn start(
         client: Client,
         namespace: &str,
-        headers_secret: &str,
         policy: NeuronNodePolicy,
         metrics: OperatorMetrics,
         recorder: Recorder,
-        writes_in_flight: usize,
+        options: Options,
     ) -> Arc<Controller> {
         let changed = Arc::new(Notify::new());
         let (listed_tx, listed) = watch::channel(Listed::default());
@@ -207,8 +230,10 @@ impl Controller {
                     .modify(|cm| cm.managed_fields_mut().clear()),
             ),
         );
+        let tenancy_policy =
+            PolicySource::start(&client, namespace, options.policy_configmap.as_deref(), &changed, &listed_tx);
         Arc::new(Controller {
-            headers: HeadersMirror::new(client.clone(), namespace, headers_secret),
+            headers: HeadersMirror::new(client.clone(), namespace, &options.headers_secret),
             reads_headers: Default::default(),
             client,
             namespace: namespace.to_owned(),
@@ -218,11 +243,13 @@ impl Controller {
             configs,
             nodes,
             configmaps,
+            tenancy: tenancy_policy,
+            prices: options.prices,
             last_good: Mutex::default(),
             announced: Mutex::default(),
             changed,
             listed,
-            writes_in_flight: writes_in_flight.max(1),
+            writes_in_flight: options.writes_in_flight.max(1),
             pending: Default::default(),
         })
     }
@@ -320,18 +347,19 @@ impl Controller {
         self.metrics.configs.set(configs.len() as i64);
         self.metrics.nodes.set(nodes.len() as i64);
 
-        let (verdicts, usable, to_record) = self.validate_all(&configs);
+        let policy = self.tenancy.current(&self.metrics, &self.recorder).await;
+        let admission = self.admit(&configs, &nodes, &policy);
         let mut failures = WriteFailures::default();
         // Before the nodes get a new version: a restart must find it recorded.
-        for config in to_record {
-            if let Err(e) = self.record_accepted(&config).await {
+        for config in &admission.to_record {
+            if let Err(e) = self.record_accepted(config).await {
                 failures.record(&self.metrics, "config", "annotate", &config.name_any(), &e);
             }
         }
 
         // Render (configs that do not fit on their nodes are refused) and write what
         // changed. A failed write stops nothing else: it is counted, and the pass retried.
-        let rendering = render::render_all(nodes.iter(), &usable)?;
+        let rendering = render::render_all(nodes.iter(), &admission.usable)?;
         self.pending.expire();
         let mut written: HashSet<String> = HashSet::new();
         // Several writes in flight: one at a time, a round trip per node made a change
@@ -358,7 +386,8 @@ impl Controller {
         self.delete_stale_configmaps(&rendering, &mut failures).await;
 
         // The OTLP headers of the configs the nodes run, for their agents.
-        let on_nodes = usable.iter().filter(|v| rendering.refusal(&v.key).is_none()).map(|v| (&v.key, &v.route));
+        let on_nodes =
+            admission.usable.iter().filter(|v| rendering.refusal(&v.key).is_none()).map(|v| (&v.key, &v.route));
         let (headers, mirrored) = self.headers.sync(on_nodes).await;
         self.reads_headers.store(!headers.is_empty(), std::sync::atomic::Ordering::Relaxed);
         match mirrored {
@@ -368,7 +397,8 @@ impl Controller {
         }
 
         // Verdicts: refused by validation, else by the room on its nodes.
-        let verdicts: Vec<Verdict> = verdicts
+        let verdicts: Vec<Verdict> = admission
+            .verdicts
             .into_iter()
             .map(|(config, verdict)| {
                 let refusal = ConfigKey::of(&config).ok().and_then(|key| rendering.refusal(&key).cloned());
@@ -399,18 +429,10 @@ impl Controller {
                     .is_some_and(|n| nodes::condition_is_true(&n, condition_type.unwrap_or(DEFAULT_CONDITION_TYPE)))
         });
         let health_conflicts = rendering.health_conflicts();
-        let facts: HashMap<String, NodeFacts> = nodes.iter().map(|n| (n.name_any(), nodes::facts(n))).collect();
         for (config, verdict) in verdicts {
             let Ok(key) = ConfigKey::of(&config) else { continue };
-            // What an accepted config with a CloudWatch sink will cost on its nodes.
-            let has_cloudwatch = config.spec.sinks.as_ref().is_some_and(|s| s.cloudwatch.is_some());
-            let estimate = (verdict.is_ok() && has_cloudwatch)
-                .then(|| {
-                    let matched: Vec<NodeFacts> =
-                        rendering.matched_node_names(&key).filter_map(|n| facts.get(n).cloned()).collect();
-                    cost::estimate(&config.spec, key.namespace == self.namespace, &matched)
-                })
-                .flatten();
+            // What an accepted config with a CloudWatch or OTLP sink costs on its nodes.
+            let costs = verdict.is_ok().then(|| admission.costs.get(&key).cloned()).flatten();
             let outcome = Outcome {
                 verdict,
                 matched: rendering.matched_nodes(&key),
@@ -419,7 +441,7 @@ impl Controller {
                 unhealthy: unhealthy.get(&key).copied().unwrap_or(0),
                 health: config.spec.health.is_some().then(|| health_conflicts.get(&key).cloned()),
                 headers: headers.get(&key).cloned(),
-                estimate,
+                costs,
             };
             if let Err(e) = self.update_status(&config, outcome).await {
                 failures.record(&self.metrics, "status", "apply", &key.to_string(), &e);
@@ -437,50 +459,6 @@ impl Controller {
             0 => Ok(()),
             failed => Err(Error::Incomplete { failed }),
         }
-    }
-
-    /// Validates every config. An invalid config keeps its last accepted version on the
-    /// nodes: the verdicts say what users are told, `usable` is what is rendered. The
-    /// last accepted version comes from memory, else from the config's annotation (after
-    /// a restart or a leader change); the configs whose current version is accepted but
-    /// not yet recorded there are returned last.
-    fn validate_all(
-        &self,
-        configs: &[Arc<NeuronMonitorConfig>],
-    ) -> (Vec<Verdict>, Vec<ValidConfig>, Vec<Arc<NeuronMonitorConfig>>) {
-        let mut verdicts: Vec<Verdict> = Vec::with_capacity(configs.len());
-        let mut usable: Vec<ValidConfig> = Vec::with_capacity(configs.len());
-        let mut to_record = Vec::new();
-        let mut last_good = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
-        let live: HashSet<String> = configs.iter().filter_map(|c| c.uid()).collect();
-        last_good.retain(|uid, _| live.contains(uid));
-        // A deleted config's announcement is forgotten with it.
-        self.announced.lock().unwrap_or_else(|p| p.into_inner()).retain(|uid, _| live.contains(uid));
-        for config in configs {
-            let uid = config.uid().unwrap_or_default();
-            match validate::validate(config, &self.namespace) {
-                Ok(valid) => {
-                    if !accepted::is_recorded(config) {
-                        to_record.push(config.clone());
-                    }
-                    last_good.insert(uid, valid.clone());
-                    usable.push(valid);
-                    verdicts.push((config.clone(), Ok(())));
-                }
-                Err(invalid) => {
-                    let previous = match last_good.get(&uid) {
-                        Some(previous) => Some(previous.clone()),
-                        None => accepted::recorded(config, &self.namespace),
-                    };
-                    if let Some(previous) = previous {
-                        usable.push(previous.clone());
-                        last_good.insert(uid, previous);
-                    }
-                    verdicts.push((config.clone(), Err(invalid)));
-                }
-            }
-        }
-        (verdicts, usable, to_record)
     }
 
     /// Sets the gauges of configs not accepted, by reason.

@@ -3,8 +3,8 @@
 //! changes.
 
 use api::{
-    cloudwatch::cost::CostEstimate,
-    crd::{NeuronMonitorConfig, NeuronMonitorConfigStatus},
+    cloudwatch::cost::{usd_text, Costs, Mode},
+    crd::{EstimatedCost, ModeCost, NeuronMonitorConfig, NeuronMonitorConfigStatus},
 };
 use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
@@ -40,16 +40,16 @@ pub(super) struct Outcome {
     /// For a config with a `health` section: where another config's settings are in
     /// force instead (`Some(None)`: nowhere).
     pub(super) health: Option<Option<HealthConflict>>,
+    /// What an accepted config with a CloudWatch or OTLP sink costs.
+    pub(super) costs: Option<Costs>,
     /// For a config whose OTLP sink has a `headersSecret`: whether its headers reach the
     /// agents.
     pub(super) headers: Option<HeadersOutcome>,
-    /// CloudWatch metrics and monthly cost, for an accepted config with a CloudWatch sink.
-    pub(super) estimate: Option<CostEstimate>,
 }
 
 impl Controller {
     pub(super) async fn update_status(&self, config: &NeuronMonitorConfig, outcome: Outcome) -> Result<(), Error> {
-        let Outcome { verdict, matched, carried, applied, unhealthy, health, headers, estimate } = outcome;
+        let Outcome { verdict, matched, carried, applied, unhealthy, health, headers, costs } = outcome;
         let previous = config.status.clone().unwrap_or_default();
         let generation = config.metadata.generation;
         // Only what reached the nodes' ConfigMaps is claimed.
@@ -114,8 +114,12 @@ impl Controller {
             matched_nodes: i32::try_from(carried).unwrap_or(i32::MAX),
             applied_nodes: i32::try_from(applied).unwrap_or(i32::MAX),
             unhealthy_nodes: i32::try_from(unhealthy).unwrap_or(i32::MAX),
-            estimated_cloud_watch_metrics: estimate.as_ref().map(|e| e.metrics as i64),
-            estimated_monthly_cost_usd: estimate.as_ref().map(CostEstimate::monthly_usd_text),
+            estimated_cloud_watch_metrics: costs
+                .as_ref()
+                .and_then(|c| c.cloudwatch.as_ref())
+                .map(|e| saturating(e.metrics)),
+            estimated_monthly_cost_usd: costs.as_ref().map(|c| usd_text(c.own_usd())),
+            estimated_cost: costs.as_ref().map(estimated_cost),
         };
         self.announce(config, accepted, accepted_reason, &accepted_message).await;
         if status == previous {
@@ -161,6 +165,28 @@ impl Controller {
             Err(e) => warn!(error = %e, config = %config.name_any(), "could not publish an event"),
         }
     }
+}
+
+/// The status form of every mode's cost.
+fn estimated_cost(costs: &Costs) -> EstimatedCost {
+    let mode = |m: Mode| {
+        costs.modes.iter().find(|c| c.mode == m).map_or_else(ModeCost::default, |c| ModeCost {
+            series: saturating(c.series),
+            requests_per_month: (m != Mode::Otlp).then(|| saturating(c.requests)),
+            bytes_per_month: (m == Mode::Otlp).then(|| saturating(c.bytes)),
+            monthly_usd: usd_text(c.monthly_usd),
+        })
+    };
+    EstimatedCost {
+        cheapest_mode: costs.cheapest.as_str().to_owned(),
+        classic: mode(Mode::Classic),
+        container_insights: mode(Mode::ContainerInsights),
+        otlp: mode(Mode::Otlp),
+    }
+}
+
+fn saturating(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// The static label of an Accepted=False reason.

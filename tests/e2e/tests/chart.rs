@@ -465,7 +465,7 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
 
 #[tokio::test]
 async fn wrong_values_are_refused_naming_the_field() {
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 15] = [
         (&["--set", "operator.replicas=two"], "/operator/replicas"),
         (&["--set", "agent.deviceAccess=root"], "/agent/deviceAccess"),
         (&["--set", "agent.neuronMonitor.source=usr"], "/agent/neuronMonitor/source"),
@@ -473,6 +473,9 @@ async fn wrong_values_are_refused_naming_the_field() {
         (&["--set", "agent.tolerationz[0].key=x"], "tolerationz"),
         (&["--set", "monitoring.serviceMonitor.interval=often"], "/monitoring/serviceMonitor/interval"),
         (&["--set", "operator.image.digest=latest"], "/operator/image/digest"),
+        (&["--set", "tenancy.default.regions[0]=mars"], "/tenancy/default/regions/0"),
+        (&["--set", "tenancy.default.monthlyCostCeilingUsd=-5"], "/tenancy/default/monthlyCostCeilingUsd"),
+        (&["--set", "tenancy.default.cloudwatchNamespaces[0]=x"], "cloudwatchNamespaces"),
         // Rules between fields, said by the templates.
         (&["--set", "operator.leaderElection.enabled=false"], "operator.leaderElection.enabled"),
         (&["--set", "monitoring.podMonitor.enabled=true"], "monitoring.podMonitor.enabled"),
@@ -691,6 +694,8 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         "neuronmonitor.io/neuronmonitorconfigs/status:patch",
         "/nodes:list",
         "/nodes:watch",
+        "/namespaces:list",
+        "/namespaces:watch",
         "events.k8s.io/events:create",
         "events.k8s.io/events:patch",
         "authentication.k8s.io/tokenreviews:create",
@@ -1367,6 +1372,29 @@ async fn the_admission_policy_holds_the_agent_to_its_own_node_and_fields() {
     let b = agent_nodes.get_status(&node_b).await.unwrap();
     let taint_b = with_taint(&b, "neuronmonitor.io/hardware-error");
     assert_refused("node B's taint", api_answer(agent_nodes.patch(&node_b, &params, &taint_b).await), &other);
+
+    // The chart's other ConfigMaps in the release namespace, which RBAC lets the agent
+    // patch: the Grafana dashboard (the attack's finding) and the tenancy policy. Refused.
+    for suffix in ["-dashboard", "-tenancy"] {
+        let object = find(&docs, "ConfigMap")
+            .into_iter()
+            .find(|c| c["metadata"]["name"].as_str().is_some_and(|n| n.ends_with(suffix)))
+            .unwrap_or_else(|| panic!("the chart's {suffix} ConfigMap"));
+        let name = object["metadata"]["name"].as_str().unwrap();
+        let configmap: ConfigMap = serde_json::from_value(serde_json::to_value(object).unwrap()).unwrap();
+        configmaps.create(&PostParams::default(), &configmap).await.unwrap();
+        let widened = Patch::Merge(json!({ "data": { "policy.yaml": "default: { cloudWatchNamespaces: ['*'] }" } }));
+        assert_refused(
+            &format!("the {suffix} ConfigMap"),
+            api_answer(agent_cms.patch(name, &params, &widened).await),
+            &format!("node {node_a} may write only its own Node and ConfigMap"),
+        );
+        assert_refused(
+            &format!("the {suffix} ConfigMap's annotation"),
+            api_answer(agent_cms.patch(name, &params, &ack("h1")).await),
+            "may write only its own Node and ConfigMap",
+        );
+    }
 
     // Other fields of its own objects: refused.
     let data = Patch::Merge(json!({ "data": { "config.json": "{\"sinks\":[]}" } }));

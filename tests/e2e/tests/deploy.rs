@@ -18,7 +18,8 @@
 //!   Not proven: what ECS itself would accept at registration beyond the model (e.g.
 //!   account-specific ARNs), nor a container run.
 //! - `deploy/iam/neuron-node-agent-policy.json`: only `cloudwatch:PutMetricData`, under a
-//!   `cloudwatch:namespace` condition that admits every namespace of the example configs;
+//!   `cloudwatch:namespace` condition that admits every namespace of the example configs
+//!   and of the chart's default tenancy policy (a team's `Teams/<namespace>/…`);
 //!   and the agent's source calls no other CloudWatch operation (by name, from the model).
 //! - `deploy/iam/neuron-node-agent-health-logs-policy.json` (attached only when the
 //!   hardware-health event stream is on): exactly the CloudWatch Logs operations the
@@ -454,6 +455,25 @@ fn example_namespaces() -> Vec<String> {
     namespaces
 }
 
+/// CloudWatch namespaces the chart's default tenancy policy lets a team (`team-a`)
+/// publish into: each pattern of `tenancy.default.cloudWatchNamespaces`, with a name
+/// after its trailing `*`.
+fn chart_team_namespaces() -> Vec<String> {
+    let values: serde_norway::Value =
+        serde_norway::from_str(&read("charts/neuron-monitor/values.yaml")).expect("the chart's values");
+    let patterns = values["tenancy"]["default"]["cloudWatchNamespaces"].as_sequence().expect("a list of patterns");
+    patterns
+        .iter()
+        .map(|p| {
+            let p = p.as_str().expect("a pattern").replace("{namespace}", "team-a");
+            match p.strip_suffix('*') {
+                Some(prefix) => format!("{prefix}Neuron"),
+                None => p,
+            }
+        })
+        .collect()
+}
+
 /// IAM's `StringLike`: `*` any run of characters, `?` one character.
 fn string_like(pattern: &str, value: &str) -> bool {
     fn matches(p: &[char], v: &[char]) -> bool {
@@ -482,8 +502,11 @@ fn the_iam_policy_allows_put_metric_data_only_in_the_configured_namespaces() {
     assert_eq!(policy["Version"], "2012-10-17");
     let statements = policy["Statement"].as_array().expect("Statement list");
     assert!(!statements.is_empty());
-    let namespaces = example_namespaces();
+    let mut namespaces = example_namespaces();
     assert!(namespaces.len() >= 2, "the example publishes to CloudWatch: {namespaces:?}");
+    let team = chart_team_namespaces();
+    assert_eq!(team, vec!["Teams/team-a/Neuron"], "the chart's default tenancy policy");
+    namespaces.extend(team);
     for statement in statements {
         assert_eq!(statement["Effect"], "Allow", "{statement}");
         assert!(statement.get("NotAction").is_none() && statement.get("NotResource").is_none(), "{statement}");
@@ -502,7 +525,7 @@ fn the_iam_policy_allows_put_metric_data_only_in_the_configured_namespaces() {
         assert!(patterns.iter().all(|(_, p)| *p != "*"), "a namespace condition that admits everything");
         for ns in &namespaces {
             let allowed = patterns.iter().any(|(op, p)| if *op == "StringLike" { string_like(p, ns) } else { p == ns });
-            assert!(allowed, "{CONFIGS} publishes to {ns}, which {POLICY} does not allow ({patterns:?})");
+            assert!(allowed, "{CONFIGS} or the chart's tenancy policy publishes to {ns}, which {POLICY} does not allow ({patterns:?})");
         }
     }
 

@@ -49,8 +49,14 @@ impl Scenario {
     }
 
     fn operator(&self) -> (Process, SocketAddr) {
+        self.operator_with(&[])
+    }
+
+    /// The operator with more flags.
+    fn operator_with(&self, extra: &[String]) -> (Process, SocketAddr) {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let args = vec!["--namespace".into(), self.ns.clone(), "--listen".into(), addr.to_string()];
+        let mut args = vec!["--namespace".into(), self.ns.clone(), "--listen".into(), addr.to_string()];
+        args.extend_from_slice(extra);
         (Process::start("neuron-operator", &args, &[("NEURON_OPERATOR_LOG", "info".into())], self.cp), addr)
     }
 
@@ -77,13 +83,14 @@ impl Scenario {
         (Process::start("neuron-node-agent", &args, &[], self.cp), addr, state_dir)
     }
 
-    /// A fake Node of `instance_type`, labelled for this test.
+    /// A fake Node of `instance_type` in us-west-2, labelled for this test.
     async fn node(&self, name: &str, instance_type: &str) -> Node {
         let node = Node {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
                 labels: Some(BTreeMap::from([
                     ("node.kubernetes.io/instance-type".to_owned(), instance_type.to_owned()),
+                    ("topology.kubernetes.io/region".to_owned(), "us-west-2".to_owned()),
                     ("e2e-run".to_owned(), self.run.clone()),
                 ])),
                 ..Default::default()
@@ -153,10 +160,12 @@ async fn configs_render_into_node_configmaps_with_status_and_clean_up() {
     let (ok, out) = s.apply(&config_yaml(&s.ns, "cluster", &s.run, "  period: 10s\n"));
     assert!(ok, "{out}");
     // Only the trn node: a second label under matchLabels.
-    let team_spec = "      node.kubernetes.io/instance-type: trn1.32xlarge\n  runtimes:\n  - tagFilter: '^serve'\n    \
-                     period: 1s\n    metrics:\n    - type: neuroncore_counters\n  sinks:\n    cloudwatch:\n      \
-                     namespace: TeamA/Neuron\n";
-    let (ok, out) = s.apply(&config_yaml(&team, "serving", &s.run, team_spec));
+    let team_spec = format!(
+        "      node.kubernetes.io/instance-type: trn1.32xlarge\n  runtimes:\n  - tagFilter: '^serve'\n    \
+         period: 1s\n    metrics:\n    - type: neuroncore_counters\n  sinks:\n    cloudwatch:\n      \
+         namespace: Teams/{team}/Neuron\n"
+    );
+    let (ok, out) = s.apply(&config_yaml(&team, "serving", &s.run, &team_spec));
     assert!(ok, "{out}");
 
     // Both Neuron nodes get a configuration; the CPU node does not.
@@ -199,7 +208,8 @@ async fn configs_render_into_node_configmaps_with_status_and_clean_up() {
     let metrics = team_status.estimated_cloud_watch_metrics.unwrap_or(0);
     assert!(metrics >= 32, "estimate {metrics}");
     let cost: f64 = team_status.estimated_monthly_cost_usd.as_deref().unwrap_or("").parse().unwrap();
-    assert!((cost - metrics as f64 * 0.30).abs() < 0.01, "{cost} for {metrics} metrics at $0.30");
+    // $0.30 a metric, and one PutMetricData request a minute ($0.432 a month).
+    assert!((cost - (metrics as f64 * 0.30 + 0.432)).abs() < 0.01, "{cost} for {metrics} metrics at $0.30");
     let (ok, table, err) = kubectl(s.cp, &["get", "nmc", "-n", &team, "--no-headers"], None);
     assert!(ok, "{err}");
     let columns: Vec<&str> = table.split_whitespace().collect();
@@ -226,7 +236,7 @@ async fn configs_render_into_node_configmaps_with_status_and_clean_up() {
 async fn invalid_configs_are_refused_at_admission_naming_the_field() {
     let _serial = SERIAL.lock().await;
     let s = Scenario::new("nm-admission").await;
-    let cases: [(&str, &str); 13] = [
+    let cases: [(&str, &str); 15] = [
         ("  period: 500ms\n", "spec.period"),
         ("  period: 2h\n", "spec.period"),
         ("  runtimes:\n  - metrics:\n    - type: gpu_counters\n", "spec.runtimes[0].metrics[0].type"),
@@ -243,6 +253,9 @@ async fn invalid_configs_are_refused_at_admission_naming_the_field() {
         ("  health:\n    taint:\n      enabled: true\n      errors: [dma_error]\n", "spec.health.taint.errors[0]"),
         ("  health:\n    logs:\n      group: aws/neuron\n", "spec.health.logs.group"),
         ("  health:\n    logs:\n      region: us_west_2\n", "spec.health.logs.region"),
+        // Prometheus' target labels (issue 14).
+        ("  sinks:\n    prometheus:\n      extraLabels: { job: x }\n", "spec.sinks.prometheus.extraLabels"),
+        ("  sinks:\n    prometheus:\n      extraLabels: { instance: x }\n", "spec.sinks.prometheus.extraLabels"),
     ];
     for (i, (spec, field)) in cases.iter().enumerate() {
         let (ok, out) = s.apply(&config_yaml(&s.ns, &format!("bad-{i}"), &s.run, spec));
@@ -862,4 +875,308 @@ impl Drop for DeleteOnDrop {
             eprintln!("cleaning up: kubectl delete failed: {out}{err}");
         }
     }
+}
+
+// --- Tenancy (issue 14) and the cost of each mode (issue 17) ---------------------------
+
+/// The chart's tenancy policy ConfigMap (default values, or `--set` ones) for a release
+/// in `namespace`, and the operator flags the chart gives it.
+fn chart_tenancy(namespace: &str, set: &[&str]) -> (String, Vec<String>) {
+    let chart = neuron_e2e::repo_root().join("charts/neuron-monitor");
+    let mut command = std::process::Command::new(neuron_e2e::tool("helm"));
+    command.args(["template", "nm", &chart.display().to_string(), "--namespace", namespace]);
+    for value in set {
+        command.args(["--set", value]);
+    }
+    let out = command.output().expect("helm runs");
+    assert!(out.status.success(), "helm template: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut policy = None;
+    let mut flags = Vec::new();
+    for document in serde_norway::Deserializer::from_str(&text) {
+        let doc: serde_norway::Value = serde::Deserialize::deserialize(document).expect("YAML");
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+        if doc["kind"] == "ConfigMap" && name.ends_with("-tenancy") {
+            policy = Some(serde_norway::to_string(&doc).unwrap());
+        }
+        if doc["kind"] == "Deployment" {
+            let args = doc["spec"]["template"]["spec"]["containers"][0]["args"].as_sequence().unwrap();
+            flags = args
+                .iter()
+                .filter_map(|a| a.as_str())
+                .filter(|a| a.starts_with("--tenancy-policy=") || a.starts_with("--otlp-usd-per-gb="))
+                .map(str::to_owned)
+                .collect();
+        }
+    }
+    (policy.expect("the chart renders the tenancy policy"), flags)
+}
+
+/// A policy ConfigMap of our own, applied (created or replaced) in the operator's namespace.
+fn apply_policy(s: &Scenario, name: &str, policy: &str) {
+    let yaml = format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {}\ndata:\n  policy.yaml: |\n{}",
+        s.ns,
+        policy.lines().map(|l| format!("    {l}\n")).collect::<String>()
+    );
+    let (ok, out) = s.apply(&yaml);
+    assert!(ok, "{out}");
+}
+
+/// Deletes these namespaces, and the configs in them, when dropped (also when a test
+/// panics): operators watch configs cluster-wide, and the tests that follow count refusals.
+fn delete_namespaces_on_drop(cp: &'static ControlPlane, namespaces: &[&str]) -> DeleteOnDrop {
+    let documents: Vec<String> =
+        namespaces.iter().map(|n| format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {n}\n")).collect();
+    DeleteOnDrop { cp, yaml: documents.join("---\n") }
+}
+
+/// Configs refused for `reason` in the operator's last pass, once it has made one. Other
+/// tests leave configs behind in their namespaces, which every operator of this binary
+/// sees: tests count refusals from this baseline.
+async fn refused_in_last_pass(s: &Scenario, operator: SocketAddr, reason: &str) -> f64 {
+    let label = format!("reason=\"{reason}\"");
+    s.wait("the operator's first pass", || async {
+        let metrics = http_get(operator, "/metrics")?.1;
+        (sample(&metrics, "neuron_operator_reconciles_total")? >= 1.0).then_some(())?;
+        labelled_sample(&metrics, "neuron_operator_refused_configs", &[&label])
+    })
+    .await
+}
+
+/// Waits for a config's Accepted condition for its current generation with `status`.
+async fn verdict(s: &Scenario, namespace: &str, name: &str, status: &str) -> (String, String, String) {
+    s.wait(&format!("{namespace}/{name} Accepted={status}"), || async {
+        accepted_conditions(s, namespace).await.remove(name).filter(|v| v.0 == status)
+    })
+    .await
+}
+
+/// The attack run's findings (issue 14): with the chart's default tenancy policy, a team's
+/// config publishing into another team's CloudWatch namespace, or naming a region of
+/// another partition (us-gov-west-1 from an aws node), is refused with its own reason and
+/// the field named, announced by a Warning Event and counted; nothing of it reaches the
+/// node. So are an OTLP endpoint no policy lists and a sink of too many series.
+#[tokio::test]
+async fn the_charts_default_policy_refuses_the_attacks_configs() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-tenancy").await;
+    let (policy, flags) = chart_tenancy(&s.ns, &[]);
+    assert!(flags.iter().any(|f| f.starts_with("--tenancy-policy=")), "{flags:?}");
+    let (ok, out) = s.apply(&policy);
+    assert!(ok, "{out}");
+    let (_operator, operator_addr) = s.operator_with(&flags);
+    let (outside_before, series_before) = (
+        refused_in_last_pass(&s, operator_addr, "OutsidePolicy").await,
+        refused_in_last_pass(&s, operator_addr, "TooManySeries").await,
+    );
+    let node = format!("{}-trn", s.run);
+    s.node(&node, "trn1.32xlarge").await;
+    let (team_a, team_b) = (s.team_namespace("team-a").await, s.team_namespace("team-b").await);
+    let _cleanup = delete_namespaces_on_drop(s.cp, &[&team_a, &team_b, &s.ns]);
+
+    let cloudwatch =
+        |namespace: &str, extra: &str| format!("  sinks:\n    cloudwatch:\n      namespace: {namespace}\n{extra}");
+    assert!(s.apply(&config_yaml(&team_a, "own", &s.run, &cloudwatch(&format!("Teams/{team_a}/Neuron"), ""))).0);
+    let refused = [
+        ("intruder", cloudwatch(&format!("Teams/{team_b}/Neuron"), ""), "spec.sinks.cloudwatch.namespace"),
+        (
+            "govcloud",
+            cloudwatch(&format!("Teams/{team_a}/Neuron"), "      region: us-gov-west-1\n"),
+            "spec.sinks.cloudwatch.region",
+        ),
+        (
+            "collector",
+            "  sinks:\n    otlp:\n      endpoint: http://attacker.example:4318/v1/metrics\n".to_owned(),
+            "spec.sinks.otlp.endpoint",
+        ),
+        ("china", "  sinks:\n    otlp:\n      region: cn-north-1\n".to_owned(), "spec.sinks.otlp.region"),
+    ];
+    for (name, spec, _) in &refused {
+        let (ok, out) = s.apply(&config_yaml(&team_a, name, &s.run, spec));
+        assert!(ok, "{name}: {out}");
+    }
+    // The operator's namespace is held to the partition too: its health event stream.
+    let logs = "  health:\n    logs:\n      region: us-gov-east-1\n";
+    assert!(s.apply(&config_yaml(&s.ns, "cluster", &s.run, logs)).0);
+    // Series: four more per-core roll-ups, 13,440 series on the largest node.
+    let rollups = "      rollups: [[NodeName, PodName, NeuronCore], [ClusterName, PodName, NeuronCore], \
+                   [NodeName, ContainerName, NeuronCore], [RuntimeTag, PodName, NeuronCore]]\n";
+    assert!(s.apply(&config_yaml(&team_a, "wide", &s.run, &cloudwatch(&format!("Teams/{team_a}/Wide"), rollups))).0);
+
+    let own = verdict(&s, &team_a, "own", "True").await;
+    assert_eq!(own.1, "Valid");
+    for (name, _, field) in &refused {
+        let (_, reason, message) = verdict(&s, &team_a, name, "False").await;
+        assert_eq!(reason, "OutsidePolicy", "{name}: {message}");
+        assert!(message.starts_with(field), "{name}: the refusal names {field}: {message}");
+    }
+    let (_, reason, message) = verdict(&s, &s.ns, "cluster", "False").await;
+    assert_eq!(reason, "OutsidePolicy");
+    assert!(message.starts_with("spec.health.logs.region") && message.contains("aws-us-gov"), "{message}");
+    let (_, reason, message) = verdict(&s, &team_a, "wide", "False").await;
+    assert_eq!(reason, "TooManySeries");
+    assert!(message.starts_with("spec.sinks.cloudwatch:") && message.contains("13440 series"), "{message}");
+
+    // Only the accepted config reaches the node.
+    let config = s.wait("the node's configuration", || async { s.node_config(&node).await }).await;
+    let routes: Vec<&str> = config.routes.iter().map(|r| r.config.as_str()).collect();
+    assert_eq!(routes, vec![format!("{team_a}/own").as_str()]);
+    // Announced by a Warning Event of its reason, and counted.
+    let events: Api<Event> = Api::namespaced(s.client.clone(), &team_a);
+    s.wait("a Warning Event OutsidePolicy on the intruder", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("OutsidePolicy")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("intruder")
+            })
+            .then_some(())
+    })
+    .await;
+    assert_eq!(refused_in_last_pass(&s, operator_addr, "OutsidePolicy").await - outside_before, 5.0);
+    assert_eq!(refused_in_last_pass(&s, operator_addr, "TooManySeries").await - series_before, 1.0);
+    let metrics = http_get(operator_addr, "/metrics").unwrap().1;
+    assert_eq!(sample(&metrics, "neuron_operator_tenancy_policy_valid"), Some(1.0));
+    Api::<Node>::all(s.client.clone()).delete(&node, &DeleteParams::default()).await.unwrap();
+}
+
+/// A policy edit is in force without a restart: a refused config becomes accepted when
+/// the policy allows it, an accepted one refused when the policy stops allowing it. A
+/// refused update keeps the nodes on the last accepted version while that version is
+/// within the policy; a policy that is not valid changes nothing and is announced.
+#[tokio::test]
+async fn a_policy_change_is_applied_and_refused_updates_keep_the_last_accepted_version() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-policy").await;
+    let team = s.team_namespace("team-a").await;
+    let _cleanup = delete_namespaces_on_drop(s.cp, &[&team, &s.ns]);
+    let name = "tenancy";
+    apply_policy(&s, name, "default:\n  cloudWatchNamespaces: ['Teams/{namespace}/*']\n");
+    let (_operator, operator_addr) = s.operator_with(&[format!("--tenancy-policy={name}")]);
+    let node = format!("{}-trn", s.run);
+    s.node(&node, "trn1.2xlarge").await;
+    let sink_namespace = |config: &NodeConfig| -> Option<String> {
+        config.routes.iter().find(|r| r.config.ends_with("/serving"))?.cloudwatch.as_ref().map(|c| c.namespace.clone())
+    };
+    let serving = |namespace: &str| {
+        config_yaml(&team, "serving", &s.run, &format!("  sinks:\n    cloudwatch:\n      namespace: {namespace}\n"))
+    };
+    let own = format!("Teams/{team}/Neuron");
+    assert!(s.apply(&serving(&own)).0);
+    verdict(&s, &team, "serving", "True").await;
+    s.wait("the team's route on the node", || async {
+        (sink_namespace(&s.node_config(&node).await?)? == own).then_some(())
+    })
+    .await;
+
+    // An update outside the policy: refused, the node keeps the last accepted version.
+    assert!(s.apply(&serving("Shared/Neuron")).0);
+    let (_, reason, message) = verdict(&s, &team, "serving", "False").await;
+    assert_eq!(reason, "OutsidePolicy", "{message}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(sink_namespace(&s.node_config(&node).await.unwrap()).as_deref(), Some(own.as_str()));
+
+    // The policy allows it now: accepted and rendered, without touching the config.
+    let edited = Instant::now();
+    apply_policy(&s, name, "default:\n  cloudWatchNamespaces: ['Teams/{namespace}/*', 'Shared/*']\n");
+    s.wait("the update rendered under the new policy", || async {
+        (sink_namespace(&s.node_config(&node).await?)? == "Shared/Neuron").then_some(())
+    })
+    .await;
+    println!("policy edit → the node's configuration follows it: {:?}", edited.elapsed());
+    verdict(&s, &team, "serving", "True").await;
+
+    // A policy that is not valid: the last valid one stays, and it is said.
+    apply_policy(&s, name, "default:\n  cloudWatchNamespaces: ['Teams/{namespace}*']\n");
+    s.wait("the invalid policy counted", || async {
+        let metrics = http_get(operator_addr, "/metrics")?.1;
+        (sample(&metrics, "neuron_operator_tenancy_policy_valid")? == 0.0).then_some(())
+    })
+    .await;
+    let events: Api<Event> = Api::namespaced(s.client.clone(), &s.ns);
+    let event = s
+        .wait("a Warning Event InvalidPolicy on the ConfigMap", || async {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("InvalidPolicy")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            })
+        })
+        .await;
+    assert!(event.note.unwrap_or_default().contains("default.cloudWatchNamespaces[0]"));
+    assert_eq!(accepted_conditions(&s, &team).await["serving"].0, "True");
+
+    // A policy that tightens takes effect on established configs: the last accepted
+    // version is outside it too, so the config leaves the node.
+    apply_policy(&s, name, "default:\n  cloudWatchNamespaces: ['Teams/{namespace}/*']\n");
+    let (_, reason, _) = verdict(&s, &team, "serving", "False").await;
+    assert_eq!(reason, "OutsidePolicy");
+    s.wait("the config off the node", || async {
+        let config = s.node_config(&node).await;
+        config.is_none_or(|c| sink_namespace(&c).is_none()).then_some(())
+    })
+    .await;
+    Api::<Node>::all(s.client.clone()).delete(&node, &DeleteParams::default()).await.unwrap();
+}
+
+/// A namespace's monthly ceiling (issue 14) refuses its newest configs first, at the
+/// estimate of each config's own mode; the status prices every mode (issue 17) and names
+/// the cheapest.
+#[tokio::test]
+async fn a_cost_ceiling_refuses_the_newest_configs_and_status_prices_each_mode() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-ceiling").await;
+    let team = s.team_namespace("team-a").await;
+    let _cleanup = delete_namespaces_on_drop(s.cp, &[&team, &s.ns]);
+    // The chart's policy with a ceiling, as a user sets it.
+    let (policy, flags) = chart_tenancy(&s.ns, &["tenancy.default.monthlyCostCeilingUsd=300"]);
+    assert!(s.apply(&policy).0);
+    let (_operator, operator_addr) = s.operator_with(&flags);
+    let ceiling_before = refused_in_last_pass(&s, operator_addr, "CostCeiling").await;
+    let node = format!("{}-trn", s.run);
+    s.node(&node, "trn1.32xlarge").await;
+    // One config a second, so that creation times order them; each costs $202.03 as a
+    // classic CloudWatch sink on a trn1.32xlarge.
+    for name in ["first", "second"] {
+        let spec = format!("  sinks:\n    cloudwatch:\n      namespace: Teams/{team}/{name}\n");
+        assert!(s.apply(&config_yaml(&team, name, &s.run, &spec)).0);
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    // An OTLP sink to CloudWatch costs far less: it fits next to the first.
+    let otlp = "  sinks:\n    otlp: {}\n";
+    assert!(s.apply(&config_yaml(&team, "third", &s.run, otlp)).0);
+
+    verdict(&s, &team, "first", "True").await;
+    let (_, reason, message) = verdict(&s, &team, "second", "False").await;
+    assert_eq!(reason, "CostCeiling", "{message}");
+    assert!(
+        message.starts_with("spec.sinks:") && message.contains("$202.03") && message.contains("$300.00"),
+        "{message}"
+    );
+    verdict(&s, &team, "third", "True").await;
+
+    let first = s.config(&team, "first").await.unwrap().status.unwrap();
+    assert_eq!(first.estimated_monthly_cost_usd.as_deref(), Some("202.03"));
+    let cost = first.estimated_cost.expect("every mode priced");
+    assert_eq!((cost.classic.series, cost.classic.monthly_usd.as_str()), (672, "202.03"));
+    assert_eq!(cost.classic.requests_per_month, Some(43_200));
+    assert_eq!(cost.otlp.series, 1440);
+    assert!(cost.otlp.bytes_per_month.unwrap_or(0) > 0 && cost.otlp.requests_per_month.is_none());
+    assert_eq!(cost.cheapest_mode, "Otlp");
+    let otlp_usd: f64 = cost.otlp.monthly_usd.parse().unwrap();
+    let third = s.config(&team, "third").await.unwrap().status.unwrap();
+    assert_eq!(third.estimated_cloud_watch_metrics, None, "no CloudWatch sink");
+    assert_eq!(third.estimated_monthly_cost_usd.as_deref(), Some(format!("{otlp_usd:.2}").as_str()));
+    println!(
+        "one trn1.32xlarge, a team's default groups: classic ${}, Container Insights ${}, OTLP ${}",
+        cost.classic.monthly_usd, cost.container_insights.monthly_usd, cost.otlp.monthly_usd
+    );
+
+    assert_eq!(refused_in_last_pass(&s, operator_addr, "CostCeiling").await - ceiling_before, 1.0);
+    let config = s.node_config(&node).await.unwrap();
+    assert!(!config.routes.iter().any(|r| r.config.ends_with("/second")), "the refused config is on no node");
+    Api::<Node>::all(s.client.clone()).delete(&node, &DeleteParams::default()).await.unwrap();
 }

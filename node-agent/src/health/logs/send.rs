@@ -8,6 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use api::region::same_partition;
 use aws_sdk_cloudwatchlogs::{
     error::{ProvideErrorMetadata, SdkError},
     types::InputLogEvent,
@@ -249,11 +250,24 @@ impl Sender {
                 self.pause(&stop, Duration::from_millis(250)).await;
                 continue;
             }
-            let Some(region) = destination.region.clone().or(instance_region) else {
+            let Some(instance_region) = instance_region else {
                 // No region yet: the events wait for neuron-monitor's first report.
                 self.pause(&stop, Duration::from_millis(500)).await;
                 continue;
             };
+            let region = destination.region.clone().unwrap_or_else(|| instance_region.clone());
+            // The node's identity and data stay in its partition (the operator refuses
+            // such a config; a destination may come from the agent's flags).
+            if !same_partition(&instance_region, &region) {
+                self.metrics.invalid.set(1);
+                if announced.as_ref() != Some(&destination) {
+                    warn!(group = %destination.group, %region, instance_region = %instance_region,
+                          "hardware-health log stream left out: its region is in another AWS partition than the instance's");
+                    announced = Some(destination);
+                }
+                self.queue.abandon("dropped");
+                continue;
+            }
             if announced.as_ref() != Some(&destination) {
                 info!(group = %destination.group, %region, stream = %identity.stream(),
                       "sending hardware-health events to CloudWatch Logs");

@@ -76,7 +76,8 @@ impl CloudWatchMetrics {
             "invalid_sinks",
             "1 for each configured CloudWatch sink left out because its settings are invalid (reason: region, \
              namespace, resolution, flush_interval, dimensions, rollups, metrics; cluster_name: a Container \
-             Insights sink without --cluster-name)",
+             Insights sink without --cluster-name; partition: a region of another AWS partition than the \
+             instance's)",
             m.invalid.clone(),
         );
         m

@@ -27,6 +27,7 @@ use api::{
     cloudwatch::sink::{valid_region, SinkSettings},
     crd::CloudWatchNaming,
     node_config::Route,
+    region::same_partition,
 };
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -265,7 +266,10 @@ async fn run_sink(
     shared.queue.abandon("shutdown");
 }
 
-/// The sending task, once the region is known; `None` until then (the data waits).
+/// The sending task, once the instance's region is known; `None` until then (the data
+/// waits). A sink whose region is in another partition than the instance's is left out
+/// (the operator refuses such a config; a node configuration may come from elsewhere):
+/// the node's AWS identity belongs to its own partition, and so does its data.
 async fn start_sender(
     shared: &Arc<Shared>,
     settings: &SinkSettings,
@@ -274,14 +278,19 @@ async fn start_sender(
     stop: &CancellationToken,
     unusable: &mut bool,
 ) -> Option<JoinHandle<()>> {
-    let region = match &settings.region {
-        Some(r) => r.clone(),
-        None => shared.region.lock().unwrap_or_else(|p| p.into_inner()).clone()?,
+    let instance = shared.region.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
+    let region = settings.region.clone().unwrap_or_else(|| instance.clone());
+    let refused = if !valid_region(&region) {
+        Some(("region", "the instance's region is not a region name"))
+    } else if !same_partition(&instance, &region) {
+        Some(("partition", "its region is in another AWS partition than the instance's"))
+    } else {
+        None
     };
-    if !valid_region(&region) {
-        let labels = SinkReasonLabels { sink: shared.name.clone(), reason: "region" };
+    if let Some((reason, why)) = refused {
+        let labels = SinkReasonLabels { sink: shared.name.clone(), reason };
         metrics.invalid.get_or_create(&labels).set(1);
-        warn!(sink = %shared.name, %region, "CloudWatch sink left out: the instance's region is not a region name");
+        warn!(sink = %shared.name, %region, %instance, "CloudWatch sink left out: {why}");
         *unusable = true;
         shared.queue.abandon("invalid");
         return None;

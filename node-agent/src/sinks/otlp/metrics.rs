@@ -83,7 +83,8 @@ impl OtlpMetrics {
             "invalid_sinks",
             "1 for each configured OTLP sink that cannot send (reason: endpoint, region, flushInterval, \
              headersSecret, headersSecret.name: its settings; headers: its Secret's headers are missing or \
-             unusable; tls: no CA certificates for https)",
+             unusable; tls: no CA certificates for https; partition: its region is in another AWS partition \
+             than the instance's)",
             m.invalid.clone(),
         );
         registry.register(

@@ -32,6 +32,7 @@ use api::{
     cloudwatch::sink::valid_region,
     node_config::Route,
     otlp::{cloudwatch_endpoint, headers_key, Destination, Endpoint, OtlpSettings},
+    region::same_partition,
 };
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -391,13 +392,19 @@ async fn start_sender(sink: &Arc<Sink>, senders: &Senders, stop: &CancellationTo
             (endpoint.clone(), auth)
         }
         Destination::CloudWatch { region } => {
-            let region = match region.clone().or_else(|| sink.region.lock().unwrap_or_else(|p| p.into_inner()).clone())
-            {
-                Some(r) => r,
-                None => return Sending::Waiting,
+            // The instance's region even when the sink names its own: the node's AWS
+            // identity and data stay in its partition (the operator's tenancy policy
+            // refuses such a config; a node configuration may come from elsewhere).
+            let Some(instance) = sink.region.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
+                return Sending::Waiting;
             };
+            let region = region.clone().unwrap_or_else(|| instance.clone());
             if !valid_region(&region) {
                 return unusable("region", &format!("the instance's region {region:?} is not a region name"));
+            }
+            if !same_partition(&instance, &region) {
+                let why = format!("its region {region:?} is in another AWS partition than the instance's ({instance})");
+                return unusable("partition", &why);
             }
             let config = sdk_config(&region, senders.options.request_timeout).await;
             let Some(provider) = config.credentials_provider() else {

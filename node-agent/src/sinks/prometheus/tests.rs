@@ -359,3 +359,26 @@ fn newer_hardware_fields_and_documented_peaks() {
     let text = exposition(&[fixture(IDLE_INF1).replace("inf1.xlarge", "x9.large")]).render(Format::Classic).unwrap();
     assert!(series(&text, "neuroncore_peak_flops").is_empty());
 }
+
+/// The operator's OTLP cost estimate counts the families `/metrics` serves (the OTLP sink
+/// sends the same): a family added here and not in `api::cloudwatch::cost::otlp` would go
+/// unpriced.
+#[test]
+fn the_otlp_cost_estimate_counts_every_family_served() {
+    let known: Vec<&str> = api::cloudwatch::cost::otlp::family_names().collect();
+    for fixture_name in [TRN1N_32, TRN1_ERRORS, IDLE_INF1] {
+        let text = exposition(&[fixture(fixture_name)]).render(Format::Classic).unwrap();
+        let served: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
+            .filter(|name| !name.starts_with("neuron_agent_"))
+            .collect();
+        assert!(served.len() >= 10, "{fixture_name}: {served:?}");
+        for name in served {
+            assert!(
+                known.contains(&name),
+                "{fixture_name}: /metrics serves {name}, which the OTLP estimate does not count"
+            );
+        }
+    }
+}
