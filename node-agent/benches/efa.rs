@@ -16,6 +16,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use neuron_node_agent::{
     efa::{encode_efa, sysfs, EfaMetrics, EfaReader},
     routing::Routing,
+    sinks::prometheus::Scope,
     state::{InstanceLabels, PodRef},
 };
 use prometheus_client::{collector::Collector, encoding::DescriptorEncoder, registry::Registry};
@@ -98,7 +99,7 @@ impl std::fmt::Debug for Efa {
 
 impl Collector for Efa {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        encode_efa(&self.0, &InstanceLabels::default(), &self.1, &self.2, &mut encoder)
+        encode_efa(&self.0, &InstanceLabels::default(), &self.1, Scope::Exposition(&self.2), &mut encoder)
     }
 }
 

@@ -11,6 +11,7 @@
 pub mod sysfs;
 
 use std::{
+    collections::BTreeMap,
     fmt,
     path::PathBuf,
     sync::{atomic::AtomicU64, Arc, Mutex},
@@ -19,8 +20,8 @@ use std::{
 
 use prometheus_client::{
     collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric},
-    metrics::{counter::ConstCounter, counter::Counter, family::Family, gauge::Gauge, MetricType},
+    encoding::DescriptorEncoder,
+    metrics::{counter::Counter, family::Family as MetricFamily, gauge::Gauge, MetricType},
     registry::Registry,
 };
 use tokio::sync::watch;
@@ -29,8 +30,8 @@ use tracing::{debug, info, warn};
 
 use crate::{
     attribution::EfaHolders,
-    routing::{Routing, SharedRouting},
-    sinks::prometheus::Labels,
+    routing::SharedRouting,
+    sinks::prometheus::{Family, FamilyEncoder, Labels, Scope},
     state::{InstanceLabels, NodeState, PodRef},
     telemetry::ReasonLabel,
 };
@@ -42,7 +43,7 @@ pub type SharedEfa = Arc<Mutex<Vec<Device>>>;
 /// `neuron_agent_efa_*`; cloning shares them.
 #[derive(Clone, Default)]
 pub struct EfaMetrics {
-    pub failures: Family<ReasonLabel, Counter>,
+    pub failures: MetricFamily<ReasonLabel, Counter>,
     pub read_seconds: Gauge<f64, AtomicU64>,
     pub devices: Gauge,
     pub reloads: Counter,
@@ -143,13 +144,35 @@ pub async fn follow(
     }
 }
 
-/// Encodes the EFA table on each scrape.
-pub struct EfaCollector {
+/// What the EFA series are encoded from: the latest read and who holds each device;
+/// cloning shares them. The exposition and the OTLP sinks encode the same.
+#[derive(Clone, Default)]
+pub struct EfaSource {
     pub table: SharedEfa,
-    /// For the instance labels.
-    pub state: Arc<Mutex<NodeState>>,
     /// With pod attribution: who holds each device.
     pub holders: Option<EfaHolders>,
+}
+
+impl EfaSource {
+    /// The EFA families `scope` takes (see [`encode_efa`]). Takes the holders' and the
+    /// table's locks, one at a time: call it without the node state's.
+    pub fn encode(
+        &self,
+        instance: &InstanceLabels,
+        scope: Scope<'_>,
+        encoder: &mut dyn FamilyEncoder,
+    ) -> Result<(), fmt::Error> {
+        let holders = self.holders.as_ref().map(EfaHolders::current).unwrap_or_else(|| Arc::from([]));
+        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        encode_efa(&table, instance, &holders, scope, encoder)
+    }
+}
+
+/// Encodes the EFA table on each scrape.
+pub struct EfaCollector {
+    pub source: EfaSource,
+    /// For the instance labels.
+    pub state: Arc<Mutex<NodeState>>,
     pub routing: SharedRouting,
 }
 
@@ -162,49 +185,43 @@ impl fmt::Debug for EfaCollector {
 impl Collector for EfaCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
         let instance = self.state.lock().unwrap_or_else(|p| p.into_inner()).instance.clone();
-        let holders = self.holders.as_ref().map(EfaHolders::current).unwrap_or_else(|| Arc::from([]));
         let routing = self.routing.current();
-        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
-        encode_efa(&table, &instance, &holders, &routing, &mut encoder)
+        self.source.encode(&instance, Scope::Exposition(&routing), &mut encoder)
     }
 }
 
-/// `efa_<counter>_total` for every counter of every device a Prometheus route sees: a
-/// device held by a pod is seen by the routes that see the pod's namespace (the pod's
-/// labels on its series), a device no pod holds by those of the operator's namespace.
-/// Port counters carry `port`; device counters do not.
+/// `efa_<counter>_total` for every counter of every device `scope` sees: a device held
+/// by a pod goes where the pod's namespace is seen (the pod's labels on its series), a
+/// device no pod holds where the operator namespace's is (`/metrics`, and the OTLP sink
+/// of the operator namespace's config). Port counters carry `port`; device counters do
+/// not.
 pub fn encode_efa(
     devices: &[Device],
     instance: &InstanceLabels,
     holders: &[(String, Arc<PodRef>)],
-    routing: &Routing,
-    encoder: &mut DescriptorEncoder,
+    scope: Scope<'_>,
+    encoder: &mut dyn FamilyEncoder,
 ) -> Result<(), fmt::Error> {
     // Series by counter name: one family per name, its device and port series together.
-    let mut families: std::collections::BTreeMap<&str, Vec<(Labels<'_>, u64)>> = Default::default();
+    let mut families: BTreeMap<&str, Family<'_>> = BTreeMap::new();
+    let family = |counter: &str| Family::new(format!("efa_{counter}"), help(counter), MetricType::Counter);
     for device in devices {
         let pod = holders.binary_search_by(|(d, _)| d.as_str().cmp(&device.name)).ok().map(|i| &*holders[i].1);
-        if !routing.prometheus_sees(pod.map(|p| p.namespace.as_str())) {
+        if !scope.sees(pod.map(|p| p.namespace.as_str())) {
             continue;
         }
         let labels = || Labels::held_by(instance, pod).text("efa_device", &device.name);
         for c in &device.counters {
-            families.entry(&c.name).or_default().push((labels(), c.value));
+            families.entry(&c.name).or_insert_with(|| family(&c.name)).push(labels(), Some(c.value as f64));
         }
         for port in &device.ports {
             for c in &port.counters {
-                families.entry(&c.name).or_default().push((labels().number("port", port.number), c.value));
+                let labels = labels().number("port", port.number);
+                families.entry(&c.name).or_insert_with(|| family(&c.name)).push(labels, Some(c.value as f64));
             }
         }
     }
-    for (counter, series) in families {
-        let name = format!("efa_{counter}");
-        let mut metric = encoder.encode_descriptor(&name, help(counter), None, MetricType::Counter)?;
-        for (labels, value) in &series {
-            ConstCounter::new(*value).encode(metric.encode_family(labels)?)?;
-        }
-    }
-    Ok(())
+    families.into_values().try_for_each(|f| f.write(encoder))
 }
 
 /// What a counter of the `efa` driver counts (its `hw_counters` file of the same name).
@@ -245,7 +262,7 @@ fn help(counter: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sinks::prometheus::openmetrics_to_classic;
+    use crate::{routing::Routing, sinks::prometheus::openmetrics_to_classic};
     use api::node_config::{NodeConfig, PrometheusRoute, Route, RouteRuntimes};
     use sysfs::{Counter, Port};
 
@@ -284,7 +301,7 @@ mod tests {
     impl Collector for Table {
         fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
             let instance = InstanceLabels { instance_type: "trn1.32xlarge".into(), ..InstanceLabels::default() };
-            encode_efa(&self.0, &instance, &self.1, &self.2, &mut encoder)
+            encode_efa(&self.0, &instance, &self.1, Scope::Exposition(&self.2), &mut encoder)
         }
     }
 
@@ -317,12 +334,12 @@ mod tests {
         let tx = sample("efa_tx_bytes_total{");
         assert_eq!(tx.len(), 2);
         assert!(tx[0].contains(r#"namespace="a",pod="train",container="main",label_app="train""#), "{}", tx[0]);
-        assert!(tx[0].ends_with(r#"efa_device="rdmap16s27",port="1"} 1024"#), "{}", tx[0]);
-        assert!(!tx[1].contains("namespace=") && tx[1].ends_with(r#"efa_device="rdmap32s27",port="1"} 7"#));
+        assert!(tx[0].ends_with(r#"efa_device="rdmap16s27",port="1"} 1024.0"#), "{}", tx[0]);
+        assert!(!tx[1].contains("namespace=") && tx[1].ends_with(r#"efa_device="rdmap32s27",port="1"} 7.0"#));
         // Device counters: no port label.
         let cmds = sample("efa_cmds_err_total{");
         assert_eq!(cmds.len(), 2);
-        assert!(cmds.iter().all(|l| !l.contains("port=") && l.ends_with("} 2")), "{cmds:?}");
+        assert!(cmds.iter().all(|l| !l.contains("port=") && l.ends_with("} 2.0")), "{cmds:?}");
         assert!(tx[0].contains(r#"instance_type="trn1.32xlarge""#));
     }
 
@@ -335,6 +352,54 @@ mod tests {
         let tx: Vec<&str> = text.lines().filter(|l| l.starts_with("efa_tx_bytes_total{")).collect();
         assert_eq!(tx.len(), 1, "{text}");
         assert!(tx[0].contains(r#"efa_device="rdmap16s27""#));
+    }
+
+    /// (family, device, namespace) of each series `route`'s sink sends.
+    fn sent_by(route: &Route, devices: &[Device], holders: &[(String, Arc<PodRef>)]) -> Vec<(String, String, String)> {
+        struct Sent(Vec<(String, String, String)>);
+        impl FamilyEncoder for Sent {
+            fn encode_family(&mut self, family: &Family<'_>) -> Result<(), fmt::Error> {
+                for (labels, _) in family.series() {
+                    let (mut device, mut namespace) = (String::new(), String::new());
+                    labels.try_for_each(|key, value| {
+                        match key {
+                            "efa_device" => device = value.to_string(),
+                            "namespace" => namespace = value.to_string(),
+                            _ => {}
+                        }
+                        Ok::<(), fmt::Error>(())
+                    })?;
+                    self.0.push((family.classic_name(), device, namespace));
+                }
+                Ok(())
+            }
+        }
+        let config = NodeConfig { monitor: Default::default(), routes: vec![route.clone()], health: None };
+        let routing = Routing::compile(&config).unwrap();
+        let selection = &routing.otlp_routes().next().unwrap().1;
+        let mut sent = Sent(Vec::new());
+        encode_efa(devices, &InstanceLabels::default(), holders, Scope::Route(route, selection), &mut sent).unwrap();
+        sent.0
+    }
+
+    #[test]
+    fn a_sink_sends_what_its_namespace_sees_of_the_devices() {
+        let devices = vec![device("rdmap16s27", 1), device("rdmap32s27", 2), device("rdmap48s27", 3)];
+        let holders = vec![("rdmap16s27".into(), pod("a", "train")), ("rdmap32s27".into(), pod("b", "other"))];
+        let otlp =
+            Some(api::crd::OtlpSinkSpec { endpoint: Some("http://127.0.0.1:4318".into()), ..Default::default() });
+        let team = Route { otlp: otlp.clone(), ..team_route("a") };
+        let sent = sent_by(&team, &devices, &holders);
+        // Its pod's device: three counters, with the pod's namespace.
+        assert_eq!(sent.len(), 3, "{sent:?}");
+        assert!(sent.iter().all(|(_, d, ns)| d == "rdmap16s27" && ns == "a"), "{sent:?}");
+        assert!(sent.iter().any(|(name, _, _)| name == "efa_tx_bytes_total"));
+        // The operator namespace's: every device, the unheld one without a pod.
+        let ops = Route { config: "neuron-monitor/all".into(), namespace: None, ..team };
+        let sent = sent_by(&ops, &devices, &holders);
+        assert_eq!(sent.len(), 9, "{sent:?}");
+        assert!(sent.iter().any(|(_, d, ns)| d == "rdmap48s27" && ns.is_empty()));
+        assert!(sent.iter().any(|(_, d, ns)| d == "rdmap32s27" && ns == "b"));
     }
 
     #[test]

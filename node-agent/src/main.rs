@@ -13,7 +13,7 @@ use clap::Parser;
 use neuron_node_agent::{
     attribution,
     config::{open_state_dir, standalone, Activator, Launcher, Reloader},
-    efa::{self, EfaCollector, EfaMetrics, EfaReader, SharedEfa},
+    efa::{self, EfaCollector, EfaMetrics, EfaReader, EfaSource, SharedEfa},
     health::{
         self,
         logs::{self, LogDestination, LogMetrics, LogSink},
@@ -761,16 +761,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
         efa_table.clone(),
         shutdown.clone(),
     ));
+    let efa_source =
+        EfaSource { table: efa_table, holders: attribution.as_ref().map(attribution::Sources::efa_holders) };
     registry.register_collector(Box::new(EfaCollector {
-        table: efa_table,
+        source: efa_source.clone(),
         state: state.clone(),
-        holders: attribution.as_ref().map(attribution::Sources::efa_holders),
         routing: activator.routing(),
     }));
     let otlp_sinks = otlp::Sinks {
         sources: otlp::Sources {
             state: state.clone(),
             processes: processes.clone(),
+            efa: efa_source,
             health: Some(Arc::new(health_families)),
         },
         routing: activator.routing(),

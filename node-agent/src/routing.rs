@@ -82,7 +82,8 @@ impl Selection {
         self.sees(namespace) && self.entries.iter().any(|(f, groups)| f.is_none() && groups.contains(&group))
     }
 
-    fn sees(&self, namespace: Option<&str>) -> bool {
+    /// Whether it sees what belongs to `namespace` (`None`: to no pod).
+    pub fn sees(&self, namespace: Option<&str>) -> bool {
         self.namespace.as_deref().is_none_or(|ns| namespace == Some(ns))
     }
 }

@@ -157,16 +157,6 @@ const SCRAPED_ONLY: [&str; 7] = [
     "neuron_agent_health_source_up",
 ];
 
-/// The EFA counters the dashboard reads, on `/metrics` only: OTLP sinks do not send them
-/// yet (README, "CloudWatch").
-const EFA_SCRAPED_ONLY: [&str; 5] = [
-    "efa_cmds_err_total",
-    "efa_rdma_read_wr_err_total",
-    "efa_rx_bytes_total",
-    "efa_rx_drops_total",
-    "efa_tx_bytes_total",
-];
-
 /// Two simulated nodes (a trn1 with ECC events and a device fault, an inf2 with a group
 /// in error), each pushing to Prometheus 3's OTLP receiver (its default translation) and
 /// scraped by Debian's Prometheus: once the simulators stopped, every dashboard query on
@@ -204,7 +194,7 @@ fn every_dashboard_query_answers_the_same_through_otlp_as_through_scraping() {
         &dir_a,
         &[
             "--instance-type=trn1.2xlarge",
-            // An EFA device, so that the dashboard's EFA queries have scraped data.
+            // An EFA device, so that the dashboard's EFA queries are compared too.
             "--efa-devices=1",
             "--app=tag=serve,cores=0,util=60,rps=50,errors=2",
             "--ecc-every=2",
@@ -268,7 +258,7 @@ fn every_dashboard_query_answers_the_same_through_otlp_as_through_scraping() {
         compared += 1;
     }
     assert!(compared >= 20, "{compared} queries compared");
-    let expected: BTreeSet<String> = SCRAPED_ONLY.iter().chain(&EFA_SCRAPED_ONLY).map(|m| (*m).to_owned()).collect();
+    let expected: BTreeSet<String> = SCRAPED_ONLY.iter().map(|m| (*m).to_owned()).collect();
     assert_eq!(scraped_only, expected, "queries left to the scraped series");
     eprintln!(
         "{compared} dashboard queries answer the same through OTLP; {} metrics are scraped only",
@@ -532,18 +522,21 @@ fn faults_are_retried_and_counted_and_sigterm_sends_the_last_snapshot() {
 
 /// The figure of the README from the real agent: what one flush of the operator
 /// namespace's config (every group, the health series) sends for a simulated
-/// trn1.32xlarge with 32 applications, one per core, as the agent counts it.
+/// trn1.32xlarge with 32 applications, one per core, and its 8 EFA devices, as the
+/// agent counts it.
 /// `cargo test -p neuron-node-agent --test otlp -- a_32_application_node --nocapture`
 #[test]
 fn a_32_application_node_sends_one_request_per_flush() {
     let receiver = Receiver::start().expect("receiver");
-    let mut sim = vec!["--instance-type=trn1.32xlarge".to_owned(), "--hang-after=4".to_owned()];
+    let dir = TempDir::new("otlp-32");
+    let sysfs_root = format!("--sysfs-root={}", dir.0.join("sys").display());
+    let mut sim = vec!["--instance-type=trn1.32xlarge".to_owned(), "--hang-after=4".to_owned(), sysfs_root.clone()];
     sim.extend((0..32).map(|i| format!("--app=tag=app-{i:02},cores={i},util={},rps=10", 10 + i)));
     let sim: Vec<&str> = sim.iter().map(String::as_str).collect();
     let agent = start_agent(
         &sim,
         vec![route("neuron-monitor/all", None, otlp(Some(&receiver.url("/v1/metrics")), None, "1s"))],
-        &["--silence-timeout=1h"],
+        &["--silence-timeout=1h", &sysfs_root],
         &[],
     );
     let sink = "neuron-monitor/all";
@@ -558,14 +551,23 @@ fn a_32_application_node_sends_one_request_per_flush() {
     let bytes = |encoding| sink_value(&m, "neuron_agent_otlp_sent_bytes_total", sink, &[("encoding", encoding)]);
     // The last request: a flush of the whole node after the simulator stopped.
     let last = receiver.received().last().cloned().expect("a request");
-    let last_points = points(&last.decode().expect("a request")).len();
+    let last_flush = points(&last.decode().expect("a request"));
+    let last_points = last_flush.len();
+    let efa_points = last_flush.iter().filter(|p| p.name.starts_with("efa_")).count();
     eprintln!(
         "{flushes} flushes, {requests} requests, {sent_points} points, {} bytes raw, {} bytes gzip; the last flush: \
-         {last_points} points, {} bytes gzip",
+         {last_points} points ({efa_points} EFA), {} bytes gzip",
         bytes("raw"),
         bytes("gzip"),
         last.body.len()
     );
     assert!(requests <= flushes, "one request per flush: {requests} for {flushes}");
     assert!(last_points > 1000, "{last_points} points");
+    // The EFA devices' counters ride along (8 devices on a trn1.32xlarge).
+    let efa_devices: BTreeSet<&String> = last_flush
+        .iter()
+        .filter(|p| p.name == "efa_tx_bytes_total")
+        .filter_map(|p| p.attributes.get("efa_device"))
+        .collect();
+    assert_eq!(efa_devices.len(), 8, "{efa_devices:?}");
 }

@@ -14,6 +14,7 @@
 //! classic text format unless the scraper asked for OpenMetrics.
 
 use std::{
+    borrow::Cow,
     collections::BTreeMap,
     fmt::{self, Write},
     sync::{Arc, Mutex},
@@ -176,6 +177,15 @@ impl Scope<'_> {
         }
     }
 
+    /// Whether what a pod of `namespace` holds outside any application (an EFA device) is
+    /// taken; `None`: held by no pod, taken by the operator namespace's routes only.
+    pub fn sees(&self, namespace: Option<&str>) -> bool {
+        match self {
+            Scope::Exposition(routing) => routing.prometheus_sees(namespace),
+            Scope::Route(_, selection) => selection.sees(namespace),
+        }
+    }
+
     /// Whether the node's own series (health, group errors, the agent's label drops) are
     /// taken.
     pub fn node_level(&self) -> bool {
@@ -194,7 +204,7 @@ pub trait FamilyEncoder {
 
 impl FamilyEncoder for DescriptorEncoder<'_> {
     fn encode_family(&mut self, family: &Family<'_>) -> Result<(), fmt::Error> {
-        let mut metric = self.encode_descriptor(family.name, family.help, None, family.kind)?;
+        let mut metric = self.encode_descriptor(&family.name, family.help, None, family.kind)?;
         for (labels, value) in &family.series {
             match family.kind {
                 MetricType::Info => metric.encode_info(labels)?,
@@ -348,15 +358,16 @@ impl EncodeLabelSet for Labels<'_> {
 
 /// One metric family being assembled; it is encoded only if it has a series.
 pub struct Family<'s> {
-    name: &'static str,
+    /// Fixed, but for families named after what the node has (`efa_<counter>`).
+    name: Cow<'static, str>,
     help: &'static str,
     kind: MetricType,
     series: Vec<(Labels<'s>, f64)>,
 }
 
 impl<'s> Family<'s> {
-    pub(crate) fn new(name: &'static str, help: &'static str, kind: MetricType) -> Self {
-        Family { name, help, kind, series: Vec::new() }
+    pub(crate) fn new(name: impl Into<Cow<'static, str>>, help: &'static str, kind: MetricType) -> Self {
+        Family { name: name.into(), help, kind, series: Vec::new() }
     }
 
     pub(crate) fn push(&mut self, labels: Labels<'s>, value: Option<f64>) {
@@ -493,7 +504,7 @@ fn encode_runtimes(
     f.write(encoder)?;
 
     for (slot, (name, help)) in CORE_FLOPS_METRICS.iter().enumerate() {
-        let mut f = Family::new(name, help, MetricType::Gauge);
+        let mut f = Family::new(*name, help, MetricType::Gauge);
         for (rt, view) in with(RuntimeGroup::NeuroncoreCounters) {
             for core in &rt.cores {
                 f.push(Labels::runtime(&rt.labels, view).number("neuroncore", core.index), core.flops[slot]);
@@ -503,7 +514,7 @@ fn encode_runtimes(
     }
 
     for (slot, (name, help)) in CORE_MEMORY_METRICS.iter().enumerate() {
-        let mut f = Family::new(name, help, MetricType::Gauge);
+        let mut f = Family::new(*name, help, MetricType::Gauge);
         for (rt, view) in with(RuntimeGroup::MemoryUsed) {
             for core in &rt.cores {
                 let value = core.memory.and_then(|m| m.values()[slot]);

@@ -46,6 +46,7 @@ use self::{
     send::{Auth, CredentialCache, HttpClient, Target},
 };
 use crate::{
+    efa::EfaSource,
     health::metrics::HealthCollector,
     processes::SharedProcesses,
     routing::{Routing, Selection, SharedRouting},
@@ -103,6 +104,8 @@ impl QueueMetrics for SinkQueueMetrics {
 pub struct Sources {
     pub state: Arc<Mutex<NodeState>>,
     pub processes: SharedProcesses,
+    /// The EFA devices' counters.
+    pub efa: EfaSource,
     /// The health families, sent by the sinks of the operator's namespace.
     pub health: Option<Arc<HealthCollector>>,
 }
@@ -144,11 +147,13 @@ impl Sink {
                 *self.region.lock().unwrap_or_else(|p| p.into_inner()) = Some(state.instance.region.clone());
             }
             let node = node_resource(&self.identity, &state.instance);
+            let instance = state.instance.clone();
             let mut encoder = OtlpEncoder::new(now, node.len(), &mut starts);
             // Writing into vectors cannot fail.
             let _ = encode_node(&state, &processes, scope, &mut encoder);
             drop(processes);
             drop(state);
+            let _ = self.sources.efa.encode(&instance, scope, &mut encoder);
             // The health collector takes the state's lock itself.
             if let Some(health) = self.sources.health.as_ref().filter(|_| scope.node_level()) {
                 let _ = health.encode_into(&mut encoder as &mut dyn FamilyEncoder);

@@ -26,6 +26,10 @@ use super::{
     *,
 };
 use crate::{
+    efa::{
+        sysfs::{Counter, Device, Port},
+        EfaCollector, EfaSource,
+    },
     sinks::prometheus::{Exposition, Format},
     state::PodRef,
     testdata::{a_pod_per_runtime, fixture, TRN1N_32, TRN1_ERRORS},
@@ -74,7 +78,7 @@ fn sink_over(route: &Route, state: Arc<Mutex<NodeState>>, started: SystemTime) -
         route: route.clone(),
         selection,
         settings: OtlpSettings::check(route.otlp.as_ref().unwrap()).unwrap(),
-        sources: Sources { state, processes: Default::default(), health: None },
+        sources: Sources { state, processes: Default::default(), efa: Default::default(), health: None },
         identity: identity(),
         starts: Mutex::new(StartTimes::new(started)),
         queue: Arc::new(Queue::new(
@@ -170,15 +174,27 @@ fn a_cluster_wide_sink_sends_exactly_what_metrics_shows() {
         Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![ops.clone()], health: None }).unwrap(),
     );
     let state = Arc::new(Mutex::new(state));
-    let text = Exposition::new(Registry::default(), state.clone(), Default::default(), routing)
-        .render(Format::Classic)
-        .unwrap();
+    // An EFA device no pod holds: the operator namespace's to send.
+    let efa = EfaSource::default();
+    let counter = |name: &str, value| Counter { name: name.into(), value };
+    efa.table.lock().unwrap().push(Device {
+        name: "rdmap16s27".into(),
+        counters: vec![counter("cmds_err", 3)],
+        ports: vec![Port { number: 1, counters: vec![counter("rx_bytes", 1 << 40), counter("tx_bytes", 4096)] }],
+    });
+    let mut registry = Registry::default();
+    let collector = EfaCollector { source: efa.clone(), state: state.clone(), routing: routing.clone() };
+    registry.register_collector(Box::new(collector));
+    let text = Exposition::new(registry, state.clone(), Default::default(), routing).render(Format::Classic).unwrap();
     let scraped = exposition_series(&text);
-    let sent: BTreeSet<Series> =
-        series_of(&decode(&sink_over(&ops, state, SystemTime::now()).snapshot())).into_iter().map(|(s, _)| s).collect();
+    let mut sink = sink_over(&ops, state, SystemTime::now());
+    sink.sources.efa = efa;
+    let sent: BTreeSet<Series> = series_of(&decode(&sink.snapshot())).into_iter().map(|(s, _)| s).collect();
     assert!(scraped.len() > 50, "{} series", scraped.len());
     assert_eq!(sent, scraped);
     assert!(sent.iter().any(|(n, l, _)| n == "execution_errors_total" && l["cluster"] == "prod"));
+    assert!(sent.iter().any(|(n, l, v)| n == "efa_rx_bytes_total" && l["port"] == "1" && v == "1099511627776.0"));
+    assert!(sent.iter().any(|(n, l, _)| n == "efa_cmds_err_total" && !l.contains_key("port")));
     assert!(sent.iter().any(|(n, _, v)| n == "instance_info" && v == "1.0"));
 }
 
