@@ -1227,6 +1227,10 @@ async fn otlp_headers_reach_the_endpoint_with_exactly_the_charts_rbac() {
     let agent_secrets = Api::<Secret>::namespaced(cp.service_account_client(&ns, &agent_sa).await, &ns);
     assert_eq!(api_code(agent_secrets.get("otlp-token").await), 403);
     assert_eq!(api_code(agent_secrets.get(&mirror).await), 200);
+
+    // The config goes: the agent stops watching the mirror.
+    configs.delete("otlp", &DeleteParams::default()).await.unwrap();
+    wait("the agent no longer following the headers", Duration::from_secs(60), followed("0")).await;
     drop(agent);
     drop(operator);
     Api::<Node>::all(admin.clone()).delete(&node_name, &DeleteParams::default()).await.unwrap();
