@@ -1,4 +1,5 @@
 //! What the agent's benches share.
+#![allow(clippy::mod_module_files)] // cargo would build a benches/support.rs as a bench of its own
 
 /// A recorded report of the shared fixtures, compacted to one line as neuron-monitor
 /// writes it.

@@ -3,6 +3,7 @@
 //! test leaves nothing running.
 
 #![allow(dead_code)] // each test binary uses a different part
+#![allow(clippy::mod_module_files)] // cargo would build a tests/support.rs as a test of its own
 
 pub mod blackhole;
 pub mod cloudwatch;
