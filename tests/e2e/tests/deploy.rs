@@ -1,5 +1,6 @@
 //! The deployment files for running the agent without Kubernetes (`deploy/`,
-//! docs/operations.md, "Without Kubernetes"), each checked by the tool that reads it or by the agent itself:
+//! docs/operations.md, "Without Kubernetes"), each checked by the tool that reads it or
+//! by the agent itself:
 //!
 //! - `deploy/ec2/neuron-node-agent.service`: `systemd-analyze verify` (Debian's systemd)
 //!   says nothing about it — an unknown directive or a bad value is only a warning there,
