@@ -1,7 +1,7 @@
 //! Limits shared by the operator and the node agent: the largest input either trusts
 //! before it sizes an allocation, a label, a request or a ConfigMap, each with the reason
-//! for its value. Every limit is documented in the README, and what it refuses is counted
-//! in the binary's own metrics.
+//! for its value. Every limit is documented in docs/ (configuration.md, security.md,
+//! health.md, metrics.md), and what it refuses is counted in the binary's own metrics.
 
 // --- neuron-monitor reports, as the node agent reads them ----------------------------
 // Real hardware (the reference's table): at most 16 devices (inf1.24xlarge, trn1/trn2)

@@ -6,8 +6,8 @@
 //! from elsewhere.
 //!
 //! Headers travel from the config's Secret to the agents through one Secret of the
-//! operator's namespace, the *mirror*, under [`headers_key`] of the config (see the
-//! README, "OTLP headers"): agents read that one Secret and no other.
+//! operator's namespace, the *mirror*, under [`headers_key`] of the config (see
+//! docs/configuration.md, "OTLP headers"): agents read that one Secret and no other.
 
 use std::time::Duration;
 

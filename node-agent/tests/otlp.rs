@@ -520,7 +520,7 @@ fn faults_are_retried_and_counted_and_sigterm_sends_the_last_snapshot() {
     eprintln!("SIGTERM → exit with the last snapshot sent: {:?}", asked.elapsed());
 }
 
-/// The figure of the README from the real agent: what one flush of the operator
+/// The figure of docs/performance.md from the real agent: what one flush of the operator
 /// namespace's config (every group, the health series) sends for a simulated
 /// trn1.32xlarge with 32 applications, one per core, and its 8 EFA devices, as the
 /// agent counts it.

@@ -4,7 +4,8 @@
 //!
 //! Least privilege both ways: the agents never read a team's Secret, and the operator
 //! reads a team's Secret only where the team granted it (a Role in its namespace giving
-//! the operator's ServiceAccount `get` on that Secret, by name: README, "OTLP headers").
+//! the operator's ServiceAccount `get` on that Secret, by name: docs/configuration.md,
+//! "OTLP headers").
 //! The chart grants the operator no Secret of any other namespace, and in its own only
 //! the mirror, by name. Each pass reads the Secrets of the accepted configs that name
 //! one, checks their headers ([`api::otlp::check_headers`]) and applies the mirror
@@ -149,7 +150,7 @@ impl HeadersMirror {
                 "Forbidden",
                 format!(
                     "{field}: the operator may not read Secret {namespace}/{name}: grant its ServiceAccount `get` on \
-                     that Secret with a Role and RoleBinding in {namespace} (README, \"OTLP headers\")"
+                     that Secret with a Role and RoleBinding in {namespace} (docs/configuration.md, \"OTLP headers\")"
                 ),
             )),
             Err(e) => {

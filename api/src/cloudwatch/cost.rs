@@ -743,7 +743,7 @@ mod tests {
         let pod = 7 * (1 + 64 + 3 * 64) + (1 + 64 + 3 * 64);
         let container = 8 * (1 + 3 * 64);
         assert_eq!(ops, node + pod + container);
-        // One node, as the README quotes it.
+        // One node, as docs/tenancy.md quotes it.
         let mut one = sink(None);
         one.naming = Some(CloudWatchNaming::ContainerInsights);
         let one = estimate(&spec(one), true, &[trn1_32()]).unwrap().metrics;

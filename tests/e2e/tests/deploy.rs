@@ -1,5 +1,6 @@
-//! The deployment files for running the agent without Kubernetes (`deploy/`, README
-//! "Without Kubernetes"), each checked by the tool that reads it or by the agent itself:
+//! The deployment files for running the agent without Kubernetes (`deploy/`,
+//! docs/operations.md, "Without Kubernetes"), each checked by the tool that reads it or
+//! by the agent itself:
 //!
 //! - `deploy/ec2/neuron-node-agent.service`: `systemd-analyze verify` (Debian's systemd)
 //!   says nothing about it — an unknown directive or a bad value is only a warning there,
@@ -148,7 +149,7 @@ fn the_systemd_unit_verifies_without_a_word_and_is_sandboxed() {
     println!("systemd-analyze security --offline=true: exposure {}", overall.trim());
     assert!(exposure <= MAX_EXPOSURE, "exposure {exposure} above {MAX_EXPOSURE}:\n{report}");
 
-    // The paths the rest of this file (and the README) rely on.
+    // The paths the rest of this file (and docs/operations.md) rely on.
     let words = exec_start(&read(UNIT));
     assert_eq!(words[0], UNIT_AGENT);
     assert_eq!(flag_value(&words, "--config"), Some(UNIT_CONFIG));

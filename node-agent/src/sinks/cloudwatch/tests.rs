@@ -521,7 +521,7 @@ fn container_insights_on_a_32_pod_node_fits_two_requests() {
     assert_eq!(requests.len(), 2);
 }
 
-/// The figures of the README on the wire: what one flush sends for a trn1n.32xlarge
+/// The figures of docs/performance.md on the wire: what one flush sends for a trn1n.32xlarge
 /// report with a pod per core, for the operator namespace's config in the classic naming
 /// (the default set) and in Container Insights naming, as the SDK encodes it (CBOR, gzip
 /// past 10 KiB), received by a test server. One report's values (a minute of varying

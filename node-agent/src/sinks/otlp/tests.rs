@@ -431,8 +431,8 @@ fn sinks_started_together_first_flush_across_the_interval() {
     assert!(tenths.iter().all(|n| (15..=45).contains(n)), "{tenths:?}");
 }
 
-/// The figure of the README: what the operator namespace's config (the default set: every
-/// group) sends per flush for a trn1n.32xlarge report with a pod per core.
+/// The figure of docs/performance.md: what the operator namespace's config (the default
+/// set: every group) sends per flush for a trn1n.32xlarge report with a pod per core.
 /// `cargo test -p neuron-node-agent --lib -- otlp_on_a_32 --nocapture`
 #[test]
 fn otlp_on_a_32_pod_node_is_one_request_per_flush() {
