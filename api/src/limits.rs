@@ -129,8 +129,9 @@ pub const MAX_KMSG_RECORD_BYTES: usize = 8192;
 pub const MAX_KMSG_RECORDS_PER_BATCH: usize = 1024;
 
 /// Distinct `NEURON_HW_ERR` names, and distinct driver functions of `neuron:` error
-/// records, the agent keeps as label values; five names are known today. Beyond it
-/// the name is counted under `OTHER` / `other`.
+/// records, the agent keeps as label values. The six documented names (five fatal ones
+/// and the repairable HBM error) and `OTHER` always have their slots; other names fill
+/// the rest, beyond which they are counted under `OTHER` (driver functions: `other`).
 pub const MAX_HEALTH_ERROR_NAMES: usize = 32;
 
 /// Bytes of the agent's persisted health state (the reasons of at most 64 devices);

@@ -24,7 +24,7 @@ use std::{
 use api::report::Report;
 use criterion::{criterion_group, criterion_main, Criterion};
 use neuron_node_agent::{
-    health::{kmsg::parse_event, metrics::HealthCollector, model::HealthModel, sysfs::read_node},
+    health::{kmsg::kernel_event, metrics::HealthCollector, model::HealthModel, sysfs::read_node},
     sinks::prometheus::{Exposition, Format},
     state::NodeState,
 };
@@ -76,8 +76,7 @@ fn fake_tree() -> PathBuf {
 fn model_of(root: &Path) -> HealthModel {
     let mut model = HealthModel::new("bench".to_owned(), Duration::from_secs(60));
     model.apply_reading(read_node(root), 1, Instant::now());
-    let record =
-        parse_event("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=3 nc-id=0 action=TERMINATE_INSTANCE", Some(3));
+    let record = kernel_event("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=3 nc-id=0 action=TERMINATE_INSTANCE");
     model.apply_events(record.into_iter().map(|e| (Some(1), e)).collect(), Some(1), 2);
     model
 }

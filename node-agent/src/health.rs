@@ -45,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use self::{
-    kmsg::{Follower, LookBack},
+    kmsg::{Batch, Follower, LookBack, Refusal},
     metrics::HealthMetrics,
     model::{Changes, HealthModel, Persisted},
     monitor::MonitorReader,
@@ -341,8 +341,14 @@ struct KmsgReader {
     stop: Arc<AtomicBool>,
 }
 
+/// Longest wait of the kernel-log reader for the first reading of the driver's tree:
+/// a fault is taken only for a device the tree lists.
+const FIRST_READING_WAIT: Duration = Duration::from_secs(10);
+
 impl KmsgReader {
     fn run(self) {
+        self.wait_for_the_tree();
+        let refusals_logged = Mutex::new(RateLimit::new(5, Duration::from_secs(300)));
         let mut logged_failure = false;
         while !self.stop.load(Ordering::Relaxed) {
             let after_seq = self.health.lock().unwrap_or_else(|p| p.into_inner()).kmsg_seq;
@@ -355,23 +361,7 @@ impl KmsgReader {
                 },
             };
             self.metrics.source_up(metrics::SOURCE_KMSG, true);
-            let outcome = follower.run(&self.stop, |batch| {
-                self.metrics.kmsg_records.inc_by(batch.records);
-                self.metrics.kmsg_overruns.inc_by(batch.overruns);
-                if batch.too_long > 0 {
-                    self.metrics.refused_by("kmsg_record_too_long", batch.too_long);
-                }
-                if batch.refused > 0 {
-                    self.metrics.refused_by("kmsg_field", batch.refused);
-                }
-                let mut model = self.health.lock().unwrap_or_else(|p| p.into_inner());
-                let changes = model.apply_events(batch.events, batch.last_seq, unix_now());
-                if changes.names_over_limit > 0 {
-                    self.metrics.refused_by("error_name", changes.names_over_limit);
-                }
-                announce(&changes, &model, self.feed.as_ref());
-                self.writer.save(&mut model);
-            });
+            let outcome = follower.run(&self.stop, |batch| self.take(batch, &refusals_logged));
             self.metrics.source_up(metrics::SOURCE_KMSG, false);
             match outcome {
                 Ok(()) => return,
@@ -387,6 +377,51 @@ impl KmsgReader {
                 std::thread::sleep(TICK);
             }
         }
+    }
+
+    /// Until the sysfs reader has read the tree once (at most [`FIRST_READING_WAIT`]):
+    /// the records of the look-back name devices only the tree can confirm.
+    fn wait_for_the_tree(&self) {
+        let until = Instant::now() + FIRST_READING_WAIT;
+        while Instant::now() < until && !self.stop.load(Ordering::Relaxed) {
+            if self.health.lock().unwrap_or_else(|p| p.into_inner()).read_once {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Folds one batch of records into the model; counts what it refused.
+    fn take(&self, batch: Batch, refusals_logged: &Mutex<RateLimit>) {
+        self.metrics.kmsg_records.inc_by(batch.records);
+        self.metrics.kmsg_overruns.inc_by(batch.overruns);
+        if batch.too_long > 0 {
+            self.metrics.refused_by("kmsg_record_too_long", batch.too_long);
+        }
+        if batch.refused > 0 {
+            self.metrics.refused_by("kmsg_field", batch.refused);
+        }
+        let mut model = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        let changes = model.apply_events(batch.events, batch.last_seq, unix_now());
+        if changes.names_over_limit > 0 {
+            self.metrics.refused_by("error_name", changes.names_over_limit);
+        }
+        let refused = batch.refusals.iter().map(|(seq, r)| (*seq, *r));
+        let refused: Vec<(Option<u64>, Refusal)> = refused.chain(changes.refused.iter().map(|r| (None, *r))).collect();
+        for (seq, refusal) in &refused {
+            self.metrics.kmsg_refused(*refusal);
+            let mut limit = refusals_logged.lock().unwrap_or_else(|p| p.into_inner());
+            if let Decision::Allow { suppressed_before } = limit.check() {
+                warn!(
+                    reason = refusal.as_str(),
+                    seq = seq.map(|s| s.to_string()).unwrap_or_default(),
+                    suppressed_before,
+                    "refused a kernel-log record naming a Neuron fault: not as the driver writes them"
+                );
+            }
+        }
+        announce(&changes, &model, self.feed.as_ref());
+        self.writer.save(&mut model);
     }
 }
 
@@ -405,8 +440,8 @@ mod tests {
     }
 
     fn faulty_model() -> HealthModel {
-        let mut model = HealthModel::new("boot".to_owned(), Duration::from_secs(60));
-        let event = kmsg::parse_event("NEURON_HW_ERR=DMA_ERROR nd-id=1", None).unwrap();
+        let mut model = HealthModel::with_ready_devices(2);
+        let event = kmsg::kernel_event("NEURON_HW_ERR=DMA_ERROR nd-id=1").unwrap();
         model.apply_events(vec![(Some(9), event)], Some(9), 1);
         model
     }
@@ -431,7 +466,7 @@ mod tests {
         direct.save(&mut model);
         assert_eq!(direct.metrics.state_write_errors.get(), 0);
         let saved = load_state(&real, &direct.metrics).expect("written and readable");
-        assert_eq!((saved.kmsg_seq, saved.devices.len()), (Some(9), 1));
+        assert_eq!((saved.kmsg_seq, saved.devices.len()), (Some(9), 2), "the devices the tree listed");
         assert!(!model.dirty, "written once");
         let _ = fs::remove_dir_all(&base);
     }

@@ -155,7 +155,7 @@ fn an_agent_restart_does_not_clear_an_unhealthy_device() {
     wait_state(&agent, "0", "healthy");
     // A record written while it runs, stamped at boot: older than any look-back, so
     // only the persisted state can keep it over a restart.
-    driver.record("3,101,1,-;[ 1.000000] nrt: NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=5 nc-id=0");
+    driver.record("3,101,1,-;[    1.000000] NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=5 nc-id=0");
     wait_state(&agent, "5", "unhealthy");
     let errors = |m: &Metrics, d: &str| m.sum("neuron_hardware_errors_total", &[("neuron_device_index", d)]);
     let state_file = agent.state_dir.0.join("neuron-health.json");
@@ -190,4 +190,171 @@ fn a_node_without_a_driver_tree_is_unknown() {
     assert_eq!(m.value("neuron_node_health_state", &[("state", "unknown")]), Some(1.0));
     assert_eq!(m.value("neuron_node_health_state", &[("state", "healthy")]), Some(0.0));
     assert_eq!(m.value("neuron_agent_health_source_up", &[("source", "sysfs")]), Some(0.0));
+}
+
+/// Microseconds since boot now, as a kernel record carries them.
+fn now_usec() -> u64 {
+    let text = std::fs::read_to_string("/proc/uptime").expect("uptime");
+    let secs: f64 = text.split_whitespace().next().and_then(|s| s.parse().ok()).expect("uptime value");
+    (secs * 1e6) as u64
+}
+
+/// Issue 24, fault 2: records anyone on the node can make the kernel log carry are not
+/// hardware faults. A userspace write (another facility), the kernel's warning quoting a
+/// program's path, interface names, a device the driver's tree does not list, a serial
+/// number other than the tree's, a line without a record header: each refused and
+/// counted by reason. Names outside the documented set fill no slot a documented name
+/// needs: after 40 of them, a real HBM fault is still named and still makes its device
+/// unhealthy.
+#[test]
+fn forged_kernel_records_are_refused_and_a_real_fault_keeps_its_name() {
+    let driver = FakeDriver::start("trn1.32xlarge");
+    let agent = start_agent(&driver, "trn1.32xlarge", None);
+    agent.wait_for("16 healthy devices", WAIT, |m| {
+        (0..16).all(|d| state_of(m, &d.to_string()).as_deref() == Some("healthy")).then_some(())
+    });
+    let t = now_usec();
+    let hbm = "NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR";
+    let forged = [
+        // A userspace write to /dev/kmsg: user.err.
+        format!("11,1001,{t},-;{hbm} nd-id=1 nc-id=0 serial-num=19fcda00f5ff6e01 action=TERMINATE_INSTANCE"),
+        // The kernel's warning about a program with an executable stack, quoting its path.
+        format!("4,1002,{t},-;process '/tmp/{hbm} nd-id=2 serial-num=deadbeef x/a.out' started with executable stack"),
+        // The token inside an error-level kernel record.
+        format!("3,1003,{t},-;audit: path=/tmp/{hbm} nd-id=2 nc-id=0"),
+        // Network devices named NEURON_HW_ERR=A.
+        format!("6,1004,{t},-;IPv6: ADDRCONF(NETDEV_CHANGE): NEURON_HW_ERR=A: link becomes ready"),
+        format!("3,1005,{t},-;NEURON_HW_ERR=A: renamed from eth0"),
+        format!("3,1006,{t},-;br0: port 1(NEURON_HW_ERR=B) entered disabled state"),
+        // Devices the tree does not list, or beyond any index.
+        format!("3,1007,{t},-;{hbm} nd-id=20 nc-id=0"),
+        format!("3,1008,{t},-;{hbm} nd-id=640 nc-id=0"),
+        // Not device 3's serial number.
+        format!("3,1009,{t},-;{hbm} nd-id=3 nc-id=0 serial-num=deadbeefdeadbeef"),
+        // No record header: who wrote it cannot be told.
+        format!("{hbm} nd-id=4 nc-id=0"),
+    ];
+    for line in &forged {
+        driver.record(line);
+    }
+    // 40 names outside the documented set, as the driver would print them.
+    let names: Vec<String> =
+        ('A'..='Z').chain('0'..='9').map(String::from).chain(["AA", "AB", "AC", "AD"].map(str::to_owned)).collect();
+    assert_eq!(names.len(), 40);
+    for (i, name) in names.iter().enumerate() {
+        driver.record(&format!("3,{},{t},-;NEURON_HW_ERR={name} nd-id=5 nc-id=0", 1100 + i));
+    }
+    driver.inject(&["hbm-ue:0"]);
+    let errors = |m: &Metrics, device: &str, error: &str| {
+        m.value("neuron_hardware_errors_total", &[("neuron_device_index", device), ("error", error)])
+    };
+    let m = agent.wait_for("the real fault", WAIT, |m| {
+        (errors(m, "0", "HBM_UNCORRECTABLE_ERROR") == Some(1.0)).then(|| m.clone())
+    });
+    assert_eq!(state_of(&m, "0").as_deref(), Some("unhealthy"));
+    let seen = m.find("neuron_device_fault_first_seen_timestamp_seconds", &[("neuron_device_index", "0")]);
+    assert!(seen.iter().any(|s| s.labels["error"] == "HBM_UNCORRECTABLE_ERROR"), "{seen:?}");
+    for device in ["1", "2", "3", "4"] {
+        assert_eq!(state_of(&m, device).as_deref(), Some("healthy"), "device {device}");
+        assert_eq!(m.sum("neuron_hardware_errors_total", &[("neuron_device_index", device)]), 0.0);
+    }
+    assert!(m.find("neuron_device_health_state", &[("neuron_device_index", "20")]).is_empty());
+    let refused = |reason: &str| m.value("neuron_agent_health_kmsg_refused_total", &[("reason", reason)]);
+    for (reason, n) in [
+        ("facility", 1.0),
+        ("level", 2.0),
+        ("position", 2.0),
+        ("name", 1.0),
+        ("unknown_device", 1.0),
+        ("device", 1.0),
+        ("serial_mismatch", 1.0),
+        ("no_header", 1.0),
+    ] {
+        assert_eq!(refused(reason), Some(n), "{reason}");
+    }
+    // The 40 names: counted, those beyond the table's free slots under OTHER.
+    assert_eq!(m.sum("neuron_hardware_errors_total", &[("neuron_device_index", "5")]), 40.0);
+    let other = errors(&m, "5", "OTHER").unwrap_or(0.0);
+    assert!(other > 0.0 && other < 40.0, "OTHER: {other}");
+    assert_eq!(m.value("neuron_agent_health_refused_total", &[("what", "error_name")]), Some(other));
+}
+
+/// Issue 24 (smaller): a zero-padded twin of a device directory (`neuron00` beside
+/// `neuron0`) is not a second device 0: refused and counted, and device 0 keeps its own
+/// health and one set of series.
+#[test]
+fn a_zero_padded_device_directory_is_refused() {
+    let driver = FakeDriver::start("trn1.2xlarge");
+    let twin = driver.sys().join("devices/virtual/neuron_device/neuron00");
+    for (file, value) in [("reset", "2\n"), ("stats/hardware/mem_ecc_uncorrected", "7\n")] {
+        let path = twin.join(file);
+        std::fs::create_dir_all(path.parent().expect("a directory")).expect("twin directory");
+        std::fs::write(path, value).expect("twin file");
+    }
+    let agent = start_agent(&driver, "trn1.2xlarge", None);
+    agent.wait_for("refused twin", WAIT, |m| {
+        (m.value("neuron_agent_health_refused_total", &[("what", "sysfs_device")])? >= 2.0).then_some(())
+    });
+    let m = agent.metrics();
+    assert_eq!(state_of(&m, "0").as_deref(), Some("healthy"));
+    assert!(m.find("neuron_device_fault_first_seen_timestamp_seconds", &[]).is_empty());
+    let hbm = [("neuron_device_index", "0"), ("memory", "hbm"), ("kind", "uncorrected")];
+    assert_eq!(m.find("neuron_device_ecc_errors_total", &hbm).len(), 1, "one series");
+    assert_eq!(m.value("neuron_device_ecc_errors_total", &hbm), Some(0.0), "device 0's own counter");
+}
+
+/// CPU time (user + system) of a process so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    // The fields after the command's closing parenthesis; utime and stime are 14 and 15.
+    let fields: Vec<&str> = stat.rsplit_once(')').expect("stat format").1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// Issue 24 (smaller): `/dev/zero` as the kernel log is neither `/dev/kmsg` nor a
+/// regular file: refused (source down, retried now and then), not read forever.
+#[test]
+fn a_character_device_other_than_the_kernel_log_is_refused() {
+    let driver = FakeDriver::start("trn1.2xlarge");
+    let mut args = driver.agent_args();
+    let at = args.iter().position(|a| a == "--kmsg-path").expect("--kmsg-path") + 1;
+    args[at] = "/dev/zero".to_owned();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = Agent::start(&["--instance-type=trn1.2xlarge"], &args);
+    wait_state(&agent, "0", "healthy");
+    agent.wait_for("the kernel log source down", WAIT, |m| {
+        (m.value("neuron_agent_health_source_up", &[("source", "kmsg")])? == 0.0).then_some(())
+    });
+    let before = cpu_time(agent.child.id());
+    std::thread::sleep(Duration::from_secs(3));
+    let spent = cpu_time(agent.child.id()) - before;
+    assert!(spent < Duration::from_millis(600), "{spent:?} of CPU in 3 s");
+    assert_eq!(agent.metrics().value("neuron_agent_health_kmsg_records_total", &[]), Some(0.0));
+}
+
+/// Issue 24 (smaller): a followed kernel-log file that is rotated (renamed, a new file
+/// at the path) is followed at its new file.
+#[test]
+fn a_rotated_kernel_log_file_is_followed() {
+    let driver = FakeDriver::start("trn1.2xlarge");
+    let agent = start_agent(&driver, "trn1.2xlarge", None);
+    wait_state(&agent, "0", "healthy");
+    driver.record(&format!("6,1,{},-;hello", now_usec()));
+    agent.wait_for("the first record", WAIT, |m| {
+        (m.value("neuron_agent_health_kmsg_records_total", &[])? >= 1.0).then_some(())
+    });
+    let rotated = driver.kmsg().with_extension("1");
+    std::fs::rename(driver.kmsg(), &rotated).expect("rotate the kernel log");
+    // The simulator appends to the file at the path: a new one.
+    driver.inject(&["sram-ue:0"]);
+    agent.wait_for("the record of the new file", WAIT, |m| {
+        let n = m.value(
+            "neuron_hardware_errors_total",
+            &[("neuron_device_index", "0"), ("error", "SRAM_UNCORRECTABLE_ERROR")],
+        );
+        (n? == 1.0).then_some(())
+    });
 }

@@ -273,3 +273,111 @@ fn the_configured_look_back_applies_from_the_agents_start() {
         (n == 1.0).then_some(())
     });
 }
+
+/// Issue 24, fault 9: a fault that comes back after a driver reload is announced again
+/// (a second Event, or the first one's series counting two).
+#[test]
+fn a_fault_recurring_after_a_driver_reload_gets_a_new_event() {
+    let rt = runtime();
+    let cp = ControlPlane::shared();
+    let client = rt.block_on(cp.client());
+    let node = format!("neuron-node-{:08x}", random_u32());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let object: Node = serde_json::from_value(serde_json::json!({ "metadata": { "name": node } })).expect("node");
+    rt.block_on(nodes.create(&PostParams::default(), &object)).expect("create the Node");
+    let driver = FakeDriver::start("trn1.2xlarge");
+    let mut args = driver.agent_args();
+    args.extend(["--node-name", &node].map(str::to_owned));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _agent = Agent::start_with_env(
+        sim(),
+        &["--instance-type=trn1.2xlarge"],
+        &args,
+        &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))],
+    );
+    let status_is = |wanted: &'static str| {
+        let (nodes, node) = (nodes.clone(), node.clone());
+        async move { wait_for(WAIT, || async { condition(&nodes, &node).await.filter(|(s, _)| s == wanted) }).await }
+    };
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    // Occurrences of the fault's Event on this Node: Events, or their series' counts.
+    let occurrences = |at_least: i32| {
+        let (events, node) = (events.clone(), node.clone());
+        async move {
+            wait_for(WAIT, || async {
+                let list = events.list(&ListParams::default()).await.ok()?;
+                let n: i32 = list
+                    .items
+                    .iter()
+                    .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node.as_str()))
+                    .filter(|e| e.reason.as_deref() == Some("NeuronHasError_NC_UNCORRECTABLE_ERROR"))
+                    .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+                    .sum();
+                (n >= at_least).then_some(n)
+            })
+            .await
+        }
+    };
+    assert!(rt.block_on(status_is("False")).is_some());
+    driver.inject(&["nc-ue:0:1"]);
+    assert!(rt.block_on(status_is("True")).is_some());
+    // Two faults: the kernel record's and the core counter's.
+    assert_eq!(rt.block_on(occurrences(2)), Some(2));
+    driver.inject(&["reload"]);
+    assert!(rt.block_on(status_is("False")).is_some(), "the reload clears the fault");
+    driver.inject(&["nc-ue:0:1"]);
+    assert!(rt.block_on(status_is("True")).is_some());
+    assert_eq!(rt.block_on(occurrences(4)), Some(4), "the recurrence is announced");
+    rt.block_on(nodes.delete(&node, &DeleteParams::default())).expect("delete the Node");
+}
+
+/// Issue 24, fault 2: 40 error names outside the documented set, then a real HBM fault:
+/// the fault keeps its name (the documented names have their own slots in the name
+/// table), so the Node is tainted with it and its condition names it.
+#[test]
+fn undocumented_error_names_do_not_take_the_slot_of_a_real_fault() {
+    let rt = runtime();
+    let cp = ControlPlane::shared();
+    let client = rt.block_on(cp.client());
+    let namespace = rt.block_on(cp.namespace("nm-names"));
+    let node = format!("neuron-node-{:08x}", random_u32());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let object: Node = serde_json::from_value(serde_json::json!({ "metadata": { "name": node } })).expect("node");
+    rt.block_on(nodes.create(&PostParams::default(), &object)).expect("create the Node");
+    rt.block_on(write_node_config(&client, &namespace, &node, serde_json::json!({ "taint": { "enabled": true } })));
+    let driver = FakeDriver::start("trn1.2xlarge");
+    let mut args = driver.agent_args();
+    args.extend(["--node-name", &node, "--config-namespace", &namespace].map(str::to_owned));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = Agent::start_with_env(
+        sim(),
+        &["--instance-type=trn1.2xlarge"],
+        &args,
+        &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))],
+    );
+    let healthy = rt
+        .block_on(wait_for(WAIT, || async { condition(&nodes, &node).await.filter(|(status, _)| status == "False") }));
+    assert!(healthy.is_some());
+    let names = ('A'..='Z').chain('0'..='9').map(String::from).chain(["AA", "AB", "AC", "AD"].map(str::to_owned));
+    for (i, name) in names.enumerate() {
+        driver.record(&format!("3,{},1,-;NEURON_HW_ERR={name} nd-id=0 nc-id=0", 1000 + i));
+    }
+    agent.wait_for("the 40 records", WAIT, |m| {
+        (m.sum("neuron_hardware_errors_total", &[("neuron_device_index", "0")]) == 40.0).then_some(())
+    });
+    // A second later: the latest fault names the condition.
+    std::thread::sleep(Duration::from_millis(1100));
+    driver.inject(&["hbm-ue:0"]);
+    let ours = |taint: &Taint| taint.key == TAINT_KEY;
+    let tainted = rt.block_on(wait_for(WAIT, || async { taints(&nodes, &node).await?.into_iter().find(ours) }));
+    assert_eq!(tainted.and_then(|t| t.value).as_deref(), Some("HBM_UNCORRECTABLE_ERROR"));
+    let named = "NeuronHasError_HBM_UNCORRECTABLE_ERROR";
+    let shown = rt.block_on(wait_for(WAIT, || async { condition(&nodes, &node).await.filter(|(_, r)| r == named) }));
+    assert_eq!(shown.map(|c| c.0).as_deref(), Some("True"), "the latest fault names the condition");
+    let m = agent.metrics();
+    let errors =
+        |error: &str| m.value("neuron_hardware_errors_total", &[("neuron_device_index", "0"), ("error", error)]);
+    assert_eq!(errors("HBM_UNCORRECTABLE_ERROR"), Some(1.0));
+    drop(agent);
+    rt.block_on(nodes.delete(&node, &DeleteParams::default())).expect("delete the Node");
+}

@@ -1,6 +1,14 @@
 //! The kernel log: `/dev/kmsg` records, the `NEURON_HW_ERR=<NAME>` lines the Neuron
 //! runtime has the driver print, and the driver's own `neuron:<function>: ` error records.
 //!
+//! Only what the driver writes is taken: a record of the kernel's facility (userspace
+//! writes to `/dev/kmsg` carry another), at error level or worse, with the token at the
+//! start of its text (after a time stamp or the driver's prefix at most) and an `nd-id`;
+//! the model then checks the device against the driver's sysfs tree. Anything else that
+//! names a fault is a [`Refusal`], counted by reason. A line without a record header
+//! (a regular file given as the path) cannot show its facility: refused too, so test
+//! files are written in the `/dev/kmsg` format.
+//!
 //! [`Follower`] reads the log off the report path, on a thread of its own: from the end,
 //! after a bounded look-back at start-up; an overrun (`EPIPE`) is counted and reading
 //! continues. A regular file given as the path is followed as it grows (tests).
@@ -8,7 +16,10 @@
 use std::{
     fs,
     io::{self, Read, Seek, SeekFrom},
-    os::unix::{fs::FileTypeExt, io::AsRawFd},
+    os::unix::{
+        fs::{FileTypeExt, MetadataExt},
+        io::AsRawFd,
+    },
     path::PathBuf,
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
@@ -22,8 +33,7 @@ const MAX_FIELD_BYTES: usize = 64;
 /// One `/dev/kmsg` record: `<prefix>,<seq>,<usec since boot>,<flags>[,…];<text>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record<'a> {
-    /// Syslog level (0 emergency … 7 debug): the prefix's low three bits.
-    pub level: u8,
+    pub origin: Origin,
     pub seq: u64,
     pub usec: u64,
     /// Flag `c`: this text continues the previous record's.
@@ -31,6 +41,28 @@ pub struct Record<'a> {
     /// The message, without the continuation (dictionary) lines.
     pub text: &'a str,
 }
+
+/// Who wrote a record, from its prefix: the syslog facility and level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Origin {
+    /// 0: the kernel. The kernel gives every userspace write to `/dev/kmsg` another
+    /// facility (user, 1, when the writer names none or the kernel's).
+    pub facility: u8,
+    /// Syslog level (0 emergency … 7 debug): the prefix's low three bits.
+    pub level: u8,
+}
+
+impl Origin {
+    /// How the driver prints a `NEURON_HW_ERR` record: `printk(KERN_ERR …)`.
+    pub const KERNEL_ERROR: Origin = Origin { facility: 0, level: LEVEL_ERROR };
+
+    fn from_prefix(prefix: u32) -> Origin {
+        Origin { facility: u8::try_from(prefix >> 3).unwrap_or(u8::MAX), level: (prefix & 7) as u8 }
+    }
+}
+
+/// Syslog's error level; lower is worse.
+const LEVEL_ERROR: u8 = 3;
 
 /// Parses one record; `None` when the line has no record header (a plain text line).
 /// Continuation lines (starting with a space) after the first line are left out of
@@ -43,20 +75,20 @@ pub fn parse_record(raw: &str) -> Option<Record<'_>> {
     let usec: u64 = fields.next()?.parse().ok()?;
     let flags = fields.next().unwrap_or("-");
     let text = rest.split('\n').next().unwrap_or_default();
-    Some(Record { level: (prefix & 7) as u8, seq, usec, continues: flags.contains('c'), text })
+    Some(Record { origin: Origin::from_prefix(prefix), seq, usec, continues: flags.contains('c'), text })
 }
 
-/// `NEURON_HW_ERR=<NAME>` and its fields, wherever it starts in the line.
+/// `NEURON_HW_ERR=<NAME>` and its fields, as the driver prints them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HwError {
     pub name: String,
-    /// `nd-id`, when a device index below the limit.
-    pub device: Option<u32>,
+    /// `nd-id`: a device index below the limit (required).
+    pub device: u32,
     /// `nc-id`, when a core index below the limit.
     pub core: Option<u32>,
     pub serial: Option<String>,
     pub action: Option<String>,
-    /// Fields whose value was out of bounds and left out.
+    /// Optional fields whose value was out of bounds and left out.
     pub refused: usize,
 }
 
@@ -70,50 +102,176 @@ pub enum Event {
     },
 }
 
+/// Why a record naming a hardware fault (or a driver error) was not taken: the values of
+/// the `reason` label of `neuron_agent_health_kmsg_refused_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Refusal {
+    /// A line without a `/dev/kmsg` record header: who wrote it cannot be told.
+    NoHeader,
+    /// Not the kernel's facility: a userspace write to `/dev/kmsg`.
+    Facility,
+    /// Below error level (e.g. the kernel's warning about a program's executable stack).
+    Level,
+    /// The token is not at the start of the record's text (nor after a time stamp or the
+    /// driver's `neuron:<function>: `): text the kernel quotes, e.g. a path or a name.
+    Position,
+    /// The name is empty, longer than 64 bytes or not made of `A-Z`, `0-9` and `_`.
+    Name,
+    /// No `nd-id`, or one that is not a device index below the limit.
+    Device,
+    /// An `nd-id` the driver's sysfs tree does not list.
+    UnknownDevice,
+    /// A `serial-num` other than the one the driver's sysfs tree gives for the device.
+    SerialMismatch,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 8] = [
+        Refusal::NoHeader,
+        Refusal::Facility,
+        Refusal::Level,
+        Refusal::Position,
+        Refusal::Name,
+        Refusal::Device,
+        Refusal::UnknownDevice,
+        Refusal::SerialMismatch,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::NoHeader => "no_header",
+            Refusal::Facility => "facility",
+            Refusal::Level => "level",
+            Refusal::Position => "position",
+            Refusal::Name => "name",
+            Refusal::Device => "device",
+            Refusal::UnknownDevice => "unknown_device",
+            Refusal::SerialMismatch => "serial_mismatch",
+        }
+    }
+}
+
+/// The token of a hardware-fault record.
+pub const TOKEN: &str = "NEURON_HW_ERR=";
+/// The prefix of the driver's own messages (`pr_fmt`: `neuron:<function>: `).
+const DRIVER_PREFIX: &str = "neuron:";
+
 fn token_ok(t: &str, extra: &[u8]) -> bool {
     !t.is_empty() && t.len() <= MAX_FIELD_BYTES && t.bytes().all(|b| b.is_ascii_alphanumeric() || extra.contains(&b))
 }
 
-/// Parses the message of a record (or a plain line). `level` is the record's syslog
-/// level, when it has one: driver messages count only at error level or worse.
-pub fn parse_event(text: &str, level: Option<u8>) -> Option<Event> {
-    if let Some(at) = text.find("NEURON_HW_ERR=") {
-        let mut tokens = text[at..].split_ascii_whitespace();
-        let name = tokens.next()?.strip_prefix("NEURON_HW_ERR=")?;
-        if !token_ok(name, b"_") {
-            return None;
+/// An error name as the runtime writes them: `A-Z`, `0-9`, `_`.
+fn name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_FIELD_BYTES
+        && name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// Parses the text of a record (or of a plain line: `origin` `None`). `Ok(None)`: a record
+/// that is neither a hardware fault nor a driver error. `Err`: a record that names one
+/// but that the driver did not write as it writes them (see [`Refusal`]).
+pub fn parse_event(text: &str, origin: Option<Origin>) -> Result<Option<Event>, Refusal> {
+    if text.contains(TOKEN) {
+        let origin = from_the_kernel(origin)?;
+        if origin.level > LEVEL_ERROR {
+            return Err(Refusal::Level);
         }
-        let mut e = HwError { name: name.to_owned(), ..HwError::default() };
-        for token in tokens {
-            let Some((key, value)) = token.split_once('=') else { continue };
-            let bounded = |limit: u32| value.parse::<u32>().ok().filter(|n| *n < limit);
-            match key {
-                "nd-id" => match bounded(MAX_NEURON_DEVICES) {
-                    Some(n) => e.device = Some(n),
-                    None => e.refused += 1,
-                },
-                // nc-id: the core within the device (a host index on older runtimes), so
-                // bounded by the cores of a whole node.
-                "nc-id" => match bounded(MAX_NEURON_DEVICES * MAX_NEURONCORES_PER_DEVICE) {
-                    Some(n) => e.core = Some(n),
-                    None => e.refused += 1,
-                },
-                "serial-num" if value.is_empty() => {}
-                "serial-num" if token_ok(value, b"") => e.serial = Some(value.to_ascii_lowercase()),
-                "action" if token_ok(value, b"_-") => e.action = Some(value.to_owned()),
-                "serial-num" | "action" => e.refused += 1,
-                _ => {}
-            }
+        return parse_hw_error(at_boundary(text).ok_or(Refusal::Position)?).map(|e| Some(Event::HwError(e)));
+    }
+    let Some(rest) = text.strip_prefix(DRIVER_PREFIX) else { return Ok(None) };
+    let origin = from_the_kernel(origin)?;
+    if origin.level > LEVEL_ERROR {
+        return Ok(None); // the driver's informational messages
+    }
+    let function = rest.split_once(':').map(|(f, _)| f.trim()).filter(|f| token_ok(f, b"_"));
+    Ok(function.map(|f| Event::DriverError { function: f.to_owned() }))
+}
+
+/// `text` as the driver prints it at error level: the event, if any, else `None`
+/// (tests and benchmarks).
+pub fn kernel_event(text: &str) -> Option<Event> {
+    parse_event(text, Some(Origin::KERNEL_ERROR)).ok().flatten()
+}
+
+fn from_the_kernel(origin: Option<Origin>) -> Result<Origin, Refusal> {
+    let origin = origin.ok_or(Refusal::NoHeader)?;
+    if origin.facility != 0 {
+        return Err(Refusal::Facility);
+    }
+    Ok(origin)
+}
+
+/// The text from the token on, when the token starts the record: at the start of the
+/// text, or after (each at most once, in this order) a printk time stamp
+/// (`[ 5140.900000] `), an ISO-8601 time stamp (`2025-06-01T12:00:00.000Z `, also with a
+/// space before the time), the driver's `neuron:<function>: `. Anywhere else the token is
+/// text the kernel quotes (a path, an interface name), which anyone may choose.
+fn at_boundary(text: &str) -> Option<&str> {
+    let rest = skip_driver_prefix(skip_iso_time(skip_printk_time(text)));
+    rest.starts_with(TOKEN).then_some(rest)
+}
+
+fn skip_printk_time(text: &str) -> &str {
+    let stamp = text.strip_prefix('[').and_then(|r| r.split_once("] ")).filter(|(inner, _)| {
+        let (secs, frac) = inner.trim_start_matches(' ').split_once('.').unwrap_or(("", ""));
+        digits(secs) && digits(frac)
+    });
+    stamp.map_or(text, |(_, rest)| rest.trim_start_matches(' '))
+}
+
+fn skip_iso_time(text: &str) -> &str {
+    let stamp_char = |b: u8| b.is_ascii_digit() || b"-:.TZ+,".contains(&b);
+    let word = |s: &str| -> Option<usize> {
+        let end = s.find(' ')?;
+        (end > 0 && end <= 40 && s.as_bytes()[..end].iter().all(|b| stamp_char(*b))).then_some(end)
+    };
+    let is_date = |s: &str| s.len() > 5 && digits(&s[..4]) && s.as_bytes()[4] == b'-';
+    let Some(end) = word(text).filter(|_| is_date(text)) else { return text };
+    let rest = text[end..].trim_start_matches(' ');
+    // The time after a space ("2025-06-01 12:00:00.000").
+    match word(rest) {
+        Some(end) if rest.as_bytes()[0].is_ascii_digit() && rest[..end].contains(':') => {
+            rest[end..].trim_start_matches(' ')
         }
-        return Some(Event::HwError(e));
+        _ => rest,
     }
-    let rest = text.strip_prefix("neuron:")?;
-    if level.is_some_and(|l| l > 3) {
-        return None;
+}
+
+fn skip_driver_prefix(text: &str) -> &str {
+    let prefix = text.strip_prefix(DRIVER_PREFIX).and_then(|r| r.split_once(": ")).filter(|(f, _)| token_ok(f, b"_"));
+    prefix.map_or(text, |(_, rest)| rest.trim_start_matches(' '))
+}
+
+fn digits(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// `NEURON_HW_ERR=<NAME> … nd-id=<N> …` from the token on.
+fn parse_hw_error(from_token: &str) -> Result<HwError, Refusal> {
+    let mut tokens = from_token.split_ascii_whitespace();
+    let name = tokens.next().and_then(|t| t.strip_prefix(TOKEN)).filter(|n| name_ok(n)).ok_or(Refusal::Name)?;
+    let mut e = HwError { name: name.to_owned(), ..HwError::default() };
+    let mut device = None;
+    for token in tokens {
+        let Some((key, value)) = token.split_once('=') else { continue };
+        let bounded = |limit: u32| value.parse::<u32>().ok().filter(|n| *n < limit);
+        match key {
+            "nd-id" => device = Some(bounded(MAX_NEURON_DEVICES).ok_or(Refusal::Device)?),
+            // nc-id: the core within the device (a host index on older runtimes), so
+            // bounded by the cores of a whole node.
+            "nc-id" => match bounded(MAX_NEURON_DEVICES * MAX_NEURONCORES_PER_DEVICE) {
+                Some(n) => e.core = Some(n),
+                None => e.refused += 1,
+            },
+            "serial-num" if value.is_empty() => {}
+            "serial-num" if token_ok(value, b"") => e.serial = Some(value.to_ascii_lowercase()),
+            "action" if token_ok(value, b"_-") => e.action = Some(value.to_owned()),
+            "serial-num" | "action" => e.refused += 1,
+            _ => {}
+        }
     }
-    let (function, _) = rest.split_once(':')?;
-    let function = function.trim();
-    token_ok(function, b"_").then(|| Event::DriverError { function: function.to_owned() })
+    e.device = device.ok_or(Refusal::Device)?;
+    Ok(e)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -125,6 +283,8 @@ pub fn parse_event(text: &str, level: Option<u8>) -> Option<Event> {
 pub struct Batch {
     /// Events with the record's sequence number, when it has one.
     pub events: Vec<(Option<u64>, Event)>,
+    /// Records refused, with the record's sequence number.
+    pub refusals: Vec<(Option<u64>, Refusal)>,
     /// The last sequence number read (so that a restart does not count a record twice).
     pub last_seq: Option<u64>,
     pub records: u64,
@@ -182,8 +342,8 @@ pub struct Follower {
 struct Parser {
     previous: String,
     previous_seq: Option<u64>,
-    /// The previous record gave an event.
-    previous_event: bool,
+    /// The previous record gave an event or a refusal.
+    previous_outcome: bool,
 }
 
 /// Cuts `s` to at most `max` bytes, at a character boundary.
@@ -201,62 +361,93 @@ impl Parser {
     /// One record (or plain line) → the batch. `history`: read at start-up, judged by the look-back.
     fn take(&mut self, raw: &str, history: Option<&LookBack>, batch: &mut Batch) {
         batch.records += 1;
-        let (seq, level, text, continues) = match parse_record(raw) {
+        let (seq, origin, text, continues) = match parse_record(raw) {
             Some(r) => {
                 batch.last_seq = Some(r.seq);
                 if history.is_some_and(|h| !h.keeps(&r)) {
                     self.previous.clear();
-                    self.previous_event = false;
+                    self.previous_outcome = false;
                     return;
                 }
-                (Some(r.seq), Some(r.level), r.text, r.continues)
+                (Some(r.seq), Some(r.origin), r.text, r.continues)
             }
             // A plain line cannot be placed in time: history is skipped.
             None if history.is_some() => return,
             None => (None, None, raw.split('\n').next().unwrap_or_default(), false),
         };
         if continues && !self.previous.is_empty() {
-            // The text continues the previous record's: read them as one line. An event
-            // of the previous record still in this batch is replaced by the whole line's;
-            // one handed on already stays as it was (counted once).
+            // The text continues the previous record's: read them as one line. What the
+            // previous record gave, still in this batch, is replaced by the whole line's;
+            // what was handed on already stays as it was (counted once).
             self.previous.push_str(text);
             cut(&mut self.previous, MAX_KMSG_RECORD_BYTES);
-            if let Some(event) = parse_event(&self.previous, level) {
-                if !self.previous_event {
-                    self.push(seq, event, batch);
-                } else if let Some(last) = batch.events.last_mut().filter(|(s, _)| *s == self.previous_seq) {
-                    *last = (seq, event);
-                }
+            let outcome = parse_event(&self.previous, origin);
+            if self.retract_previous(batch) {
+                self.push(seq, outcome, batch);
             }
         } else {
             self.previous.clear();
             self.previous.push_str(text);
-            self.previous_event = false;
-            if let Some(event) = parse_event(text, level) {
-                self.push(seq, event, batch);
-            }
+            self.previous_outcome = false;
+            self.push(seq, parse_event(text, origin), batch);
         }
         self.previous_seq = seq;
     }
 
-    fn push(&mut self, seq: Option<u64>, event: Event, batch: &mut Batch) {
-        if let Event::HwError(e) = &event {
-            batch.refused += e.refused as u64;
+    /// Takes the previous record's outcome back out of the batch; `false` when it was
+    /// handed on already.
+    fn retract_previous(&mut self, batch: &mut Batch) -> bool {
+        if !self.previous_outcome {
+            return true;
         }
-        batch.events.push((seq, event));
-        self.previous_event = true;
+        let previous = |s: &Option<u64>| *s == self.previous_seq;
+        if batch.events.last().is_some_and(|(s, _)| previous(s)) {
+            if let Some((_, Event::HwError(e))) = batch.events.pop() {
+                batch.refused = batch.refused.saturating_sub(e.refused as u64);
+            }
+            self.previous_outcome = false;
+            return true;
+        }
+        if batch.refusals.last().is_some_and(|(s, _)| previous(s)) {
+            batch.refusals.pop();
+            self.previous_outcome = false;
+            return true;
+        }
+        false
+    }
+
+    fn push(&mut self, seq: Option<u64>, outcome: Result<Option<Event>, Refusal>, batch: &mut Batch) {
+        match outcome {
+            Ok(None) => return,
+            Ok(Some(event)) => {
+                if let Event::HwError(e) = &event {
+                    batch.refused += e.refused as u64;
+                }
+                batch.events.push((seq, event));
+            }
+            Err(refusal) => batch.refusals.push((seq, refusal)),
+        }
+        self.previous_outcome = true;
     }
 }
 
 impl Follower {
     /// Follows the log until `stop`, handing each non-empty batch to `sink`. Returns an
     /// error only when the path cannot be opened at all.
+    /// Anything else than `/dev/kmsg` or a regular file (`/dev/zero`, a FIFO, a
+    /// directory) is refused: an error, which the caller retries after a while.
     pub fn run(self, stop: &AtomicBool, mut sink: impl FnMut(Batch)) -> io::Result<()> {
         let file = fs::OpenOptions::new().read(true).custom_flags_nonblock().open(&self.path)?;
-        if file.metadata()?.file_type().is_char_device() {
+        let meta = file.metadata()?;
+        if meta.file_type().is_char_device() && is_kmsg(meta.rdev()) {
             self.follow_device(file, stop, &mut sink)
-        } else {
+        } else if meta.is_file() {
             self.follow_file(file, stop, &mut sink)
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "neither the kernel log (/dev/kmsg, 1:11) nor a regular file",
+            ))
         }
     }
 
@@ -318,8 +509,9 @@ impl Follower {
                 let n = file.read(&mut chunk)?;
                 offset += n as u64;
                 if n == 0 {
-                    // The file was truncated or replaced by a shorter one: from its start.
-                    if fs::metadata(&self.path).map(|m| m.len() < offset).unwrap_or(false) {
+                    // The file was truncated, or another file is at the path now (rotated):
+                    // the one at the path, from its start.
+                    if self.replaced(&file, offset) {
                         file = fs::File::open(&self.path)?;
                         offset = 0;
                         lines = LineBuffer::default();
@@ -348,6 +540,24 @@ impl Follower {
         }
         Ok(())
     }
+}
+
+impl Follower {
+    /// The file at the path is not `file` any more, or it is shorter than what was read.
+    fn replaced(&self, file: &fs::File, offset: u64) -> bool {
+        match (fs::metadata(&self.path), file.metadata()) {
+            (Ok(now), Ok(open)) => (now.dev(), now.ino()) != (open.dev(), open.ino()) || now.len() < offset,
+            // Between a rotation's rename and the new file: the old one for now.
+            _ => false,
+        }
+    }
+}
+
+/// `/dev/kmsg`'s device number: major 1, minor 11 (glibc's encoding of `dev_t`).
+fn is_kmsg(rdev: u64) -> bool {
+    let major = ((rdev >> 8) & 0xfff) | ((rdev >> 32) & !0xfff);
+    let minor = (rdev & 0xff) | ((rdev >> 12) & !0xff);
+    (major, minor) == (1, 11)
 }
 
 /// Splits a growing file into lines, bounded: a line longer than
@@ -433,56 +643,112 @@ mod tests {
                         hostname=ip-172-31-61-252 nd-id=0 nc-id=0 serial-num=19fcda00f5ff6eb9 action=TERMINATE_INSTANCE";
 
     fn hw(text: &str) -> HwError {
-        match parse_event(text, Some(3)) {
-            Some(Event::HwError(e)) => e,
+        match parse_event(text, Some(Origin::KERNEL_ERROR)) {
+            Ok(Some(Event::HwError(e))) => e,
             other => panic!("{other:?}"),
         }
+    }
+
+    fn refusal(raw: &str) -> Refusal {
+        let (text, origin) = match parse_record(raw) {
+            Some(r) => (r.text, Some(r.origin)),
+            None => (raw, None),
+        };
+        parse_event(text, origin).expect_err(raw)
     }
 
     #[test]
     fn hardware_error_line_of_the_reference() {
         let e = hw(LINE);
         assert_eq!(e.name, "SRAM_UNCORRECTABLE_ERROR");
-        assert_eq!((e.device, e.core), (Some(0), Some(0)));
+        assert_eq!((e.device, e.core), (0, Some(0)));
         assert_eq!(e.serial.as_deref(), Some("19fcda00f5ff6eb9"));
         assert_eq!(e.action.as_deref(), Some("TERMINATE_INSTANCE"));
         assert_eq!(e.refused, 0);
     }
 
     #[test]
-    fn any_prefix_before_neuron_hw_err() {
-        let e = hw("[ 1234.5678] nrt: ERROR something NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1");
-        assert_eq!((e.name.as_str(), e.device, e.core), ("DMA_ERROR", Some(3), Some(1)));
-        assert_eq!(e.serial, None);
+    fn the_token_starts_the_record_or_follows_a_time_stamp_or_the_driver_prefix() {
+        for text in [
+            "[ 1234.567800] NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1",
+            "2025-06-01T12:00:00.123456Z NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1",
+            "2025-06-01 12:00:00.123456 NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1",
+            "neuron:ncdev_printk: NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1",
+            "[    5.000001] 2025-06-01T12:00:00Z neuron:ncdev_printk: NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1",
+        ] {
+            let e = hw(text);
+            assert_eq!((e.name.as_str(), e.device, e.core), ("DMA_ERROR", 3, Some(1)), "{text}");
+        }
+        // Anywhere else: text the kernel quotes.
+        for text in [
+            "nrt: ERROR something NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1",
+            "process '/tmp/NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=0 serial-num=deadbeef x/a.out' started with \
+             executable stack",
+            "br0: port 1(NEURON_HW_ERR=A) entered blocking state",
+            "[ 1.0] [ 2.0] NEURON_HW_ERR=DMA_ERROR nd-id=0",
+            "neuron:f: neuron:g: NEURON_HW_ERR=DMA_ERROR nd-id=0",
+        ] {
+            assert_eq!(parse_event(text, Some(Origin::KERNEL_ERROR)), Err(Refusal::Position), "{text}");
+        }
     }
 
     #[test]
-    fn empty_serial_and_out_of_bounds_fields() {
-        let e = hw("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=640 nc-id=x serial-num= action=TERMINATE_INSTANCE");
-        assert_eq!((e.device, e.core, e.serial), (None, None, None));
-        assert_eq!(e.refused, 2);
-        assert_eq!(parse_event("NEURON_HW_ERR= nd-id=1", None), None, "no name");
-        assert_eq!(parse_event("NEURON_HW_ERR=bad$name", None), None);
+    fn only_the_kernel_at_error_level_writes_hardware_faults() {
+        let fault = "NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=0 nc-id=0";
+        assert!(hw(fault).device == 0);
+        for level in 0..=3 {
+            let raw = format!("{level},1,2,-;{fault}");
+            let r = parse_record(&raw).unwrap();
+            assert!(matches!(parse_event(r.text, Some(r.origin)), Ok(Some(Event::HwError(_)))), "level {level}");
+        }
+        // A userspace write to /dev/kmsg: user.err (11), or any other facility.
+        assert_eq!(refusal(&format!("11,1,2,-;{fault}")), Refusal::Facility);
+        assert_eq!(refusal(&format!("179,1,2,-;{fault}")), Refusal::Facility);
+        assert_eq!(refusal(&format!("4,1,2,-;{fault}")), Refusal::Level);
+        assert_eq!(refusal(&format!("6,1,2,-;{fault}")), Refusal::Level);
+        assert_eq!(refusal(fault), Refusal::NoHeader, "a plain line");
+        // The driver's own error records too.
+        assert_eq!(refusal("11,1,2,-;neuron:ndma_queue_wait: DMA completion timeout"), Refusal::Facility);
+        assert_eq!(refusal("neuron:ndma_queue_wait: DMA completion timeout"), Refusal::NoHeader);
+        // Records naming neither are nobody's business.
+        assert_eq!(parse_event("ordinary text", None), Ok(None));
+        assert_eq!(parse_event("ordinary text", Some(Origin { facility: 1, level: 3 })), Ok(None));
+    }
+
+    #[test]
+    fn names_and_device_indices() {
+        let e = hw("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=63 nc-id=x serial-num= action=TERMINATE_INSTANCE");
+        assert_eq!((e.device, e.core, e.serial), (63, None, None));
+        assert_eq!(e.refused, 1);
+        let kernel = |text: &str| parse_event(text, Some(Origin::KERNEL_ERROR));
+        assert_eq!(kernel("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=64"), Err(Refusal::Device));
+        assert_eq!(kernel("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=-1"), Err(Refusal::Device));
+        assert_eq!(kernel("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nc-id=0"), Err(Refusal::Device), "no nd-id");
+        assert_eq!(kernel("NEURON_HW_ERR= nd-id=1"), Err(Refusal::Name));
+        assert_eq!(kernel("NEURON_HW_ERR=bad$name nd-id=1"), Err(Refusal::Name));
+        assert_eq!(kernel("NEURON_HW_ERR=A: renamed from eth0"), Err(Refusal::Name), "an interface name");
+        assert_eq!(kernel("NEURON_HW_ERR=lower nd-id=1"), Err(Refusal::Name));
     }
 
     #[test]
     fn driver_error_records() {
         assert_eq!(
-            parse_event("neuron:ndma_queue_wait: DMA completion timeout on nd0", Some(3)),
+            kernel_event("neuron:ndma_queue_wait: DMA completion timeout on nd0"),
             Some(Event::DriverError { function: "ndma_queue_wait".to_owned() })
         );
-        assert_eq!(parse_event("neuron:ncdev_open: opened", Some(6)), None, "informational");
-        assert_eq!(parse_event("unrelated: message", Some(3)), None);
+        let info = Origin { facility: 0, level: 6 };
+        assert_eq!(parse_event("neuron:ncdev_open: opened", Some(info)), Ok(None), "informational");
+        assert_eq!(kernel_event("unrelated: message"), None);
     }
 
     #[test]
     fn kmsg_record_format() {
         let r = parse_record("3,1042,5140900,-;NEURON_HW_ERR=DMA_ERROR nd-id=1\n SUBSYSTEM=neuron\n").unwrap();
-        assert_eq!((r.level, r.seq, r.usec, r.continues), (3, 1042, 5_140_900, false));
+        assert_eq!((r.origin, r.seq, r.usec, r.continues), (Origin::KERNEL_ERROR, 1042, 5_140_900, false));
         assert_eq!(r.text, "NEURON_HW_ERR=DMA_ERROR nd-id=1");
         // Userspace writes carry the user facility: 12 = user.warning.
         let r = parse_record("12,7,100,-,caller=T1;hello").unwrap();
-        assert_eq!((r.level, r.text), (4, "hello"));
+        assert_eq!((r.origin, r.text), (Origin { facility: 1, level: 4 }, "hello"));
         assert_eq!(parse_record("plain text; with a semicolon"), None);
         assert!(parse_record("3,5,6,c;nd-id=0").unwrap().continues);
     }
@@ -503,7 +769,8 @@ mod tests {
         assert_eq!(b.events.len(), 1);
         let (seq, Event::HwError(e)) = &b.events[0] else { panic!() };
         assert_eq!(*seq, Some(2));
-        assert_eq!((e.device, e.core), (Some(2), Some(5)));
+        assert_eq!((e.device, e.core), (2, Some(5)));
+        assert!(b.refusals.is_empty(), "the first part alone has no nd-id: replaced by the whole");
         // A dictionary continuation line of a followed file does not start a record.
         let mut lines = LineBuffer::default();
         let mut seen = Vec::new();
@@ -526,9 +793,10 @@ mod tests {
             Some(&look),
         );
         assert_eq!(b.events.len(), 1);
-        assert_eq!(b.last_seq, Some(12));
-        // Once caught up, a plain line counts.
-        assert_eq!(batch_of(&["NEURON_HW_ERR=DMA_ERROR nd-id=2"], None).events.len(), 1);
+        assert_eq!((b.last_seq, b.refusals.len()), (Some(12), 0));
+        // Once caught up, a plain line is refused: who wrote it cannot be told.
+        let b = batch_of(&["NEURON_HW_ERR=DMA_ERROR nd-id=2"], None);
+        assert_eq!((b.events.len(), b.refusals.as_slice()), (0, &[(None, Refusal::NoHeader)][..]));
     }
 
     #[test]

@@ -17,6 +17,7 @@ use prometheus_client::{
 };
 
 use super::{
+    kmsg::Refusal,
     model::{HealthModel, State},
     sysfs::{Ecc, PowerStatus, CORE_ERRORS},
     SharedHealth,
@@ -25,7 +26,7 @@ use crate::{
     attribution::podresources::{SharedDevices, Unit},
     sinks::prometheus::{Family, FamilyEncoder, Labels},
     state::NodeState,
-    telemetry::{SourceLabel, WhatLabel},
+    telemetry::{ReasonLabel, SourceLabel, WhatLabel},
 };
 
 pub const SOURCE_SYSFS: &str = "sysfs";
@@ -43,6 +44,8 @@ pub struct HealthMetrics {
     pub sysfs_reads: MetricFamily<TriggerLabel, Counter>,
     pub kmsg_records: Counter,
     pub kmsg_overruns: Counter,
+    /// Records naming a hardware fault or a driver error, not taken, by reason.
+    pub kmsg_refused: MetricFamily<ReasonLabel, Counter>,
     pub refused: MetricFamily<WhatLabel, Counter>,
     pub state_write_errors: Counter,
     pub up: MetricFamily<SourceLabel, Gauge>,
@@ -51,6 +54,10 @@ pub struct HealthMetrics {
 impl HealthMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = HealthMetrics::default();
+        // Every reason from the start, at 0: a refusal shows as an increase.
+        for refusal in Refusal::ALL {
+            let _ = m.kmsg_refused.get_or_create(&ReasonLabel { reason: refusal.as_str() });
+        }
         let r = registry.sub_registry_with_prefix("neuron_agent_health");
         r.register(
             "sysfs_reads",
@@ -62,6 +69,13 @@ impl HealthMetrics {
             "kmsg_overruns",
             "Kernel-log overruns (EPIPE: records the kernel dropped before the agent read them); reading continues",
             m.kmsg_overruns.clone(),
+        );
+        r.register(
+            "kmsg_refused",
+            "Kernel-log records naming a Neuron hardware fault or driver error that the driver did not write as it \
+             writes them, not taken, by reason (no_header, facility, level, position, name, device, unknown_device, \
+             serial_mismatch)",
+            m.kmsg_refused.clone(),
         );
         r.register(
             "refused",
@@ -88,6 +102,10 @@ impl HealthMetrics {
 
     pub fn refused_by(&self, what: &'static str, n: u64) {
         self.refused.get_or_create(&WhatLabel { what }).inc_by(n);
+    }
+
+    pub fn kmsg_refused(&self, refusal: Refusal) {
+        self.kmsg_refused.get_or_create(&ReasonLabel { reason: refusal.as_str() }).inc();
     }
 
     pub fn source_up(&self, source: &'static str, up: bool) {

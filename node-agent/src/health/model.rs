@@ -1,7 +1,8 @@
 //! The health of each Neuron device, folded from the sysfs readings and the kernel-log
 //! events: `healthy`, `unhealthy` or `unknown`, with the reasons that made it so.
 //!
-//! - A fault (a kernel `NEURON_HW_ERR` record, an uncorrected or repairable ECC count, a
+//! - A fault (a kernel `NEURON_HW_ERR` record naming a device the sysfs tree lists, with
+//!   its serial number if both give one; an uncorrected or repairable ECC count, a
 //!   per-core hardware error count, an unhealthy component, the invalid device state)
 //!   is a [`Reason`]; a device with a reason is unhealthy until the driver is reloaded
 //!   (its counters start again from zero, or its tree goes away and comes back) or the
@@ -19,11 +20,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use api::limits::{MAX_HEALTH_ERROR_NAMES, MAX_HEALTH_REASONS_PER_DEVICE, MAX_NEURON_DEVICES};
+use api::{
+    limits::{MAX_HEALTH_ERROR_NAMES, MAX_HEALTH_REASONS_PER_DEVICE, MAX_NEURON_DEVICES},
+    node_config::DEFAULT_TAINT_ERRORS,
+};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    kmsg::{Event, HwError},
+    kmsg::{Event, HwError, Refusal},
     sysfs::{DeviceReading, DeviceState, Ecc, NodeReading, Power, CORE_ERRORS, REPAIRABLE_HBM_ERROR},
 };
 
@@ -58,6 +62,17 @@ pub const DEVICE_STATE_INVALID: &str = "DEVICE_STATE_INVALID";
 pub const EXECUTION_HW_ERROR: &str = "EXECUTION_HARDWARE_ERROR";
 /// Kernel-log names beyond [`MAX_HEALTH_ERROR_NAMES`].
 pub const OTHER_ERROR: &str = "OTHER";
+
+/// The `NEURON_HW_ERR` names the Neuron documentation gives (and the repairable HBM
+/// error its counters and status codes know): each keeps a slot of its own in the name
+/// table, however many other names the kernel log shows.
+pub fn documented_error(name: &str) -> bool {
+    DEFAULT_TAINT_ERRORS.contains(&name) || name == REPAIRABLE_HBM_ERROR
+}
+
+/// Distinct other names kept: the rest of the table, less the documented names' slots
+/// and [`OTHER_ERROR`]'s.
+const MAX_UNDOCUMENTED_ERROR_NAMES: usize = MAX_HEALTH_ERROR_NAMES - DEFAULT_TAINT_ERRORS.len() - 2;
 
 /// Where a reason was seen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -183,6 +198,8 @@ pub struct HealthModel {
     /// The faults restored from the previous agent of this boot (it announced them):
     /// (device, error, component, counter).
     pub restored: Vec<(Option<u32>, String, String, String)>,
+    /// Driver reloads seen (each clears every fault): a fault after one is new again.
+    pub reloads: u64,
     heartbeat_timeout: Duration,
 }
 
@@ -193,6 +210,8 @@ pub struct Changes {
     pub new_faults: Vec<(Option<u32>, Reason)>,
     /// Error names counted under [`OTHER_ERROR`] or `other` because of the limit.
     pub names_over_limit: u64,
+    /// Kernel-log faults refused for what the driver's tree says of their device.
+    pub refused: Vec<Refusal>,
     pub reasons_cleared: bool,
     /// Devices and the node (None) whose state this update changed, in index order, the
     /// node last.
@@ -238,6 +257,7 @@ impl HealthModel {
             read_once: false,
             dirty: false,
             restored: Vec::new(),
+            reloads: 0,
             heartbeat_timeout,
         }
     }
@@ -337,6 +357,7 @@ impl HealthModel {
     }
 
     fn clear_reasons(&mut self, changes: &mut Changes) {
+        self.reloads += 1;
         for device in self.devices.values_mut() {
             if !device.reasons.is_empty() {
                 device.reasons.clear();
@@ -427,14 +448,12 @@ impl HealthModel {
     }
 
     fn apply_hw_error(&mut self, e: HwError, now: u64, changes: &mut Changes) {
-        let names: std::collections::BTreeSet<&String> = self.kernel_errors.keys().map(|(_, n)| n).collect();
-        let name = if names.contains(&e.name) || names.len() < MAX_HEALTH_ERROR_NAMES {
-            e.name
-        } else {
-            changes.names_over_limit += 1;
-            OTHER_ERROR.to_owned()
-        };
-        *self.kernel_errors.entry((e.device, name.clone())).or_default() += 1;
+        if let Err(refusal) = self.check_device(&e) {
+            changes.refused.push(refusal);
+            return;
+        }
+        let name = self.table_name(e.name, changes);
+        *self.kernel_errors.entry((Some(e.device), name.clone())).or_default() += 1;
         let reason = Reason {
             action: e.action.unwrap_or_else(|| default_action(&name).to_owned()),
             error: name,
@@ -448,29 +467,37 @@ impl HealthModel {
             count: 1,
         };
         self.dirty = true;
-        match e.device {
-            Some(index) => {
-                let device = self.devices.entry(index).or_default();
-                let new = !device.reasons.contains_key(&key(&reason));
-                device.upsert(reason.clone(), true);
-                if new {
-                    changes.new_faults.push((Some(index), reason));
-                }
-            }
-            None => {
-                let slot = self.node_reasons.entry(key(&reason));
-                match slot {
-                    std::collections::btree_map::Entry::Occupied(mut o) => {
-                        let r = o.get_mut();
-                        r.count = r.count.saturating_add(1);
-                        r.last_seen = now;
-                    }
-                    std::collections::btree_map::Entry::Vacant(v) => {
-                        changes.new_faults.push((None, reason.clone()));
-                        v.insert(reason);
-                    }
-                }
-            }
+        let device = self.devices.entry(e.device).or_default();
+        let new = !device.reasons.contains_key(&key(&reason));
+        device.upsert(reason.clone(), true);
+        if new {
+            changes.new_faults.push((Some(e.device), reason));
+        }
+    }
+
+    /// A record's device must be one the driver's sysfs tree lists, and its serial
+    /// number, when both say one, the tree's.
+    fn check_device(&self, e: &HwError) -> Result<(), Refusal> {
+        let reading = self.devices.get(&e.device).and_then(|d| d.reading.as_ref()).ok_or(Refusal::UnknownDevice)?;
+        match (&reading.serial, &e.serial) {
+            (Some(tree), Some(record)) if tree != record => Err(Refusal::SerialMismatch),
+            _ => Ok(()),
+        }
+    }
+
+    /// The name a record is counted under: a documented name always as itself, another
+    /// one while the table has room for it, else [`OTHER_ERROR`].
+    fn table_name(&self, name: String, changes: &mut Changes) -> String {
+        if documented_error(&name) || name == OTHER_ERROR {
+            return name;
+        }
+        let others: std::collections::BTreeSet<&String> =
+            self.kernel_errors.keys().map(|(_, n)| n).filter(|n| !documented_error(n) && *n != OTHER_ERROR).collect();
+        if others.contains(&name) || others.len() < MAX_UNDOCUMENTED_ERROR_NAMES {
+            name
+        } else {
+            changes.names_over_limit += 1;
+            OTHER_ERROR.to_owned()
         }
     }
 
@@ -601,6 +628,19 @@ pub struct PersistedDevice {
     pub index: u32,
     pub counter_sum: u64,
     pub reasons: Vec<Reason>,
+}
+
+#[cfg(test)]
+impl HealthModel {
+    /// A model whose driver tree lists devices `0..n`, ready: the kernel log's faults
+    /// must name a device the tree lists (the other modules' tests).
+    pub fn with_ready_devices(n: u32) -> HealthModel {
+        let mut model = HealthModel::new("boot".to_owned(), Duration::from_secs(60));
+        let ready = |index| DeviceReading { index, state: Some(DeviceState::Ready), ..DeviceReading::default() };
+        let node = NodeReading { driver_loaded: true, devices: (0..n).map(ready).collect(), ..NodeReading::default() };
+        model.apply_reading(node, 0, Instant::now());
+        model
+    }
 }
 
 #[cfg(test)]

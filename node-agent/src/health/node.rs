@@ -116,8 +116,10 @@ impl NodeReporter {
             Reporter { controller: "neuron-node-agent".to_owned(), instance: Some(self.node.clone()) },
         );
         // The faults restored from the previous agent of this boot were announced by it.
-        let mut announced: BTreeSet<FaultKey> =
-            self.health.lock().unwrap_or_else(|p| p.into_inner()).restored.iter().cloned().collect();
+        let (mut announced, mut reloads): (BTreeSet<FaultKey>, u64) = {
+            let model = self.health.lock().unwrap_or_else(|p| p.into_inner());
+            (model.restored.iter().cloned().collect(), model.reloads)
+        };
         // The condition as written, with its type.
         let mut shown: Option<(String, (&'static str, String, String))> = None;
         loop {
@@ -139,7 +141,13 @@ impl NodeReporter {
                     Err(e) => warn!(error = %e, "cannot write the Node's health condition; retrying"),
                 }
             }
-            for (key, reason) in self.faults() {
+            let (reloads_now, faults) = self.faults();
+            if reloads_now != reloads {
+                // A driver reload cleared every fault: one that comes back is news again.
+                announced.clear();
+                reloads = reloads_now;
+            }
+            for (key, reason) in faults {
                 if announced.contains(&key) {
                     continue;
                 }
@@ -161,17 +169,18 @@ impl NodeReporter {
         }
     }
 
-    /// Every fault of the model, keyed.
-    fn faults(&self) -> Vec<(FaultKey, Reason)> {
+    /// The driver reloads the model has seen, and every fault of the model, keyed.
+    fn faults(&self) -> (u64, Vec<(FaultKey, Reason)>) {
         let model = self.health.lock().unwrap_or_else(|p| p.into_inner());
         let key = |d: Option<u32>, r: &Reason| (d, r.error.clone(), r.component.clone(), r.counter.clone());
-        model
+        let faults = model
             .devices
             .iter()
             .flat_map(|(i, d)| d.reasons.values().map(move |r| (Some(*i), r)))
             .chain(model.node_reasons.values().map(|r| (None, r)))
             .map(|(d, r)| (key(d, r), r.clone()))
-            .collect()
+            .collect();
+        (model.reloads, faults)
     }
 
     /// The Event of a new fault: device, core, serial number, action, the pods holding
@@ -283,7 +292,7 @@ impl NodeReporter {
 mod tests {
     use super::*;
     use crate::health::{
-        kmsg::parse_event,
+        kmsg::kernel_event,
         sysfs::{DeviceReading, DeviceState, NodeReading},
     };
     use std::time::Instant;
@@ -299,12 +308,12 @@ mod tests {
         );
         assert_eq!(condition(&m).0, "False");
         assert_eq!(condition(&m).1, "NeuronHasNoError");
-        let hbm = parse_event("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=1", Some(3)).unwrap();
+        let hbm = kernel_event("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=1").unwrap();
         m.apply_events(vec![(Some(1), hbm)], Some(1), 5);
         let (status, reason, message) = condition(&m);
         assert_eq!((status, reason.as_str()), ("True", "NeuronHasError_HBM_UNCORRECTABLE_ERROR"));
         assert_eq!(message, "device 1: HBM_UNCORRECTABLE_ERROR (action TERMINATE_INSTANCE)");
-        let dma = parse_event("NEURON_HW_ERR=DMA_ERROR nd-id=0", Some(3)).unwrap();
+        let dma = kernel_event("NEURON_HW_ERR=DMA_ERROR nd-id=0").unwrap();
         m.apply_events(vec![(Some(2), dma)], Some(2), 9);
         assert_eq!(condition(&m).1, "NeuronHasError_DMA_ERROR", "the latest fault names it");
         let mut unknown = HealthModel::new("b".to_owned(), Duration::from_secs(60));

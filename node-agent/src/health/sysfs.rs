@@ -357,11 +357,15 @@ impl FileReader<'_> {
 }
 
 /// `<prefix><N>` with N a decimal below `limit`: `Ok(Some(N))`; another name: `Ok(None)`;
-/// N beyond the limit: `Err(())`.
+/// N beyond the limit, or written with a leading zero (`neuron00`: not a name the driver
+/// gives, and it would read as a second device 0): `Err(())`.
 fn indexed(name: &str, prefix: &str, limit: u32) -> Result<Option<u32>, ()> {
     let Some(digits) = name.strip_prefix(prefix) else { return Ok(None) };
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return Ok(None);
+    }
+    if digits.len() > 1 && digits.starts_with('0') {
+        return Err(());
     }
     match digits.parse::<u32>() {
         Ok(n) if n < limit => Ok(Some(n)),
@@ -543,10 +547,15 @@ mod tests {
         tree.write(&format!("{d}/neuron_core99/stats/status/hw_nc_ue_error/total"), "2\n");
         tree.write("devices/virtual/neuron_device/neuron999/reset", "1\n");
         tree.write("devices/virtual/neuron_device/not_a_device/reset", "1\n");
+        // Zero-padded twins of device 1 and of its core 1.
+        tree.write("devices/virtual/neuron_device/neuron01/reset", "2\n");
+        tree.write(&format!("{d}/neuron_core01/stats/status/hw_nc_ue_error/total"), "5\n");
         let node = read_node(&tree.0);
         assert!(node.driver_loaded);
         assert_eq!(node.driver_version.as_deref(), Some("2.30.2.0"));
-        assert_eq!(node.refused, ["sysfs_device", "sysfs_core"]);
+        let mut refused = node.refused.clone();
+        refused.sort_unstable();
+        assert_eq!(refused, ["sysfs_core", "sysfs_core", "sysfs_device", "sysfs_device"]);
         assert_eq!(node.devices.len(), 1);
         let dev = &node.devices[0];
         assert_eq!((dev.index, dev.core_count, dev.state), (1, Some(2), Some(DeviceState::Ready)));

@@ -196,7 +196,7 @@ impl Tainter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::health::kmsg::parse_event;
+    use crate::health::kmsg::kernel_event;
 
     fn taint(key: &str, value: Option<&str>, effect: &str) -> Taint {
         Taint { key: key.to_owned(), value: value.map(str::to_owned), effect: effect.to_owned(), time_added: None }
@@ -204,14 +204,14 @@ mod tests {
 
     #[test]
     fn only_listed_faults_taint_and_the_value_is_stable() {
-        let mut model = HealthModel::new("b".to_owned(), Duration::from_secs(60));
+        let mut model = HealthModel::with_ready_devices(2);
         let fatal = ["DMA_ERROR".to_owned(), "NC_UNCORRECTABLE_ERROR".to_owned()];
         assert_eq!(wanted(&model, Some(&fatal)), None);
-        let repairable = parse_event("NEURON_HW_ERR=REPAIRABLE_HBM_UNCORRECTABLE_ERROR nd-id=0", None).unwrap();
+        let repairable = kernel_event("NEURON_HW_ERR=REPAIRABLE_HBM_UNCORRECTABLE_ERROR nd-id=0").unwrap();
         model.apply_events(vec![(Some(1), repairable)], Some(1), 1);
         assert_eq!(wanted(&model, Some(&fatal)), None, "not in the list");
-        let nc = parse_event("NEURON_HW_ERR=NC_UNCORRECTABLE_ERROR nd-id=1", None).unwrap();
-        let dma = parse_event("NEURON_HW_ERR=DMA_ERROR nd-id=0", None).unwrap();
+        let nc = kernel_event("NEURON_HW_ERR=NC_UNCORRECTABLE_ERROR nd-id=1").unwrap();
+        let dma = kernel_event("NEURON_HW_ERR=DMA_ERROR nd-id=0").unwrap();
         model.apply_events(vec![(Some(2), nc), (Some(3), dma)], Some(3), 2);
         assert_eq!(wanted(&model, Some(&fatal)).as_deref(), Some("DMA_ERROR"), "the first name, whatever came last");
         assert_eq!(wanted(&model, None), None, "tainting off");

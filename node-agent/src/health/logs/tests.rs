@@ -2,7 +2,7 @@ use std::{collections::VecDeque, time::Instant};
 
 use super::*;
 use crate::health::{
-    kmsg::parse_event,
+    kmsg::kernel_event,
     model::{HealthModel, ACTION_RELOAD},
     sysfs::{DeviceReading, DeviceState, NodeReading},
 };
@@ -180,14 +180,15 @@ fn records_name_the_fault_and_the_states_before_and_after() {
     assert_eq!((first[0].event, first[0].device, first[0].state_before), ("state_change", None, Some("unknown")));
     assert_eq!(first[0].time, "2023-11-14T22:13:20.123Z");
 
-    let line = "NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=1 nc-id=3 serial-num=aa action=TERMINATE_INSTANCE";
-    let changes = model.apply_events(vec![(Some(1), parse_event(line, None).unwrap())], Some(1), 2);
+    let line =
+        "NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=1 nc-id=3 serial-num=19FCDA00F5FF6EB9 action=TERMINATE_INSTANCE";
+    let changes = model.apply_events(vec![(Some(1), kernel_event(line).unwrap())], Some(1), 2);
     let out = records(&changes, &model, 2_000);
     let kinds: Vec<(&str, Option<u32>)> = out.iter().map(|r| (r.event, r.device)).collect();
     assert_eq!(kinds, [("fault", Some(1)), ("state_change", Some(1)), ("state_change", None)]);
     let fault = &out[0];
     assert_eq!(fault.error.as_deref(), Some("HBM_UNCORRECTABLE_ERROR"));
-    assert_eq!((fault.core, fault.serial_number.as_deref()), (Some(3), Some("aa")), "the record's serial wins");
+    assert_eq!((fault.core, fault.serial_number.as_deref()), (Some(3), Some("19fcda00f5ff6eb9")));
     assert_eq!(fault.action.as_deref(), Some("TERMINATE_INSTANCE"));
     assert_eq!((fault.state_before, fault.state_after), (Some("healthy"), "unhealthy"));
     assert_eq!(fault.driver_version.as_deref(), Some("2.30.2.0"));
@@ -197,7 +198,7 @@ fn records_name_the_fault_and_the_states_before_and_after() {
 
     // A repairable error on an unhealthy device: a fault, no state change.
     let line = "NEURON_HW_ERR=REPAIRABLE_HBM_UNCORRECTABLE_ERROR nd-id=1";
-    let changes = model.apply_events(vec![(Some(2), parse_event(line, None).unwrap())], Some(2), 3);
+    let changes = model.apply_events(vec![(Some(2), kernel_event(line).unwrap())], Some(2), 3);
     let out = records(&changes, &model, 3_000);
     assert_eq!(out.len(), 1);
     assert_eq!((out[0].state_before, out[0].state_after), (Some("unhealthy"), "unhealthy"));
@@ -231,8 +232,8 @@ fn the_feed_never_waits_and_counts_what_it_drops() {
     let metrics = LogMetrics::default();
     let (tx, destination) = watch::channel(None);
     let (feed, mut rx) = channel(destination, &metrics);
-    let mut model = HealthModel::new("boot".to_owned(), Duration::from_secs(60));
-    let e = parse_event("NEURON_HW_ERR=DMA_ERROR nd-id=1", None).unwrap();
+    let mut model = HealthModel::with_ready_devices(2);
+    let e = kernel_event("NEURON_HW_ERR=DMA_ERROR nd-id=1").unwrap();
     let changes = model.apply_events(vec![(Some(1), e)], Some(1), 1);
     let per_update = records(&changes, &model, 0).len();
     assert_eq!(per_update, 3, "a fault, the device's state, the node's");
@@ -266,7 +267,7 @@ async fn the_destination_follows_its_watch_and_an_invalid_one_sends_nothing() {
     let metrics = LogMetrics::default();
     let (tx, destination) = watch::channel(None);
     let (feed, records_rx) = channel(destination.clone(), &metrics);
-    let health: SharedHealth = Arc::new(Mutex::new(HealthModel::new("boot".to_owned(), Duration::from_secs(60))));
+    let health: SharedHealth = Arc::new(Mutex::new(HealthModel::with_ready_devices(8)));
     let sink = LogSink {
         destination,
         records: records_rx,
@@ -287,7 +288,7 @@ async fn the_destination_follows_its_watch_and_an_invalid_one_sends_nothing() {
     let task = tokio::spawn(sink.run(shutdown.clone()));
     let fault = |seq: u64| {
         let mut model = health.lock().unwrap();
-        let e = parse_event(&format!("NEURON_HW_ERR=DMA_ERROR nd-id={seq}"), None).unwrap();
+        let e = kernel_event(&format!("NEURON_HW_ERR=DMA_ERROR nd-id={seq}")).unwrap();
         let changes = model.apply_events(vec![(Some(seq), e)], Some(seq), seq);
         feed.send(&changes, &model);
     };

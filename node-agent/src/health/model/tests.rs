@@ -1,6 +1,6 @@
 use super::*;
 use crate::health::{
-    kmsg::parse_event,
+    kmsg::kernel_event,
     sysfs::{parse_components, CoreReading},
 };
 
@@ -23,7 +23,7 @@ fn model() -> HealthModel {
 }
 
 fn event(text: &str) -> (Option<u64>, Event) {
-    (Some(1), parse_event(text, Some(3)).unwrap())
+    (Some(1), kernel_event(text).unwrap())
 }
 
 #[test]
@@ -128,7 +128,7 @@ fn each_sysfs_fault_makes_its_device_unhealthy_with_its_reason() {
 fn kernel_records_are_counted_and_sticky() {
     let mut m = model();
     m.apply_reading(node(vec![ready(0), ready(1)]), 10, Instant::now());
-    let line = "kernel: NEURON_HW_ERR=NC_UNCORRECTABLE_ERROR nd-id=1 nc-id=0 serial-num=abc action=TERMINATE_INSTANCE";
+    let line = "NEURON_HW_ERR=NC_UNCORRECTABLE_ERROR nd-id=1 nc-id=0 serial-num=abc action=TERMINATE_INSTANCE";
     let changes = m.apply_events(vec![event(line), event(line)], Some(7), 20);
     assert_eq!(changes.new_faults.len(), 1, "one new fault, counted twice");
     assert_eq!(m.kernel_errors[&(Some(1), "NC_UNCORRECTABLE_ERROR".to_owned())], 2);
@@ -139,10 +139,40 @@ fn kernel_records_are_counted_and_sticky() {
     m.apply_reading(node(vec![ready(0), ready(1)]), 30, Instant::now());
     assert_eq!(m.devices[&1].state(), State::Unhealthy);
     assert_eq!(m.node_state(), State::Unhealthy);
-    // A record without a device makes the node unhealthy.
-    let mut n = model();
-    n.apply_events(vec![event("NEURON_HW_ERR=DMA_ERROR")], None, 1);
-    assert_eq!(n.node_state(), State::Unhealthy);
+}
+
+#[test]
+fn kernel_records_name_a_device_of_the_tree_with_its_serial_number() {
+    let mut m = model();
+    let mut with_serial = ready(1);
+    with_serial.serial = Some("19fcda00f5ff6e01".to_owned());
+    m.apply_reading(node(vec![ready(0), with_serial]), 10, Instant::now());
+    let changes = m.apply_events(
+        vec![
+            event("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=2"),
+            event("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=1 serial-num=deadbeefdeadbeef"),
+        ],
+        Some(3),
+        11,
+    );
+    assert_eq!(changes.refused, [Refusal::UnknownDevice, Refusal::SerialMismatch]);
+    assert!(changes.new_faults.is_empty() && m.kernel_errors.is_empty());
+    assert_eq!(m.node_state(), State::Healthy);
+    // The tree's serial number (any case in the record), or none in the record.
+    let changes = m.apply_events(
+        vec![
+            event("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=1 serial-num=19FCDA00F5FF6E01"),
+            event("NEURON_HW_ERR=DMA_ERROR nd-id=0 serial-num=0123456789abcdef"),
+        ],
+        Some(4),
+        12,
+    );
+    assert!(changes.refused.is_empty(), "{changes:?}");
+    assert_eq!(changes.new_faults.len(), 2);
+    // Before any reading of the tree, no device is known.
+    let mut fresh = model();
+    let changes = fresh.apply_events(vec![event("NEURON_HW_ERR=DMA_ERROR nd-id=0")], None, 1);
+    assert_eq!(changes.refused, [Refusal::UnknownDevice]);
 }
 
 #[test]
@@ -187,13 +217,27 @@ fn persisted_state_survives_a_restart_of_the_same_boot_only() {
 }
 
 #[test]
-fn error_names_are_bounded() {
+fn error_names_are_bounded_with_the_documented_names_kept() {
     let mut m = model();
+    m.apply_reading(node(vec![ready(0)]), 1, Instant::now());
     let events: Vec<_> =
         (0..MAX_HEALTH_ERROR_NAMES + 3).map(|i| event(&format!("NEURON_HW_ERR=E{i} nd-id=0"))).collect();
     let changes = m.apply_events(events, None, 1);
-    assert_eq!(changes.names_over_limit, 3);
-    assert_eq!(m.kernel_errors[&(Some(0), OTHER_ERROR.to_owned())], 3);
+    let kept = MAX_UNDOCUMENTED_ERROR_NAMES;
+    assert_eq!(changes.names_over_limit, (MAX_HEALTH_ERROR_NAMES + 3 - kept) as u64);
+    assert_eq!(m.kernel_errors[&(Some(0), OTHER_ERROR.to_owned())], (MAX_HEALTH_ERROR_NAMES + 3 - kept) as u64);
+    // Every documented name still has its slot, and the table stays within the limit.
+    let documented: Vec<String> =
+        DEFAULT_TAINT_ERRORS.iter().map(|n| n.to_string()).chain([REPAIRABLE_HBM_ERROR.to_owned()]).collect();
+    let events = documented.iter().map(|n| event(&format!("NEURON_HW_ERR={n} nd-id=0"))).collect();
+    let changes = m.apply_events(events, None, 2);
+    assert_eq!(changes.names_over_limit, 0);
+    for name in &documented {
+        assert!(documented_error(name));
+        assert_eq!(m.kernel_errors[&(Some(0), name.clone())], 1, "{name}");
+    }
+    let names: std::collections::BTreeSet<&String> = m.kernel_errors.keys().map(|(_, n)| n).collect();
+    assert_eq!(names.len(), MAX_HEALTH_ERROR_NAMES);
 }
 
 #[test]
@@ -230,6 +274,7 @@ fn neuron_monitor_fills_in_what_sysfs_and_the_kernel_log_did_not_say() {
 #[test]
 fn a_device_the_kernel_log_named_takes_no_execution_error_reason() {
     let mut m = model();
+    m.apply_reading(node(vec![ready(4)]), 99, Instant::now());
     m.apply_events(vec![event("NEURON_HW_ERR=NC_UNCORRECTABLE_ERROR nd-id=4 nc-id=1")], Some(1), 100);
     let changes = m.apply_monitor(&MonitorSignals { uncorrected_ecc: vec![], hardware_errors: vec![(4, 1)] }, 101);
     assert!(changes.new_faults.is_empty(), "{changes:?}");
