@@ -308,13 +308,13 @@ fn read_counters(dir: &Path, reading: &mut Reading) -> Vec<Counter> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testdata::Tree;
+    use crate::testdata::TempDir;
     use std::os::unix::fs::symlink;
 
     /// An RDMA device of `driver` on PCI function `pci` in a fake sysfs root, laid out as
     /// the kernel's: under `devices/`, relative links from `class/infiniband` and to the
     /// driver. Returns its directory.
-    fn device(tree: &Tree, name: &str, pci: &str, driver: &str) -> String {
+    fn device(tree: &TempDir, name: &str, pci: &str, driver: &str) -> String {
         let function = format!("devices/pci0000:00/{pci}");
         let dev = format!("{function}/infiniband/{name}");
         fs::create_dir_all(tree.0.join(&dev)).unwrap();
@@ -336,7 +336,7 @@ mod tests {
 
     #[test]
     fn no_rdma_class_or_no_efa_device_is_no_device() {
-        let tree = Tree::new("efa-sysfs");
+        let tree = TempDir::new("efa-sysfs");
         assert_eq!(read(&tree.0), Reading::default());
         let dev = device(&tree, "mlx5_0", "0000:00:04.0", "mlx5_core");
         tree.write(&format!("{dev}/ports/1/hw_counters/rx_bytes"), "5\n");
@@ -347,7 +347,7 @@ mod tests {
 
     #[test]
     fn reads_every_counter_file_of_efa_devices_through_their_links() {
-        let tree = Tree::new("efa-sysfs");
+        let tree = TempDir::new("efa-sysfs");
         for (name, pci) in [("rdmap32s27", "0000:20:1b.0"), ("rdmap16s27", "0000:10:1b.0")] {
             let dev = device(&tree, name, pci, "efa");
             tree.write(&format!("{dev}/ports/1/hw_counters/tx_bytes"), "1024\n");
@@ -374,7 +374,7 @@ mod tests {
 
     #[test]
     fn broken_files_are_left_out_and_counted_by_reason() {
-        let tree = Tree::new("efa-sysfs");
+        let tree = TempDir::new("efa-sysfs");
         let dev = device(&tree, "rdmap16s27", "0000:10:1b.0", "efa");
         let port = format!("{dev}/ports/1/hw_counters");
         tree.write(&format!("{port}/tx_bytes"), "1\n");
@@ -412,7 +412,7 @@ mod tests {
 
     #[test]
     fn devices_ports_and_counters_are_bounded() {
-        let tree = Tree::new("efa-sysfs");
+        let tree = TempDir::new("efa-sysfs");
         for i in 0..MAX_EFA_DEVICES + 2 {
             let dev = device(&tree, &format!("rdmap{i:03}s27"), &format!("0000:{i:02x}:1b.0"), "efa");
             if i == 0 {
@@ -436,7 +436,7 @@ mod tests {
 
     #[test]
     fn unreadable_directories_are_counted() {
-        let tree = Tree::new("efa-sysfs");
+        let tree = TempDir::new("efa-sysfs");
         let dev = device(&tree, "rdmap16s27", "0000:10:1b.0", "efa");
         // A loop instead of the counters directory.
         symlink("hw_counters", tree.0.join(&dev).join("hw_counters")).unwrap();

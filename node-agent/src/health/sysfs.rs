@@ -517,11 +517,11 @@ mod tests {
         assert_eq!(parse_driver_version(""), None);
     }
 
-    use crate::testdata::Tree;
+    use crate::testdata::TempDir;
 
     #[test]
     fn no_driver_tree_is_not_an_error() {
-        let tree = Tree::new("health-sysfs");
+        let tree = TempDir::new("health-sysfs");
         let node = read_node(&tree.0);
         assert!(!node.driver_loaded);
         assert!(node.devices.is_empty());
@@ -529,7 +529,7 @@ mod tests {
 
     #[test]
     fn reads_what_exists_and_names_what_is_broken() {
-        let tree = Tree::new("health-sysfs");
+        let tree = TempDir::new("health-sysfs");
         let d = "devices/virtual/neuron_device/neuron1";
         tree.write("module/neuron/version", "2.30.2.0\n");
         tree.write(&format!("{d}/core_count"), "2");
@@ -563,7 +563,7 @@ mod tests {
 
     #[test]
     fn an_oversized_file_is_unreadable() {
-        let tree = Tree::new("health-sysfs");
+        let tree = TempDir::new("health-sysfs");
         let d = "devices/virtual/neuron_device/neuron0";
         tree.write(&format!("{d}/reset"), &"1".repeat(MAX_SYSFS_FILE_BYTES + 1));
         let node = read_node(&tree.0);
