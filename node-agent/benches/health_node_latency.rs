@@ -66,7 +66,7 @@ fn main() {
     let path = |p: &Path| p.display().to_string();
     let args: Vec<String> = vec![
         format!("--listen={addr}"),
-        format!("--state-dir={}", path(&dir.join("state"))),
+        format!("--state-dir={}", path(&dir.path().join("state"))),
         format!("--monitor-command={}", path(&workspace_bin("neuron-monitor-sim"))),
         "--monitor-arg=--instance-type=trn1.32xlarge".into(),
         format!("--sysfs-root={}", path(&sys)),

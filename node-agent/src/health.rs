@@ -50,7 +50,7 @@ use self::{
     kmsg::{Follower, LookBack},
     model::{Changes, HealthModel, Persisted},
     report_signals::MonitorReader,
-    telemetry::{self, HealthMetrics},
+    telemetry::HealthMetrics,
 };
 use crate::{
     config::check_state_dir,

@@ -24,10 +24,8 @@ use neuron_node_agent::{
     sinks::cloudwatch::{publish::Backoff, select::AgentDimensions, telemetry::CloudWatchMetrics, Options, Sinks},
     state::NodeState,
 };
-use support::{
-    cloudwatch::{Arrival, CountingEndpoint},
-    fixture, IDLE_INF1,
-};
+use neuron_test_support::{fixture, IDLE_INF1};
+use support::cloudwatch::{Arrival, CountingEndpoint};
 use tokio_util::sync::CancellationToken;
 
 const NODES: usize = 200;

@@ -17,8 +17,9 @@ use std::{
 use api::limits::{
     MAX_EXTRA_LABELS_PER_SERIES, MAX_NEURONCORES, MAX_REPORT_LABEL_VALUE_BYTES, MAX_RUNTIMES_PER_REPORT,
 };
+use neuron_test_support::{fixture, TRN1N_32};
 use serde_json::{json, Value};
-use support::{fixture, http_get, Agent, Metrics, TempDir, TRN1N_32};
+use support::{http_get, Agent, Metrics, TempDir};
 
 /// neuron-monitor is silent after its lines: no restart for silence while a test reads.
 const QUIET: &[&str] = &["--silence-timeout", "1h", "--log", "warn"];

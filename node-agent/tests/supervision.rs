@@ -5,7 +5,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{alive, fixture, fixture_path, Agent, TempDir, TRN1N_32};
+use neuron_test_support::{fixture, fixture_path, TRN1N_32};
+use support::{alive, Agent, TempDir};
 
 const FAST: &[&str] = &["--period", "200ms", "--restart-backoff-initial", "200ms", "--restart-backoff-max", "3s"];
 

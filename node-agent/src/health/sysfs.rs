@@ -532,15 +532,15 @@ mod tests {
         let tree = TempDir::new("health-sysfs");
         let d = "devices/virtual/neuron_device/neuron1";
         tree.write("module/neuron/version", "2.30.2.0\n");
-        tree.write(&format!("{d}/core_count"), "2");
-        tree.write(&format!("{d}/reset"), "1\n");
-        tree.write(&format!("{d}/info/serial_number"), "\n");
-        tree.write(&format!("{d}/stats/hardware/mem_ecc_uncorrected"), "1\n");
-        tree.write(&format!("{d}/stats/hardware/health_status/hbm_ecc_err_count"), "3\n");
-        tree.write(&format!("{d}/stats/hardware/sram_ecc_uncorrected"), "garbage\n");
-        tree.write(&format!("{d}/stats/power/utilization"), "POWER_STATUS_INVALID,0,0,0,0\n");
-        tree.write(&format!("{d}/neuron_core1/stats/status/hw_nc_ue_error/total"), "2\n");
-        tree.write(&format!("{d}/neuron_core99/stats/status/hw_nc_ue_error/total"), "2\n");
+        tree.write(format!("{d}/core_count"), "2");
+        tree.write(format!("{d}/reset"), "1\n");
+        tree.write(format!("{d}/info/serial_number"), "\n");
+        tree.write(format!("{d}/stats/hardware/mem_ecc_uncorrected"), "1\n");
+        tree.write(format!("{d}/stats/hardware/health_status/hbm_ecc_err_count"), "3\n");
+        tree.write(format!("{d}/stats/hardware/sram_ecc_uncorrected"), "garbage\n");
+        tree.write(format!("{d}/stats/power/utilization"), "POWER_STATUS_INVALID,0,0,0,0\n");
+        tree.write(format!("{d}/neuron_core1/stats/status/hw_nc_ue_error/total"), "2\n");
+        tree.write(format!("{d}/neuron_core99/stats/status/hw_nc_ue_error/total"), "2\n");
         tree.write("devices/virtual/neuron_device/neuron999/reset", "1\n");
         tree.write("devices/virtual/neuron_device/not_a_device/reset", "1\n");
         let node = read_node(&tree.0);
@@ -565,7 +565,7 @@ mod tests {
     fn an_oversized_file_is_unreadable() {
         let tree = TempDir::new("health-sysfs");
         let d = "devices/virtual/neuron_device/neuron0";
-        tree.write(&format!("{d}/reset"), &"1".repeat(MAX_SYSFS_FILE_BYTES + 1));
+        tree.write(format!("{d}/reset"), "1".repeat(MAX_SYSFS_FILE_BYTES + 1));
         let node = read_node(&tree.0);
         assert_eq!(node.devices[0].state, None);
         assert_eq!(node.devices[0].unreadable, ["reset"]);

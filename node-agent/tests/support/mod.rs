@@ -28,9 +28,8 @@ pub fn sim() -> &'static str {
 /// The argument that makes the agent binary a monitor group guard.
 pub const GUARD_ARG: &str = neuron_node_agent::monitor::group::GUARD_ARG;
 
-pub use neuron_test_support::{
-    child_pids, fixture, fixture_path, free_port, http_get, TempDir, IDLE_INF1, TRN1N_32, TRN1_ERRORS,
-};
+// The common test support (the fixtures are read from `neuron_test_support` directly).
+pub use neuron_test_support::{child_pids, free_port, http_get, TempDir};
 
 /// A running agent.
 pub struct Agent {
