@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 reports=${1:-10000}
-fixtures=${NEURON_FIXTURES:-../shared/fixtures/neuron-monitor}
+fixtures=${NEURON_FIXTURES:-tests/fixtures/neuron-monitor}
 cargo build --release --quiet -p neuron-node-agent -p neuron-monitor-sim --bins
 target=${CARGO_TARGET_DIR:-target}/release
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

@@ -19,6 +19,7 @@ use neuron_node_agent::{
     sinks::prometheus::Scope,
     state::{InstanceLabels, PodRef},
 };
+use neuron_test_support::TempDir;
 use prometheus_client::{collector::Collector, encoding::DescriptorEncoder, registry::Registry};
 
 const PORT_COUNTERS: [&str; 22] = [
@@ -104,8 +105,8 @@ impl Collector for Efa {
 }
 
 fn efa(c: &mut Criterion) {
-    let root = std::env::temp_dir().join(format!("neuron-bench-efa-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let tree = TempDir::new("bench-efa");
+    let root = tree.path().to_owned();
     let files = efa_tree(&root);
     let reader = EfaReader { sysfs_root: root.clone(), metrics: EfaMetrics::register(&mut Registry::default()) };
     let reading = reader.read();
@@ -145,7 +146,6 @@ fn efa(c: &mut Criterion) {
         })
     });
     group.finish();
-    let _ = std::fs::remove_dir_all(&root);
 }
 
 criterion_group!(benches, efa);

@@ -28,18 +28,17 @@ use neuron_node_agent::{
     sinks::prometheus::{Exposition, Format},
     state::NodeState,
 };
+use neuron_test_support::{TempDir, TRN1N_32};
 use prometheus_client::registry::Registry;
 use support::compact_fixture;
 
 mod support;
 
 /// A driver tree like the simulator's for a trn2.48xlarge.
-fn fake_tree() -> PathBuf {
-    let root = std::env::temp_dir().join(format!("neuron-bench-sysfs-{}", std::process::id()));
+fn fake_tree() -> TempDir {
+    let root = TempDir::new("bench-sysfs");
     let write = |rel: String, text: &str| {
-        let path = root.join(rel);
-        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
-        std::fs::write(path, text).expect("write");
+        root.write(rel, text);
     };
     write("module/neuron/version".into(), "2.30.2.0\n");
     for d in 0..16 {
@@ -136,8 +135,9 @@ fn exposition(state: &Arc<Mutex<NodeState>>, health: Option<&Arc<Mutex<HealthMod
 }
 
 fn health(c: &mut Criterion) {
-    let line = compact_fixture("trn1n.32xlarge-32runtimes.json");
-    let root = fake_tree();
+    let line = compact_fixture(TRN1N_32);
+    let tree = fake_tree();
+    let root = tree.path().to_owned();
     let model = Arc::new(Mutex::new(model_of(&root)));
     let mut node = NodeState::default();
     node.apply(&Report::parse(&line).expect("parse"));
@@ -167,7 +167,6 @@ fn health(c: &mut Criterion) {
     group.bench_function("render/without_health", |b| b.iter(|| plain.render(Format::Classic).expect("render")));
     group.bench_function("render/with_health", |b| b.iter(|| with_health.render(Format::Classic).expect("render")));
     group.finish();
-    let _ = std::fs::remove_dir_all(&root);
 }
 
 fn print_ratios(

@@ -28,7 +28,8 @@ use kube::{
     api::{ListParams, PostParams},
     Api,
 };
-use neuron_e2e::{free_port, http_get, random_u32, spawn_tied, workspace_bin, ControlPlane, Process};
+use neuron_e2e::{spawn_tied, workspace_bin, ControlPlane, Process};
+use neuron_test_support::{free_port, http_get, random_u32, TempDir};
 
 const NAMES: [&str; 4] = ["HBM_UNCORRECTABLE_ERROR", "NC_UNCORRECTABLE_ERROR", "SRAM_UNCORRECTABLE_ERROR", "DMA_ERROR"];
 /// Devices faults go to: the condition's message (at most 1,000 bytes) lists each
@@ -49,9 +50,8 @@ fn main() {
     rt.block_on(nodes.create(&PostParams::default(), &object)).expect("create the Node");
     let events: Api<Event> = Api::namespaced(client, "default");
 
-    let dir = std::env::temp_dir().join(format!("neuron-bench-health-{:08x}", random_u32()));
-    let (sys, kmsg) = (dir.join("sys"), dir.join("kmsg"));
-    std::fs::create_dir_all(&dir).expect("create the bench's directory");
+    let dir = TempDir::new("bench-health");
+    let (sys, kmsg) = (dir.path().join("sys"), dir.path().join("kmsg"));
     let mut sim = Command::new(workspace_bin("neuron-monitor-sim"));
     sim.args(["--instance-type=trn1.32xlarge", "--sysfs-root"])
         .arg(&sys)
@@ -66,7 +66,7 @@ fn main() {
     let path = |p: &Path| p.display().to_string();
     let args: Vec<String> = vec![
         format!("--listen={addr}"),
-        format!("--state-dir={}", path(&dir.join("state"))),
+        format!("--state-dir={}", path(&dir.path().join("state"))),
         format!("--monitor-command={}", path(&workspace_bin("neuron-monitor-sim"))),
         "--monitor-arg=--instance-type=trn1.32xlarge".into(),
         format!("--sysfs-root={}", path(&sys)),
@@ -141,7 +141,6 @@ fn main() {
     unsafe {
         libc::kill(sim_pid as libc::pid_t, libc::SIGTERM);
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// An Event for `node` with reason `NeuronHasError_<name>` naming `device`.

@@ -11,7 +11,7 @@
 # Usage: node-agent/benches/hostile_inputs.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-fixtures=${NEURON_FIXTURES:-../shared/fixtures/neuron-monitor}
+fixtures=${NEURON_FIXTURES:-tests/fixtures/neuron-monitor}
 cargo build --release --quiet -p neuron-node-agent --bins
 agent_bin=${CARGO_TARGET_DIR:-target}/release/neuron-node-agent
 work=$(mktemp -d)

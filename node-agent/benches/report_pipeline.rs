@@ -40,13 +40,14 @@ use neuron_node_agent::{
     sinks::prometheus::{Exposition, Format},
     state::NodeState,
 };
+use neuron_test_support::{TempDir, TRN1N_32};
 use prometheus_client::registry::Registry;
 use support::compact_fixture;
 
 mod support;
 
 fn pipeline(c: &mut Criterion) {
-    let line = compact_fixture("trn1n.32xlarge-32runtimes.json");
+    let line = compact_fixture(TRN1N_32);
     let mut group = c.benchmark_group("trn1n_32_runtimes");
     group.throughput(Throughput::Bytes(line.len() as u64));
 
@@ -64,8 +65,8 @@ fn pipeline(c: &mut Criterion) {
 
     // One pod per runtime of the report: its process in the pod's cgroup, its core held by
     // the pod, one allow-listed label.
-    let proc_root = std::env::temp_dir().join(format!("neuron-bench-proc-{}", std::process::id()));
-    let attribution = populated_attribution(&state, &proc_root);
+    let proc_root = TempDir::new("bench-proc");
+    let attribution = populated_attribution(&state, proc_root.path());
     let mut attributed = NodeState::default();
     group.bench_function("parse_update_attribute", |b| {
         b.iter(|| {
@@ -76,7 +77,6 @@ fn pipeline(c: &mut Criterion) {
     });
     assert!(attributed.runtimes.iter().all(|rt| rt.labels.pod.is_some()), "every runtime attributed");
     group.bench_function("attribute", |b| b.iter(|| attribution.attribute(&mut attributed)));
-    let _ = std::fs::remove_dir_all(&proc_root);
 
     let state = Arc::new(Mutex::new(state));
     let exposition = Exposition::new(Registry::default(), state, Default::default(), Default::default());

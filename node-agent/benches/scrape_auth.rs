@@ -33,6 +33,7 @@ use neuron_node_agent::{
     state::NodeState,
     telemetry::AgentMetrics,
 };
+use neuron_test_support::TRN1N_32;
 use prometheus_client::registry::Registry;
 use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
 use service::{
@@ -68,7 +69,7 @@ fn setup() -> Bench {
         let metrics = AgentMetrics::register(&mut registry);
         let state = Arc::new(Mutex::new(NodeState::default()));
         let pipeline = Arc::new(Pipeline::new(state.clone(), metrics));
-        assert!(pipeline.handle_line(compact_fixture("trn1n.32xlarge-32runtimes.json").as_bytes()));
+        assert!(pipeline.handle_line(compact_fixture(TRN1N_32).as_bytes()));
         let exposition = Exposition::new(registry, state, Default::default(), Default::default());
         let http_state = Arc::new(HttpState { exposition, pipeline });
 

@@ -4,10 +4,11 @@
 //!   state, heartbeat, power, per-core hardware error counters, driver version);
 //! - [`kmsg`]: the kernel log (`NEURON_HW_ERR=<NAME>` records, the driver's `neuron:`
 //!   error records), followed from `/dev/kmsg` or a regular file;
-//! - [`monitor`]: neuron-monitor's reports (ECC events, hardware execution errors);
+//! - [`report_signals`]: neuron-monitor's reports (ECC events, hardware execution errors);
 //! - [`model`]: the health of each device (healthy / unhealthy / unknown and why),
 //!   persisted per boot in the state directory;
-//! - [`metrics`]: its Prometheus series, and the agent's own `neuron_agent_health_*`;
+//! - [`metrics`]: its Prometheus series; [`telemetry`]: the agent's own
+//!   `neuron_agent_health_*`;
 //! - [`node`]: with `--node-name`, the Node condition `NeuronHealth` and an Event per
 //!   new fault; [`taint`]: the optional NoSchedule taint of a node with a fatal error;
 //! - [`logs`]: with a log group, a JSON event per new fault and per state change in
@@ -21,11 +22,12 @@ pub mod kmsg;
 pub mod logs;
 pub mod metrics;
 pub mod model;
-pub mod monitor;
 pub mod node;
+pub mod report_signals;
 pub mod settings;
 pub mod sysfs;
 pub mod taint;
+pub mod telemetry;
 
 use std::{
     fs,
@@ -46,9 +48,9 @@ use tracing::{info, warn};
 
 use self::{
     kmsg::{Batch, Follower, LookBack, Refusal},
-    metrics::HealthMetrics,
     model::{Changes, HealthModel, Persisted},
-    monitor::MonitorReader,
+    report_signals::MonitorReader,
+    telemetry::HealthMetrics,
 };
 use crate::{
     config::check_state_dir,
@@ -283,8 +285,8 @@ impl SysfsReader {
         let mut trigger = "start";
         while !self.stop.load(Ordering::Relaxed) {
             let reading = sysfs::read_node(&self.options.sysfs_root);
-            self.metrics.sysfs_reads.get_or_create(&metrics::TriggerLabel { trigger }).inc();
-            self.metrics.source_up(metrics::SOURCE_SYSFS, reading.driver_loaded && !reading.unreadable);
+            self.metrics.sysfs_reads.get_or_create(&telemetry::TriggerLabel { trigger }).inc();
+            self.metrics.source_up(telemetry::SOURCE_SYSFS, reading.driver_loaded && !reading.unreadable);
             for what in &reading.refused {
                 self.metrics.refused(what);
             }
@@ -360,9 +362,9 @@ impl KmsgReader {
                     after_seq,
                 },
             };
-            self.metrics.source_up(metrics::SOURCE_KMSG, true);
+            self.metrics.source_up(telemetry::SOURCE_KMSG, true);
             let outcome = follower.run(&self.stop, |batch| self.take(batch, &refusals_logged));
-            self.metrics.source_up(metrics::SOURCE_KMSG, false);
+            self.metrics.source_up(telemetry::SOURCE_KMSG, false);
             match outcome {
                 Ok(()) => return,
                 Err(e) => {
@@ -449,8 +451,8 @@ mod tests {
     #[test]
     fn the_state_is_written_only_into_a_checked_directory() {
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let base = std::env::temp_dir().join(format!("health-state-{}-{}", std::process::id(), fastrand::u64(..)));
-        let (real, link) = (base.join("real"), base.join("link"));
+        let base = crate::testdata::TempDir::new("health-state");
+        let (real, link) = (base.path().join("real"), base.path().join("link"));
         fs::create_dir_all(&real).unwrap();
         std::os::unix::fs::symlink(&real, &link).unwrap();
 
@@ -468,6 +470,5 @@ mod tests {
         let saved = load_state(&real, &direct.metrics).expect("written and readable");
         assert_eq!((saved.kmsg_seq, saved.devices.len()), (Some(9), 2), "the devices the tree listed");
         assert!(!model.dirty, "written once");
-        let _ = fs::remove_dir_all(&base);
     }
 }

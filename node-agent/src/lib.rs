@@ -38,38 +38,7 @@ pub mod telemetry;
 
 #[cfg(test)]
 pub(crate) mod testdata {
-    /// A recorded neuron-monitor report from the project's shared fixtures.
-    pub fn fixture(name: &str) -> String {
-        let dir = std::env::var("NEURON_FIXTURES").unwrap_or_else(|_| {
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/neuron-monitor").to_owned()
-        });
-        let path = format!("{dir}/{name}");
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {path}: {e}"))
-    }
-
-    /// A temporary file tree for the tests of readers (sysfs, /proc), removed on drop.
-    pub struct Tree(pub std::path::PathBuf);
-
-    impl Tree {
-        pub fn new(tag: &str) -> Tree {
-            let p = std::env::temp_dir().join(format!("{tag}-{}-{}", std::process::id(), fastrand::u64(..)));
-            std::fs::create_dir_all(&p).unwrap();
-            Tree(p)
-        }
-
-        /// Writes `text` to the file at `rel`, creating its directories.
-        pub fn write(&self, rel: &str, text: &str) {
-            let path = self.0.join(rel);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, text).unwrap();
-        }
-    }
-
-    impl Drop for Tree {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    pub use neuron_test_support::{fixture, TempDir, IDLE_INF1, TRN1N_32, TRN1_ERRORS};
 
     /// Attributes each runtime of `state` to a pod of its own, `serve-<i>` (container
     /// `main`), in the namespace `namespace(i)`.
@@ -85,8 +54,4 @@ pub(crate) mod testdata {
             std::sync::Arc::make_mut(&mut rt.labels).pod = Some(std::sync::Arc::new(pod));
         }
     }
-
-    pub const IDLE_INF1: &str = "inf1.xlarge-idle-1runtime.json";
-    pub const TRN1_ERRORS: &str = "trn1.2xlarge-1runtime-errors.json";
-    pub const TRN1N_32: &str = "trn1n.32xlarge-32runtimes.json";
 }

@@ -17,9 +17,10 @@ use neuron_node_agent::{
     health::{
         self,
         logs::{self, LogDestination, LogMetrics, LogSink},
-        metrics::{HealthCollector, HealthMetrics},
+        metrics::HealthCollector,
         settings::{HealthDefaults, SettingsReceiver},
         taint::{TaintMetrics, Tainter},
+        telemetry::HealthMetrics,
     },
     http::{self, HttpState},
     kubernetes,
@@ -27,8 +28,8 @@ use neuron_node_agent::{
     pipeline::Pipeline,
     processes::{self, ProcReader, ProcessMetrics, SharedProcesses},
     sinks::{
-        cloudwatch::{self, metrics::CloudWatchMetrics, publish::Backoff, select::AgentDimensions},
-        otlp::{self, encode::Identity, metrics::OtlpMetrics},
+        cloudwatch::{self, publish::Backoff, select::AgentDimensions, telemetry::CloudWatchMetrics},
+        otlp::{self, encode::Identity, telemetry::OtlpMetrics},
         prometheus::Exposition,
     },
     state::NodeState,

@@ -881,8 +881,8 @@ fn the_operator_gives_each_team_its_own_cloudwatch_namespace() {
     eprintln!("operator → agent → CloudWatch per namespace: {:?}", started.elapsed());
 }
 
-/// The Container Insights list of the reference (`shared/reference/container-insights-neuron.md`),
-/// written out here apart from the catalogue: (metric name, dimension names) of a family,
+/// The Container Insights list as the CloudWatch agent's source publishes it, written out
+/// here apart from the catalogue: (metric name, dimension names) of a family,
 /// without the `UltraServer` and `Service` sets the agent cannot fill.
 fn container_insights_list(node: bool, ecc: bool) -> BTreeSet<(String, BTreeSet<String>)> {
     type Set = BTreeSet<String>;

@@ -21,13 +21,11 @@ use api::{
 use neuron_node_agent::{
     health::model::HealthModel,
     routing::{Routing, SharedRouting},
-    sinks::cloudwatch::{metrics::CloudWatchMetrics, publish::Backoff, select::AgentDimensions, Options, Sinks},
+    sinks::cloudwatch::{publish::Backoff, select::AgentDimensions, telemetry::CloudWatchMetrics, Options, Sinks},
     state::NodeState,
 };
-use support::{
-    cloudwatch::{Arrival, CountingEndpoint},
-    fixture_path,
-};
+use neuron_test_support::{fixture, IDLE_INF1};
+use support::cloudwatch::{Arrival, CountingEndpoint};
 use tokio_util::sync::CancellationToken;
 
 const NODES: usize = 200;
@@ -90,7 +88,7 @@ fn sinks_started_together_across_a_fleet_send_spread_over_the_interval() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let started = runtime.block_on(async {
         // Every node runs the same one-application inf1 report: one request per flush.
-        let report = std::fs::read_to_string(fixture_path("inf1.xlarge-idle-1runtime.json")).unwrap();
+        let report = fixture(IDLE_INF1);
         let mut state = NodeState::default();
         state.apply(&Report::parse(&report).unwrap());
         let state = Arc::new(Mutex::new(state));

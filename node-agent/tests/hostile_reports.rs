@@ -17,16 +17,16 @@ use std::{
 use api::limits::{
     MAX_EXTRA_LABELS_PER_SERIES, MAX_NEURONCORES, MAX_REPORT_LABEL_VALUE_BYTES, MAX_RUNTIMES_PER_REPORT,
 };
+use neuron_test_support::{fixture, TRN1N_32};
 use serde_json::{json, Value};
-use support::{fixture_path, http_get, Agent, Metrics, TempDir};
+use support::{http_get, Agent, Metrics, TempDir};
 
 /// neuron-monitor is silent after its lines: no restart for silence while a test reads.
 const QUIET: &[&str] = &["--silence-timeout", "1h", "--log", "warn"];
 
 /// The 32-runtime trn1n.32xlarge report as a JSON value.
 fn fixture_32() -> Value {
-    let text = std::fs::read_to_string(fixture_path("trn1n.32xlarge-32runtimes.json")).expect("fixture");
-    serde_json::from_str(&text).expect("fixture is JSON")
+    serde_json::from_str(&fixture(TRN1N_32)).expect("fixture is JSON")
 }
 
 /// Writes an executable shell script `neuron-monitor` in `dir` with `body`.
@@ -154,7 +154,7 @@ fn runtimes_beyond_the_cap_are_skipped_and_healthz_stays_responsive() {
     let mut slowest = Duration::ZERO;
     loop {
         let asked = Instant::now();
-        let health = http_get(agent.addr, "/healthz", None).map(|r| r.0);
+        let health = http_get(agent.addr, "/healthz").map(|r| r.0);
         slowest = slowest.max(asked.elapsed());
         assert_eq!(health, Some(200), "/healthz after {:?}", start.elapsed());
         assert!(asked.elapsed() < Duration::from_secs(5), "/healthz took {:?}", asked.elapsed());

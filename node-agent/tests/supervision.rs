@@ -5,7 +5,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{alive, fixture_path, Agent, TempDir};
+use neuron_test_support::{fixture, fixture_path, TRN1N_32};
+use support::{alive, Agent, TempDir};
 
 const FAST: &[&str] = &["--period", "200ms", "--restart-backoff-initial", "200ms", "--restart-backoff-max", "3s"];
 
@@ -76,14 +77,14 @@ fn garbage_truncated_and_oversized_lines_are_counted_and_skipped() {
 fn series_of_a_runtime_that_exits_disappear() {
     // Two recorded reports in turn: all 32 runtimes, then the same without one.
     let dir = TempDir::new("replay");
-    let full = std::fs::read_to_string(fixture_path("trn1n.32xlarge-32runtimes.json")).expect("fixture");
+    let full = fixture(TRN1N_32);
     let mut doc: serde_json::Value = serde_json::from_str(&full).expect("json");
     let runtimes = doc["neuron_runtime_data"].as_array_mut().expect("runtimes");
     let gone = runtimes.remove(5);
     let gone_tag = gone["neuron_runtime_tag"].as_str().expect("tag").to_owned();
     let fewer = dir.0.join("fewer.json");
     std::fs::write(&fewer, serde_json::to_string(&doc).expect("json")).expect("write");
-    let full_path = fixture_path("trn1n.32xlarge-32runtimes.json");
+    let full_path = fixture_path(TRN1N_32);
     let replay = [
         format!("--replay={}", full_path.display()),
         format!("--replay={}", fewer.display()),

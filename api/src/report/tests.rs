@@ -1,11 +1,6 @@
-use super::*;
+use neuron_test_support::{fixture, IDLE_INF1, TRN1N_32, TRN1_ERRORS};
 
-fn fixture(name: &str) -> String {
-    let dir = std::env::var("NEURON_FIXTURES")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/neuron-monitor").to_owned());
-    let path = format!("{dir}/{name}");
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {path}: {e}"))
-}
+use super::*;
 
 fn runtimes<'r, 'a>(report: &'r Report<'a>) -> Vec<&'r RuntimeEntry<'a>> {
     report
@@ -20,7 +15,7 @@ fn runtimes<'r, 'a>(report: &'r Report<'a>) -> Vec<&'r RuntimeEntry<'a>> {
 
 #[test]
 fn idle_inf1_fixture() {
-    let text = fixture("inf1.xlarge-idle-1runtime.json");
+    let text = fixture(IDLE_INF1);
     let report = Report::parse(&text).unwrap();
     let rts = runtimes(&report);
     assert_eq!(rts.len(), 1);
@@ -66,7 +61,7 @@ fn idle_inf1_fixture() {
 
 #[test]
 fn trn1_fixture_with_errors_and_latency() {
-    let text = fixture("trn1.2xlarge-1runtime-errors.json");
+    let text = fixture(TRN1_ERRORS);
     let report = Report::parse(&text).unwrap();
     let rt = runtimes(&report)[0];
     assert_eq!(rt.neuron_runtime_tag.as_deref(), Some("1337"));
@@ -87,7 +82,7 @@ fn trn1_fixture_with_errors_and_latency() {
 
 #[test]
 fn trn1n_fixture_with_32_runtimes() {
-    let text = fixture("trn1n.32xlarge-32runtimes.json");
+    let text = fixture(TRN1N_32);
     let report = Report::parse(&text).unwrap();
     let rts = runtimes(&report);
     assert_eq!(rts.len(), 32);

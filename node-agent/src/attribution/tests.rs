@@ -4,6 +4,8 @@ use api::report::Report;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
+use crate::testdata::TempDir;
+
 use super::{
     podresources::{Allocation, DeviceOwnership, Unit},
     pods::{PodIndex, PodLabelKeys},
@@ -11,25 +13,15 @@ use super::{
 };
 
 /// A fake `/proc` with a cgroup file per PID, removed on drop.
-struct FakeProc(PathBuf);
+struct FakeProc(TempDir);
 
 impl FakeProc {
     fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("neuron-attr-{}-{}", std::process::id(), fastrand::u64(..)));
-        std::fs::create_dir_all(&dir).unwrap();
-        FakeProc(dir)
+        FakeProc(TempDir::new("attr-proc"))
     }
 
     fn process(&self, pid: u32, cgroup: &str) {
-        let dir = self.0.join(pid.to_string());
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("cgroup"), cgroup).unwrap();
-    }
-}
-
-impl Drop for FakeProc {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0.write(format!("{pid}/cgroup"), cgroup);
     }
 }
 
@@ -102,7 +94,8 @@ impl Fixture {
         let devices: SharedDevices = Arc::new(RwLock::new(DeviceOwnership::default()));
         let ecs: SharedEcs = Arc::default();
         let metrics = AttributionMetrics::default();
-        let attribution = Attribution::new(proc.0.clone(), pods.clone(), devices.clone(), ecs.clone(), metrics.clone());
+        let attribution =
+            Attribution::new(proc.0.path().to_owned(), pods.clone(), devices.clone(), ecs.clone(), metrics.clone());
         Fixture { proc, pods, devices, ecs, metrics, attribution, state: NodeState::default() }
     }
 

@@ -308,13 +308,13 @@ fn read_counters(dir: &Path, reading: &mut Reading) -> Vec<Counter> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testdata::Tree;
+    use crate::testdata::TempDir;
     use std::os::unix::fs::symlink;
 
     /// An RDMA device of `driver` on PCI function `pci` in a fake sysfs root, laid out as
     /// the kernel's: under `devices/`, relative links from `class/infiniband` and to the
     /// driver. Returns its directory.
-    fn device(tree: &Tree, name: &str, pci: &str, driver: &str) -> String {
+    fn device(tree: &TempDir, name: &str, pci: &str, driver: &str) -> String {
         let function = format!("devices/pci0000:00/{pci}");
         let dev = format!("{function}/infiniband/{name}");
         fs::create_dir_all(tree.0.join(&dev)).unwrap();
@@ -336,10 +336,10 @@ mod tests {
 
     #[test]
     fn no_rdma_class_or_no_efa_device_is_no_device() {
-        let tree = Tree::new("efa-sysfs");
+        let tree = TempDir::new("efa-sysfs");
         assert_eq!(read(&tree.0), Reading::default());
         let dev = device(&tree, "mlx5_0", "0000:00:04.0", "mlx5_core");
-        tree.write(&format!("{dev}/ports/1/hw_counters/rx_bytes"), "5\n");
+        tree.write(format!("{dev}/ports/1/hw_counters/rx_bytes"), "5\n");
         let reading = read(&tree.0);
         assert!(reading.rdma_class && reading.devices.is_empty());
         assert_eq!((reading.other_devices, reading.skipped), (1, [0; 8]));
@@ -347,16 +347,16 @@ mod tests {
 
     #[test]
     fn reads_every_counter_file_of_efa_devices_through_their_links() {
-        let tree = Tree::new("efa-sysfs");
+        let tree = TempDir::new("efa-sysfs");
         for (name, pci) in [("rdmap32s27", "0000:20:1b.0"), ("rdmap16s27", "0000:10:1b.0")] {
             let dev = device(&tree, name, pci, "efa");
-            tree.write(&format!("{dev}/ports/1/hw_counters/tx_bytes"), "1024\n");
-            tree.write(&format!("{dev}/ports/1/hw_counters/rx_drops"), "0\n");
-            tree.write(&format!("{dev}/ports/1/hw_counters/a_counter_of_a_newer_driver"), "18446744073709551615\n");
-            tree.write(&format!("{dev}/hw_counters/cmds_err"), "3");
+            tree.write(format!("{dev}/ports/1/hw_counters/tx_bytes"), "1024\n");
+            tree.write(format!("{dev}/ports/1/hw_counters/rx_drops"), "0\n");
+            tree.write(format!("{dev}/ports/1/hw_counters/a_counter_of_a_newer_driver"), "18446744073709551615\n");
+            tree.write(format!("{dev}/hw_counters/cmds_err"), "3");
         }
         let other = device(&tree, "mlx5_0", "0000:00:04.0", "mlx5_core");
-        tree.write(&format!("{other}/ports/1/hw_counters/tx_bytes"), "7\n");
+        tree.write(format!("{other}/ports/1/hw_counters/tx_bytes"), "7\n");
         let reading = read(&tree.0);
         assert_eq!(reading.other_devices, 1);
         assert_eq!(reading.skipped, [0; 8]);
@@ -374,28 +374,28 @@ mod tests {
 
     #[test]
     fn broken_files_are_left_out_and_counted_by_reason() {
-        let tree = Tree::new("efa-sysfs");
+        let tree = TempDir::new("efa-sysfs");
         let dev = device(&tree, "rdmap16s27", "0000:10:1b.0", "efa");
         let port = format!("{dev}/ports/1/hw_counters");
-        tree.write(&format!("{port}/tx_bytes"), "1\n");
-        tree.write(&format!("{port}/negative"), "-1\n");
-        tree.write(&format!("{port}/garbage"), "12 apples\n");
-        tree.write(&format!("{port}/overflow"), "18446744073709551616\n");
-        tree.write(&format!("{port}/empty"), "");
+        tree.write(format!("{port}/tx_bytes"), "1\n");
+        tree.write(format!("{port}/negative"), "-1\n");
+        tree.write(format!("{port}/garbage"), "12 apples\n");
+        tree.write(format!("{port}/overflow"), "18446744073709551616\n");
+        tree.write(format!("{port}/empty"), "");
         fs::write(tree.0.join(&port).join("not_utf8"), b"\xff\xfe").unwrap();
-        tree.write(&format!("{port}/huge"), &"1".repeat(MAX_COUNTER_FILE_BYTES as usize + 1));
-        tree.write(&format!("{port}/Upper_Case"), "1\n");
-        tree.write(&format!("{port}/{}", "x".repeat(MAX_NAME_BYTES + 1)), "1\n");
-        tree.write(&format!("{port}/.tx_bytes.tmp"), "999\n");
+        tree.write(format!("{port}/huge"), "1".repeat(MAX_COUNTER_FILE_BYTES as usize + 1));
+        tree.write(format!("{port}/Upper_Case"), "1\n");
+        tree.write(format!("{port}/{}", "x".repeat(MAX_NAME_BYTES + 1)), "1\n");
+        tree.write(format!("{port}/.tx_bytes.tmp"), "999\n");
         fs::create_dir_all(tree.0.join(&port).join("a_directory")).unwrap();
         symlink("tx_bytes", tree.0.join(&port).join("linked")).unwrap();
         symlink("/dev/zero", tree.0.join(&port).join("zeros")).unwrap();
         let fifo = std::ffi::CString::new(tree.0.join(&port).join("pipe").to_str().unwrap()).unwrap();
         // SAFETY: a NUL-terminated path; mkfifo only creates the node.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
-        tree.write(&format!("{dev}/ports/01/hw_counters/tx_bytes"), "1\n");
-        tree.write(&format!("{dev}/ports/0/hw_counters/tx_bytes"), "1\n");
-        tree.write(&format!("{dev}/ports/x/hw_counters/tx_bytes"), "1\n");
+        tree.write(format!("{dev}/ports/01/hw_counters/tx_bytes"), "1\n");
+        tree.write(format!("{dev}/ports/0/hw_counters/tx_bytes"), "1\n");
+        tree.write(format!("{dev}/ports/x/hw_counters/tx_bytes"), "1\n");
         device(&tree, "a device", "0000:11:1b.0", "efa");
 
         let reading = read(&tree.0);
@@ -412,15 +412,15 @@ mod tests {
 
     #[test]
     fn devices_ports_and_counters_are_bounded() {
-        let tree = Tree::new("efa-sysfs");
+        let tree = TempDir::new("efa-sysfs");
         for i in 0..MAX_EFA_DEVICES + 2 {
             let dev = device(&tree, &format!("rdmap{i:03}s27"), &format!("0000:{i:02x}:1b.0"), "efa");
             if i == 0 {
                 for c in 0..MAX_COUNTERS_PER_DIR + 10 {
-                    tree.write(&format!("{dev}/hw_counters/c{c:03}"), "1\n");
+                    tree.write(format!("{dev}/hw_counters/c{c:03}"), "1\n");
                 }
                 for p in 1..=MAX_PORTS + 1 {
-                    tree.write(&format!("{dev}/ports/{p}/hw_counters/tx_bytes"), "1\n");
+                    tree.write(format!("{dev}/ports/{p}/hw_counters/tx_bytes"), "1\n");
                 }
             }
         }
@@ -436,11 +436,11 @@ mod tests {
 
     #[test]
     fn unreadable_directories_are_counted() {
-        let tree = Tree::new("efa-sysfs");
+        let tree = TempDir::new("efa-sysfs");
         let dev = device(&tree, "rdmap16s27", "0000:10:1b.0", "efa");
         // A loop instead of the counters directory.
         symlink("hw_counters", tree.0.join(&dev).join("hw_counters")).unwrap();
-        tree.write(&format!("{dev}/ports/1/hw_counters/tx_bytes"), "4\n");
+        tree.write(format!("{dev}/ports/1/hw_counters/tx_bytes"), "4\n");
         let reading = read(&tree.0);
         assert_eq!(reading.devices[0].counters, Vec::new());
         assert_eq!(reading.devices[0].ports[0].counters, counters(&[("tx_bytes", 4)]));

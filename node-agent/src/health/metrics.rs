@@ -1,6 +1,5 @@
 //! The health model on `/metrics`, with the instance labels of the other node-level
-//! series and, on the device health series, the pods holding the device; and the
-//! agent's own `neuron_agent_health_*` metrics.
+//! series and, on the device health series, the pods holding the device.
 
 use std::{
     collections::BTreeMap,
@@ -9,15 +8,9 @@ use std::{
 };
 
 use api::limits::{MAX_NEURON_DEVICES, MAX_REPORT_LABEL_VALUE_BYTES};
-use prometheus_client::{
-    collector::Collector,
-    encoding::{DescriptorEncoder, EncodeLabelSet},
-    metrics::{counter::Counter, family::Family as MetricFamily, gauge::Gauge, MetricType},
-    registry::Registry,
-};
+use prometheus_client::{collector::Collector, encoding::DescriptorEncoder, metrics::MetricType};
 
 use super::{
-    kmsg::Refusal,
     model::{HealthModel, State},
     sysfs::{Ecc, PowerStatus, CORE_ERRORS},
     SharedHealth,
@@ -26,92 +19,7 @@ use crate::{
     attribution::podresources::{SharedDevices, Unit},
     sinks::prometheus::{Family, FamilyEncoder, Labels},
     state::NodeState,
-    telemetry::{ReasonLabel, SourceLabel, WhatLabel},
 };
-
-pub const SOURCE_SYSFS: &str = "sysfs";
-pub const SOURCE_KMSG: &str = "kmsg";
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TriggerLabel {
-    /// `start`, `event` (a `hw_error_event` notification) or `interval`.
-    pub trigger: &'static str,
-}
-
-/// The agent's own health-reader metrics; cloning shares them.
-#[derive(Clone, Default)]
-pub struct HealthMetrics {
-    pub sysfs_reads: MetricFamily<TriggerLabel, Counter>,
-    pub kmsg_records: Counter,
-    pub kmsg_overruns: Counter,
-    /// Records naming a hardware fault or a driver error, not taken, by reason.
-    pub kmsg_refused: MetricFamily<ReasonLabel, Counter>,
-    pub refused: MetricFamily<WhatLabel, Counter>,
-    pub state_write_errors: Counter,
-    pub up: MetricFamily<SourceLabel, Gauge>,
-}
-
-impl HealthMetrics {
-    pub fn register(registry: &mut Registry) -> Self {
-        let m = HealthMetrics::default();
-        // Every reason from the start, at 0: a refusal shows as an increase.
-        for refusal in Refusal::ALL {
-            let _ = m.kmsg_refused.get_or_create(&ReasonLabel { reason: refusal.as_str() });
-        }
-        let r = registry.sub_registry_with_prefix("neuron_agent_health");
-        r.register(
-            "sysfs_reads",
-            "Reads of the Neuron driver's sysfs tree, by trigger (start, event: a hw_error_event notification, interval)",
-            m.sysfs_reads.clone(),
-        );
-        r.register("kmsg_records", "Kernel-log records read", m.kmsg_records.clone());
-        r.register(
-            "kmsg_overruns",
-            "Kernel-log overruns (EPIPE: records the kernel dropped before the agent read them); reading continues",
-            m.kmsg_overruns.clone(),
-        );
-        r.register(
-            "kmsg_refused",
-            "Kernel-log records naming a Neuron hardware fault or driver error that the driver did not write as it \
-             writes them, not taken, by reason (no_header, facility, level, position, name, device, unknown_device, \
-             serial_mismatch)",
-            m.kmsg_refused.clone(),
-        );
-        r.register(
-            "refused",
-            "Health inputs beyond the limits, left out (sysfs_device, sysfs_core, kmsg_record_too_long, kmsg_field, \
-             error_name, state_file)",
-            m.refused.clone(),
-        );
-        r.register(
-            "state_write_errors",
-            "Failed writes of the persisted device health (the state directory)",
-            m.state_write_errors.clone(),
-        );
-        r.register(
-            "source_up",
-            "1 while a health source is readable (sysfs: the driver's device tree; kmsg: the kernel log)",
-            m.up.clone(),
-        );
-        m
-    }
-
-    pub fn refused(&self, what: &'static str) {
-        self.refused_by(what, 1);
-    }
-
-    pub fn refused_by(&self, what: &'static str, n: u64) {
-        self.refused.get_or_create(&WhatLabel { what }).inc_by(n);
-    }
-
-    pub fn kmsg_refused(&self, refusal: Refusal) {
-        self.kmsg_refused.get_or_create(&ReasonLabel { reason: refusal.as_str() }).inc();
-    }
-
-    pub fn source_up(&self, source: &'static str, up: bool) {
-        self.up.get_or_create(&SourceLabel { source }).set(i64::from(up));
-    }
-}
 
 /// Encodes the health model on each scrape.
 pub struct HealthCollector {

@@ -521,11 +521,11 @@ mod tests {
         assert_eq!(parse_driver_version(""), None);
     }
 
-    use crate::testdata::Tree;
+    use crate::testdata::TempDir;
 
     #[test]
     fn no_driver_tree_is_not_an_error() {
-        let tree = Tree::new("health-sysfs");
+        let tree = TempDir::new("health-sysfs");
         let node = read_node(&tree.0);
         assert!(!node.driver_loaded);
         assert!(node.devices.is_empty());
@@ -533,18 +533,18 @@ mod tests {
 
     #[test]
     fn reads_what_exists_and_names_what_is_broken() {
-        let tree = Tree::new("health-sysfs");
+        let tree = TempDir::new("health-sysfs");
         let d = "devices/virtual/neuron_device/neuron1";
         tree.write("module/neuron/version", "2.30.2.0\n");
-        tree.write(&format!("{d}/core_count"), "2");
-        tree.write(&format!("{d}/reset"), "1\n");
-        tree.write(&format!("{d}/info/serial_number"), "\n");
-        tree.write(&format!("{d}/stats/hardware/mem_ecc_uncorrected"), "1\n");
-        tree.write(&format!("{d}/stats/hardware/health_status/hbm_ecc_err_count"), "3\n");
-        tree.write(&format!("{d}/stats/hardware/sram_ecc_uncorrected"), "garbage\n");
-        tree.write(&format!("{d}/stats/power/utilization"), "POWER_STATUS_INVALID,0,0,0,0\n");
-        tree.write(&format!("{d}/neuron_core1/stats/status/hw_nc_ue_error/total"), "2\n");
-        tree.write(&format!("{d}/neuron_core99/stats/status/hw_nc_ue_error/total"), "2\n");
+        tree.write(format!("{d}/core_count"), "2");
+        tree.write(format!("{d}/reset"), "1\n");
+        tree.write(format!("{d}/info/serial_number"), "\n");
+        tree.write(format!("{d}/stats/hardware/mem_ecc_uncorrected"), "1\n");
+        tree.write(format!("{d}/stats/hardware/health_status/hbm_ecc_err_count"), "3\n");
+        tree.write(format!("{d}/stats/hardware/sram_ecc_uncorrected"), "garbage\n");
+        tree.write(format!("{d}/stats/power/utilization"), "POWER_STATUS_INVALID,0,0,0,0\n");
+        tree.write(format!("{d}/neuron_core1/stats/status/hw_nc_ue_error/total"), "2\n");
+        tree.write(format!("{d}/neuron_core99/stats/status/hw_nc_ue_error/total"), "2\n");
         tree.write("devices/virtual/neuron_device/neuron999/reset", "1\n");
         tree.write("devices/virtual/neuron_device/not_a_device/reset", "1\n");
         // Zero-padded twins of device 1 and of its core 1.
@@ -572,9 +572,9 @@ mod tests {
 
     #[test]
     fn an_oversized_file_is_unreadable() {
-        let tree = Tree::new("health-sysfs");
+        let tree = TempDir::new("health-sysfs");
         let d = "devices/virtual/neuron_device/neuron0";
-        tree.write(&format!("{d}/reset"), &"1".repeat(MAX_SYSFS_FILE_BYTES + 1));
+        tree.write(format!("{d}/reset"), "1".repeat(MAX_SYSFS_FILE_BYTES + 1));
         let node = read_node(&tree.0);
         assert_eq!(node.devices[0].state, None);
         assert_eq!(node.devices[0].unreadable, ["reset"]);

@@ -134,6 +134,7 @@ pub fn count_fds(dir: &Path, max: usize) -> Result<u64, Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testdata::TempDir;
 
     /// A real line of `/proc/<pid>/stat` (kernel 6.8), its command name replaced by one
     /// with spaces and parentheses, as `prctl(PR_SET_NAME)` allows.
@@ -174,35 +175,27 @@ mod tests {
         assert_eq!(parse_io(b"read_bytes: x\nwrite_bytes: 1\n"), Err(Failure::Malformed));
     }
 
-    fn scratch(name: &str) -> std::path::PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("neuron-procfs-{name}-{}-{}", std::process::id(), fastrand::u64(..)));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
     #[test]
     fn files_beyond_their_bound_are_refused() {
-        let dir = scratch("bound");
+        let scratch = TempDir::new("procfs-bound");
+        let dir = scratch.path();
         let path = dir.join("stat");
         std::fs::write(&path, vec![b'1'; MAX_STAT_BYTES as usize]).unwrap();
         assert_eq!(read_bounded(&path, MAX_STAT_BYTES).unwrap().len(), MAX_STAT_BYTES as usize);
         std::fs::write(&path, vec![b'1'; MAX_STAT_BYTES as usize + 1]).unwrap();
         assert_eq!(read_bounded(&path, MAX_STAT_BYTES), Err(Failure::TooLarge));
         assert_eq!(read_bounded(&dir.join("missing"), MAX_STAT_BYTES), Err(Failure::Gone));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn descriptors_are_counted_up_to_the_bound() {
-        let dir = scratch("fd");
+        let dir = TempDir::new("procfs-fd");
         for fd in 0..5 {
-            std::fs::write(dir.join(fd.to_string()), "").unwrap();
+            dir.write(fd.to_string(), "");
         }
-        assert_eq!(count_fds(&dir, 5), Ok(5));
-        assert_eq!(count_fds(&dir, 4), Err(Failure::TooLarge));
-        assert_eq!(count_fds(&dir.join("none"), 5), Err(Failure::Gone));
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(count_fds(dir.path(), 5), Ok(5));
+        assert_eq!(count_fds(dir.path(), 4), Err(Failure::TooLarge));
+        assert_eq!(count_fds(&dir.path().join("none"), 5), Err(Failure::Gone));
     }
 
     #[test]

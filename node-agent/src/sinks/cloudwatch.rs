@@ -14,9 +14,9 @@
 //! and sends its queue within `--cloudwatch-shutdown-timeout`.
 
 pub mod datum;
-pub mod metrics;
 pub mod publish;
 pub mod select;
+pub mod telemetry;
 
 use std::{
     sync::{Arc, Mutex},
@@ -35,9 +35,9 @@ use tracing::{info, warn};
 
 use self::{
     datum::Accumulator,
-    metrics::{CloudWatchMetrics, SinkLabel, SinkReasonLabels},
     publish::{Backoff, Queue, SinkQueueMetrics, Target},
     select::{AgentDimensions, View},
+    telemetry::{CloudWatchMetrics, SinkLabel, SinkReasonLabels},
 };
 use crate::{
     health::{model::State, SharedHealth},

@@ -19,9 +19,9 @@
 
 pub mod encode;
 pub mod headers;
-pub mod metrics;
 pub mod request;
 pub mod send;
+pub mod telemetry;
 
 use std::{
     sync::{Arc, Mutex},
@@ -41,9 +41,9 @@ use tracing::{info, warn};
 use self::{
     encode::{node_resource, Identity, OtlpEncoder, StartTimes},
     headers::MirroredHeaders,
-    metrics::{OtlpMetrics, SinkLabel, SinkReasonLabels},
     request::{split, Request, MAX_POINTS_PER_REQUEST, MAX_REQUEST_BYTES},
     send::{Auth, CredentialCache, HttpClient, Target},
+    telemetry::{OtlpMetrics, SinkLabel, SinkReasonLabels},
 };
 use crate::{
     efa::EfaSource,

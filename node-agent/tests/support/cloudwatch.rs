@@ -4,8 +4,8 @@
 //! either; and what LocalStack stored, read back.
 //!
 //! LocalStack has no reset: each test works in CloudWatch namespaces of its own
-//! ([`CloudWatch::namespace`]). Where it differs from CloudWatch (see
-//! `shared/reference/real-components.md`): it truncates fractional `Counts`, stores
+//! ([`CloudWatch::namespace`]). Where it differs from CloudWatch (checked against
+//! `localstack-core` 2026.3.0): it truncates fractional `Counts`, stores
 //! `StorageResolution` without enforcing it, enforces none of PutMetricData's size limits,
 //! matches a query's dimensions as a subset (by SQL `LIKE`, so `NeuronCore=1` also matches
 //! `NeuronCore=10`), has no percentiles and answers 500 to a request missing a required
@@ -155,7 +155,7 @@ impl LocalStack {
 
 /// LocalStack's health endpoint says CloudWatch and CloudWatch Logs are running.
 fn services_running(addr: SocketAddr) -> bool {
-    let Some((200, body)) = http_get(addr, "/_localstack/health", None) else { return false };
+    let Some((200, body)) = http_get(addr, "/_localstack/health") else { return false };
     serde_json::from_str::<serde_json::Value>(&body)
         .ok()
         .is_some_and(|health| ["cloudwatch", "logs"].iter().all(|s| health["services"][s] == "running"))
@@ -209,7 +209,7 @@ impl CloudWatch {
 
     /// Every datapoint stored in this test's namespaces (`GET /_aws/cloudwatch/metrics/raw`).
     pub fn stored(&self) -> Vec<StoredValue> {
-        let (status, body) = http_get(self.addr, "/_aws/cloudwatch/metrics/raw", None).expect("LocalStack answers");
+        let (status, body) = http_get(self.addr, "/_aws/cloudwatch/metrics/raw").expect("LocalStack answers");
         assert_eq!(status, 200, "raw metrics: {body}");
         let listing: serde_json::Value = serde_json::from_str(&body).expect("raw metrics JSON");
         let rows = listing["metrics"].as_array().expect("raw metrics: a `metrics` array");

@@ -12,9 +12,7 @@ pub mod kubelet;
 
 use std::{
     collections::BTreeMap,
-    io::{Read, Write},
-    net::{SocketAddr, TcpStream},
-    path::PathBuf,
+    net::SocketAddr,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -30,30 +28,8 @@ pub fn sim() -> &'static str {
 /// The argument that makes the agent binary a monitor group guard.
 pub const GUARD_ARG: &str = neuron_node_agent::monitor::group::GUARD_ARG;
 
-pub fn fixture_path(name: &str) -> PathBuf {
-    let dir = std::env::var("NEURON_FIXTURES")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/neuron-monitor").to_owned());
-    PathBuf::from(dir).join(name)
-}
-
-pub use neuron_e2e::free_port;
-
-/// A temporary directory removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("neuron-test-{tag}-{}-{}", std::process::id(), fastrand::u64(..)));
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+// The common test support (the fixtures are read from `neuron_test_support` directly).
+pub use neuron_test_support::{child_pids, free_port, http_get, TempDir};
 
 /// A running agent.
 pub struct Agent {
@@ -124,7 +100,7 @@ impl Agent {
 
     /// GET `path`; `None` when nothing answers.
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
-        http_get(self.addr, path, None)
+        http_get(self.addr, path)
     }
 
     pub fn metrics(&self) -> Metrics {
@@ -174,19 +150,7 @@ impl Agent {
 
     /// PIDs of every child process of the agent.
     pub fn all_children(&self) -> Vec<u32> {
-        let mut pids: Vec<u32> = Vec::new();
-        // Children may be started by any thread of the agent.
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.child.id())) {
-            for task in tasks.flatten() {
-                let file = task.path().join("children");
-                if let Ok(text) = std::fs::read_to_string(file) {
-                    pids.extend(text.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
-                }
-            }
-        }
-        pids.sort_unstable();
-        pids.dedup();
-        pids
+        child_pids(self.child.id())
     }
 
     pub fn signal(&self, signal: &str) {
@@ -222,37 +186,6 @@ pub fn alive(pid: u32) -> bool {
         Ok(stat) => !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'),
         Err(_) => false,
     }
-}
-
-/// A minimal HTTP/1.1 GET; enough for the agent's and Prometheus' endpoints.
-pub fn http_get(addr: SocketAddr, path: &str, accept: Option<&str>) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n").ok()?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).ok()?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    let body =
-        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_owned() };
-    Some((status, body))
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if size == 0 || rest.len() < size {
-            break;
-        }
-        out.push_str(&rest[..size]);
-        body = rest[size..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 /// One sample of the exposition.

@@ -13,6 +13,9 @@
 //!   [`otlp`]: a test OTLP receiver that records what it is sent; [`dashboard`]: the
 //!   chart dashboard's queries.
 //!
+//! - the common test support (fixtures, [`TempDir`], [`http_get`]), re-exported from
+//!   `neuron-test-support` (tests/support).
+//!
 //! Every process started here dies with the test binary, even when a test panics: it is
 //! started from a thread that lives as long as the process, with the parent-death
 //! signal set, and is stopped gracefully (SIGTERM) so it cleans up after itself.
@@ -23,6 +26,9 @@ pub mod fleet;
 pub mod https;
 pub mod otlp;
 pub mod prometheus;
+
+// The workspace's common test support, for the tests built on this crate.
+pub use neuron_test_support::{fixture_path, free_port, http_get, random_u32, TempDir, PROMETHEUS_OPERATOR_CRDS};
 
 use std::{
     io::{BufRead, BufReader},
@@ -340,16 +346,6 @@ where
     }
 }
 
-/// A random number from the OS, for unique names.
-pub fn random_u32() -> u32 {
-    let mut bytes = [0u8; 4];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        use std::io::Read;
-        let _ = f.read_exact(&mut bytes);
-    }
-    u32::from_ne_bytes(bytes) ^ std::process::id()
-}
-
 /// A process of the project's own, killed (and reaped) on drop.
 pub struct Process {
     pub child: Child,
@@ -379,17 +375,7 @@ impl Process {
 
     /// PIDs of this process's children.
     pub fn children(&self) -> Vec<u32> {
-        let mut pids = Vec::new();
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid())) {
-            for task in tasks.flatten() {
-                if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
-                    pids.extend(text.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
-                }
-            }
-        }
-        pids.sort_unstable();
-        pids.dedup();
-        pids
+        neuron_test_support::child_pids(self.pid())
     }
 
     /// Sends SIGTERM and waits up to `limit` for the exit status.
@@ -447,25 +433,6 @@ pub fn kubectl(control_plane: &ControlPlane, args: &[&str], stdin: Option<&str>)
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-/// A free TCP port on the loopback interface.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
-}
-
-/// A minimal HTTP/1.1 GET on loopback: (status, body), or `None` when nothing answers.
-pub fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).ok()?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_owned()))
 }
 
 /// The value of an unlabelled sample `name` in an exposition, if present.

@@ -29,9 +29,10 @@ use kube::{
 };
 use neuron_e2e::{
     chart::{chart_args, chart_dir, chart_env, documents, find, helm, kind, one, run, strings, template_as},
-    free_port, http_get, https, kubectl,
+    fixture_path, free_port, http_get, https, kubectl,
     prometheus::Prometheus,
     random_u32, repo_root, sample, spawn_tied, tool, wait_for, workspace_bin, ControlPlane, Process, NODE_NAME_EXTRA,
+    PROMETHEUS_OPERATOR_CRDS,
 };
 use serde_json::json;
 use serde_norway::Value;
@@ -69,9 +70,9 @@ fn monitoring_api_flags() -> Vec<String> {
 }
 
 /// The Prometheus Operator's CRDs (ServiceMonitor, PodMonitor, PrometheusRule), from the
-/// shared fixtures, applied and established.
+/// repository's fixtures, applied and established.
 async fn install_monitoring_crds(cp: &ControlPlane) {
-    let dir = repo_root().join("../shared/fixtures/crds");
+    let dir = fixture_path(PROMETHEUS_OPERATOR_CRDS);
     assert!(dir.is_dir(), "the Prometheus Operator CRDs are missing: {}", dir.display());
     let dir = dir.display().to_string();
     let (ok, out, err) = kubectl(cp, &["apply", "--server-side", "--force-conflicts", "-f", &dir], None);

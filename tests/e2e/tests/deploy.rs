@@ -41,7 +41,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use neuron_e2e::{free_port, http_get, random_u32, repo_root, tool, workspace_bin};
+use neuron_e2e::{free_port, http_get, repo_root, tool, workspace_bin, TempDir};
 use serde_json::Value;
 
 const UNIT: &str = "deploy/ec2/neuron-node-agent.service";
@@ -62,23 +62,6 @@ const MAX_EXPOSURE: f64 = 3.0;
 fn read(relative: &str) -> String {
     let path = repo_root().join(relative);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// A directory of its own under the system's temporary directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(prefix: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("{prefix}-{:08x}", random_u32()));
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn output_text(out: &Output) -> String {

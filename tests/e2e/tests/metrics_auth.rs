@@ -15,7 +15,7 @@ use neuron_e2e::{
     chart::{chart_args, chart_env, documents, find, kind, one, template_as},
     free_port, http_get, https, kubectl,
     prometheus::Prometheus,
-    random_u32, workspace_bin, ControlPlane, Process,
+    random_u32, workspace_bin, ControlPlane, Process, TempDir,
 };
 use serde_norway::Value;
 
@@ -155,15 +155,6 @@ fn server_name(docs: &[Value], suffix: &str) -> String {
     endpoint["tlsConfig"]["serverName"].as_str().expect("a serverName").to_owned()
 }
 
-/// A directory removed on drop.
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// The chart's agent serving HTTPS without token checks (no namespace or RBAC needed),
 /// its certificate in a Secret volume of its own. Drops in field order: the process
 /// first.
@@ -182,7 +173,7 @@ impl TlsAgent {
     fn start(cp: &ControlPlane, tag: &str) -> TlsAgent {
         let release = format!("nm-{tag}-{:08x}", random_u32());
         let docs = render(&release);
-        let dir = TempDir(std::env::temp_dir().join(format!("neuron-e2e-{release}")));
+        let dir = TempDir::new(&release);
         std::fs::create_dir_all(dir.0.join("proc")).unwrap();
         let certificate = certificate(&docs);
         let (crt, key, _) = &certificate;

@@ -1,7 +1,8 @@
 //! The Container Insights naming (`naming: ContainerInsights`): the Neuron metrics
 //! CloudWatch's Container Insights publishes, with its names, units and dimension sets, so
-//! a user's existing dashboards and alarms work on this agent's data. The facts are in
-//! `shared/reference/container-insights-neuron.md`, read from the CloudWatch agent.
+//! a user's existing dashboards and alarms work on this agent's data. The facts come from
+//! the CloudWatch agent's source (its Container Insights translator and Neuron processors),
+//! which is what users' data looks like where the CloudWatch documentation differs.
 //!
 //! Three families with the same suffixes: `node_…` (the node's cores, devices and totals),
 //! `pod_…` and `container_…` (copies of the per-core and per-device values for the pod and

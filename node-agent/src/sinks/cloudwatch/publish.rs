@@ -27,7 +27,7 @@ use tracing::{debug, warn};
 
 use super::{
     datum::{take_batch, Datum, Values},
-    metrics::{CloudWatchMetrics, SinkLabel, SinkReasonLabels, SinkResultLabels},
+    telemetry::{CloudWatchMetrics, SinkLabel, SinkReasonLabels, SinkResultLabels},
 };
 use crate::{
     ratelimit::{Decision, RateLimit},

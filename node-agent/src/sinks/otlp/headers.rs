@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::metrics::OtlpMetrics;
+use super::telemetry::OtlpMetrics;
 use crate::{kubernetes::Watch, routing::SharedRouting};
 
 /// Each config's headers (by [`api::otlp::headers_key`]), or why they are unusable.

@@ -34,8 +34,8 @@ use tracing::{debug, warn};
 use super::{
     encode::unix_nanos,
     headers::MirroredHeaders,
-    metrics::{OtlpMetrics, SinkEncodingLabels, SinkLabel, SinkReasonLabels, SinkResultLabels},
     request::Request,
+    telemetry::{OtlpMetrics, SinkEncodingLabels, SinkLabel, SinkReasonLabels, SinkResultLabels},
     Queue,
 };
 use crate::{
