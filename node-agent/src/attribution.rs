@@ -343,79 +343,33 @@ impl Attribution {
         cache.owners.refresh(&pods, &devices, cores_per_device);
         drop(devices);
 
-        let mut by_process = 0;
-        let mut by_devices = 0;
-        let mut by_ecs = 0;
-        let mut unattributed = [0i64; Unattributed::ALL.len()];
+        let mut tally = Tally::default();
         for rt in &mut state.runtimes {
             let process = match rt.pid {
                 None => Err(Unattributed::NoPid),
-                Some(pid) => {
-                    let entry = cache.pids.entry(pid).or_insert_with(|| self.read_process(pid));
-                    if entry.placement.is_none() && entry.read_at.elapsed() >= UNREADABLE_RETRY {
-                        *entry = self.read_process(pid);
-                    }
-                    entry.round = round;
-                    if entry.resolved_at != Some(generations) {
-                        entry.resolved = resolve(entry.placement.as_ref(), &pods);
-                        entry.ecs = match &entry.placement {
-                            Some(Placement::Container { container_id }) => ecs.container(container_id).cloned(),
-                            _ => None,
-                        };
-                        entry.resolved_at = Some(generations);
-                    }
-                    Ok(entry)
-                }
+                Some(pid) => Ok(self.process_entry(&mut cache.pids, pid, round, generations, &pods, &ecs)),
             };
-            // The pod holding every core of the runtime, if one does.
-            let mut held = rt.cores.iter().map(|c| cache.owners.get(c.index));
-            let first = held.next().flatten();
-            let device_pod = first.filter(|f| held.all(|o| o.is_some_and(|o| Arc::ptr_eq(o, f))));
-
+            let device_pod = holder_of_all(rt.cores.iter().map(|c| cache.owners.get(c.index)));
             let (resolved, counted, ecs_container) = match process {
                 Err(reason) => (Err(reason), None, None),
                 Ok(entry) => {
                     (entry.resolved.as_ref().map_err(|r| *r), Some(&mut entry.disagreement_counted), entry.ecs.clone())
                 }
             };
-            let mut chosen_ecs = None;
-            let chosen = match resolved {
-                Ok(p) => {
-                    let other = rt.cores.iter().filter_map(|c| cache.owners.get(c.index)).find(|o| disagree(p, o));
-                    if let (Some(o), Some(counted)) = (other, counted) {
-                        if !*counted {
-                            *counted = true;
-                            self.metrics.disagreements.inc();
-                            warn!(runtime = %rt.labels.runtime_tag, pid = ?rt.pid,
-                                  process_pod = %format!("{}/{}/{}", p.namespace, p.pod, p.container),
-                                  device_pod = %format!("{}/{}/{}", o.namespace, o.pod, o.container),
-                                  "the process and the kubelet disagree on the pod of a runtime; using the process's");
-                        }
-                    }
-                    by_process += 1;
-                    // A process whose container is not listed yet takes the container name
-                    // the kubelet gives for the same pod.
-                    match device_pod {
-                        Some(d) if p.container.is_empty() && same_pod(p, d) => Some(d.clone()),
-                        _ => Some(p.clone()),
-                    }
+            if let (Ok(p), Some(counted)) = (resolved, counted) {
+                let other = rt.cores.iter().filter_map(|c| cache.owners.get(c.index)).find(|o| disagree(p, o));
+                if let Some(o) = other.filter(|_| !*counted) {
+                    *counted = true;
+                    self.metrics.disagreements.inc();
+                    warn!(runtime = %rt.labels.runtime_tag, pid = ?rt.pid,
+                          process_pod = %format!("{}/{}/{}", p.namespace, p.pod, p.container),
+                          device_pod = %format!("{}/{}/{}", o.namespace, o.pod, o.container),
+                          "the process and the kubelet disagree on the pod of a runtime; using the process's");
                 }
-                Err(reason) => match device_pod {
-                    Some(d) => {
-                        by_devices += 1;
-                        Some(d.clone())
-                    }
-                    None if ecs_container.is_some() => {
-                        by_ecs += 1;
-                        chosen_ecs = ecs_container;
-                        None
-                    }
-                    None => {
-                        unattributed[reason as usize] += 1;
-                        None
-                    }
-                },
-            };
+            }
+            let choice = choose(resolved, device_pod, ecs_container);
+            tally.count(&choice);
+            let (chosen, chosen_ecs) = choice.labels();
             if rt.labels.pod != chosen || rt.labels.ecs != chosen_ecs {
                 let labels = Arc::make_mut(&mut rt.labels);
                 labels.pod = chosen;
@@ -429,13 +383,34 @@ impl Attribution {
             }
         }
         cache.pids.retain(|_, e| e.round == round);
+        tally.publish(&self.metrics);
+    }
 
-        self.metrics.attributed.get_or_create(&SourceLabel { source: "process" }).set(by_process);
-        self.metrics.attributed.get_or_create(&SourceLabel { source: "devices" }).set(by_devices);
-        self.metrics.attributed.get_or_create(&SourceLabel { source: "ecs" }).set(by_ecs);
-        for (reason, count) in Unattributed::ALL.iter().zip(unattributed) {
-            self.metrics.unattributed.get_or_create(&ReasonLabel { reason: reason.as_str() }).set(count);
+    /// The cached entry of `pid`, read again where it was unreadable a while ago and
+    /// resolved again where the pods or the ECS tasks changed (`generations`).
+    fn process_entry<'c>(
+        &self,
+        pids: &'c mut HashMap<u32, PidEntry>,
+        pid: u32,
+        round: u64,
+        generations: (u64, u64),
+        pods: &pods::PodIndex,
+        ecs: &ecs::EcsIndex,
+    ) -> &'c mut PidEntry {
+        let entry = pids.entry(pid).or_insert_with(|| self.read_process(pid));
+        if entry.placement.is_none() && entry.read_at.elapsed() >= UNREADABLE_RETRY {
+            *entry = self.read_process(pid);
         }
+        entry.round = round;
+        if entry.resolved_at != Some(generations) {
+            entry.resolved = resolve(entry.placement.as_ref(), pods);
+            entry.ecs = match &entry.placement {
+                Some(Placement::Container { container_id }) => ecs.container(container_id).cloned(),
+                _ => None,
+            };
+            entry.resolved_at = Some(generations);
+        }
+        entry
     }
 
     /// Reads and parses `<proc root>/<pid>/cgroup` (a few hundred bytes of procfs).
@@ -487,6 +462,82 @@ fn same_pod(a: &PodRef, b: &PodRef) -> bool {
 /// The process's pod and a core's owner are different workloads.
 fn disagree(process: &PodRef, owner: &PodRef) -> bool {
     !same_pod(process, owner) || (!process.container.is_empty() && process.container != owner.container)
+}
+
+/// The pod that holds every one of a runtime's cores (`owners`: each core's), if one does.
+fn holder_of_all<'a>(mut owners: impl Iterator<Item = Option<&'a Arc<PodRef>>>) -> Option<&'a Arc<PodRef>> {
+    let first = owners.next().flatten();
+    first.filter(|f| owners.all(|o| o.is_some_and(|o| Arc::ptr_eq(o, f))))
+}
+
+/// What a runtime is attributed to.
+#[derive(Debug, PartialEq)]
+enum Choice {
+    /// Its process's pod.
+    Process(Arc<PodRef>),
+    /// The pod the kubelet says holds all its cores.
+    Devices(Arc<PodRef>),
+    /// The ECS task container of its process.
+    Ecs(Arc<EcsContainer>),
+    /// Nothing, for this reason.
+    Unattributed(Unattributed),
+}
+
+impl Choice {
+    /// The runtime's `pod` and `ecs` labels.
+    fn labels(self) -> (Option<Arc<PodRef>>, Option<Arc<EcsContainer>>) {
+        match self {
+            Choice::Process(pod) | Choice::Devices(pod) => (Some(pod), None),
+            Choice::Ecs(container) => (None, Some(container)),
+            Choice::Unattributed(_) => (None, None),
+        }
+    }
+}
+
+/// Which pod holds a runtime: its process's (which wins a disagreement with the kubelet;
+/// where its container is not listed yet, the kubelet's entry for the same pod names it),
+/// else the pod holding all its cores, else its process's ECS container.
+fn choose(
+    process: Result<&Arc<PodRef>, Unattributed>,
+    device_pod: Option<&Arc<PodRef>>,
+    ecs: Option<Arc<EcsContainer>>,
+) -> Choice {
+    match (process, device_pod, ecs) {
+        (Ok(p), Some(d), _) if p.container.is_empty() && same_pod(p, d) => Choice::Process(d.clone()),
+        (Ok(p), _, _) => Choice::Process(p.clone()),
+        (Err(_), Some(d), _) => Choice::Devices(d.clone()),
+        (Err(_), None, Some(container)) => Choice::Ecs(container),
+        (Err(reason), None, None) => Choice::Unattributed(reason),
+    }
+}
+
+/// The runtimes of a report by what they were attributed to.
+#[derive(Default)]
+struct Tally {
+    process: i64,
+    devices: i64,
+    ecs: i64,
+    unattributed: [i64; Unattributed::ALL.len()],
+}
+
+impl Tally {
+    fn count(&mut self, choice: &Choice) {
+        match choice {
+            Choice::Process(_) => self.process += 1,
+            Choice::Devices(_) => self.devices += 1,
+            Choice::Ecs(_) => self.ecs += 1,
+            Choice::Unattributed(reason) => self.unattributed[*reason as usize] += 1,
+        }
+    }
+
+    fn publish(&self, metrics: &AttributionMetrics) {
+        metrics.attributed.get_or_create(&SourceLabel { source: "process" }).set(self.process);
+        metrics.attributed.get_or_create(&SourceLabel { source: "devices" }).set(self.devices);
+        metrics.attributed.get_or_create(&SourceLabel { source: "ecs" }).set(self.ecs);
+        for (reason, count) in Unattributed::ALL.iter().zip(self.unattributed) {
+            metrics.unattributed.get_or_create(&ReasonLabel { reason: reason.as_str() }).set(count);
+        }
+    }
 }
 
 #[cfg(test)]

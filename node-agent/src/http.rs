@@ -11,7 +11,7 @@ use axum::{
     routing::get,
     Router,
 };
-use service::http::Routes;
+use service::{http::Routes, tasks::Health};
 
 use crate::{
     pipeline::Pipeline,
@@ -21,6 +21,8 @@ use crate::{
 pub struct HttpState {
     pub exposition: Exposition,
     pub pipeline: Arc<Pipeline>,
+    /// Whether a critical task ended: the probes then answer 503 until the agent exits.
+    pub health: Health,
 }
 
 pub fn routes(state: Arc<HttpState>) -> Routes {
@@ -28,7 +30,7 @@ pub fn routes(state: Arc<HttpState>) -> Routes {
         metrics: Router::new().route("/metrics", get(metrics)).with_state(state.clone()),
         probes: Router::new()
             // Needs no lock and no worker held by the report path or a scrape.
-            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/healthz", get(healthz))
             .route("/readyz", get(ready))
             .with_state(state),
     }
@@ -51,8 +53,17 @@ async fn metrics(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Res
     }
 }
 
+async fn healthz(State(state): State<Arc<HttpState>>) -> Response {
+    match state.health.failed_task() {
+        Some(task) => (StatusCode::SERVICE_UNAVAILABLE, format!("critical task {task} ended\n")).into_response(),
+        None => (StatusCode::OK, "ok\n").into_response(),
+    }
+}
+
 async fn ready(State(state): State<Arc<HttpState>>) -> Response {
-    if state.pipeline.is_ready() {
+    if let Some(task) = state.health.failed_task() {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("critical task {task} ended\n")).into_response()
+    } else if state.pipeline.is_ready() {
         (StatusCode::OK, "ok\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "waiting for the first neuron-monitor report\n").into_response()

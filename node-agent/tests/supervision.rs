@@ -250,3 +250,44 @@ fn sigkill_of_the_agent_takes_the_monitors_descendants_along() {
     let _ = agent.child.wait();
     wait_gone(grandchild, Duration::from_secs(10), "the monitor's grandchild after the agent's SIGKILL");
 }
+
+/// A critical task that ends (here: made to panic through the test-only hook) is named in
+/// the log, and the agent stops the others and exits non-zero for the kubelet to restart
+/// it, instead of serving on without it.
+#[test]
+fn a_critical_task_that_dies_makes_the_agent_exit_non_zero_naming_it() {
+    let dir = TempDir::new("task-death");
+    let log_path = dir.0.join("agent.log");
+    let log = std::fs::File::create(&log_path).expect("create the log file");
+    let port = support::free_port();
+    let mut child = std::process::Command::new(support::AGENT)
+        .args(["--monitor-command", support::sim(), "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--state-dir")
+        .arg(dir.0.join("state"))
+        .args(FAST)
+        .env("NEURON_AGENT_LOG", "info")
+        .env("NEURON_AGENT_KMSG_PATH", dir.0.join("no-kmsg"))
+        .env("NEURON_AGENT_SYSFS_ROOT", dir.0.join("no-sysfs"))
+        .env(service::tasks::TEST_PANIC_ENV, "EFA follower")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start the agent");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("the agent did not exit within 30 s of a critical task's end");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = std::fs::read_to_string(&log_path).expect("read the log");
+    assert!(!status.success(), "exit status {status:?}; log:\n{log}");
+    assert!(log.contains("a critical task ended") && log.contains("EFA follower"), "log:\n{log}");
+    // neuron-monitor was stopped on the way out, not left behind.
+    assert!(!log.contains("did not stop in time"), "log:\n{log}");
+}

@@ -36,6 +36,7 @@ use kube::{
     Api, Client, ResourceExt,
 };
 use serde_json::json;
+use service::tasks::CriticalTasks;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -49,18 +50,18 @@ mod status;
 pub use self::policy::POLICY_KEY;
 use self::{admission::Accepted, policy::PolicySource, status::Outcome};
 use api::{
+    cloudwatch::cost::Costs,
     render::{self, RenderedNode, Rendering},
-    validate::{ConfigKey, Invalid, Refusal},
+    validate::{ConfigKey, Invalid, Refusal, ValidConfig},
 };
 
 use crate::{
-    headers::HeadersMirror,
+    headers::{HeadersMirror, HeadersOutcome},
     nodes::{self, NeuronNodePolicy},
     telemetry::{ErrorLabel, OperatorMetrics, ReasonLabel},
+    MANAGER,
 };
 
-/// Field manager of everything the operator writes (server-side apply).
-pub const MANAGER: &str = "neuron-operator";
 /// A full pass at least this often, whatever the watches say.
 const RESYNC: Duration = Duration::from_secs(300);
 /// ... and this often while a config names an OTLP headers Secret: the Secrets are read,
@@ -96,6 +97,12 @@ impl Error {
 
 /// A config and whether it is accepted.
 type Verdict = (Arc<NeuronMonitorConfig>, Result<(), Invalid>);
+
+/// A config's verdict once rendered: refused by validation or admission, else by the room
+/// on its nodes (`refusal`), else accepted.
+fn with_room(verdict: Result<(), Invalid>, refusal: Option<Invalid>) -> Result<(), Invalid> {
+    verdict.and_then(|()| refusal.map_or(Ok(()), Err))
+}
 
 pub struct Controller {
     client: Client,
@@ -164,8 +171,9 @@ pub struct Options {
 }
 
 impl Controller {
-    /// Starts the watches; their caches fill in the background.
+    /// Starts the watches among `tasks`; their caches fill in the background.
     pub fn start(
+        tasks: &mut CriticalTasks,
         client: Client,
         namespace: &str,
         policy: NeuronNodePolicy,
@@ -185,6 +193,7 @@ impl Controller {
         let configmap_api: Api<PartialObjectMeta<ConfigMap>> = Api::namespaced(client.clone(), namespace);
         let label = format!("{MANAGED_LABEL}=true");
         spawn_watch(
+            tasks,
             "neuronmonitorconfigs",
             changed.clone(),
             mark_listed(&listed_tx, |l| l.configs = true),
@@ -194,6 +203,7 @@ impl Controller {
             ),
         );
         spawn_watch(
+            tasks,
             "nodes",
             changed.clone(),
             mark_listed(&listed_tx, |l| l.nodes = true),
@@ -220,6 +230,7 @@ impl Controller {
             ),
         );
         spawn_watch(
+            tasks,
             "configmaps",
             changed.clone(),
             mark_listed(&listed_tx, |l| l.configmaps = true),
@@ -231,7 +242,7 @@ impl Controller {
             ),
         );
         let tenancy_policy =
-            PolicySource::start(&client, namespace, options.policy_configmap.as_deref(), &changed, &listed_tx);
+            PolicySource::start(tasks, &client, namespace, options.policy_configmap.as_deref(), &changed, &listed_tx);
         Arc::new(Controller {
             headers: HeadersMirror::new(client.clone(), namespace, &options.headers_secret),
             reads_headers: Default::default(),
@@ -361,6 +372,45 @@ impl Controller {
         // changed. A failed write stops nothing else: it is counted, and the pass retried.
         let rendering = render::render_all(nodes.iter(), &admission.usable)?;
         self.pending.expire();
+        let written = self.write_configmaps(&nodes, &rendering, &mut failures).await;
+        self.delete_stale_configmaps(&rendering, &mut failures).await;
+
+        let headers = self.mirror_headers(&admission.usable, &rendering, &mut failures).await;
+
+        // Verdicts: refused by validation, else by the room on its nodes.
+        let verdicts: Vec<Verdict> = admission
+            .verdicts
+            .into_iter()
+            .map(|(config, verdict)| {
+                let refusal = ConfigKey::of(&config).ok().and_then(|key| rendering.refusal(&key).cloned());
+                (config, with_room(verdict, refusal))
+            })
+            .collect();
+        self.count_refusals(&verdicts);
+
+        self.report_statuses(verdicts, &rendering, &written, &headers, &admission.costs, &mut failures).await;
+        self.metrics.reconciles.inc();
+        self.metrics.reconcile_seconds.observe(started.elapsed().as_secs_f64());
+        debug!(
+            nodes = nodes.len(),
+            configs = configs.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "reconciled"
+        );
+        match failures.count {
+            0 => Ok(()),
+            failed => Err(Error::Incomplete { failed }),
+        }
+    }
+
+    /// Writes the rendered ConfigMaps, several in flight; returns the nodes written. A
+    /// failed write stops nothing else: it is counted in `failures`.
+    async fn write_configmaps(
+        &self,
+        nodes: &[Arc<Node>],
+        rendering: &Rendering,
+        failures: &mut WriteFailures,
+    ) -> HashSet<String> {
         let mut written: HashSet<String> = HashSet::new();
         // Several writes in flight: one at a time, a round trip per node made a change
         // reach 1,000 nodes in tens of seconds.
@@ -383,11 +433,18 @@ impl Controller {
                 Err(e) => failures.record(&self.metrics, "configmap", "apply", &name, &e),
             }
         }
-        self.delete_stale_configmaps(&rendering, &mut failures).await;
+        written
+    }
 
-        // The OTLP headers of the configs the nodes run, for their agents.
-        let on_nodes =
-            admission.usable.iter().filter(|v| rendering.refusal(&v.key).is_none()).map(|v| (&v.key, &v.route));
+    /// Mirrors the OTLP headers of the configs the nodes run, for their agents; returns
+    /// what became of each config's headers.
+    async fn mirror_headers(
+        &self,
+        usable: &[ValidConfig],
+        rendering: &Rendering,
+        failures: &mut WriteFailures,
+    ) -> HashMap<ConfigKey, HeadersOutcome> {
+        let on_nodes = usable.iter().filter(|v| rendering.refusal(&v.key).is_none()).map(|v| (&v.key, &v.route));
         let (headers, mirrored) = self.headers.sync(on_nodes).await;
         self.reads_headers.store(!headers.is_empty(), std::sync::atomic::Ordering::Relaxed);
         match mirrored {
@@ -396,18 +453,20 @@ impl Controller {
             Err(e) => failures.record(&self.metrics, "secret", "apply", "OTLP headers mirror", &e.into()),
         }
 
-        // Verdicts: refused by validation, else by the room on its nodes.
-        let verdicts: Vec<Verdict> = admission
-            .verdicts
-            .into_iter()
-            .map(|(config, verdict)| {
-                let refusal = ConfigKey::of(&config).ok().and_then(|key| rendering.refusal(&key).cloned());
-                let verdict = verdict.and_then(|()| refusal.map_or(Ok(()), Err));
-                (config, verdict)
-            })
-            .collect();
-        self.count_refusals(&verdicts);
+        headers
+    }
 
+    /// Writes every config's status: its verdict, and per config the nodes whose ConfigMap
+    /// carries it, those whose agent applied it, and those with a device fault.
+    async fn report_statuses(
+        &self,
+        verdicts: Vec<Verdict>,
+        rendering: &Rendering,
+        written: &HashSet<String>,
+        headers: &HashMap<ConfigKey, HeadersOutcome>,
+        costs: &HashMap<ConfigKey, Costs>,
+        failures: &mut WriteFailures,
+    ) {
         // Per config, the nodes whose ConfigMap carries it, and of those the nodes whose
         // agent acknowledged that content.
         let carried = rendering.count_matched_where(|node, _| written.contains(node));
@@ -432,7 +491,7 @@ impl Controller {
         for (config, verdict) in verdicts {
             let Ok(key) = ConfigKey::of(&config) else { continue };
             // What an accepted config with a CloudWatch or OTLP sink costs on its nodes.
-            let costs = verdict.is_ok().then(|| admission.costs.get(&key).cloned()).flatten();
+            let costs = verdict.is_ok().then(|| costs.get(&key).cloned()).flatten();
             let outcome = Outcome {
                 verdict,
                 matched: rendering.matched_nodes(&key),
@@ -446,18 +505,6 @@ impl Controller {
             if let Err(e) = self.update_status(&config, outcome).await {
                 failures.record(&self.metrics, "status", "apply", &key.to_string(), &e);
             }
-        }
-        self.metrics.reconciles.inc();
-        self.metrics.reconcile_seconds.observe(started.elapsed().as_secs_f64());
-        debug!(
-            nodes = nodes.len(),
-            configs = configs.len(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "reconciled"
-        );
-        match failures.count {
-            0 => Ok(()),
-            failed => Err(Error::Incomplete { failed }),
         }
     }
 
@@ -585,12 +632,18 @@ fn mark_listed(tx: &Arc<watch::Sender<Listed>>, mark: fn(&mut Listed)) -> impl F
 
 /// Drives a reflector's stream: every event wakes the reconcile loop, and the end of the
 /// first listing (`InitDone`, after the reflector has filled its store) calls `on_listed`.
-fn spawn_watch<K, S>(what: &'static str, changed: Arc<Notify>, on_listed: impl Fn() + Send + 'static, stream: S)
-where
+/// The watch is one of `tasks`, by the name `what`: its stream never ends while it runs.
+fn spawn_watch<K, S>(
+    tasks: &mut CriticalTasks,
+    what: &'static str,
+    changed: Arc<Notify>,
+    on_listed: impl Fn() + Send + 'static,
+    stream: S,
+) where
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     K: Send + 'static,
 {
-    tokio::spawn(async move {
+    tasks.spawn(what, async move {
         let mut stream = std::pin::pin!(stream);
         loop {
             match stream.try_next().await {
@@ -607,3 +660,6 @@ where
         }
     });
 }
+
+#[cfg(test)]
+mod tests;

@@ -30,7 +30,7 @@ use kube::{
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::controller::MANAGER;
+use crate::MANAGER;
 
 /// Bytes of the mirror's data at most: the API server refuses a Secret over 1 MiB. One
 /// config's headers take at most ~16 KiB (8 KiB, JSON-escaped); realistic ones ~100 bytes.

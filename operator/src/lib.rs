@@ -13,7 +13,12 @@
 //! - [`leader`]: one writer among replicas (a Lease); [`telemetry`]: the operator's own
 //!   metrics; [`crdgen`]: the CRD YAML.
 //!
-//! `nodes` is pure (no I/O), like `api`.
+//! `nodes` is pure (no I/O), like `api`. The modules import one way: `controller` uses
+//! `headers`, `nodes` and `telemetry`; what both the controller and the headers mirror
+//! need lives here, at the root.
+
+/// Field manager of everything the operator writes (server-side apply).
+pub const MANAGER: &str = "neuron-operator";
 
 pub mod controller;
 pub mod crdgen;

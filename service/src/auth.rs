@@ -46,7 +46,7 @@ use tracing::warn;
 pub use cache::{Decision, ReviewCache};
 
 use crate::{
-    http::{ReasonLabel, ResultLabel},
+    labels::{ReasonLabel, ResultLabel},
     ratelimit::{Decision as LogDecision, RateLimit},
 };
 

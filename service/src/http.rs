@@ -47,6 +47,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     auth::{self, AuthMetrics, MetricsAuth},
+    labels::{ReasonLabel, ResultLabel},
     ratelimit::{Decision, RateLimit},
     tls::{CertificateFiles, Tls},
 };
@@ -62,7 +63,7 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 /// Time connections get to finish their request on shutdown.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Sent to a connection refused at the cap, without reading its request.
 const REFUSAL: &[u8] =
@@ -82,20 +83,6 @@ pub struct PhaseLabel {
     /// `header`: no complete request ever arrived (slow, half-sent or silent clients);
     /// `idle`: a kept-alive connection sent no next request.
     pub phase: &'static str,
-}
-
-/// TLS handshake failures: `timeout` (no complete handshake within the header timeout),
-/// `error` (a plain-HTTP request, no common version or ALPN protocol, a client that
-/// closed or refused the certificate); token checks refused before a review.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: &'static str,
-}
-
-/// Certificate reloads, token reviews and cache hits, by result.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
-    pub result: &'static str,
 }
 
 /// The server's metrics; cloning shares them.

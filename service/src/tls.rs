@@ -29,7 +29,7 @@ use rustls::{
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::http::ResultLabel;
+use crate::labels::ResultLabel;
 
 /// How often the certificate files are compared with the pair in use. The kubelet takes
 /// a minute or more to update a mounted Secret; this adds at most a few seconds.

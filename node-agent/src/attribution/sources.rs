@@ -10,6 +10,7 @@ use std::{
 };
 
 use prometheus_client::registry::Registry;
+use service::tasks::CriticalTasks;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -78,8 +79,15 @@ impl Sources {
         EfaHolders::new(self.pods.clone(), self.devices.clone())
     }
 
-    /// Starts the pod watch of `node` and the kubelet poller, until `shutdown`.
-    pub fn spawn_feeds(&self, client: kube::Client, node: &str, watch_timeout: Duration, shutdown: &CancellationToken) {
+    /// Starts the pod watch of `node` and the kubelet poller among `tasks`, until `shutdown`.
+    pub fn spawn_feeds(
+        &self,
+        tasks: &mut CriticalTasks,
+        client: kube::Client,
+        node: &str,
+        watch_timeout: Duration,
+        shutdown: &CancellationToken,
+    ) {
         let watcher = PodWatcher {
             client,
             node: node.to_owned(),
@@ -87,7 +95,7 @@ impl Sources {
             metrics: self.metrics.clone(),
             watch_timeout,
         };
-        tokio::spawn(watcher.run(shutdown.clone()));
+        tasks.spawn("pod watch", watcher.run(shutdown.clone()));
         let poller = KubeletPoller {
             socket: self.settings.kubelet_socket.clone(),
             interval: self.settings.kubelet_interval,
@@ -96,11 +104,11 @@ impl Sources {
             devices: self.devices.clone(),
             metrics: self.metrics.clone(),
         };
-        tokio::spawn(poller.run(shutdown.clone()));
+        tasks.spawn("kubelet pod-resources poller", poller.run(shutdown.clone()));
     }
 
-    /// With an ECS agent to ask, starts its poller, until `shutdown`.
-    pub fn spawn_ecs_feed(&self, shutdown: &CancellationToken) {
+    /// With an ECS agent to ask, starts its poller among `tasks`, until `shutdown`.
+    pub fn spawn_ecs_feed(&self, tasks: &mut CriticalTasks, shutdown: &CancellationToken) {
         let Some(agent) = self.settings.ecs_agent.clone() else {
             return;
         };
@@ -111,6 +119,6 @@ impl Sources {
             index: self.ecs.clone(),
             metrics: self.metrics.clone(),
         };
-        tokio::spawn(poller.run(shutdown.clone()));
+        tasks.spawn("ECS task feed", poller.run(shutdown.clone()));
     }
 }

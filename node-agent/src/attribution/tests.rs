@@ -404,3 +404,43 @@ fn the_kubelets_answer_wins_over_k8s_info_until_it_expires() {
     assert_eq!(f.runtime("t"), names("a", "train", "main"));
     assert_eq!((source("kubelet"), source("neuron_monitor")), (0, 1));
 }
+
+fn pod_ref(namespace: &str, name: &str, container: &str) -> Arc<PodRef> {
+    Arc::new(PodRef {
+        namespace: namespace.to_owned(),
+        pod: name.to_owned(),
+        container: container.to_owned(),
+        ..PodRef::default()
+    })
+}
+
+#[test]
+fn a_pod_holds_a_runtime_s_cores_only_when_it_holds_them_all() {
+    let (a, b) = (pod_ref("ns", "a", "c"), pod_ref("ns", "b", "c"));
+    assert_eq!(holder_of_all([Some(&a), Some(&a)].into_iter()), Some(&a));
+    assert_eq!(holder_of_all([Some(&a), Some(&b)].into_iter()), None);
+    assert_eq!(holder_of_all([Some(&a), None].into_iter()), None);
+    assert_eq!(holder_of_all([None, Some(&a)].into_iter()), None);
+    assert_eq!(holder_of_all(std::iter::empty()), None);
+}
+
+#[test]
+fn the_process_s_pod_wins_then_the_cores_holder_then_the_ecs_container() {
+    let process = pod_ref("ns", "a", "trainer");
+    let holder = pod_ref("ns", "b", "worker");
+    let task = Arc::new(EcsContainer { task_arn: "arn".to_owned(), ..EcsContainer::default() });
+    // The process's pod wins a disagreement with the kubelet.
+    assert_eq!(choose(Ok(&process), Some(&holder), None), Choice::Process(process.clone()));
+    // A process whose container is not listed yet takes the kubelet's name in the same pod.
+    let unnamed = pod_ref("ns", "b", "");
+    assert_eq!(choose(Ok(&unnamed), Some(&holder), None), Choice::Process(holder.clone()));
+    // ... but not another pod's.
+    let elsewhere = pod_ref("ns", "c", "");
+    assert_eq!(choose(Ok(&elsewhere), Some(&holder), None), Choice::Process(elsewhere.clone()));
+    // Without the process's pod: the cores' holder, then the ECS container, else why not.
+    assert_eq!(choose(Err(Unattributed::NoPid), Some(&holder), Some(task.clone())), Choice::Devices(holder.clone()));
+    assert_eq!(choose(Err(Unattributed::NoPid), None, Some(task.clone())), Choice::Ecs(task.clone()));
+    assert_eq!(choose(Err(Unattributed::NoPid), None, None), Choice::Unattributed(Unattributed::NoPid));
+    assert_eq!(Choice::Ecs(task.clone()).labels(), (None, Some(task)));
+    assert_eq!(Choice::Devices(holder.clone()).labels(), (Some(holder), None));
+}

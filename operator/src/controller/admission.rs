@@ -66,6 +66,21 @@ impl Candidate {
     fn version(&self) -> Option<&Accepted> {
         self.current.as_ref().ok().or(self.last.as_ref())
     }
+
+    /// What the config costs within its namespace's ceiling: its current version (and its
+    /// last accepted one, if another); refused already, its last accepted version takes
+    /// its room.
+    fn priced(&self) -> Priced {
+        match self {
+            Candidate { current: Ok(now), last, .. } => Priced {
+                usd: now.usd(),
+                last_accepted_usd: last.as_ref().filter(|l| !is_current(&l.object, &now.object)).map(Accepted::usd),
+            },
+            Candidate { current: Err(_), last, .. } => {
+                Priced { usd: last.as_ref().map_or(0.0, Accepted::usd), last_accepted_usd: None }
+            }
+        }
+    }
 }
 
 /// The Neuron nodes with what the checks need of them.
@@ -124,6 +139,59 @@ fn has_targets(config: &NeuronMonitorConfig) -> bool {
         || config.spec.health.as_ref().is_some_and(|h| h.logs.is_some())
 }
 
+/// What becomes of one config (`A`: one of its versions) in a pass.
+#[derive(Debug, PartialEq)]
+struct Decision<A> {
+    verdict: Result<(), Invalid>,
+    /// The version rendered on its nodes, if any.
+    rendered: Option<A>,
+    /// The version remembered as its last accepted one, if any.
+    remember: Option<A>,
+    /// Its current version was admitted in this pass.
+    admitted: bool,
+}
+
+/// Which version of a config is admitted: its current one where it is valid, within the
+/// policy and fits its namespace's ceiling; else its last accepted one, unless the ceiling
+/// has no room for that either. A refused config's last accepted version is remembered
+/// (it may have been read from the config's record).
+fn decide<A: Clone>(current: Result<A, Invalid>, last: Option<A>, fit: Fit) -> Decision<A> {
+    match (current, fit) {
+        (Ok(now), Fit::Admitted) => {
+            Decision { verdict: Ok(()), rendered: Some(now.clone()), remember: Some(now), admitted: true }
+        }
+        (Ok(_), Fit::LastAccepted(why)) => {
+            Decision { verdict: Err(why), rendered: last, remember: None, admitted: false }
+        }
+        (Ok(_), Fit::Refused(why)) => Decision { verdict: Err(why), rendered: None, remember: None, admitted: false },
+        (Err(why), fit) => {
+            let room = !matches!(fit, Fit::Refused(_));
+            Decision { verdict: Err(why), rendered: last.clone().filter(|_| room), remember: last, admitted: false }
+        }
+    }
+}
+
+/// Whether a config's last accepted version is its current one (not checked twice).
+fn is_current(last: &NeuronMonitorConfig, current: &NeuronMonitorConfig) -> bool {
+    last.metadata.generation == current.metadata.generation
+}
+
+impl Fleet<'_> {
+    /// One node of each region among the `matched` nodes, by region.
+    fn regions_of(&self, matched: &[usize]) -> NodeRegions {
+        let mut regions = NodeRegions::new();
+        for &i in matched {
+            match self.regions[i] {
+                Some(region) if !regions.contains_key(region) => {
+                    regions.insert(region.to_owned(), self.names[i].clone());
+                }
+                _ => {}
+            }
+        }
+        regions
+    }
+}
+
 impl Controller {
     /// Validates every config, holds it to the policy on its nodes and its namespace's
     /// ceiling, and picks the version of each to render.
@@ -140,28 +208,7 @@ impl Controller {
         // A deleted config's announcement is forgotten with it.
         self.announced.lock().unwrap_or_else(|p| p.into_inner()).retain(|uid, _| live.contains(uid));
 
-        let check = |object: &Arc<NeuronMonitorConfig>, valid: ValidConfig| -> Result<Accepted, Invalid> {
-            if !has_targets(object) {
-                return Ok(Accepted { valid, object: object.clone(), costs: None });
-            }
-            let namespace = valid.key.namespace.as_str();
-            let labels = self.tenancy.namespace_labels(namespace);
-            let rules: &Rules = policy.rules_for(namespace, &labels);
-            let matched = fleet.matching(&valid.selector);
-            let mut regions = NodeRegions::new();
-            for &i in &matched {
-                match fleet.regions[i] {
-                    Some(region) if !regions.contains_key(region) => {
-                        regions.insert(region.to_owned(), fleet.names[i].clone());
-                    }
-                    _ => {}
-                }
-            }
-            tenancy::check_targets(&object.spec, namespace, valid.cluster_wide, rules, &regions)?;
-            let costs = cost::costs(&object.spec, valid.cluster_wide, &fleet.kinds(&matched), &self.prices);
-            Ok(Accepted { valid, object: object.clone(), costs })
-        };
-
+        let check = |object: &Arc<NeuronMonitorConfig>, valid| self.check(&fleet, policy, object, valid);
         // Each config's current version, and its last accepted one where that is within
         // the policy (re-checked only when it differs from the current one). The last
         // accepted version comes from memory, else from the config's record of it.
@@ -173,16 +220,63 @@ impl Controller {
                 None => accepted::recorded(config, &self.namespace).map(|(object, valid)| (Arc::new(object), valid)),
             };
             let last = match (&current, previous) {
-                (Ok(now), Some((object, _))) if object.metadata.generation == now.object.metadata.generation => {
-                    Some(now.clone())
-                }
+                (Ok(now), Some((object, _))) if is_current(&object, &now.object) => Some(now.clone()),
                 (_, Some((object, valid))) => check(&object, valid).ok(),
                 (_, None) => None,
             };
             candidates.push(Candidate { config: config.clone(), current, last });
         }
+        let mut fits = self.ceiling_fits(policy, &candidates);
 
-        // Ceilings: per namespace, the configs in the order they are given room.
+        let mut verdicts = Vec::with_capacity(candidates.len());
+        let mut usable = Vec::with_capacity(candidates.len());
+        let mut costs = HashMap::new();
+        let mut to_record = Vec::new();
+        for (i, Candidate { config, current, last }) in candidates.into_iter().enumerate() {
+            let decision = decide(current, last, fits.remove(&i).unwrap_or(Fit::Admitted));
+            if let (Some(remember), Some(uid)) = (decision.remember, config.uid()) {
+                last_good.insert(uid, remember);
+            }
+            if let Some(rendered) = decision.rendered {
+                if decision.admitted {
+                    if !accepted::is_recorded(&config) {
+                        to_record.push(config.clone());
+                    }
+                    if let Some(c) = rendered.costs {
+                        costs.insert(rendered.valid.key.clone(), c);
+                    }
+                }
+                usable.push(rendered.valid);
+            }
+            verdicts.push((config, decision.verdict));
+        }
+        Admission { verdicts, usable, costs, to_record }
+    }
+
+    /// Holds one valid version of a config to its namespace's policy on its matched nodes,
+    /// and prices it there.
+    fn check(
+        &self,
+        fleet: &Fleet<'_>,
+        policy: &TenancyPolicy,
+        object: &Arc<NeuronMonitorConfig>,
+        valid: ValidConfig,
+    ) -> Result<Accepted, Invalid> {
+        if !has_targets(object) {
+            return Ok(Accepted { valid, object: object.clone(), costs: None });
+        }
+        let namespace = valid.key.namespace.as_str();
+        let labels = self.tenancy.namespace_labels(namespace);
+        let rules: &Rules = policy.rules_for(namespace, &labels);
+        let matched = fleet.matching(&valid.selector);
+        tenancy::check_targets(&object.spec, namespace, valid.cluster_wide, rules, &fleet.regions_of(&matched))?;
+        let costs = cost::costs(&object.spec, valid.cluster_wide, &fleet.kinds(&matched), &self.prices);
+        Ok(Accepted { valid, object: object.clone(), costs })
+    }
+
+    /// Ceilings: per namespace with one, the configs in the order they are given room and
+    /// where each stands (by index in `candidates`; the others are admitted).
+    fn ceiling_fits(&self, policy: &TenancyPolicy, candidates: &[Candidate]) -> HashMap<usize, Fit> {
         let mut fits: HashMap<usize, Fit> = HashMap::new();
         let mut by_namespace: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         for (i, candidate) in candidates.iter().enumerate() {
@@ -198,65 +292,14 @@ impl Controller {
                 (Some(a), Some(b)) => a.valid.precedes(&b.valid),
                 _ => std::cmp::Ordering::Equal,
             });
-            let priced: Vec<Priced> = members
-                .iter()
-                .map(|&i| match &candidates[i] {
-                    Candidate { current: Ok(now), last, .. } => Priced {
-                        usd: now.usd(),
-                        last_accepted_usd: last
-                            .as_ref()
-                            .filter(|l| l.object.metadata.generation != now.object.metadata.generation)
-                            .map(Accepted::usd),
-                    },
-                    // Refused already: its last accepted version takes its room.
-                    Candidate { current: Err(_), last, .. } => {
-                        Priced { usd: last.as_ref().map_or(0.0, Accepted::usd), last_accepted_usd: None }
-                    }
-                })
-                .collect();
+            let priced: Vec<Priced> = members.iter().map(|&i| candidates[i].priced()).collect();
             for (&i, fit) in members.iter().zip(tenancy::share_ceiling(namespace, ceiling, &priced)) {
                 fits.insert(i, fit);
             }
         }
-
-        let mut verdicts = Vec::with_capacity(candidates.len());
-        let mut usable = Vec::with_capacity(candidates.len());
-        let mut costs = HashMap::new();
-        let mut to_record = Vec::new();
-        for (i, Candidate { config, current, last }) in candidates.into_iter().enumerate() {
-            let fit = fits.remove(&i).unwrap_or(Fit::Admitted);
-            match (current, fit) {
-                (Ok(now), Fit::Admitted) => {
-                    if let Some(uid) = config.uid() {
-                        last_good.insert(uid, now.clone());
-                    }
-                    if !accepted::is_recorded(&config) {
-                        to_record.push(config.clone());
-                    }
-                    if let Some(c) = now.costs {
-                        costs.insert(now.valid.key.clone(), c);
-                    }
-                    usable.push(now.valid);
-                    verdicts.push((config, Ok(())));
-                }
-                (Ok(_), Fit::LastAccepted(why)) => {
-                    usable.extend(last.map(|l| l.valid));
-                    verdicts.push((config, Err(why)));
-                }
-                (Ok(_), Fit::Refused(why)) => verdicts.push((config, Err(why))),
-                (Err(why), fit) => {
-                    // Its last accepted version (kept in memory: it may have been read
-                    // from the config's record), unless the ceiling has no room for it.
-                    if let (Some(l), Some(uid)) = (&last, config.uid()) {
-                        last_good.insert(uid, l.clone());
-                    }
-                    if !matches!(fit, Fit::Refused(_)) {
-                        usable.extend(last.map(|l| l.valid));
-                    }
-                    verdicts.push((config, Err(why)));
-                }
-            }
-        }
-        Admission { verdicts, usable, costs, to_record }
+        fits
     }
 }
+
+#[cfg(test)]
+mod tests;

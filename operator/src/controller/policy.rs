@@ -31,6 +31,7 @@ use tracing::{info, warn};
 
 use super::{mark_listed, spawn_watch, Listed, WATCH_SECONDS};
 use crate::telemetry::OperatorMetrics;
+use service::tasks::CriticalTasks;
 
 /// The key of the policy's YAML in its ConfigMap.
 pub const POLICY_KEY: &str = "policy.yaml";
@@ -56,6 +57,7 @@ struct InForce {
 impl PolicySource {
     /// Starts the watches when a ConfigMap is named; marks the policy listed otherwise.
     pub(super) fn start(
+        tasks: &mut CriticalTasks,
         client: &Client,
         namespace: &str,
         configmap: Option<&str>,
@@ -72,12 +74,14 @@ impl PolicySource {
         let configmap_api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
         let by_name = watcher::Config::default().fields(&format!("metadata.name={name}")).timeout(WATCH_SECONDS);
         spawn_watch(
+            tasks,
             "tenancy policy",
             changed.clone(),
             mark_listed(listed, |l| l.policy = true),
             reflector::reflector(configmaps_writer, watcher(configmap_api, by_name).default_backoff()),
         );
         spawn_watch(
+            tasks,
             "namespaces",
             changed.clone(),
             mark_listed(listed, |l| l.namespaces = true),

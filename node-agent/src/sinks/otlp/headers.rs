@@ -9,6 +9,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{runtime::watcher::Event, Api, Client};
+use service::tasks::CriticalTasks;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -37,8 +38,11 @@ const NEED_CHECK: Duration = Duration::from_secs(1);
 
 /// Follows the mirror Secret `namespace/name` until `shutdown`, while a config in force
 /// (`routing`) names a `headersSecret`: most nodes never need it, and a watch per agent
-/// is load on the API server at fleet scale. No Secret, no headers.
+/// is load on the API server at fleet scale. No Secret, no headers. The follower is one
+/// of `tasks`.
+#[allow(clippy::too_many_arguments)] // the follower's inputs, each used once
 pub fn follow(
+    tasks: &mut CriticalTasks,
     client: Client,
     namespace: &str,
     name: &str,
@@ -51,7 +55,7 @@ pub fn follow(
     let api: Api<Secret> = Api::namespaced(client, namespace);
     let (namespace, name) = (namespace.to_owned(), name.to_owned());
     let needed = move || routing.current().names_otlp_headers();
-    tokio::spawn(async move {
+    tasks.spawn("OTLP headers follower", async move {
         loop {
             while !needed() {
                 tokio::select! {
