@@ -19,6 +19,7 @@
 //!   what rendering needs; [`render`]: every node's configs merged into its node
 //!   configuration, within each node's budget. The operator renders the fleet with them,
 //!   the agent its own node when it runs without Kubernetes: one set of rules.
+//! - [`tag_filter`]: what a tag filter means (neuron-monitor's Go semantics) and costs.
 //! - [`hash`]: the content hash.
 //!
 //! The resource and what is derived from it (`crd`, `node_config`, `cloudwatch`, `otlp`,
@@ -43,6 +44,8 @@ pub mod region;
 #[cfg(feature = "crd")]
 pub mod render;
 pub mod report;
+#[cfg(feature = "tag-filter")]
+pub mod tag_filter;
 #[cfg(feature = "crd")]
 pub mod tenancy;
 #[cfg(feature = "crd")]

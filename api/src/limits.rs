@@ -141,3 +141,35 @@ pub const MAX_HEALTH_STATE_BYTES: usize = 1024 * 1024;
 /// Reasons kept per device: 5 ECC counters, 10 components, 5 error counters on each of
 /// 16 cores, and the kernel's error names leave it far from full.
 pub const MAX_HEALTH_REASONS_PER_DEVICE: usize = 256;
+
+// --- Tag filters (`tagFilter`), as the operator and the agent compile them ------------
+// A filter is compiled once per node for each distinct filter string (see
+// `crate::tag_filter`). Its cost is what the compiled filter holds: its program and one
+// search cache. Unbounded, Unicode `[\w]{200}r0` took ~13 MB, and 48 such route entries
+// took an agent past its 512 MiB memory limit.
+
+/// Bytes of one tag filter's text.
+pub const MAX_TAG_FILTER_BYTES: usize = 1024;
+
+/// Bytes of the program (NFA) of one tag filter, and of its one-pass DFA. The compiler
+/// stops at this size, so a refused filter costs no more than this to try. The largest
+/// literal filter (1,024 characters) takes 25 KiB, `(?i)^[a-z0-9-]{1,63}$` 11 KiB, one
+/// `\pL` 16 KiB: six `\pL` in a row fit.
+pub const MAX_TAG_FILTER_NFA_BYTES: usize = 128 * 1024;
+
+/// Cost of one tag filter: its program and one search cache, which the search engines
+/// grow to about the program's size again. Beyond it: refused as `InvalidSpec`, naming
+/// the field. The worst accepted filter thus holds at most 256 KiB, where Unicode
+/// `[\w]{200}r0` held ~13 MB; ordinary filters cost 1 to 50 KiB.
+pub const MAX_TAG_FILTER_COST: usize = 256 * 1024;
+
+/// Cost of the distinct tag filters of one namespace's configs on one node: 8 filters at
+/// the per-filter limit, or hundreds of ordinary ones. Beyond it: `NamespaceLimit`,
+/// naming the filter.
+pub const MAX_NAMESPACE_TAG_FILTER_COST_PER_NODE: usize = 2 * 1024 * 1024;
+
+/// Cost of the distinct tag filters of all configs on one node, what the agent holds
+/// compiled. The operator refuses configs beyond it (`NodeLimit`); the agent, given more
+/// (a standalone file, an older operator), leaves the routes beyond it out and counts
+/// them.
+pub const MAX_NODE_TAG_FILTER_COST: usize = 16 * 1024 * 1024;

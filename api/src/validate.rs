@@ -184,6 +184,17 @@ pub struct ValidConfig {
     pub system_groups: BTreeMap<SystemGroup, Period>,
     /// The nodes' health settings (`spec.health`), for a config of the operator's namespace.
     pub health: Option<NodeHealth>,
+    /// Each runtime entry's tag filter with its cost, counted against the node's budgets.
+    pub filter_costs: Vec<FilterCost>,
+}
+
+/// A runtime entry's tag filter and what it costs compiled ([`crate::tag_filter`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FilterCost {
+    /// Index into `spec.runtimes`.
+    pub entry: usize,
+    pub filter: String,
+    pub cost: usize,
 }
 
 impl ValidConfig {
@@ -227,7 +238,8 @@ pub fn validate(config: &NeuronMonitorConfig, operator_namespace: &str) -> Resul
     let period = parse_period(spec.period.as_deref(), "spec.period")?.unwrap_or(DEFAULT_PERIOD);
     let selector = Selector::compile(spec.node_selector.as_ref(), "spec.nodeSelector")?;
 
-    let Runtimes { route_runtimes, groups: runtime_groups, applications } = runtimes(spec.runtimes.as_deref(), period)?;
+    let Runtimes { route_runtimes, groups: runtime_groups, applications, filter_costs } =
+        runtimes(spec.runtimes.as_deref(), period)?;
     let system_groups = match &spec.system_metrics {
         Some(_) if !cluster_wide => {
             return Err(Invalid::new(
@@ -283,6 +295,7 @@ pub fn validate(config: &NeuronMonitorConfig, operator_namespace: &str) -> Resul
         runtime_groups,
         system_groups,
         health,
+        filter_costs,
     })
 }
 
@@ -292,6 +305,7 @@ struct Runtimes {
     route_runtimes: Vec<RouteRuntimes>,
     groups: BTreeMap<RuntimeGroup, Period>,
     applications: Applications,
+    filter_costs: Vec<FilterCost>,
 }
 
 /// `spec.runtimes`; absent: every application with every runtime group at `period`.
@@ -301,6 +315,7 @@ fn runtimes(entries: Option<&[RuntimeSelectorSpec]>, period: Period) -> Result<R
             route_runtimes: vec![RouteRuntimes { tag_filter: None, groups: RuntimeGroup::ALL.to_vec() }],
             groups: RuntimeGroup::ALL.map(|g| (g, period)).into_iter().collect(),
             applications: Applications::All,
+            filter_costs: Vec::new(),
         });
     };
     if entries.len() > MAX_RUNTIME_ENTRIES {
@@ -313,11 +328,13 @@ fn runtimes(entries: Option<&[RuntimeSelectorSpec]>, period: Period) -> Result<R
     let mut runtime_groups: BTreeMap<RuntimeGroup, Period> = BTreeMap::new();
     let mut filters: BTreeSet<String> = BTreeSet::new();
     let mut every_application = false;
+    let mut filter_costs = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
         let field = format!("spec.runtimes[{i}]");
         if let Some(filter) = &entry.tag_filter {
-            check_tag_filter(filter).map_err(|reason| Invalid::new(format!("{field}.tagFilter"), reason))?;
+            let cost = check_tag_filter(filter).map_err(|reason| Invalid::new(format!("{field}.tagFilter"), reason))?;
             filters.insert(filter.clone());
+            filter_costs.push(FilterCost { entry: i, filter: filter.clone(), cost });
         } else {
             every_application = true;
         }
@@ -341,7 +358,7 @@ fn runtimes(entries: Option<&[RuntimeSelectorSpec]>, period: Period) -> Result<R
     } else {
         Applications::Matching(filters.into_iter().collect())
     };
-    Ok(Runtimes { route_runtimes, groups: runtime_groups, applications })
+    Ok(Runtimes { route_runtimes, groups: runtime_groups, applications, filter_costs })
 }
 
 /// The bytes a route adds to every node's ConfigMap, at most

@@ -4,7 +4,7 @@
 //! application in this namespace with this tag.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, RwLock,
@@ -12,11 +12,11 @@ use std::{
 };
 
 use api::{
-    limits::MAX_EXTRA_LABELS_PER_SERIES,
+    limits::{MAX_EXTRA_LABELS_PER_SERIES, MAX_NODE_TAG_FILTER_COST},
     monitor_config::{RuntimeGroup, SystemGroup},
     node_config::{NodeConfig, Route},
+    tag_filter::{TagFilter, TagFilterError},
 };
-use regex::Regex;
 use tracing::warn;
 
 /// Routes with their tag filters compiled. Empty means the built-in configuration:
@@ -24,6 +24,8 @@ use tracing::warn;
 #[derive(Debug, Default)]
 pub struct Routing {
     routes: Vec<CompiledRoute>,
+    /// Routes left out, in config order: the node's filters would cost too much.
+    refused: Vec<RefusedRoute>,
     /// Set once extra labels were left off a series under this routing: logged once.
     labels_dropped_logged: AtomicBool,
 }
@@ -52,7 +54,8 @@ impl SharedRouting {
 pub struct Selection {
     namespace: Option<String>,
     /// (filter, groups) per runtime entry; a `None` filter takes every application.
-    entries: Vec<(Option<Regex>, Vec<RuntimeGroup>)>,
+    /// Identical filters of the node share one compiled filter.
+    entries: Vec<(Option<Arc<TagFilter>>, Vec<RuntimeGroup>)>,
 }
 
 impl Selection {
@@ -64,7 +67,7 @@ impl Selection {
             return None;
         }
         let mut groups: Option<Vec<RuntimeGroup>> = None;
-        // neuron-monitor matches a filter anywhere in the tag; so does `Regex::is_match`.
+        // neuron-monitor matches a filter anywhere in the tag; so does `TagFilter::is_match`.
         for (_, entry_groups) in self.entries.iter().filter(|(f, _)| f.as_ref().is_none_or(|f| f.is_match(tag))) {
             let groups = groups.get_or_insert_with(Vec::new);
             for g in entry_groups {
@@ -105,37 +108,118 @@ pub struct PrometheusView {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("route {config}: tag filter {filter:?} does not compile: {source}")]
+#[error("route {config}: tag filter {filter:?} does not compile: {reason}")]
 pub struct RoutingError {
     config: String,
     filter: String,
-    source: regex::Error,
+    reason: String,
+}
+
+/// A route left out of the routing table, and why: the others keep working.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefusedRoute {
+    pub config: String,
+    /// `tag_filter_cost` (one filter over the per-filter limit) or `tag_filter_budget`
+    /// (the node's distinct filters over [`MAX_NODE_TAG_FILTER_COST`]).
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+/// The node's compiled filters, one per distinct text, and what they cost together.
+#[derive(Default)]
+struct FilterCache {
+    compiled: HashMap<String, Arc<TagFilter>>,
+    cost: usize,
+}
+
+impl FilterCache {
+    /// The compiled filters of a route's entries, sharing those compiled before; `None`
+    /// for an entry without a filter. Nothing is kept when the route is refused.
+    fn route_filters(&mut self, route: &Route) -> Result<Vec<Option<Arc<TagFilter>>>, RouteProblem> {
+        let mut new: Vec<(&str, Arc<TagFilter>)> = Vec::new();
+        let mut cost = self.cost;
+        let mut filters = Vec::with_capacity(route.runtimes.len());
+        for text in route.runtimes.iter().map(|e| e.tag_filter.as_deref()) {
+            let Some(text) = text else {
+                filters.push(None);
+                continue;
+            };
+            let known = self.compiled.get(text).or_else(|| new.iter().find(|(t, _)| *t == text).map(|(_, f)| f));
+            if let Some(filter) = known {
+                filters.push(Some(filter.clone()));
+                continue;
+            }
+            let filter = Arc::new(TagFilter::new(text).map_err(|e| RouteProblem::Filter(text.to_owned(), e))?);
+            cost = cost.saturating_add(filter.cost());
+            if cost > MAX_NODE_TAG_FILTER_COST {
+                return Err(RouteProblem::OverBudget(cost));
+            }
+            new.push((text, filter.clone()));
+            filters.push(Some(filter));
+        }
+        self.cost = cost;
+        self.compiled.extend(new.into_iter().map(|(t, f)| (t.to_owned(), f)));
+        Ok(filters)
+    }
+}
+
+enum RouteProblem {
+    Filter(String, TagFilterError),
+    OverBudget(usize),
+}
+
+/// A route's problem as a refusal, or the error of a filter that does not compile.
+fn refusal(route: &Route, problem: RouteProblem) -> Result<RefusedRoute, RoutingError> {
+    let config = route.config.clone();
+    match problem {
+        RouteProblem::Filter(filter, e) if e.too_costly() => {
+            Ok(RefusedRoute { config, reason: "tag_filter_cost", detail: format!("tag filter {filter:?} {e}") })
+        }
+        RouteProblem::Filter(filter, e) => Err(RoutingError { config, filter, reason: e.to_string() }),
+        RouteProblem::OverBudget(cost) => Ok(RefusedRoute {
+            config,
+            reason: "tag_filter_budget",
+            detail: format!(
+                "the node's distinct tag filters would take {} KiB compiled; at most {} KiB",
+                cost.div_ceil(1024),
+                MAX_NODE_TAG_FILTER_COST / 1024
+            ),
+        }),
+    }
 }
 
 impl Routing {
+    /// Compiles the routes in config order. A filter that does not compile is an error
+    /// (the configuration was never valid); a route whose filters would take the node's
+    /// over [`MAX_NODE_TAG_FILTER_COST`], or one of whose filters alone costs too much
+    /// (rendered by another version), is left out and listed in [`Routing::refused`].
     pub fn compile(config: &NodeConfig) -> Result<Self, RoutingError> {
         let mut routes = Vec::with_capacity(config.routes.len());
+        let mut refused = Vec::new();
+        let mut cache = FilterCache::default();
         for route in &config.routes {
-            let mut entries = Vec::with_capacity(route.runtimes.len());
-            for entry in &route.runtimes {
-                let filter = match &entry.tag_filter {
-                    None => None,
-                    Some(f) => Some(Regex::new(f).map_err(|source| RoutingError {
-                        config: route.config.clone(),
-                        filter: f.clone(),
-                        source,
-                    })?),
-                };
-                entries.push((filter, entry.groups.clone()));
-            }
-            let selection = Selection { namespace: route.namespace.clone(), entries };
+            let filters = match cache.route_filters(route) {
+                Ok(filters) => filters,
+                Err(problem) => {
+                    refused.push(refusal(route, problem)?);
+                    continue;
+                }
+            };
+            let groups = route.runtimes.iter().map(|e| e.groups.clone());
+            let selection =
+                Selection { namespace: route.namespace.clone(), entries: filters.into_iter().zip(groups).collect() };
             routes.push(CompiledRoute { route: route.clone(), selection });
         }
-        Ok(Routing { routes, labels_dropped_logged: AtomicBool::new(false) })
+        Ok(Routing { routes, refused, labels_dropped_logged: AtomicBool::new(false) })
+    }
+
+    /// Routes left out of this table because of what their filters cost.
+    pub fn refused(&self) -> &[RefusedRoute] {
+        &self.refused
     }
 
     pub fn is_builtin(&self) -> bool {
-        self.routes.is_empty()
+        self.routes.is_empty() && self.refused.is_empty()
     }
 
     /// The Prometheus view of a runtime: groups any Prometheus route gives it, and
@@ -301,6 +385,71 @@ mod tests {
         // The first configurations, in order, keep theirs.
         assert!(view.extra_labels.contains_key("c00_l00") && view.extra_labels.contains_key("c01_l15"));
         assert!(!view.extra_labels.contains_key("c02_l00"));
+    }
+
+    fn route_with_filters(config: &str, filters: &[String]) -> Route {
+        let mut r = route(config, Some("a"), None, &[RuntimeGroup::MemoryUsed]);
+        r.runtimes = filters
+            .iter()
+            .map(|f| RouteRuntimes { tag_filter: Some(f.clone()), groups: vec![RuntimeGroup::MemoryUsed] })
+            .collect();
+        r
+    }
+
+    fn filters_of(routing: &Routing) -> Vec<&Arc<TagFilter>> {
+        routing.routes.iter().flat_map(|r| r.selection.entries.iter().filter_map(|(f, _)| f.as_ref())).collect()
+    }
+
+    #[test]
+    fn identical_filters_compile_once() {
+        // Issue 24's tenant: 3 configs x 16 entries of the same filter.
+        let heavy = vec![r"[\w]{200}r0".to_owned(); 16];
+        let routes = (0..3).map(|c| route_with_filters(&format!("a/c{c}"), &heavy)).collect();
+        let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes, health: None }).unwrap();
+        let filters = filters_of(&routing);
+        assert_eq!(filters.len(), 48);
+        assert!(filters.iter().all(|f| Arc::ptr_eq(f, filters[0])), "one compiled filter shared by every entry");
+        assert!(routing.refused().is_empty());
+        let tag = format!("{}r0", "x".repeat(200));
+        assert_eq!(routing.prometheus_view(Some("a"), &tag).map(|v| v.groups), Some(vec![RuntimeGroup::MemoryUsed]));
+    }
+
+    /// Distinct costly filters: the routes past the node's budget are left out, whole and
+    /// in config order; the earlier ones keep working.
+    #[test]
+    fn routes_past_the_node_filter_budget_are_refused_and_the_others_kept() {
+        let costly = |c: usize, e: usize| format!(r"\pL{{6}}{c:03}x{e:02}");
+        let one = TagFilter::new(&costly(0, 0)).unwrap().cost();
+        let per_route = 4;
+        let count = MAX_NODE_TAG_FILTER_COST / (one * per_route) + 2;
+        let routes = (0..count)
+            .map(|c| {
+                let filters: Vec<String> = (0..per_route).map(|e| costly(c, e)).collect();
+                route_with_filters(&format!("a/c{c:03}"), &filters)
+            })
+            .collect();
+        let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes, health: None }).unwrap();
+        let refused: Vec<&str> = routing.refused().iter().map(|r| r.config.as_str()).collect();
+        assert!(!refused.is_empty() && refused.len() <= 3, "{refused:?}");
+        assert_eq!(refused.last().copied(), Some(format!("a/c{:03}", count - 1).as_str()));
+        assert!(routing.refused().iter().all(|r| r.reason == "tag_filter_budget"));
+        let total: usize = filters_of(&routing).iter().map(|f| f.cost()).sum();
+        assert!(total <= MAX_NODE_TAG_FILTER_COST, "{total}");
+        // The first route still selects its applications.
+        assert!(routing.prometheus_view(Some("a"), "éé\u{101}\u{103}\u{105}ë000x00").is_some());
+        assert!(!routing.is_builtin());
+    }
+
+    #[test]
+    fn a_filter_over_the_cost_limit_refuses_its_route_only() {
+        let routes = vec![
+            route_with_filters("a/costly", &[r"\pL{1000}".to_owned()]),
+            route("a/fine", Some("a"), Some("^serve"), &[RuntimeGroup::MemoryUsed]),
+        ];
+        let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes, health: None }).unwrap();
+        let refused: Vec<(&str, &str)> = routing.refused().iter().map(|r| (r.config.as_str(), r.reason)).collect();
+        assert_eq!(refused, vec![("a/costly", "tag_filter_cost")]);
+        assert!(routing.prometheus_view(Some("a"), "serve-1").is_some());
     }
 
     #[test]

@@ -69,6 +69,7 @@ pub struct AgentMetrics {
     pub monitor_stderr_lines: Family<StderrLabel, Counter>,
     pub config_reloads: Family<ResultLabel, Counter>,
     pub config: Family<ConfigLabels, Gauge>,
+    pub routes_refused: Family<ReasonLabel, Counter>,
     /// The HTTP server's connections (`neuron_agent_http_*`).
     pub http: ConnectionMetrics,
 }
@@ -98,6 +99,7 @@ impl AgentMetrics {
             monitor_stderr_lines: Family::default(),
             config_reloads: Family::default(),
             config: Family::default(),
+            routes_refused: Family::default(),
             http: ConnectionMetrics::register(registry, "neuron_agent_http"),
         };
         // Names below are under `neuron_agent_`.
@@ -181,6 +183,12 @@ impl AgentMetrics {
             "config",
             "1 for the configuration in force: source (builtin, configmap) and content hash",
             metrics.config.clone(),
+        );
+        r.register(
+            "routes_refused",
+            "Routes of a node configuration left out when it was put in force, by reason: tag_filter_budget (the \
+             node's distinct tag filters over 16 MiB compiled), tag_filter_cost (one filter over 256 KiB)",
+            metrics.routes_refused.clone(),
         );
         r.register("build", "Version of the agent", Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]));
         metrics

@@ -317,3 +317,55 @@ fn an_ecs_task_s_runtime_carries_its_task_in_labels_and_dimensions() {
     assert!(by_core.iter().filter(|(core, _)| !["0", "1"].contains(&core.as_str())).all(|(_, t)| t.0.is_empty()));
     drop(agent);
 }
+
+/// Peak resident memory of a process, in KiB (`VmHWM`).
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read the agent's status");
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("a number of kB")
+}
+
+/// The agent on `yaml`, once its configuration is in force: its peak RSS in KiB.
+fn peak_rss_with(tag: &str, yaml: &str) -> u64 {
+    let dir = TempDir::new(tag);
+    let file = dir.0.join("neuron-monitor.yaml");
+    write(&file, yaml);
+    let agent = Agent::start(&APPS, &["--config", file.to_str().expect("path")]);
+    agent.wait_for("the file's configuration in force", Duration::from_secs(30), |m| {
+        m.find("neuron_agent_config", &[("source", "config")]).first().map(|_| ())
+    });
+    // A few reports routed through every filter.
+    agent.wait_for("reports", Duration::from_secs(20), |m| {
+        (m.value("neuron_agent_reports_total", &[]) >= Some(3.0)).then_some(())
+    });
+    peak_rss_kib(agent.child.id())
+}
+
+/// Issue 24: 3 configs x 16 entries of `[\w]{200}rN` (distinct filters) in one namespace,
+/// 2.6 KB of YAML, took the agent to 405 MB (Unicode `\w`, ~13 MB per entry). With Go's
+/// ASCII `\w` and each distinct filter compiled once under the cost limits, it stays
+/// near the agent's baseline.
+#[test]
+fn heavy_tag_filters_keep_the_agent_small() {
+    let heavy_doc = |c: usize| {
+        let entries: String = (0..16)
+            .map(|e| {
+                format!("  - tagFilter: '[\\w]{{200}}r{}'\n    metrics: [{{type: neuroncore_counters}}]\n", c * 16 + e)
+            })
+            .collect();
+        format!(
+            "apiVersion: neuronmonitor.io/v1alpha1\nkind: NeuronMonitorConfig\nmetadata: {{ name: heavy{c}, namespace: team }}\n\
+             spec:\n  period: 1s\n  runtimes:\n{entries}"
+        )
+    };
+    let heavy = (0..3).map(heavy_doc).collect::<Vec<_>>().join("---\n");
+    let baseline = peak_rss_with("rss-baseline", &config_doc("serving", "^serve-", "a"));
+    let with_heavy = peak_rss_with("rss-heavy", &heavy);
+    eprintln!(
+        "peak RSS: baseline {} MiB, 3 configs x 16 entries of [\\w]{{200}}rN ({} bytes of YAML) {} MiB",
+        baseline / 1024,
+        heavy.len(),
+        with_heavy / 1024
+    );
+    assert!(with_heavy < baseline + 32 * 1024, "baseline {baseline} KiB, heavy filters {with_heavy} KiB");
+}

@@ -8,6 +8,7 @@
 use anyhow::{Context, Result};
 use api::duration::Period;
 use api::monitor_config::{MonitorConfig, RuntimeGroup, SystemGroup};
+use api::tag_filter::go_meaning;
 use regex::Regex;
 
 /// One metric group of the schedule. Runtime groups belong to a runtime entry of the
@@ -38,9 +39,12 @@ impl Plan {
         for (i, runtime) in config.neuron_runtimes.iter().enumerate() {
             let filter = match &runtime.tag_filter {
                 None => None,
-                Some(re) => Some(Regex::new(re).with_context(|| {
-                    format!("neuron_runtimes[{i}].tag_filter {re:?} is not a valid regular expression")
-                })?),
+                // With Go's meaning (ASCII `\w`, `\d`, `\s`, `\b`), as neuron-monitor.
+                Some(re) => {
+                    Some(go_meaning(re).map_err(anyhow::Error::msg).and_then(|p| Ok(Regex::new(&p)?)).with_context(
+                        || format!("neuron_runtimes[{i}].tag_filter {re:?} is not a valid regular expression"),
+                    )?)
+                }
             };
             let mut groups: Vec<(RuntimeGroup, Period)> = Vec::new();
             for g in &runtime.metrics {

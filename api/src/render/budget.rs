@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::limits::{
     MAX_CONFIGS_PER_NAMESPACE_PER_NODE, MAX_CONFIGS_PER_NODE, MAX_EXTRA_LABELS_PER_SERIES,
-    MAX_NAMESPACE_RENDERED_BYTES_PER_NODE, MAX_NODE_RENDERED_BYTES,
+    MAX_NAMESPACE_RENDERED_BYTES_PER_NODE, MAX_NAMESPACE_TAG_FILTER_COST_PER_NODE, MAX_NODE_RENDERED_BYTES,
+    MAX_NODE_TAG_FILTER_COST,
 };
 
 use crate::validate::{Invalid, Refusal, ValidConfig};
@@ -81,6 +82,42 @@ struct NodeBudget<'a> {
     /// on every series of the node.
     cluster_labels: BTreeSet<&'a str>,
     namespaces: HashMap<&'a str, NamespaceUse<'a>>,
+    /// Distinct tag filters of the admitted configs (the agent compiles each once).
+    filters: FilterUse<'a>,
+}
+
+/// Distinct tag filters and their summed cost ([`crate::tag_filter::TagFilter::cost`]).
+#[derive(Default)]
+struct FilterUse<'a> {
+    filters: BTreeSet<&'a str>,
+    cost: usize,
+}
+
+impl<'a> FilterUse<'a> {
+    /// The first filter of `config` that would take the cost above `limit`, with the
+    /// cost then; a filter already counted (here or earlier in the config) adds nothing.
+    fn first_over(&self, config: &ValidConfig, limit: usize) -> Option<(usize, usize)> {
+        let mut cost = self.cost;
+        let mut seen: BTreeSet<&str> = BTreeSet::new();
+        for f in &config.filter_costs {
+            if self.filters.contains(f.filter.as_str()) || !seen.insert(f.filter.as_str()) {
+                continue;
+            }
+            cost = cost.saturating_add(f.cost);
+            if cost > limit {
+                return Some((f.entry, cost));
+            }
+        }
+        None
+    }
+
+    fn admit(&mut self, config: &'a ValidConfig) {
+        for f in &config.filter_costs {
+            if self.filters.insert(f.filter.as_str()) {
+                self.cost = self.cost.saturating_add(f.cost);
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -89,12 +126,13 @@ struct NamespaceUse<'a> {
     bytes: usize,
     /// Extra-label names of the namespace's configs: on its own applications' series.
     labels: BTreeSet<&'a str>,
+    filters: FilterUse<'a>,
 }
 
 /// Why a config does not fit on a node.
 struct Misfit {
     kind: Refusal,
-    field: &'static str,
+    field: String,
     reason: String,
 }
 
@@ -142,6 +180,7 @@ impl<'a> NodeBudget<'a> {
                 format!("the node's configs would take {bytes} bytes; at most {MAX_NODE_RENDERED_BYTES}"),
             ));
         }
+        self.check_filters(config, ns.map(|u| &u.filters))?;
         let labels = self.labels_with(config);
         if labels > MAX_EXTRA_LABELS_PER_SERIES {
             return Err(misfit(
@@ -150,6 +189,37 @@ impl<'a> NodeBudget<'a> {
                 format!(
                     "with the configs given room before it, a series would carry {labels} extra labels; \
                      at most {MAX_EXTRA_LABELS_PER_SERIES} per series"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The distinct tag filters of the namespace, and of the node, within their cost.
+    fn check_filters(&self, config: &ValidConfig, ns: Option<&FilterUse<'_>>) -> Result<(), Misfit> {
+        let namespace = config.key.namespace.as_str();
+        let kib = |bytes: usize| bytes.div_ceil(1024);
+        let empty = FilterUse::default();
+        if let Some((entry, cost)) = ns.unwrap_or(&empty).first_over(config, MAX_NAMESPACE_TAG_FILTER_COST_PER_NODE) {
+            return Err(misfit(
+                Refusal::NamespaceLimit,
+                filter_field(entry),
+                format!(
+                    "namespace {namespace}'s distinct tag filters would take {} KiB compiled; at most {} KiB per \
+                     namespace per node",
+                    kib(cost),
+                    kib(MAX_NAMESPACE_TAG_FILTER_COST_PER_NODE)
+                ),
+            ));
+        }
+        if let Some((entry, cost)) = self.filters.first_over(config, MAX_NODE_TAG_FILTER_COST) {
+            return Err(misfit(
+                Refusal::NodeLimit,
+                filter_field(entry),
+                format!(
+                    "the node's distinct tag filters would take {} KiB compiled; at most {} KiB",
+                    kib(cost),
+                    kib(MAX_NODE_TAG_FILTER_COST)
                 ),
             ));
         }
@@ -191,11 +261,17 @@ impl<'a> NodeBudget<'a> {
         let ns = self.namespaces.entry(config.key.namespace.as_str()).or_default();
         ns.configs += 1;
         ns.bytes = ns.bytes.saturating_add(config.rendered_bytes);
+        ns.filters.admit(config);
+        self.filters.admit(config);
         let labels = if config.cluster_wide { &mut self.cluster_labels } else { &mut ns.labels };
         labels.extend(config.extra_label_names());
     }
 }
 
-fn misfit(kind: Refusal, field: &'static str, reason: String) -> Misfit {
-    Misfit { kind, field, reason }
+fn misfit(kind: Refusal, field: impl Into<String>, reason: String) -> Misfit {
+    Misfit { kind, field: field.into(), reason }
+}
+
+fn filter_field(entry: usize) -> String {
+    format!("spec.runtimes[{entry}].tagFilter")
 }

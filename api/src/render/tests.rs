@@ -405,7 +405,7 @@ fn many(node_count: usize, config_count: usize, seed: u64) -> (Vec<TestNode>, Ve
 
 use crate::limits::{
     MAX_CONFIGS_PER_NAMESPACE_PER_NODE, MAX_EXTRA_LABELS_PER_SERIES, MAX_NAMESPACE_RENDERED_BYTES_PER_NODE,
-    MAX_NODE_RENDERED_BYTES,
+    MAX_NAMESPACE_TAG_FILTER_COST_PER_NODE, MAX_NODE_RENDERED_BYTES, MAX_NODE_TAG_FILTER_COST,
 };
 use crate::validate::Refusal;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -644,4 +644,75 @@ fn a_node_takes_the_oldest_health_settings_and_the_others_are_told() {
     assert_eq!(alone.get("n2").unwrap().health, None);
     assert!(!alone.rendered("n2").unwrap().json.contains("health"), "absent from the JSON");
     assert!(alone.health_conflicts().is_empty());
+}
+
+/// A spec whose runtime entries have these tag filters.
+fn filtered(filters: &[String]) -> serde_json::Value {
+    let runtimes: Vec<_> = filters.iter().map(|f| only(f, &["memory_used"])).collect();
+    json!({"runtimes": runtimes})
+}
+
+/// `count` distinct tag filters of ~150 KiB each compiled (`\pL{6}` and a suffix).
+fn costly_filters(prefix: &str, count: usize) -> Vec<String> {
+    (0..count).map(|i| format!(r"\pL{{6}}{prefix}{i:02}")).collect()
+}
+
+fn refusal_of<'a>(out: &'a Rendering, namespace: &str, name: &str) -> Option<&'a crate::validate::Invalid> {
+    out.refused().get(&ConfigKey { namespace: namespace.into(), name: name.into() })
+}
+
+/// Issue 24: one namespace's costly tag filters count against its budget on each node;
+/// the newer config that takes it over is refused naming the filter, the older ones and
+/// other namespaces' keep theirs, and a filter already counted costs nothing more.
+#[test]
+fn a_namespaces_tag_filters_are_bounded_per_node_and_never_evict_another_namespace() {
+    let one = crate::tag_filter::TagFilter::new(&costly_filters("a", 1)[0]).unwrap().cost();
+    let fits = MAX_NAMESPACE_TAG_FILTER_COST_PER_NODE / one;
+    assert!((4..16).contains(&fits), "{one} bytes per filter");
+    let first = costly_filters("a", fits - 2);
+    let nodes = vec![node("n1", &[])];
+    let configs = vec![
+        created("team-a", "first", 0, filtered(&first)),
+        // The same filters again: nothing more to compile.
+        created("team-a", "again", 1, filtered(&first)),
+        created("team-a", "greedy", 2, filtered(&costly_filters("b", 4))),
+        // A newer team with as much: its own budget.
+        created("team-b", "late", 3, filtered(&costly_filters("c", fits - 1))),
+    ];
+    let out = render_all(&nodes, &configs).unwrap();
+    for (ns, name) in [("team-a", "first"), ("team-a", "again"), ("team-b", "late")] {
+        assert!(refusal_of(&out, ns, name).is_none(), "{ns}/{name}: {:?}", refusal_of(&out, ns, name));
+    }
+    let refused = refusal_of(&out, "team-a", "greedy").expect("over the namespace's budget");
+    assert_eq!(refused.kind, Refusal::NamespaceLimit);
+    // The third new filter takes the namespace over: fits - 2 + 3 > fits.
+    assert_eq!(refused.field, "spec.runtimes[2].tagFilter");
+    assert!(refused.reason.contains("tag filters") && refused.reason.contains("KiB"), "{}", refused.reason);
+    // The same verdicts whatever the input order.
+    let mut reversed = configs.clone();
+    reversed.reverse();
+    assert_eq!(render_all(&nodes, &reversed).unwrap(), out);
+}
+
+/// A node's distinct tag filters, over all namespaces, stay within what the agent holds.
+#[test]
+fn a_nodes_tag_filters_are_bounded() {
+    let one = crate::tag_filter::TagFilter::new(&costly_filters("n", 1)[0]).unwrap().cost();
+    let per_namespace = MAX_NAMESPACE_TAG_FILTER_COST_PER_NODE / one;
+    let namespaces = MAX_NODE_TAG_FILTER_COST / (per_namespace * one) + 2;
+    let configs: Vec<ValidConfig> = (0..namespaces)
+        .map(|n| {
+            created(
+                &format!("team-{n:02}"),
+                "c",
+                n as i64,
+                filtered(&costly_filters(&format!("n{n:02}x"), per_namespace)),
+            )
+        })
+        .collect();
+    let out = render_all(&[node("n1", &[])], &configs).unwrap();
+    let refused: Vec<_> = out.refused().iter().map(|(k, r)| (k.namespace.as_str(), r.kind)).collect();
+    assert!(!refused.is_empty() && refused.iter().all(|(_, kind)| *kind == Refusal::NodeLimit), "{refused:?}");
+    // The newest namespaces are the ones refused.
+    assert!(refused.iter().all(|(ns, _)| *ns >= format!("team-{:02}", namespaces - 3).as_str()), "{refused:?}");
 }

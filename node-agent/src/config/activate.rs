@@ -14,14 +14,14 @@ use api::{
     node_config::{content_hash, NodeConfig, NodeHealth, NODE_CONFIG_KEY},
 };
 use tokio::{io::AsyncReadExt, sync::watch};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::Launcher;
 use crate::{
     health::settings::{self, HealthDefaults, HealthSettings, SettingsReceiver},
     monitor::LaunchSpec,
-    routing::{Routing, RoutingError, SharedRouting},
-    telemetry::AgentMetrics,
+    routing::{RefusedRoute, Routing, RoutingError, SharedRouting},
+    telemetry::{AgentMetrics, ReasonLabel},
 };
 
 /// Where the configuration in force comes from: the `source` label of
@@ -173,9 +173,20 @@ impl Activator {
     /// Puts a rendered configuration in force; `hash` names its content.
     pub async fn activate(&self, origin: Origin, hash: &str, candidate: Candidate) -> Result<(), ActivationError> {
         let Candidate { monitor, routing, routes, health } = candidate;
+        let refused = routing.refused().to_vec();
         self.put_in_force(origin, hash, &monitor, routing, health.as_ref()).await?;
-        info!(source = origin.as_str(), %hash, routes, "node configuration in force");
+        info!(source = origin.as_str(), %hash, routes, refused = refused.len(), "node configuration in force");
+        self.record_refused(&refused);
         Ok(())
+    }
+
+    /// Counts and logs, once per configuration put in force, the routes left out of it.
+    fn record_refused(&self, refused: &[RefusedRoute]) {
+        for route in refused {
+            self.metrics.routes_refused.get_or_create(&ReasonLabel { reason: route.reason }).inc();
+            warn!(config = %route.config, reason = route.reason, detail = %route.detail,
+                  "route left out of the node configuration: its applications are not exported for it");
+        }
     }
 
     /// Puts the rendered configuration of a file in force (read once).

@@ -1180,3 +1180,46 @@ async fn a_cost_ceiling_refuses_the_newest_configs_and_status_prices_each_mode()
     assert!(!config.routes.iter().any(|r| r.config.ends_with("/second")), "the refused config is on no node");
     Api::<Node>::all(s.client.clone()).delete(&node, &DeleteParams::default()).await.unwrap();
 }
+
+/// Issue 24: one tenant's tag filters got agents OOM-killed. A namespace's distinct
+/// filters count against its budget on each node: the config that takes it over is
+/// refused with the filter named, the older one and another namespace's keep theirs, and a
+/// single filter over the per-filter limit is refused at validation.
+#[tokio::test]
+async fn a_namespaces_costly_tag_filters_are_refused_by_field() {
+    use api::{limits::MAX_NAMESPACE_TAG_FILTER_COST_PER_NODE, tag_filter::TagFilter};
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-filters").await;
+    let (_operator, _) = s.operator();
+    s.node(&format!("{}-trn", s.run), "trn1.2xlarge").await;
+    let (team, other) = (s.team_namespace("team-f").await, s.team_namespace("team-g").await);
+    let filter = |prefix: &str, i: usize| format!(r"\pL{{6}}{prefix}{i:02}");
+    let spec = |filters: Vec<String>| {
+        let runtimes: Vec<_> =
+            filters.iter().map(|f| json!({ "tagFilter": f, "metrics": [{ "type": "memory_used" }] })).collect();
+        json!({ "nodeSelector": { "matchLabels": { "e2e-run": s.run } }, "runtimes": runtimes })
+    };
+    let fits = MAX_NAMESPACE_TAG_FILTER_COST_PER_NODE / TagFilter::new(&filter("a", 0)).unwrap().cost();
+    assert!((3..=16).contains(&fits), "{fits}");
+    // Same second: "first" precedes "greedy" by name.
+    create_config(&s, &team, "first", spec((0..fits - 1).map(|i| filter("a", i)).collect())).await;
+    create_config(&s, &team, "greedy", spec((0..3).map(|i| filter("b", i)).collect())).await;
+    create_config(&s, &other, "late", spec((0..fits).map(|i| filter("c", i)).collect())).await;
+    create_config(&s, &other, "huge", spec(vec![r"\pL{1000}".to_owned()])).await;
+
+    let verdicts = s
+        .wait("verdicts in both namespaces", || async {
+            let (t, o) = (accepted_conditions(&s, &team).await, accepted_conditions(&s, &other).await);
+            (t.len() == 2 && o.len() == 2).then_some((t, o))
+        })
+        .await;
+    let (team_verdicts, other_verdicts) = verdicts;
+    assert_eq!(team_verdicts["first"].0, "True", "{team_verdicts:?}");
+    assert_eq!(other_verdicts["late"].0, "True", "{other_verdicts:?}");
+    let (status, reason, message) = &team_verdicts["greedy"];
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "NamespaceLimit"), "{message}");
+    assert!(message.contains("spec.runtimes[1].tagFilter") && message.contains("tag filters"), "{message}");
+    let (status, reason, message) = &other_verdicts["huge"];
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "InvalidSpec"), "{message}");
+    assert!(message.contains("spec.runtimes[0].tagFilter") && message.contains("too costly"), "{message}");
+}
