@@ -549,7 +549,7 @@ mod tests {
         tree.write("devices/virtual/neuron_device/not_a_device/reset", "1\n");
         // Zero-padded twins of device 1 and of its core 1.
         tree.write("devices/virtual/neuron_device/neuron01/reset", "2\n");
-        tree.write(&format!("{d}/neuron_core01/stats/status/hw_nc_ue_error/total"), "5\n");
+        tree.write(format!("{d}/neuron_core01/stats/status/hw_nc_ue_error/total"), "5\n");
         let node = read_node(&tree.0);
         assert!(node.driver_loaded);
         assert_eq!(node.driver_version.as_deref(), Some("2.30.2.0"));
