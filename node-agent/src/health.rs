@@ -51,9 +51,9 @@ use self::{
     monitor::MonitorReader,
 };
 use crate::{
-    config::check_state_dir,
     ratelimit::{Decision, RateLimit},
     state::NodeState,
+    state_dir::check_state_dir,
 };
 
 /// The model, shared by the readers and the exposition.

@@ -60,7 +60,7 @@ use crate::{
 };
 
 /// Field manager of everything the operator writes (server-side apply).
-pub const MANAGER: &str = "neuron-operator";
+pub const MANAGER: &str = api::names::OPERATOR_MANAGER;
 /// A full pass at least this often, whatever the watches say.
 const RESYNC: Duration = Duration::from_secs(300);
 /// ... and this often while a config names an OTLP headers Secret: the Secrets are read,
