@@ -2,7 +2,8 @@
 //! of their writes to the API and the default name of the Secret that carries the OTLP
 //! sinks' headers (the operator writes it, the agent reads it).
 
-/// Field manager of the operator's writes (ConfigMaps, statuses, the headers Secret).
+/// The operator's name where it signs its writes: the field manager of its writes
+/// (ConfigMaps, statuses, the headers Secret) and the reporting controller of its Events.
 pub const OPERATOR_MANAGER: &str = "neuron-operator";
 
 /// Field manager of the node agent's writes (its Node's taints, its ConfigMap's status).

@@ -13,6 +13,7 @@ use clap::Parser;
 use neuron_node_agent::{
     attribution,
     config::{open_state_dir, standalone, Activator, Launcher, Reloader},
+    delivery::backoff::Backoff,
     efa::{self, EfaCollector, EfaMetrics, EfaReader, EfaSource, SharedEfa},
     health::{
         self,
@@ -27,7 +28,7 @@ use neuron_node_agent::{
     pipeline::Pipeline,
     processes::{self, ProcReader, ProcessMetrics, SharedProcesses},
     sinks::{
-        cloudwatch::{self, metrics::CloudWatchMetrics, publish::Backoff, select::AgentDimensions},
+        cloudwatch::{self, metrics::CloudWatchMetrics, select::AgentDimensions},
         otlp::{self, encode::Identity, metrics::OtlpMetrics},
         prometheus::Exposition,
     },
@@ -135,7 +136,7 @@ struct SourceArgs {
     /// 5s to 290s: a quiet call is renewed from where it stopped, a connection that went
     /// silently dead is found within this plus 5 s; every API request is bounded by this
     /// plus 10 s. Each node makes 2 watch requests per period: 100/s per 1,000 nodes at 20 s.
-    #[arg(long, env = "NEURON_AGENT_API_WATCH_TIMEOUT", default_value = "20s", value_parser = parse_watch_timeout)]
+    #[arg(long, env = "NEURON_AGENT_API_WATCH_TIMEOUT", default_value = kubernetes::DEFAULT_WATCH_TIMEOUT_FLAG, value_parser = parse_watch_timeout)]
     api_watch_timeout: Duration,
 
     /// Run the NeuronMonitorConfig documents of this YAML file (what users
@@ -266,7 +267,7 @@ struct OtlpArgs {
 
     /// The Secret of --config-namespace into which the operator mirrors the configs'
     /// OTLP headers (`headersSecret`): the only Secret the agent reads.
-    #[arg(long, env = "NEURON_AGENT_OTLP_HEADERS_SECRET", default_value = "neuron-monitor-otlp-headers")]
+    #[arg(long, env = "NEURON_AGENT_OTLP_HEADERS_SECRET", default_value = api::names::OTLP_HEADERS_SECRET)]
     otlp_headers_secret: String,
 }
 

@@ -19,9 +19,10 @@ use api::{
     report::Report,
 };
 use neuron_node_agent::{
+    delivery::backoff::Backoff,
     health::model::HealthModel,
     routing::{Routing, SharedRouting},
-    sinks::cloudwatch::{metrics::CloudWatchMetrics, publish::Backoff, select::AgentDimensions, Options, Sinks},
+    sinks::cloudwatch::{metrics::CloudWatchMetrics, select::AgentDimensions, Options, Sinks},
     state::NodeState,
 };
 use support::{

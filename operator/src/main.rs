@@ -151,7 +151,7 @@ struct RunArgs {
 
     /// The Secret of --namespace into which the configs' OTLP headers (`headersSecret`)
     /// are mirrored for the agents (the chart creates it).
-    #[arg(long, env = "NEURON_OPERATOR_OTLP_HEADERS_SECRET", default_value = "neuron-monitor-otlp-headers")]
+    #[arg(long, env = "NEURON_OPERATOR_OTLP_HEADERS_SECRET", default_value = api::names::OTLP_HEADERS_SECRET)]
     otlp_headers_secret: String,
 
     /// Log format.
@@ -222,7 +222,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let metrics = OperatorMetrics::register(&mut registry);
     let recorder = Recorder::new(
         client.clone(),
-        Reporter { controller: "neuron-operator".to_owned(), instance: Some(identity.clone()) },
+        Reporter { controller: api::names::OPERATOR_MANAGER.to_owned(), instance: Some(identity.clone()) },
     );
     let policy = NeuronNodePolicy {
         resources: args.neuron_resources.clone(),

@@ -27,11 +27,10 @@ use super::{
     datum::{take_batch, Datum, Values},
     metrics::{CloudWatchMetrics, SinkLabel, SinkReasonLabels, SinkResultLabels},
 };
-// Re-exported for the callers that configure a sink's retries.
-pub use crate::delivery::backoff::Backoff;
 use crate::{
     delivery::{
         aws::{classify, sdk_config},
+        backoff::Backoff,
         queue,
     },
     ratelimit::{Decision, RateLimit},
