@@ -16,7 +16,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::monitor_config::{RuntimeGroup, SystemGroup};
+use crate::{
+    limits::{
+        MAX_CLOUDWATCH_NAMESPACE_BYTES, MAX_DATUM_DIMENSIONS, MAX_ERROR_NAME_BYTES, MAX_EXTRA_LABELS,
+        MAX_LOG_GROUP_BYTES, MAX_OTLP_ENDPOINT_BYTES, MAX_ROLLUPS, MAX_RUNTIME_ENTRIES, MAX_SECRET_NAME_BYTES,
+        MAX_TAINT_ERRORS,
+    },
+    monitor_config::{RuntimeGroup, SystemGroup},
+    region::MAX_REGION_BYTES,
+};
 
 /// CEL bounds shared by every period field: a duration from 1 s to 1 h.
 const PERIOD_RULE: &str = "duration(self) >= duration('1s') && duration(self) <= duration('1h')";
@@ -75,7 +83,7 @@ pub struct NeuronMonitorConfigSpec {
     /// Which Neuron applications to watch (by tag) and which runtime groups to collect.
     /// Default: every application, every runtime group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = MAX_RUNTIME_ENTRIES))]
     pub runtimes: Option<Vec<RuntimeSelectorSpec>>,
 
     /// Node-level groups (vCPU, memory, ECC counters). Only configs in the operator's
@@ -151,7 +159,7 @@ pub struct HealthTaintSpec {
     /// signals such as DEVICE_STATE_INVALID). Default: SRAM_UNCORRECTABLE_ERROR,
     /// NC_UNCORRECTABLE_ERROR, HBM_UNCORRECTABLE_ERROR, DMA_ERROR, HANG_ON_COLLECTIVES.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 32), extend("x-kubernetes-list-type" = "set"), inner(length(max = 64), regex(pattern = ERROR_NAME_PATTERN)))]
+    #[schemars(length(min = 1, max = MAX_TAINT_ERRORS), extend("x-kubernetes-list-type" = "set"), inner(length(max = MAX_ERROR_NAME_BYTES), regex(pattern = ERROR_NAME_PATTERN)))]
     pub errors: Option<Vec<String>>,
 }
 
@@ -160,13 +168,13 @@ pub struct HealthTaintSpec {
 pub struct HealthLogsSpec {
     /// Log group. Default: /aws/neuron/hardware-events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 512), regex(pattern = LOG_GROUP_PATTERN))]
+    #[schemars(length(min = 1, max = MAX_LOG_GROUP_BYTES), regex(pattern = LOG_GROUP_PATTERN))]
     #[x_kube(validation = Rule::new("!self.startsWith('aws/')").message("log groups starting with aws/ are reserved for AWS services"))]
     pub group: Option<String>,
 
     /// AWS region. Default: the node's own region.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 32), regex(pattern = REGION_PATTERN))]
+    #[schemars(length(max = MAX_REGION_BYTES), regex(pattern = REGION_PATTERN))]
     pub region: Option<String>,
 }
 
@@ -258,7 +266,7 @@ pub struct PrometheusSinkSpec {
 
     /// Labels added to every series of this config's applications.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("maxProperties" = 16))]
+    #[schemars(extend("maxProperties" = MAX_EXTRA_LABELS))]
     #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-zA-Z_][a-zA-Z0-9_]{0,62}$') && !(k in ['job', 'instance', 'node', 'agent_pod', 'mode', 'instance_name', 'instance_id', 'instance_type', 'availability_zone', 'region', 'subnet_id', 'runtime_tag', 'namespace', 'pod', 'container', 'neuroncore', 'physical_neuroncore', 'memory_location', 'usage_type', 'error_type', 'status_type', 'percentile', 'event_type', 'neuron_device_index', 'ecs_task_arn', 'ecs_task_family', 'ecs_container']))").message("label names must be Prometheus label names and not one the metrics already use"))]
     #[x_kube(validation = Rule::new("self.all(k, size(self[k]) <= 128)").message("label values are at most 128 characters"))]
     pub extra_labels: Option<BTreeMap<String, String>>,
@@ -331,13 +339,13 @@ const INSIGHTS_FIXED: &str = "Container Insights naming publishes its own metric
 pub struct CloudWatchSinkSpec {
     /// CloudWatch namespace of the metrics, e.g. `TeamA/Neuron` (`ContainerInsights` for
     /// Container Insights' own dashboards).
-    #[schemars(length(min = 1, max = 255), regex(pattern = r"^[A-Za-z0-9._/#: -]+$"))]
+    #[schemars(length(min = 1, max = MAX_CLOUDWATCH_NAMESPACE_BYTES), regex(pattern = r"^[A-Za-z0-9._/#: -]+$"))]
     #[x_kube(validation = Rule::new("!self.startsWith('AWS/')").message("namespaces starting with AWS/ are reserved for AWS services"))]
     pub namespace: String,
 
     /// AWS region. Default: the node's own region.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 32), regex(pattern = REGION_PATTERN))]
+    #[schemars(length(max = MAX_REGION_BYTES), regex(pattern = REGION_PATTERN))]
     pub region: Option<String>,
 
     /// Names, units and dimension sets: `Classic` (default) or `ContainerInsights`.
@@ -347,7 +355,7 @@ pub struct CloudWatchSinkSpec {
     /// Dimensions of every metric. Default: ClusterName, NodeName, NeuronCore,
     /// NeuronDevice, Namespace, PodName, ContainerName.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 30), extend("x-kubernetes-list-type" = "set"))]
+    #[schemars(length(max = MAX_DATUM_DIMENSIONS), extend("x-kubernetes-list-type" = "set"))]
     pub dimensions: Option<Vec<Dimension>>,
 
     /// Coarser dimension sets under which every metric is also published (as the
@@ -373,7 +381,7 @@ pub struct CloudWatchSinkSpec {
     pub flush_interval: Option<String>,
 }
 
-/// At most 10 roll-ups, each a set of distinct dimensions. Sets (`x-kubernetes-list-type:
+/// At most [`MAX_ROLLUPS`] roll-ups, each a set of distinct dimensions. Sets (`x-kubernetes-list-type:
 /// set`) rather than a CEL uniqueness rule: a rule over nested lists exceeds the API
 /// server's cost budget.
 fn rollups_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -381,7 +389,7 @@ fn rollups_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema
     schemars::json_schema!({
         "type": "array",
         "nullable": true,
-        "maxItems": 10,
+        "maxItems": MAX_ROLLUPS,
         "items": {
             "type": "array",
             "maxItems": 12,
@@ -404,12 +412,12 @@ pub struct OtlpSinkSpec {
     /// `http://otel-collector.observability:4318/v1/metrics`. Default: CloudWatch's OTLP
     /// endpoint of `region`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 512), regex(pattern = OTLP_ENDPOINT_PATTERN))]
+    #[schemars(length(min = 1, max = MAX_OTLP_ENDPOINT_BYTES), regex(pattern = OTLP_ENDPOINT_PATTERN))]
     pub endpoint: Option<String>,
 
     /// AWS region of CloudWatch's OTLP endpoint. Default: the node's own region.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 32), regex(pattern = REGION_PATTERN))]
+    #[schemars(length(max = MAX_REGION_BYTES), regex(pattern = REGION_PATTERN))]
     pub region: Option<String>,
 
     /// A Secret of this config's namespace whose keys and values are HTTP headers sent
@@ -431,7 +439,7 @@ pub const OTLP_ENDPOINT_PATTERN: &str = r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretReference {
-    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    #[schemars(length(min = 1, max = MAX_SECRET_NAME_BYTES), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
     pub name: String,
 }
 

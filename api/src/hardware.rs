@@ -14,6 +14,16 @@ pub const NEURON_RESOURCES: [&str; 3] = [NEURONCORE_RESOURCE, NEURONDEVICE_RESOU
 /// EFA scraper also reads them.
 pub const EFA_RESOURCE: &str = "vpc.amazonaws.com/efa";
 
+/// Bytes of an EFA device name (the kernel's own bound for a device name is 64).
+pub const MAX_EFA_NAME_BYTES: usize = 64;
+
+/// An EFA device name as a label value, whether it comes from sysfs or from the kubelet's
+/// allocations: `[A-Za-z0-9_.:-]`, at most [`MAX_EFA_NAME_BYTES`].
+pub fn valid_efa_device_name(name: &str) -> bool {
+    let ok = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-');
+    !name.is_empty() && name.len() <= MAX_EFA_NAME_BYTES && name.bytes().all(ok)
+}
+
 /// Instance-type prefixes of the Neuron families (every type of [`INSTANCE_TYPES`]
 /// starts with one; a test checks it).
 pub const NEURON_INSTANCE_FAMILIES: [&str; 8] =

@@ -8,6 +8,7 @@
 //! - [`node_config`]: what the operator renders for one node (the monitor configuration and
 //!   the routes), its ConfigMap's names and the content hash.
 //! - [`report`]: one NDJSON document that neuron-monitor writes per refresh.
+//! - [`names`]: the field managers and default names both binaries use.
 //! - [`limits`]: the largest inputs the operator and the agent accept.
 //! - [`region`]: AWS regions and their partitions.
 //! - [`cloudwatch`]: the CloudWatch metric catalogue, the sink rules, the cost estimate of
@@ -36,6 +37,7 @@ pub mod hardware;
 pub mod hash;
 pub mod limits;
 pub mod monitor_config;
+pub mod names;
 #[cfg(feature = "crd")]
 pub mod node_config;
 #[cfg(feature = "crd")]

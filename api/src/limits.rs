@@ -99,6 +99,41 @@ pub const MAX_CONFIGS_PER_NODE: usize = 512;
 /// naming the sink.
 pub const MAX_SERIES_PER_CONFIG_PER_NODE: u64 = 10_000;
 
+// --- A NeuronMonitorConfig's fields -----------------------------------------------------
+// The schema (`crd`) bounds each field and the validators check the same bound again (a
+// config may come from elsewhere than the API server): one number each, here.
+
+/// Entries of `spec.runtimes`.
+pub const MAX_RUNTIME_ENTRIES: usize = 16;
+
+/// Extra labels of one config (`spec.sinks.prometheus.extraLabels`) and the characters of
+/// one value.
+pub const MAX_EXTRA_LABELS: usize = 16;
+pub const MAX_LABEL_VALUE_CHARS: usize = 128;
+
+/// Error names that taint (`spec.health.taint.errors`) and the bytes of one (the agent
+/// keeps names of the kernel log up to this).
+pub const MAX_TAINT_ERRORS: usize = 32;
+pub const MAX_ERROR_NAME_BYTES: usize = 64;
+
+/// Bytes of a CloudWatch Logs log group name (CloudWatch Logs' own bound).
+pub const MAX_LOG_GROUP_BYTES: usize = 512;
+
+/// Bytes of a CloudWatch namespace (CloudWatch's own bound).
+pub const MAX_CLOUDWATCH_NAMESPACE_BYTES: usize = 255;
+
+/// Dimensions of one CloudWatch datum (PutMetricData's bound).
+pub const MAX_DATUM_DIMENSIONS: usize = 30;
+
+/// Roll-ups of one CloudWatch sink (each a dimension set of its own, sent every flush).
+pub const MAX_ROLLUPS: usize = 10;
+
+/// Bytes of an OTLP endpoint URL (`spec.sinks.otlp.endpoint`, a tenancy policy's entry).
+pub const MAX_OTLP_ENDPOINT_BYTES: usize = 512;
+
+/// Bytes of a Secret's name (a DNS subdomain name, as Kubernetes names Secrets).
+pub const MAX_SECRET_NAME_BYTES: usize = 253;
+
 // --- Labels a series carries ---------------------------------------------------------
 
 /// Distinct extra Prometheus labels on one series. The agent puts on a runtime's series

@@ -128,11 +128,11 @@ impl LogDestination {
     /// The field that is not valid, if one is not (a destination from the agent's flags
     /// or a hand-written node configuration has not been through admission).
     pub fn check(&self) -> Result<(), &'static str> {
-        if crate::validate::check_log_group(&self.group).is_err() {
+        if crate::cloudwatch::logs::check_log_group(&self.group).is_err() {
             return Err("group");
         }
         match &self.region {
-            Some(r) if !crate::cloudwatch::sink::valid_region(r) => Err("region"),
+            Some(r) if !crate::region::valid_region(r) => Err("region"),
             _ => Ok(()),
         }
     }

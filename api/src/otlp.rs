@@ -12,13 +12,13 @@
 use std::time::Duration;
 
 use crate::{
-    cloudwatch::sink::{parse_flush_interval, valid_region, SinkError},
+    cloudwatch::sink::{parse_flush_interval, SinkError},
     crd::OtlpSinkSpec,
     hash::content_hash,
+    limits::{MAX_OTLP_ENDPOINT_BYTES, MAX_SECRET_NAME_BYTES},
+    region::{valid_region, Partition},
 };
 
-/// Longest `endpoint` (the schema's bound).
-pub const MAX_ENDPOINT_BYTES: usize = 512;
 /// The path an endpoint without one gets: OTLP/HTTP's metrics path.
 pub const DEFAULT_PATH: &str = "/v1/metrics";
 /// The SigV4 service name of CloudWatch's OTLP endpoint.
@@ -57,58 +57,63 @@ pub enum Destination {
     Endpoint { endpoint: Endpoint, headers_secret: Option<String> },
 }
 
-/// An `http` or `https` URL, parsed (no user information, query or fragment).
+/// An `http` or `https` URL, parsed and normalised (scheme and host in lower case): the
+/// one parser of OTLP endpoints, for the sink (where requests go) and for the tenancy
+/// policy (whose allow-list compares the same parts, see `tenancy::endpoint`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoint {
     pub https: bool,
+    /// A DNS name (or IPv4 address), lower case.
     pub host: String,
     pub port: Option<u16>,
-    /// Starts with `/`; [`DEFAULT_PATH`] when the URL has none.
+    /// Starts with `/`; [`DEFAULT_PATH`] when the URL has none (see
+    /// [`Endpoint::parse_with_default_path`]).
     pub path: String,
 }
 
 impl Endpoint {
-    /// Parses what the schema's pattern accepts: `http(s)://host[:port][/path]`, host of
-    /// `A-Za-z0-9.-`, path of `A-Za-z0-9._~/-`, at most [`MAX_ENDPOINT_BYTES`].
+    /// Parses what the schema's pattern accepts, `http(s)://host[:port][/path]`, at most
+    /// [`MAX_OTLP_ENDPOINT_BYTES`], and refuses again what the pattern lets through but
+    /// an allow-list could not compare: a host that is not a DNS name (`a..b`, a label
+    /// over 63 characters or starting or ending with `-`), a host ending with a dot (an
+    /// absolute name may resolve elsewhere than the same name without it), and empty,
+    /// `.` or `..` path segments. A URL without a path gets [`DEFAULT_PATH`].
     pub fn parse(url: &str) -> Result<Endpoint, String> {
-        if url.len() > MAX_ENDPOINT_BYTES {
-            return Err(format!("is {} bytes long; at most {MAX_ENDPOINT_BYTES}", url.len()));
+        Self::parse_with_default_path(url, DEFAULT_PATH)
+    }
+
+    /// [`Endpoint::parse`], with `default_path` for a URL without a path (an allow-list
+    /// entry without one admits every path: `/`).
+    pub fn parse_with_default_path(url: &str, default_path: &str) -> Result<Endpoint, String> {
+        if url.len() > MAX_OTLP_ENDPOINT_BYTES {
+            return Err(format!("is {} bytes long; at most {MAX_OTLP_ENDPOINT_BYTES}", url.len()));
         }
-        let (https, rest) = if let Some(rest) = url.strip_prefix("https://") {
-            (true, rest)
-        } else if let Some(rest) = url.strip_prefix("http://") {
-            (false, rest)
-        } else {
-            return Err("must start with http:// or https://".to_owned());
+        if let Some(what) = unsupported_part(url) {
+            return Err(format!("has {what}: only scheme://host[:port][/path] is taken"));
+        }
+        let (scheme, rest) = url.split_once("://").ok_or("must start with http:// or https://")?;
+        let https = match scheme.to_ascii_lowercase().as_str() {
+            "http" => false,
+            "https" => true,
+            _ => return Err("must start with http:// or https://".to_owned()),
         };
         let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
+            Some(i) => rest.split_at(i),
             None => (rest, ""),
         };
         let (host, port) = match authority.split_once(':') {
-            Some((host, port)) => {
-                let port: u16 = port
-                    .parse()
-                    .ok()
-                    .filter(|p| *p > 0 && port.len() <= 5)
-                    .ok_or_else(|| format!("port {port:?} is not a number from 1 to 65535"))?;
-                (host, Some(port))
-            }
+            Some((host, port)) => (host, Some(parse_port(port)?)),
             None => (authority, None),
         };
-        let host_ok = !host.is_empty()
-            && host.len() <= 253
-            && host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-            && !host.starts_with(['.', '-'])
-            && !host.ends_with(['.', '-']);
-        if !host_ok {
-            return Err(format!("host {host:?} is not a host name or IPv4 address (A-Z a-z 0-9 . -)"));
-        }
-        if !path.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~/-".contains(&b)) {
-            return Err("the path takes only A-Z a-z 0-9 . _ ~ / - (no query, fragment or user information)".to_owned());
-        }
-        let path = if path.is_empty() { DEFAULT_PATH.to_owned() } else { path.to_owned() };
+        check_host(host)?;
+        check_path(path)?;
+        let path = if path.is_empty() { default_path.to_owned() } else { path.to_owned() };
         Ok(Endpoint { https, host: host.to_ascii_lowercase(), port, path })
+    }
+
+    /// The port requests go to: the given one, or the scheme's.
+    pub fn port_or_default(&self) -> u16 {
+        self.port.unwrap_or(if self.https { 443 } else { 80 })
     }
 
     /// The URL requests go to.
@@ -121,10 +126,61 @@ impl Endpoint {
     }
 }
 
+/// What a URL may have that an endpoint may not, by its tell-tale character.
+fn unsupported_part(url: &str) -> Option<&'static str> {
+    url.chars().find_map(|c| match c {
+        '@' => Some("user information"),
+        '?' => Some("a query"),
+        '#' => Some("a fragment"),
+        '%' => Some("a percent-escape"),
+        '\\' => Some("a backslash"),
+        '[' | ']' => Some("an IP literal"),
+        _ => None,
+    })
+}
+
+fn parse_port(port: &str) -> Result<u16, String> {
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
+        _ => Err(format!("port {port:?} is not a number from 1 to 65535")),
+    }
+}
+
+/// A DNS name: labels of 1 to 63 letters, digits and `-`, not starting or ending with
+/// `-`, separated by single dots, at most 253 characters, no trailing dot.
+fn check_host(host: &str) -> Result<(), String> {
+    let label_ok = |l: &str| {
+        (1..=63).contains(&l.len())
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if host.is_empty() || host.len() > 253 || !host.split('.').all(label_ok) {
+        return Err(format!(
+            "host {host:?} is not a DNS name or IPv4 address (labels of A-Z a-z 0-9 - between single dots)"
+        ));
+    }
+    Ok(())
+}
+
+/// `/`, then segments of unreserved characters; no empty, `.` or `..` segment (a
+/// trailing `/` is allowed).
+fn check_path(path: &str) -> Result<(), String> {
+    if !path.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~/-".contains(&b)) {
+        return Err("the path takes only A-Z a-z 0-9 . _ ~ / - (no query, fragment or user information)".to_owned());
+    }
+    let inner = path.strip_prefix('/').unwrap_or(path);
+    let inner = inner.strip_suffix('/').unwrap_or(inner);
+    if !inner.is_empty() && inner.split('/').any(|s| s.is_empty() || s == "." || s == "..") {
+        return Err(format!("path {path:?} has an empty, . or .. segment"));
+    }
+    Ok(())
+}
+
 /// CloudWatch's OTLP metrics endpoint of a region: `https://monitoring.<region>.amazonaws.com/v1/metrics`
 /// (`amazonaws.com.cn` in the China regions).
 pub fn cloudwatch_endpoint(region: &str) -> Endpoint {
-    let domain = if region.starts_with("cn-") { "amazonaws.com.cn" } else { "amazonaws.com" };
+    let domain = if Partition::of(region) == Partition::China { "amazonaws.com.cn" } else { "amazonaws.com" };
     Endpoint { https: true, host: format!("monitoring.{region}.{domain}"), port: None, path: DEFAULT_PATH.to_owned() }
 }
 
@@ -177,7 +233,7 @@ impl OtlpSettings {
 
 /// A DNS subdomain name, as Kubernetes names Secrets.
 fn valid_secret_name(name: &str) -> bool {
-    (1..=253).contains(&name.len())
+    (1..=MAX_SECRET_NAME_BYTES).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
         && name.starts_with(|c: char| c.is_ascii_alphanumeric())
         && name.ends_with(|c: char| c.is_ascii_alphanumeric())
@@ -307,7 +363,7 @@ mod tests {
         ] {
             assert!(Endpoint::parse(bad).is_err(), "{bad}");
         }
-        assert!(Endpoint::parse(&format!("http://h/{}", "p".repeat(MAX_ENDPOINT_BYTES))).is_err());
+        assert!(Endpoint::parse(&format!("http://h/{}", "p".repeat(MAX_OTLP_ENDPOINT_BYTES))).is_err());
     }
 
     #[test]

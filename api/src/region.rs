@@ -86,12 +86,37 @@ pub fn same_partition(home: &str, target: &str) -> bool {
     }
 }
 
+/// Characters of a region name (the schema's bound; the longest region today has 14).
+pub const MAX_REGION_BYTES: usize = 32;
+
+/// A region name as the CRD accepts it: `^[a-z]{2}(-[a-z]+)+-[0-9]+$`, at most
+/// [`MAX_REGION_BYTES`] characters.
+pub fn valid_region(region: &str) -> bool {
+    let parts: Vec<&str> = region.split('-').collect();
+    parts.len() >= 3
+        && region.len() <= MAX_REGION_BYTES
+        && parts[0].len() == 2
+        && parts[..parts.len() - 1].iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase()))
+        && parts.last().is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// Node labels that carry the node's region (the current one first).
 pub const REGION_LABELS: [&str; 2] = ["topology.kubernetes.io/region", "failure-domain.beta.kubernetes.io/region"];
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn region_names() {
+        assert!(valid_region("us-west-2") && valid_region("ap-southeast-1") && valid_region("us-gov-west-1"));
+        assert!(
+            !valid_region("mars")
+                && !valid_region("US-WEST-2")
+                && !valid_region("us-west-")
+                && !valid_region("u-west-2")
+        );
+    }
 
     #[test]
     fn regions_belong_to_their_partition() {

@@ -32,7 +32,7 @@ use std::fmt;
 
 use crate::crd::{NeuronMonitorConfig, RuntimeSelectorSpec, SystemMetricsSpec};
 use crate::duration::Period;
-use crate::limits::MAX_CONFIG_RENDERED_BYTES;
+use crate::limits::{MAX_CONFIG_RENDERED_BYTES, MAX_RUNTIME_ENTRIES};
 use crate::monitor_config::{RuntimeGroup, SystemGroup, DEFAULT_PERIOD};
 use crate::node_config::{NodeHealth, Route, RouteRuntimes};
 use k8s_openapi::jiff::Timestamp;
@@ -41,8 +41,6 @@ use k8s_openapi::jiff::Timestamp;
 const MIN_PERIOD: Period = Period::from_secs(1);
 const MAX_PERIOD: Period = Period::from_secs(3600);
 const PERIOD_RANGE: &str = "must be a duration from 1s to 1h, such as 1s, 30s or 5m";
-/// Schema bounds, repeated so that rendering stays bounded whatever the API server let in.
-const MAX_RUNTIME_ENTRIES: usize = 16;
 
 /// Why a config is refused: the field (a path such as `spec.runtimes[1].tagFilter`), the
 /// reason, and its kind (the `Accepted` condition's reason).
@@ -452,15 +450,14 @@ mod selector;
 mod sinks;
 mod tag_filter;
 
+pub use self::{health::check_condition_type, selector::Selector};
 use self::{
     health::node_health,
     sinks::{check_cloudwatch, check_otlp, check_series, prometheus_route},
     tag_filter::check_tag_filter,
 };
-pub use self::{
-    health::{check_condition_type, check_log_group},
-    selector::Selector,
-};
+/// Re-exported: callers check a log group where they check the rest of a config.
+pub use crate::cloudwatch::logs::check_log_group;
 
 #[cfg(test)]
 mod tests;

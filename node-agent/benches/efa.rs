@@ -16,7 +16,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use neuron_node_agent::{
     efa::{encode_efa, sysfs, EfaMetrics, EfaReader},
     routing::Routing,
-    sinks::prometheus::Scope,
+    series::Scope,
     state::{InstanceLabels, PodRef},
 };
 use neuron_test_support::TempDir;

@@ -9,14 +9,16 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use neuron_node_agent::{
     attribution,
     config::Launcher,
+    delivery::backoff::Backoff,
     health::{
         self,
         logs::{self, LogDestination},
         settings::{HealthDefaults, SettingsReceiver},
     },
+    kubernetes,
     monitor::SupervisorConfig,
     sinks::{
-        cloudwatch::{self, publish::Backoff, select::AgentDimensions},
+        cloudwatch::{self, select::AgentDimensions},
         otlp::{self, encode::Identity},
     },
     telemetry::AgentMetrics,
@@ -124,7 +126,7 @@ pub struct SourceArgs {
     /// 5s to 290s: a quiet call is renewed from where it stopped, a connection that went
     /// silently dead is found within this plus 5 s; every API request is bounded by this
     /// plus 10 s. Each node makes 2 watch requests per period: 100/s per 1,000 nodes at 20 s.
-    #[arg(long, env = "NEURON_AGENT_API_WATCH_TIMEOUT", default_value = "20s", value_parser = parse_watch_timeout)]
+    #[arg(long, env = "NEURON_AGENT_API_WATCH_TIMEOUT", default_value = kubernetes::DEFAULT_WATCH_TIMEOUT_FLAG, value_parser = parse_watch_timeout)]
     pub api_watch_timeout: Duration,
 
     /// Run the NeuronMonitorConfig documents of this YAML file (what users
@@ -255,7 +257,7 @@ pub struct OtlpArgs {
 
     /// The Secret of --config-namespace into which the operator mirrors the configs'
     /// OTLP headers (`headersSecret`): the only Secret the agent reads.
-    #[arg(long, env = "NEURON_AGENT_OTLP_HEADERS_SECRET", default_value = "neuron-monitor-otlp-headers")]
+    #[arg(long, env = "NEURON_AGENT_OTLP_HEADERS_SECRET", default_value = api::names::OTLP_HEADERS_SECRET)]
     pub otlp_headers_secret: String,
 }
 

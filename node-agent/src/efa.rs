@@ -31,7 +31,7 @@ use tracing::{debug, info, warn};
 use crate::{
     attribution::EfaHolders,
     routing::SharedRouting,
-    sinks::prometheus::{Family, FamilyEncoder, Labels, Scope},
+    series::{Family, FamilyEncoder, Labels, Scope},
     state::{InstanceLabels, NodeState, PodRef},
     telemetry::ReasonLabel,
 };

@@ -53,9 +53,9 @@ use self::{
     telemetry::HealthMetrics,
 };
 use crate::{
-    config::check_state_dir,
     ratelimit::{Decision, RateLimit},
     state::NodeState,
+    state_dir::check_state_dir,
 };
 
 /// The model, shared by the readers and the exposition.

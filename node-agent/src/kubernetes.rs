@@ -19,6 +19,8 @@ use tracing::warn;
 /// renewed. Each node then makes 2 watch requests per period: 100 per second per 1,000
 /// nodes at 20 s, served from the API server's watch cache.
 pub const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(20);
+/// [`DEFAULT_WATCH_TIMEOUT`] as `--api-watch-timeout` takes it (a test checks they agree).
+pub const DEFAULT_WATCH_TIMEOUT_FLAG: &str = "20s";
 
 /// A Kubernetes client whose requests cannot hang on a dead connection (kube sets no
 /// read timeout): a response, or the next bytes of a watch, must come within the watch
@@ -74,5 +76,16 @@ impl Watch {
                 std::future::ready(event)
             })
             .take_until(shutdown.cancelled_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flag_default_is_the_default_watch_timeout() {
+        let period: api::duration::Period = DEFAULT_WATCH_TIMEOUT_FLAG.parse().unwrap();
+        assert_eq!(period.as_duration(), DEFAULT_WATCH_TIMEOUT);
     }
 }

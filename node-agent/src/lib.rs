@@ -3,6 +3,8 @@
 //!
 //! - [`config`]: where the node configuration comes from (built-in, a file, the node's
 //!   ConfigMap followed through the API) and the one path that puts it in force.
+//! - [`state_dir`]: the directory only the agent writes (neuron-monitor's configuration
+//!   files, the health state), checked before each write.
 //! - [`kubernetes`]: the API client and the watch loop the agent's watches share.
 //! - [`monitor`]: neuron-monitor as a supervised child (its own process group, restarts
 //!   with backoff, silence detection) and the bounded framing of its output lines.
@@ -15,14 +17,18 @@
 //! - [`processes`]: the applications' own processes (CPU, memory, threads, descriptors,
 //!   I/O) from `/proc`, read after each report off the report path.
 //! - [`routing`]: which config gets which applications, groups and sinks.
+//! - [`series`]: the series encoder the sources and sinks share (families, labels, the
+//!   scope of an encoding).
 //! - [`health`]: Neuron hardware health from the driver's sysfs tree and the kernel log,
 //!   read off the report path (a model per device, its series on `/metrics`).
+//! - [`delivery`]: what every sender shares (queue, backoff, the AWS clients).
 //! - [`sinks`]: Prometheus (`/metrics`), CloudWatch (`PutMetricData`) and OTLP.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`; [`telemetry`]: the agent's own metrics;
 //!   [`ratelimit`]: logs that could repeat per report.
 
 pub mod attribution;
 pub mod config;
+pub mod delivery;
 pub mod efa;
 pub mod health;
 pub mod http;
@@ -32,8 +38,10 @@ pub mod pipeline;
 pub mod processes;
 pub use service::ratelimit;
 pub mod routing;
+pub mod series;
 pub mod sinks;
 pub mod state;
+pub mod state_dir;
 pub mod telemetry;
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Where the node's telemetry goes.
 
 pub mod cloudwatch;
+pub mod common;
 pub mod otlp;
 pub mod prometheus;
-pub mod queue;

@@ -9,11 +9,8 @@ use prometheus_client::{
 use std::sync::atomic::AtomicU64;
 
 use service::http::ConnectionMetrics;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: &'static str,
-}
+/// The label types every binary's metrics share, in one home (the `service` crate).
+pub use service::labels::{ReasonLabel, ResultLabel};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GroupProblemLabels {
@@ -35,11 +32,6 @@ pub struct StderrLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabel {
     pub source: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
-    pub result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -19,9 +19,10 @@ use api::{
     report::Report,
 };
 use neuron_node_agent::{
+    delivery::backoff::Backoff,
     health::model::HealthModel,
     routing::{Routing, SharedRouting},
-    sinks::cloudwatch::{publish::Backoff, select::AgentDimensions, telemetry::CloudWatchMetrics, Options, Sinks},
+    sinks::cloudwatch::{select::AgentDimensions, telemetry::CloudWatchMetrics, Options, Sinks},
     state::NodeState,
 };
 use neuron_test_support::{fixture, IDLE_INF1};

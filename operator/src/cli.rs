@@ -109,7 +109,7 @@ pub struct RunArgs {
 
     /// The Secret of --namespace into which the configs' OTLP headers (`headersSecret`)
     /// are mirrored for the agents (the chart creates it).
-    #[arg(long, env = "NEURON_OPERATOR_OTLP_HEADERS_SECRET", default_value = "neuron-monitor-otlp-headers")]
+    #[arg(long, env = "NEURON_OPERATOR_OTLP_HEADERS_SECRET", default_value = api::names::OTLP_HEADERS_SECRET)]
     pub otlp_headers_secret: String,
 }
 

@@ -18,7 +18,7 @@
 //! need lives here, at the root.
 
 /// Field manager of everything the operator writes (server-side apply).
-pub const MANAGER: &str = "neuron-operator";
+pub const MANAGER: &str = api::names::OPERATOR_MANAGER;
 
 pub mod controller;
 pub mod crdgen;

@@ -126,7 +126,7 @@ fn start_controller(
 ) -> Arc<Controller> {
     let recorder = Recorder::new(
         client.clone(),
-        Reporter { controller: "neuron-operator".to_owned(), instance: Some(identity.to_owned()) },
+        Reporter { controller: api::names::OPERATOR_MANAGER.to_owned(), instance: Some(identity.to_owned()) },
     );
     let policy = NeuronNodePolicy {
         resources: args.neuron_resources.clone(),

@@ -18,11 +18,9 @@ pub struct WriteLabel {
     pub action: &'static str,
 }
 
-/// Why a config is not accepted (the `Accepted` condition's reason).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: &'static str,
-}
+/// Why a config is not accepted (the `Accepted` condition's reason): the label type
+/// every binary's metrics share, in one home (the `service` crate).
+pub use service::labels::ReasonLabel;
 
 #[derive(Clone)]
 pub struct OperatorMetrics {

@@ -5,13 +5,14 @@
 use std::time::Duration;
 
 use super::catalogue::dimension_sets;
+// Re-exported where the sink's other rules are, for the agent's flags.
+pub use crate::region::valid_region;
 use crate::{
     crd::{CloudWatchNaming, CloudWatchSinkSpec, Dimension},
     duration::Period,
+    limits::{MAX_CLOUDWATCH_NAMESPACE_BYTES, MAX_DATUM_DIMENSIONS},
 };
 
-/// PutMetricData: dimensions per datum.
-pub const MAX_DATUM_DIMENSIONS: usize = 30;
 /// One dimension is kept for a metric's own split (ErrorType, Percentile, …).
 pub const MAX_SET_DIMENSIONS: usize = MAX_DATUM_DIMENSIONS - 1;
 pub const DEFAULT_STORAGE_RESOLUTION: i32 = 60;
@@ -113,19 +114,9 @@ pub(crate) fn parse_flush_interval(text: Option<&str>) -> Result<Duration, SinkE
 /// CloudWatch's namespace rule: 1-255 characters of `A-Za-z0-9._/#:-` and space, not
 /// starting with `AWS/`.
 pub fn valid_namespace(ns: &str) -> bool {
-    (1..=255).contains(&ns.len())
+    (1..=MAX_CLOUDWATCH_NAMESPACE_BYTES).contains(&ns.len())
         && !ns.starts_with("AWS/")
         && ns.chars().all(|c| c.is_ascii_alphanumeric() || "._/#: -".contains(c))
-}
-
-/// A region name as the CRD accepts it: `^[a-z]{2}(-[a-z]+)+-[0-9]+$`, at most 32 characters.
-pub fn valid_region(region: &str) -> bool {
-    let parts: Vec<&str> = region.split('-').collect();
-    parts.len() >= 3
-        && region.len() <= 32
-        && parts[0].len() == 2
-        && parts[..parts.len() - 1].iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase()))
-        && parts.last().is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 #[cfg(test)]
@@ -143,14 +134,7 @@ mod tests {
     }
 
     #[test]
-    fn names_and_regions() {
-        assert!(valid_region("us-west-2") && valid_region("ap-southeast-1") && valid_region("us-gov-west-1"));
-        assert!(
-            !valid_region("mars")
-                && !valid_region("US-WEST-2")
-                && !valid_region("us-west-")
-                && !valid_region("u-west-2")
-        );
+    fn namespaces() {
         assert!(valid_namespace("Team A/Neuron#1"));
         assert!(!valid_namespace("AWS/Neuron") && !valid_namespace("") && !valid_namespace("a|b"));
         assert!(!valid_namespace(&"n".repeat(256)));

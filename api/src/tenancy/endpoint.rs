@@ -1,154 +1,57 @@
-//! OTLP endpoint URLs, parsed into the parts an allow-list compares: scheme, host, port
-//! and path, each normalised (scheme and host in lower case, the host without its
-//! trailing dot, the scheme's default port filled in, `/` for no path). Only the URLs
-//! the CRD's pattern admits parse (`http` or `https`, a DNS name, a port, a path of
-//! unreserved characters), and the operator never trusts the schema: user information
-//! (`allowed.example@evil.example`), queries, fragments, percent-escapes, IP literals in
-//! brackets, `.` and `..` segments and empty segments are refused here again, so that a
-//! crafted URL cannot match an entry it does not point at.
+//! The allow-list comparison of OTLP endpoints. Entries and candidates are parsed by the
+//! OTLP sink's own parser ([`Endpoint`]), so the policy compares what the sink sends to:
+//! scheme, host (lower case), port (the scheme's default filled in) and path (a
+//! candidate without one sends to OTLP/HTTP's metrics path; an entry without one admits
+//! every path). The parser refuses what an allow-list could not compare (user
+//! information, queries, fragments, percent-escapes, IP literals in brackets, a trailing
+//! dot, `a..b` hosts, empty, `.` and `..` segments), so that a crafted URL cannot match
+//! an entry it does not point at.
 
-use std::fmt;
+pub use crate::otlp::Endpoint;
 
-/// Longest URL taken (the CRD's bound on `spec.sinks.otlp.endpoint`).
-pub const MAX_URL_BYTES: usize = 512;
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Endpoint {
-    /// `http` or `https`.
-    pub scheme: &'static str,
-    /// Lower case, without a trailing dot.
-    pub host: String,
-    pub port: u16,
-    /// Starts with `/`.
-    pub path: String,
+/// An allow-list entry: a URL without a path admits every path (`/`).
+pub fn parse_entry(url: &str) -> Result<Endpoint, String> {
+    Endpoint::parse_with_default_path(url, "/")
 }
 
-impl Endpoint {
-    /// Parses an OTLP/HTTP URL; the error says what is wrong with it.
-    pub fn parse(url: &str) -> Result<Endpoint, String> {
-        if url.len() > MAX_URL_BYTES {
-            return Err(format!("is longer than {MAX_URL_BYTES} bytes"));
+/// Whether allow-list `entry` admits `candidate`: the same scheme, host and port, and the
+/// same path, or any path under the entry's when it ends with `/` (so that `/team-a/`
+/// admits `/team-a/v1/metrics` but not `/team-ab/…`).
+pub fn admits(entry: &Endpoint, candidate: &Endpoint) -> bool {
+    entry.https == candidate.https
+        && entry.host == candidate.host
+        && entry.port_or_default() == candidate.port_or_default()
+        && if entry.path.ends_with('/') {
+            candidate.path.starts_with(&entry.path)
+        } else {
+            candidate.path == entry.path
         }
-        if let Some(c) = url.chars().find(|c| matches!(c, '@' | '?' | '#' | '%' | '\\' | '[' | ']')) {
-            let what = match c {
-                '@' => "user information",
-                '?' => "a query",
-                '#' => "a fragment",
-                '%' => "a percent-escape",
-                '\\' => "a backslash",
-                _ => "an IP literal",
-            };
-            return Err(format!("{url:?} has {what}: only scheme://host[:port][/path] is taken"));
-        }
-        let (scheme, rest) =
-            url.split_once("://").ok_or_else(|| format!("{url:?} is not an http:// or https:// URL"))?;
-        let (scheme, default_port) = match scheme.to_ascii_lowercase().as_str() {
-            "http" => ("http", 80),
-            "https" => ("https", 443),
-            _ => return Err(format!("{url:?}: the scheme must be http or https")),
-        };
-        let (authority, path) = match rest.find('/') {
-            Some(i) => rest.split_at(i),
-            None => (rest, "/"),
-        };
-        let (host, port) = match authority.split_once(':') {
-            Some((host, port)) => (host, parse_port(port).map_err(|e| format!("{url:?}: {e}"))?),
-            None => (authority, default_port),
-        };
-        let host = normalise_host(host).map_err(|e| format!("{url:?}: {e}"))?;
-        check_path(path).map_err(|e| format!("{url:?}: {e}"))?;
-        Ok(Endpoint { scheme, host, port, path: path.to_owned() })
-    }
-
-    /// Whether this allow-list entry admits `candidate`: the same scheme, host and port,
-    /// and the same path, or any path under this one when it ends with `/` (so that
-    /// `/team-a/` admits `/team-a/v1/metrics` but not `/team-ab/…`).
-    pub fn admits(&self, candidate: &Endpoint) -> bool {
-        self.scheme == candidate.scheme
-            && self.host == candidate.host
-            && self.port == candidate.port
-            && if self.path.ends_with('/') {
-                candidate.path.starts_with(&self.path)
-            } else {
-                candidate.path == self.path
-            }
-    }
-}
-
-impl fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}://{}:{}{}", self.scheme, self.host, self.port, self.path)
-    }
-}
-
-fn parse_port(port: &str) -> Result<u16, String> {
-    if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("port {port:?} is not a number from 1 to 65535"));
-    }
-    match port.parse::<u16>() {
-        Ok(p) if p > 0 => Ok(p),
-        _ => Err(format!("port {port:?} is not a number from 1 to 65535")),
-    }
-}
-
-/// A DNS name (letters, digits, `-`, dots between non-empty labels of at most 63
-/// characters, no label starting or ending with `-`), lower-cased, its trailing dot off.
-fn normalise_host(host: &str) -> Result<String, String> {
-    let bare = host.strip_suffix('.').unwrap_or(host);
-    if bare.is_empty() || bare.len() > 253 {
-        return Err(format!("host {host:?} is not a DNS name"));
-    }
-    for label in bare.split('.') {
-        let valid = (1..=63).contains(&label.len())
-            && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            && !label.starts_with('-')
-            && !label.ends_with('-');
-        if !valid {
-            return Err(format!("host {host:?} is not a DNS name"));
-        }
-    }
-    Ok(bare.to_ascii_lowercase())
-}
-
-/// `/`, then segments of unreserved characters; no empty, `.` or `..` segment (a
-/// trailing `/` is allowed).
-fn check_path(path: &str) -> Result<(), String> {
-    if !path.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~/-".contains(&b)) {
-        return Err(format!("path {path:?} has characters other than letters, digits and . _ ~ / -"));
-    }
-    let inner = path.strip_prefix('/').unwrap_or(path);
-    let inner = inner.strip_suffix('/').unwrap_or(inner);
-    if inner.is_empty() {
-        return Ok(());
-    }
-    if inner.split('/').any(|s| s.is_empty() || s == "." || s == "..") {
-        return Err(format!("path {path:?} has an empty, . or .. segment"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::MAX_OTLP_ENDPOINT_BYTES;
 
     fn parse(url: &str) -> Endpoint {
         Endpoint::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"))
     }
 
-    fn admits(entry: &str, url: &str) -> bool {
-        parse(entry).admits(&parse(url))
+    fn admits_url(entry: &str, url: &str) -> bool {
+        admits(&parse_entry(entry).unwrap_or_else(|e| panic!("{entry}: {e}")), &parse(url))
     }
 
     #[test]
     fn urls_are_normalised() {
-        let e = parse("HTTP://Collector.Observability.:4318/v1/metrics");
+        let e = parse("HTTP://Collector.Observability:4318/v1/metrics");
         assert_eq!(
-            (e.scheme, e.host.as_str(), e.port, e.path.as_str()),
-            ("http", "collector.observability", 4318, "/v1/metrics")
+            (e.https, e.host.as_str(), e.port_or_default(), e.path.as_str()),
+            (false, "collector.observability", 4318, "/v1/metrics")
         );
-        assert_eq!(parse("https://otel.example").to_string(), "https://otel.example:443/");
-        assert_eq!(parse("http://otel.example/").port, 80);
-        assert_eq!(parse("http://otel.example:04318/").port, 4318);
+        let entry = parse_entry("https://otel.example").unwrap();
+        assert_eq!((entry.port_or_default(), entry.path.as_str()), (443, "/"));
+        assert_eq!(parse("http://otel.example/").port_or_default(), 80);
+        assert_eq!(parse("http://otel.example:04318/").port_or_default(), 4318);
     }
 
     #[test]
@@ -172,21 +75,47 @@ mod tests {
             "http://allowed.example:0/",
             "http://allowed.example:65536/",
             "http://allowed.example:43a8/",
+            "http://allowed.example:+80/",
             "http://allowed.example:/",
             "http://allowed.example/v1 metrics",
         ] {
-            assert!(Endpoint::parse(url).is_err(), "{url} was taken");
+            assert!(parse_entry(url).is_err() && Endpoint::parse(url).is_err(), "{url} was taken");
         }
-        assert!(Endpoint::parse(&format!("http://a.example/{}", "p".repeat(MAX_URL_BYTES))).is_err());
+        assert!(parse_entry(&format!("http://a.example/{}", "p".repeat(MAX_OTLP_ENDPOINT_BYTES))).is_err());
+    }
+
+    /// Where the policy's parser and the sink's disagreed before they were one: the sink
+    /// took `..` segments and `a..b` hosts the policy refused, and the policy took a
+    /// trailing dot (and compared `host.` as `host`) the sink refused. Now both refuse all
+    /// three, and a candidate without a path is compared at the path the sink sends to.
+    #[test]
+    fn the_sink_and_the_policy_take_the_same_urls() {
+        for url in [
+            "http://otel-collector.observability.:4318/v1/metrics",
+            "http://otel-collector.observability:4318/v1/../admin",
+            "http://otel..collector.observability:4318/v1/metrics",
+            "http://otel-collector.observability:4318/v1/./metrics",
+            "http://otel-collector.observability:4318//v1/metrics",
+            &format!("http://{}.example/v1/metrics", "l".repeat(64)),
+        ] {
+            assert!(Endpoint::parse(url).is_err(), "the sink took {url}");
+            assert!(parse_entry(url).is_err(), "the policy took {url}");
+        }
+        let entry = "http://otel-collector.observability:4318/v1/metrics";
+        assert!(admits_url(entry, "http://otel-collector.observability:4318"), "the sink's default path");
+        assert!(!admits_url(
+            "http://otel-collector.observability:4318/other",
+            "http://otel-collector.observability:4318"
+        ));
     }
 
     #[test]
     fn an_entry_admits_its_own_endpoint_however_it_is_spelt() {
         let entry = "http://otel-collector.observability:4318/v1/metrics";
-        assert!(admits(entry, "http://otel-collector.observability:4318/v1/metrics"));
-        assert!(admits(entry, "HTTP://OTEL-Collector.Observability:4318/v1/metrics"), "case of scheme and host");
-        assert!(admits(entry, "http://otel-collector.observability.:4318/v1/metrics"), "trailing dot");
-        assert!(admits("https://otel.example/v1/metrics", "https://otel.example:443/v1/metrics"), "default port");
+        assert!(admits_url(entry, "http://otel-collector.observability:4318/v1/metrics"));
+        assert!(admits_url(entry, "HTTP://OTEL-Collector.Observability:4318/v1/metrics"), "case of scheme and host");
+        assert!(admits_url("https://otel.example/v1/metrics", "https://otel.example:443/v1/metrics"), "default port");
+        assert!(admits_url("https://otel.example:443/v1/metrics", "https://otel.example/v1/metrics"), "default port");
     }
 
     #[test]
@@ -204,14 +133,14 @@ mod tests {
             "http://otel-collector.observability:4318/V1/metrics",
             "http://otel-collector.observability:4318/",
         ] {
-            assert!(!admits(entry, other), "{other}");
+            assert!(!admits_url(entry, other), "{other}");
         }
         // A path ending with / admits what is under it, at a segment boundary only.
         let prefix = "https://gateway.example/team-a/";
-        assert!(admits(prefix, "https://gateway.example/team-a/v1/metrics"));
-        assert!(admits(prefix, "https://gateway.example/team-a/"));
-        assert!(!admits(prefix, "https://gateway.example/team-ab/v1/metrics"));
-        assert!(!admits(prefix, "https://gateway.example/team-a"));
-        assert!(!admits(prefix, "https://gateway.example/other/team-a/v1/metrics"));
+        assert!(admits_url(prefix, "https://gateway.example/team-a/v1/metrics"));
+        assert!(admits_url(prefix, "https://gateway.example/team-a/"));
+        assert!(!admits_url(prefix, "https://gateway.example/team-ab/v1/metrics"));
+        assert!(!admits_url(prefix, "https://gateway.example/team-a"));
+        assert!(!admits_url(prefix, "https://gateway.example/other/team-a/v1/metrics"));
     }
 }

@@ -27,8 +27,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::{Deserialize, Deserializer};
 
-use super::endpoint::Endpoint;
-use crate::{cloudwatch::sink::valid_region, validate::Selector};
+use super::endpoint::{self, Endpoint};
+use crate::{region::valid_region, validate::Selector};
 
 /// The placeholder for the config's namespace in patterns and endpoints.
 pub const NAMESPACE_PLACEHOLDER: &str = "{namespace}";
@@ -118,10 +118,11 @@ impl Rules {
         })
     }
 
-    /// Whether `namespace`'s configs may send OTLP to `endpoint` (parsed).
-    pub fn allows_endpoint(&self, namespace: &str, endpoint: &Endpoint) -> bool {
+    /// Whether `namespace`'s configs may send OTLP to `candidate` (parsed).
+    pub fn allows_endpoint(&self, namespace: &str, candidate: &Endpoint) -> bool {
         self.otlp_endpoints.iter().any(|entry| {
-            Endpoint::parse(&entry.replace(NAMESPACE_PLACEHOLDER, namespace)).is_ok_and(|e| e.admits(endpoint))
+            endpoint::parse_entry(&entry.replace(NAMESPACE_PLACEHOLDER, namespace))
+                .is_ok_and(|e| endpoint::admits(&e, candidate))
         })
     }
 }
@@ -259,7 +260,7 @@ fn rules(
         check_count(endpoints, &field)?;
         for (i, e) in endpoints.iter().enumerate() {
             // Checked with a namespace of the longest name in place of the placeholder.
-            Endpoint::parse(&e.replace(NAMESPACE_PLACEHOLDER, &"n".repeat(63)))
+            endpoint::parse_entry(&e.replace(NAMESPACE_PLACEHOLDER, &"n".repeat(63)))
                 .map_err(|reason| error(format!("{field}[{i}]"), reason))?;
         }
         out.otlp_endpoints = endpoints.to_vec();

@@ -149,13 +149,15 @@ fn otlp_endpoints_are_none_by_default_and_matched_exactly_when_listed() {
     let rules = listed.rules_for("team-a", &no_labels());
     for ok in [
         "http://otel-collector.observability:4318/v1/metrics",
-        "http://OTEL-COLLECTOR.observability.:4318/v1/metrics",
+        "http://OTEL-COLLECTOR.observability:4318/v1/metrics",
         "https://gateway.example/team-a/v1/metrics",
         "https://gateway.example:443/team-a/v1/metrics",
     ] {
         assert!(check_targets(&to(ok), "team-a", false, rules, &west).is_ok(), "{ok}");
     }
     for crafted in [
+        // A trailing dot: refused by the sink's parser, which the policy now shares.
+        "http://otel-collector.observability.:4318/v1/metrics",
         "http://otel-collector.observability:4318@evil.example/v1/metrics",
         "http://otel-collector.observability:4318/v1/metrics/../../admin",
         "http://otel-collector.observability.evil.example:4318/v1/metrics",

@@ -3,22 +3,17 @@
 
 use std::collections::BTreeSet;
 
-use crate::cloudwatch::sink::valid_region;
 use crate::crd::{HealthSpec, KUBELET_CONDITION_TYPES};
 use crate::duration::Period;
+use crate::limits::{MAX_ERROR_NAME_BYTES, MAX_TAINT_ERRORS};
 use crate::node_config::{LogDestination, NodeHealth, NodeTaint, DEFAULT_LOG_GROUP};
+use crate::{cloudwatch::logs::check_log_group, region::valid_region};
 
 use super::{ConfigKey, Invalid};
 
 /// Bounds of `kmsgLookBack` (the schema's CEL rule says the same).
 const MIN_LOOK_BACK: Period = Period::from_secs(1);
 const MAX_LOOK_BACK: Period = Period::from_secs(24 * 3600);
-/// Error names that taint, at most (the schema's `maxItems`).
-const MAX_TAINT_ERRORS: usize = 32;
-/// Longest error name (the agent keeps names of the kernel log up to this).
-const MAX_ERROR_NAME: usize = 64;
-/// Longest log group name (CloudWatch Logs).
-const MAX_LOG_GROUP: usize = 512;
 
 /// Checks `spec.health` and resolves it for the nodes. `cluster_wide`: the config is in
 /// the operator's namespace, the only one whose configs may set it.
@@ -136,13 +131,15 @@ fn taint_errors(errors: &[String]) -> Result<Vec<String>, Invalid> {
     let mut out = BTreeSet::new();
     for (i, name) in errors.iter().enumerate() {
         let mut chars = name.chars();
-        let valid = name.len() <= MAX_ERROR_NAME
+        let valid = name.len() <= MAX_ERROR_NAME_BYTES
             && chars.next().is_some_and(|c| c.is_ascii_uppercase())
             && chars.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
         if !valid {
             return Err(Invalid::new(
                 format!("{field}[{i}]"),
-                format!("is not an error name (A-Z, 0-9 and _, starting with a letter, at most {MAX_ERROR_NAME})"),
+                format!(
+                    "is not an error name (A-Z, 0-9 and _, starting with a letter, at most {MAX_ERROR_NAME_BYTES})"
+                ),
             ));
         }
         if !out.insert(name.clone()) {
@@ -150,16 +147,4 @@ fn taint_errors(errors: &[String]) -> Result<Vec<String>, Invalid> {
         }
     }
     Ok(out.into_iter().collect())
-}
-
-/// A log group CloudWatch Logs accepts and AWS does not reserve.
-pub fn check_log_group(group: &str) -> Result<(), String> {
-    let chars_ok = group.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '/' | '.' | '#' | '-'));
-    if group.is_empty() || group.len() > MAX_LOG_GROUP || !chars_ok {
-        return Err(format!("is 1 to {MAX_LOG_GROUP} letters, digits, '_', '/', '.', '#' or '-'"));
-    }
-    if group.starts_with("aws/") {
-        return Err("log groups starting with aws/ are reserved for AWS services".to_owned());
-    }
-    Ok(())
 }

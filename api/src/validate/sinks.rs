@@ -8,15 +8,12 @@ use crate::cloudwatch::{
     sink::SinkSettings,
 };
 use crate::crd::{CloudWatchSinkSpec, NeuronMonitorConfigSpec, OtlpSinkSpec, PrometheusSinkSpec};
-use crate::limits::MAX_SERIES_PER_CONFIG_PER_NODE;
+use crate::limits::{MAX_EXTRA_LABELS, MAX_LABEL_VALUE_CHARS, MAX_ROLLUPS, MAX_SERIES_PER_CONFIG_PER_NODE};
 use crate::node_config::PrometheusRoute;
 use crate::otlp::OtlpSettings;
 
 use super::{Invalid, Refusal};
 
-const MAX_EXTRA_LABELS: usize = 16;
-const MAX_LABEL_VALUE: usize = 128;
-const MAX_ROLLUPS: usize = 10;
 /// Label names the node agent already puts on its series (see the CRD's CEL rule): an
 /// extra label with one of these names would produce duplicate labels. Also `job` and
 /// `instance`, the labels Prometheus gives a target (a series carrying its own would
@@ -80,8 +77,8 @@ pub(super) fn prometheus_route(spec: Option<&PrometheusSinkSpec>) -> Result<Opti
         if RESERVED_LABELS.contains(&name.as_str()) {
             return Err(Invalid::new(field, "is a label the metrics already carry"));
         }
-        if value.chars().count() > MAX_LABEL_VALUE {
-            return Err(Invalid::new(field, format!("values are at most {MAX_LABEL_VALUE} characters")));
+        if value.chars().count() > MAX_LABEL_VALUE_CHARS {
+            return Err(Invalid::new(field, format!("values are at most {MAX_LABEL_VALUE_CHARS} characters")));
         }
     }
     Ok(Some(PrometheusRoute { extra_labels }))

@@ -410,10 +410,10 @@ fn key_matches_the_object_it_came_from() {
 #[test]
 fn region_and_label_checks() {
     for r in ["us-east-1", "eu-central-2", "us-gov-west-1", "ap-southeast-4"] {
-        assert!(crate::cloudwatch::sink::valid_region(r), "{r}");
+        assert!(crate::region::valid_region(r), "{r}");
     }
     for r in ["", "us-east", "useast-1", "US-east-1", "us--1", "u-east-1"] {
-        assert!(!crate::cloudwatch::sink::valid_region(r), "{r}");
+        assert!(!crate::region::valid_region(r), "{r}");
     }
     for k in ["a", "node.kubernetes.io/instance-type", "eks.amazonaws.com/nodegroup", "A_b.c-9"] {
         assert!(check_label_key(k).is_ok(), "{k}");

@@ -199,7 +199,7 @@ pub fn efa_allocations(response: &proto::ListPodResourcesResponse) -> (Vec<EfaAl
         for container in &pod.containers {
             for devices in container.devices.iter().filter(|d| d.resource_name == EFA) {
                 for id in devices.device_ids.iter().take(MAX_EFA_ALLOCATIONS.saturating_sub(out.len())) {
-                    if !crate::efa::sysfs::valid_device_name(id) {
+                    if !api::hardware::valid_efa_device_name(id) {
                         if unreadable.len() < MAX_UNREADABLE_EFA_IDS {
                             unreadable.push(format!("{EFA}={}", &id[..id.floor_char_boundary(64)]));
                         }

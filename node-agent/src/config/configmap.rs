@@ -7,6 +7,7 @@
 
 use std::{sync::Arc, time::Duration};
 
+use api::names::AGENT_MANAGER;
 use api::node_config::{configmap_name, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION, NODE_CONFIG_KEY};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -20,7 +21,7 @@ use tokio::{sync::oneshot, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::{ActivationError, Activator, Candidate, Origin, MANAGER};
+use super::{ActivationError, Activator, Candidate, Origin};
 use crate::{
     kubernetes::Watch,
     telemetry::{AgentMetrics, ResultLabel},
@@ -119,7 +120,7 @@ impl Reloader {
         let failures = self.metrics.config_ack_failures.clone();
         pending.replace(tokio::spawn(async move {
             let patch = json!({ "metadata": { "annotations": { APPLIED_HASH_ANNOTATION: hash } } });
-            let params = PatchParams { field_manager: Some(MANAGER.to_owned()), ..Default::default() };
+            let params = PatchParams { field_manager: Some(AGENT_MANAGER.to_owned()), ..Default::default() };
             let mut delay = ACK_RETRY_FIRST;
             loop {
                 match api.patch(&name, &params, &Patch::Merge(&patch)).await {

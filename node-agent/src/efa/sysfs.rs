@@ -18,6 +18,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use api::hardware::{valid_efa_device_name as valid_device_name, MAX_EFA_NAME_BYTES};
+
 use crate::{
     health::sysfs::parse_counter,
     processes::procfs::{self, Failure},
@@ -38,8 +40,8 @@ const MAX_PORT_NUMBER: u32 = 255;
 /// Counter files read per `hw_counters` directory (a port has about 25, a device 12); the
 /// rest of the listing is not read.
 pub const MAX_COUNTERS_PER_DIR: usize = 128;
-/// Bytes of a device or counter name (the kernel's own bound for a device name is 64).
-pub const MAX_NAME_BYTES: usize = 64;
+/// Bytes of a device or counter name.
+pub const MAX_NAME_BYTES: usize = MAX_EFA_NAME_BYTES;
 /// Bytes of a counter file: a u64 is at most 20 digits and a newline.
 pub const MAX_COUNTER_FILE_BYTES: u64 = 64;
 
@@ -164,12 +166,6 @@ impl Reading {
     fn skip(&mut self, why: Skip) {
         self.skipped[why as usize] += 1;
     }
-}
-
-/// A device name as a label value: `[A-Za-z0-9_.:-]`, at most [`MAX_NAME_BYTES`].
-pub fn valid_device_name(name: &str) -> bool {
-    let ok = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-');
-    !name.is_empty() && name.len() <= MAX_NAME_BYTES && name.bytes().all(ok)
 }
 
 /// A counter name as part of a metric name (`efa_<name>_total`): `[a-z][a-z0-9_]*`, at most

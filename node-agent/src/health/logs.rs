@@ -25,7 +25,6 @@ use std::{
 };
 
 use prometheus_client::{
-    encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
@@ -41,8 +40,10 @@ use super::{
     SharedHealth,
 };
 use crate::{
-    attribution::podresources::SharedDevices, sinks::cloudwatch::publish::Backoff, state::NodeState,
-    telemetry::ResultLabel,
+    attribution::podresources::SharedDevices,
+    delivery::backoff::Backoff,
+    state::NodeState,
+    telemetry::{ReasonLabel, ResultLabel},
 };
 
 pub use api::node_config::DEFAULT_LOG_GROUP;
@@ -222,11 +223,6 @@ pub struct LogMetrics {
     pub failures: Family<ReasonLabel, Counter>,
     pub queue: Gauge,
     pub invalid: Gauge,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: &'static str,
 }
 
 impl LogMetrics {

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::{
     attribution::podresources::{SharedDevices, Unit},
-    sinks::prometheus::{Family, FamilyEncoder, Labels},
+    series::{Family, FamilyEncoder, Labels},
     state::NodeState,
 };
 

@@ -12,6 +12,7 @@
 
 use std::time::Duration;
 
+use api::names::AGENT_MANAGER;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{
     api::{Api, Patch, PatchParams},
@@ -26,7 +27,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::{model::HealthModel, settings::SettingsReceiver, SharedHealth};
-use crate::config::MANAGER;
 
 /// The taint the agent puts on its Node; its value names the fault.
 pub const TAINT_KEY: &str = "neuronmonitor.io/hardware-error";
@@ -169,7 +169,7 @@ impl Tainter {
                 "metadata": { "resourceVersion": node.metadata.resource_version },
                 "spec": { "taints": taints },
             });
-            let params = PatchParams { field_manager: Some(MANAGER.to_owned()), ..Default::default() };
+            let params = PatchParams { field_manager: Some(AGENT_MANAGER.to_owned()), ..Default::default() };
             match nodes.patch(&self.node, &params, &Patch::Merge(&patch)).await {
                 Ok(_) => {
                     self.metrics.writes.get_or_create(&WriteLabel { action, result: "written" }).inc();

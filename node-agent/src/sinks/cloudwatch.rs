@@ -24,10 +24,10 @@ use std::{
 };
 
 use api::{
-    cloudwatch::sink::{valid_region, SinkSettings},
+    cloudwatch::sink::SinkSettings,
     crd::CloudWatchNaming,
     node_config::Route,
-    region::same_partition,
+    region::{same_partition, valid_region},
 };
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -35,13 +35,15 @@ use tracing::{info, warn};
 
 use self::{
     datum::Accumulator,
-    publish::{Backoff, Queue, SinkQueueMetrics, Target},
+    publish::{Queue, Target},
     select::{AgentDimensions, View},
     telemetry::{CloudWatchMetrics, SinkLabel, SinkReasonLabels},
 };
 use crate::{
+    delivery::backoff::Backoff,
     health::{model::State, SharedHealth},
     routing::{Routing, Selection, SharedRouting},
+    sinks::common::{stop_unwanted, SinkQueueMetrics},
     state::NodeState,
 };
 
@@ -142,14 +144,7 @@ impl Sinks {
     /// Starts the sinks of new or changed routes, stops those of routes that went away.
     fn reconcile(&self, routing: &Routing, running: &mut Vec<Running>, fresh: bool) {
         let wanted: Vec<(&Route, &Selection)> = routing.cloudwatch_routes().collect();
-        let (keep, gone): (Vec<Running>, Vec<Running>) =
-            std::mem::take(running).into_iter().partition(|r| wanted.iter().any(|(route, _)| **route == r.route));
-        *running = keep;
-        // Their final flush runs on its own: a CloudWatch that does not answer must not
-        // hold up the sampling of the other sinks for the shutdown time limit.
-        for sink in gone {
-            tokio::spawn(stop(sink));
-        }
+        stop_unwanted(running, &wanted, |r| &r.route, stop);
         self.metrics.invalid.clear();
         for (route, selection) in wanted {
             if running.iter().any(|r| r.route == *route) {
@@ -181,7 +176,11 @@ impl Sinks {
     fn start(&self, route: &Route, selection: &Selection, settings: SinkSettings, fresh: bool) -> Running {
         let name = route.config.clone();
         let view = View::new(route, selection, &self.options.agent, settings.dimension_sets.clone(), fresh);
-        let queue_metrics = SinkQueueMetrics { sink: name.clone(), metrics: self.metrics.clone() };
+        let queue_metrics = SinkQueueMetrics {
+            sink: name.clone(),
+            depth: self.metrics.queue_datums.clone(),
+            dropped: self.metrics.dropped.clone(),
+        };
         let queue = Arc::new(Queue::new(self.options.queue_datums, queue_metrics));
         let shared = Arc::new(Shared {
             name: name.clone(),

@@ -29,10 +29,9 @@ use std::{
 };
 
 use api::{
-    cloudwatch::sink::valid_region,
     node_config::Route,
     otlp::{cloudwatch_endpoint, headers_key, Destination, Endpoint, OtlpSettings},
-    region::same_partition,
+    region::{same_partition, valid_region},
 };
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -43,17 +42,18 @@ use self::{
     headers::MirroredHeaders,
     request::{split, Request, MAX_POINTS_PER_REQUEST, MAX_REQUEST_BYTES},
     send::{Auth, CredentialCache, HttpClient, Target},
-    telemetry::{OtlpMetrics, SinkLabel, SinkReasonLabels},
+    telemetry::{OtlpMetrics, SinkLabel},
 };
 use crate::{
+    delivery::{aws::sdk_config, backoff::Backoff, queue},
     efa::EfaSource,
     health::metrics::HealthCollector,
     processes::SharedProcesses,
     routing::{Routing, Selection, SharedRouting},
+    series::{FamilyEncoder, Scope},
     sinks::{
-        cloudwatch::publish::{sdk_config, Backoff},
-        prometheus::{encode_node, FamilyEncoder, Scope},
-        queue::{self, QueueMetrics},
+        common::{stop_unwanted, SinkQueueMetrics},
+        prometheus::encode_node,
     },
     state::NodeState,
 };
@@ -79,25 +79,6 @@ pub struct Options {
 
 /// The requests of one sink waiting to be sent, weighed in data points.
 pub type Queue = queue::Queue<Request, SinkQueueMetrics>;
-
-/// A sink's queue in the sinks' metrics.
-pub struct SinkQueueMetrics {
-    pub sink: String,
-    pub metrics: OtlpMetrics,
-}
-
-impl QueueMetrics for SinkQueueMetrics {
-    fn depth(&self, points: usize) {
-        self.metrics.queue_points.get_or_create(&SinkLabel { sink: self.sink.clone() }).set(points as i64);
-    }
-
-    fn dropped(&self, reason: &'static str, points: usize) {
-        if points > 0 {
-            let labels = SinkReasonLabels { sink: self.sink.clone(), reason };
-            self.metrics.dropped.get_or_create(&labels).inc_by(points as u64);
-        }
-    }
-}
 
 /// What a sink's snapshots read: the node's telemetry, shared by every sink.
 #[derive(Clone)]
@@ -245,14 +226,7 @@ impl Sinks {
     /// Starts the sinks of new or changed routes, stops those of routes that went away.
     fn reconcile(&self, routing: &Routing, running: &mut Vec<Running>, senders: &Senders) {
         let wanted: Vec<(&Route, &Selection)> = routing.otlp_routes().collect();
-        let (keep, gone): (Vec<Running>, Vec<Running>) =
-            std::mem::take(running).into_iter().partition(|r| wanted.iter().any(|(route, _)| **route == r.route));
-        *running = keep;
-        // Their last snapshot is sent on its own: a receiver that does not answer must not
-        // hold up the others.
-        for sink in gone {
-            tokio::spawn(stop(sink));
-        }
+        stop_unwanted(running, &wanted, |r| &r.route, stop);
         self.metrics.invalid.clear();
         for sink in running.iter() {
             if let Some(reason) = *sink.sink.unusable.lock().unwrap_or_else(|p| p.into_inner()) {
@@ -278,7 +252,11 @@ impl Sinks {
 
     fn start(&self, route: &Route, selection: &Selection, settings: OtlpSettings, senders: &Senders) -> Running {
         let name = route.config.clone();
-        let queue_metrics = SinkQueueMetrics { sink: name.clone(), metrics: self.metrics.clone() };
+        let queue_metrics = SinkQueueMetrics {
+            sink: name.clone(),
+            depth: self.metrics.queue_points.clone(),
+            dropped: self.metrics.dropped.clone(),
+        };
         let queue = Arc::new(Queue::weighted(self.options.queue_points, queue_metrics, |r: &Request| r.points));
         let sink = Arc::new(Sink {
             name: name.clone(),

@@ -115,6 +115,19 @@ fn the_chart_holds_the_generated_crds() {
     }
 }
 
+/// The agent's instance types in the chart are api::hardware's list, whole (the chart
+/// cannot import it); checked on values.yaml itself, without helm.
+#[test]
+fn the_chart_lists_every_known_instance_type() {
+    let text = std::fs::read_to_string(chart_dir().join("values.yaml")).unwrap();
+    let values: Value = serde_norway::from_str(&text).unwrap();
+    let known: Vec<String> = api::hardware::INSTANCE_TYPES.iter().map(|t| t.name.to_owned()).collect();
+    assert_eq!(strings(&values["agent"]["instanceTypes"]), known, "values.yaml's agent.instanceTypes");
+    let families: Vec<&str> = api::hardware::NEURON_INSTANCE_FAMILIES.iter().map(|f| f.trim_end_matches('.')).collect();
+    let comment = text.lines().skip_while(|l| !l.contains("Nodes the agent runs on")).take(2).collect::<String>();
+    assert!(comment.contains(&families.join(", ")), "the comment above agent.instanceTypes names {families:?}");
+}
+
 #[test]
 fn helm_lint_passes_with_the_default_and_every_values_file() {
     let chart = chart_dir().display().to_string();
@@ -170,10 +183,9 @@ fn templates_render_what_the_chart_promises() {
         [0]["matchExpressions"][0];
     assert_eq!(term["key"].as_str(), Some("node.kubernetes.io/instance-type"));
     assert_eq!(term["operator"].as_str(), Some("In"));
-    let types = strings(&term["values"]);
-    for family in ["inf1.", "inf2.", "trn1.", "trn1n.", "trn2."] {
-        assert!(types.iter().any(|t| t.starts_with(family)), "no {family} type in {types:?}");
-    }
+    // The whole list of the Neuron types the agent knows (api::hardware), in its order.
+    let known: Vec<String> = api::hardware::INSTANCE_TYPES.iter().map(|t| t.name.to_owned()).collect();
+    assert_eq!(strings(&term["values"]), known, "agent.instanceTypes of values.yaml and api::hardware differ");
     let tolerations: Vec<&str> =
         pod["tolerations"].as_sequence().unwrap().iter().filter_map(|t| t["key"].as_str()).collect();
     assert_eq!(tolerations, vec!["aws.amazon.com/neuron", "CriticalAddonsOnly"]);

@@ -23,11 +23,11 @@ use super::{
     MAX_EVENTS_PER_REQUEST, MAX_REQUEST_BYTES, MAX_SPAN_MS,
 };
 use crate::{
-    ratelimit::{Decision, RateLimit},
-    sinks::{
-        cloudwatch::publish::{classify, sdk_config},
+    delivery::{
+        aws::{classify, sdk_config},
         queue::{self, QueueMetrics, QUEUE_FULL},
     },
+    ratelimit::{Decision, RateLimit},
     state::NodeState,
 };
 

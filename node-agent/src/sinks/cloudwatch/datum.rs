@@ -17,7 +17,7 @@ pub const MAX_DATUMS_PER_REQUEST: usize = 1000;
 pub const MAX_REQUEST_BYTES: usize = 1_000_000;
 /// PutMetricData: values (and counts) per datum.
 pub const MAX_VALUES: usize = 150;
-pub use api::cloudwatch::sink::MAX_DATUM_DIMENSIONS as MAX_DIMENSIONS;
+pub use api::limits::MAX_DATUM_DIMENSIONS as MAX_DIMENSIONS;
 /// Room for the namespace and the request's own framing.
 const REQUEST_OVERHEAD: usize = 1024;
 

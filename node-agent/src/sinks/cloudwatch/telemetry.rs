@@ -4,27 +4,11 @@
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::{
-    encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SinkLabel {
-    pub sink: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SinkReasonLabels {
-    pub sink: String,
-    pub reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SinkResultLabels {
-    pub sink: String,
-    pub result: &'static str,
-}
+pub use crate::sinks::common::{SinkLabel, SinkReasonLabels, SinkResultLabels};
 
 /// Handles to the sinks' metrics; cloning shares them.
 #[derive(Clone, Default)]

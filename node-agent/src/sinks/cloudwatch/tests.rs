@@ -10,11 +10,12 @@ use api::{
 
 use super::{
     datum::{split, Accumulator, Datum, MetricKey, Values, MAX_DATUMS_PER_REQUEST, MAX_REQUEST_BYTES},
-    publish::{classify_service, to_sdk, Backoff},
+    publish::to_sdk,
     select::{AgentDimensions, View},
     SinkSettings,
 };
 use crate::{
+    delivery::{aws::classify_service, backoff::Backoff},
     routing::Routing,
     state::{NodeState, PodRef},
     testdata::{a_pod_per_runtime, fixture, TRN1N_32, TRN1_ERRORS},

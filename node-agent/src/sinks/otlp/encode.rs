@@ -23,7 +23,7 @@ use opentelemetry_proto::tonic::{
 use prometheus_client::metrics::MetricType;
 
 use crate::{
-    sinks::prometheus::{Family, FamilyEncoder},
+    series::{Family, FamilyEncoder},
     state::{InstanceLabels, PodRef},
 };
 

@@ -39,8 +39,8 @@ use super::{
     Queue,
 };
 use crate::{
+    delivery::backoff::Backoff,
     ratelimit::{Decision, RateLimit},
-    sinks::cloudwatch::publish::Backoff,
 };
 
 /// The agent's HTTP client of every OTLP sink (connections pooled per receiver).

@@ -9,7 +9,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-pub use crate::sinks::cloudwatch::telemetry::{SinkLabel, SinkReasonLabels, SinkResultLabels};
+pub use crate::sinks::common::{SinkLabel, SinkReasonLabels, SinkResultLabels};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SinkEncodingLabels {

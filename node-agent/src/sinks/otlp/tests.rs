@@ -81,10 +81,10 @@ fn sink_over(route: &Route, state: Arc<Mutex<NodeState>>, started: SystemTime) -
         sources: Sources { state, processes: Default::default(), efa: Default::default(), health: None },
         identity: identity(),
         starts: Mutex::new(StartTimes::new(started)),
-        queue: Arc::new(Queue::new(
-            1,
-            SinkQueueMetrics { sink: route.config.clone(), metrics: OtlpMetrics::default() },
-        )),
+        queue: Arc::new(Queue::new(1, {
+            let metrics = OtlpMetrics::default();
+            SinkQueueMetrics { sink: route.config.clone(), depth: metrics.queue_points, dropped: metrics.dropped }
+        })),
         metrics: OtlpMetrics::default(),
         region: Mutex::new(None),
         unusable: Mutex::new(None),

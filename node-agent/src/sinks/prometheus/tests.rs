@@ -1,5 +1,8 @@
 use super::*;
-use crate::testdata::{fixture, IDLE_INF1, TRN1N_32, TRN1_ERRORS};
+use crate::{
+    routing::Routing,
+    testdata::{fixture, IDLE_INF1, TRN1N_32, TRN1_ERRORS},
+};
 use api::report::Report;
 
 fn exposition(lines: &[String]) -> Exposition {
