@@ -20,7 +20,7 @@ use crate::{
     limits::{
         MAX_CLOUDWATCH_NAMESPACE_BYTES, MAX_DATUM_DIMENSIONS, MAX_ERROR_NAME_BYTES, MAX_EXTRA_LABELS,
         MAX_LOG_GROUP_BYTES, MAX_OTLP_ENDPOINT_BYTES, MAX_ROLLUPS, MAX_RUNTIME_ENTRIES, MAX_SECRET_NAME_BYTES,
-        MAX_TAINT_ERRORS,
+        MAX_TAG_FILTER_BYTES, MAX_TAINT_ERRORS,
     },
     monitor_config::{RuntimeGroup, SystemGroup},
     region::MAX_REGION_BYTES,
@@ -184,7 +184,7 @@ pub struct RuntimeSelectorSpec {
     /// Regular expression matched against the application's tag (`NEURON_PROCESS_TAG`,
     /// or its PID). Default: every application.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 1024))]
+    #[schemars(length(min = 1, max = MAX_TAG_FILTER_BYTES))]
     pub tag_filter: Option<String>,
 
     /// Period of this entry's groups. Default: the config's period.

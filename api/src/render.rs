@@ -331,23 +331,17 @@ fn union(mut filters: Vec<&str>) -> Option<String> {
     }
 }
 
-/// Renders every node that some config matches. Nodes with the same matching configs
-/// share one rendering, so the cost follows the number of distinct node groups, not
-/// the number of nodes. A node name given twice keeps its first labels; nodes without
-/// a name are skipped; a config key given twice counts once.
-pub fn render_all<'a, N>(
+/// The nodes grouped by which selective configs match them: (signature, node names) in
+/// the order of each group's first node. Bit j of a signature: `selective[j]` matches.
+/// A node name given twice keeps its first labels; nodes without a name are skipped.
+fn group_by_signature<'a, N>(
     nodes: impl IntoIterator<Item = &'a N>,
-    configs: &[ValidConfig],
-) -> Result<Rendering, serde_json::Error>
+    configs: &[&ValidConfig],
+    selective: &[usize],
+) -> Vec<(Box<[u64]>, Vec<String>)>
 where
     N: NodeLabels + ?Sized + 'a,
 {
-    let mut configs: Vec<&ValidConfig> = configs.iter().collect();
-    configs.sort_by(|a, b| a.key.cmp(&b.key));
-    configs.dedup_by(|a, b| a.key == b.key);
-
-    // Configs without a selector match every node: only the others make signatures.
-    let selective: Vec<usize> = (0..configs.len()).filter(|&i| !configs[i].selector.is_everything()).collect();
     let words = selective.len().div_ceil(64);
 
     // Signature (bit j: selective[j] matches) → index into `members`.
@@ -378,7 +372,27 @@ where
         };
         members[group].1.push(name.to_owned());
     }
-    drop(signatures);
+    members
+}
+
+/// Renders every node that some config matches. Nodes with the same matching configs
+/// share one rendering, so the cost follows the number of distinct node groups, not
+/// the number of nodes. A node name given twice keeps its first labels; nodes without
+/// a name are skipped; a config key given twice counts once.
+pub fn render_all<'a, N>(
+    nodes: impl IntoIterator<Item = &'a N>,
+    configs: &[ValidConfig],
+) -> Result<Rendering, serde_json::Error>
+where
+    N: NodeLabels + ?Sized + 'a,
+{
+    let mut configs: Vec<&ValidConfig> = configs.iter().collect();
+    configs.sort_by(|a, b| a.key.cmp(&b.key));
+    configs.dedup_by(|a, b| a.key == b.key);
+
+    // Configs without a selector match every node: only the others make signatures.
+    let selective: Vec<usize> = (0..configs.len()).filter(|&i| !configs[i].selector.is_everything()).collect();
+    let members = group_by_signature(nodes, &configs, &selective);
 
     let mut matched: BTreeMap<ConfigKey, usize> = configs.iter().map(|c| (c.key.clone(), 0)).collect();
     // (indices into the sorted `configs` that match, in order, so routes come out
