@@ -37,13 +37,13 @@ use self::{
     datum::Accumulator,
     publish::{Queue, Target},
     select::{AgentDimensions, View},
-    telemetry::{CloudWatchMetrics, SinkLabel, SinkReasonLabels},
+    telemetry::{CloudWatchMetrics, SinkLabel},
 };
 use crate::{
     delivery::backoff::Backoff,
     health::{model::State, SharedHealth},
     routing::{Routing, Selection, SharedRouting},
-    sinks::common::{stop_unwanted, SinkQueueMetrics},
+    sinks::common::stop_unwanted,
     state::NodeState,
 };
 
@@ -145,7 +145,7 @@ impl Sinks {
     fn reconcile(&self, routing: &Routing, running: &mut Vec<Running>, fresh: bool) {
         let wanted: Vec<(&Route, &Selection)> = routing.cloudwatch_routes().collect();
         stop_unwanted(running, &wanted, |r| &r.route, stop);
-        self.metrics.invalid.clear();
+        self.metrics.common.invalid.clear();
         for (route, selection) in wanted {
             if running.iter().any(|r| r.route == *route) {
                 continue;
@@ -154,8 +154,7 @@ impl Sinks {
             let settings = match SinkSettings::check(spec) {
                 Ok(s) => s,
                 Err(e) => {
-                    let labels = SinkReasonLabels { sink: route.config.clone(), reason: e.field };
-                    self.metrics.invalid.get_or_create(&labels).set(1);
+                    self.metrics.common.set_invalid(&route.config, e.field, true);
                     warn!(sink = %route.config, error = %e, "CloudWatch sink left out: invalid settings");
                     continue;
                 }
@@ -164,8 +163,7 @@ impl Sinks {
             if settings.naming == CloudWatchNaming::ContainerInsights
                 && self.options.agent.cluster_name.as_deref().is_none_or(str::is_empty)
             {
-                let labels = SinkReasonLabels { sink: route.config.clone(), reason: "cluster_name" };
-                self.metrics.invalid.get_or_create(&labels).set(1);
+                self.metrics.common.set_invalid(&route.config, "cluster_name", true);
                 warn!(sink = %route.config, "CloudWatch sink left out: Container Insights naming needs --cluster-name");
                 continue;
             }
@@ -176,11 +174,7 @@ impl Sinks {
     fn start(&self, route: &Route, selection: &Selection, settings: SinkSettings, fresh: bool) -> Running {
         let name = route.config.clone();
         let view = View::new(route, selection, &self.options.agent, settings.dimension_sets.clone(), fresh);
-        let queue_metrics = SinkQueueMetrics {
-            sink: name.clone(),
-            depth: self.metrics.queue_datums.clone(),
-            dropped: self.metrics.dropped.clone(),
-        };
+        let queue_metrics = self.metrics.common.queue_metrics(&name);
         let queue = Arc::new(Queue::new(self.options.queue_datums, queue_metrics));
         let shared = Arc::new(Shared {
             name: name.clone(),
@@ -213,7 +207,7 @@ fn flush(shared: &Shared, settings: &SinkSettings, metrics: &CloudWatchMetrics) 
         }
         collect.1.drain(SystemTime::now(), settings.storage_resolution)
     };
-    metrics.flushes.get_or_create(&SinkLabel { sink: shared.name.clone() }).inc();
+    metrics.common.flushes.get_or_create(&SinkLabel { sink: shared.name.clone() }).inc();
     shared.queue.push(datums);
 }
 
@@ -287,8 +281,7 @@ async fn start_sender(
         None
     };
     if let Some((reason, why)) = refused {
-        let labels = SinkReasonLabels { sink: shared.name.clone(), reason };
-        metrics.invalid.get_or_create(&labels).set(1);
+        metrics.common.set_invalid(&shared.name, reason, true);
         warn!(sink = %shared.name, %region, %instance, "CloudWatch sink left out: {why}");
         *unusable = true;
         shared.queue.abandon("invalid");

@@ -2,12 +2,13 @@
 //! the NeuronMonitorConfig `namespace/name`), their queues' metrics, and the rule of which
 //! running sinks stay when the routes change.
 
-use std::future::Future;
+use std::{future::Future, sync::atomic::AtomicU64};
 
 use api::node_config::Route;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
 };
 
 use crate::{delivery::queue::QueueMetrics, routing::Selection};
@@ -27,6 +28,55 @@ pub struct SinkReasonLabels {
 pub struct SinkResultLabels {
     pub sink: String,
     pub result: &'static str,
+}
+
+/// The families every kind of sink has, under its kind's prefix; cloning shares them.
+#[derive(Clone, Default)]
+pub struct SinkFamilies {
+    pub requests: Family<SinkResultLabels, Counter>,
+    pub failures: Family<SinkReasonLabels, Counter>,
+    pub dropped: Family<SinkReasonLabels, Counter>,
+    pub queue: Family<SinkLabel, Gauge>,
+    pub flushes: Family<SinkLabel, Counter>,
+    pub last_success: Family<SinkLabel, Gauge<f64, AtomicU64>>,
+    pub invalid: Family<SinkReasonLabels, Gauge>,
+}
+
+/// What a kind of sink says of its [`SinkFamilies`]: the unit its queue counts (`datums`,
+/// `points`: the families `dropped_<unit>` and `queue_<unit>`) and each family's help.
+pub struct SinkHelp {
+    pub unit: &'static str,
+    pub requests: &'static str,
+    pub failures: &'static str,
+    pub dropped: &'static str,
+    pub queue: &'static str,
+    pub flushes: &'static str,
+    pub last_success: &'static str,
+    pub invalid: &'static str,
+}
+
+impl SinkFamilies {
+    /// Registers the families in `registry` (already under the kind's prefix).
+    pub fn register(registry: &mut Registry, help: &SinkHelp) -> Self {
+        let m = SinkFamilies::default();
+        registry.register("requests", help.requests, m.requests.clone());
+        registry.register("failures", help.failures, m.failures.clone());
+        registry.register(format!("dropped_{}", help.unit), help.dropped, m.dropped.clone());
+        registry.register(format!("queue_{}", help.unit), help.queue, m.queue.clone());
+        registry.register("flushes", help.flushes, m.flushes.clone());
+        registry.register("last_success_timestamp_seconds", help.last_success, m.last_success.clone());
+        registry.register("invalid_sinks", help.invalid, m.invalid.clone());
+        m
+    }
+
+    /// The queue of `sink` in these families.
+    pub fn queue_metrics(&self, sink: &str) -> SinkQueueMetrics {
+        SinkQueueMetrics { sink: sink.to_owned(), depth: self.queue.clone(), dropped: self.dropped.clone() }
+    }
+
+    pub fn set_invalid(&self, sink: &str, reason: &'static str, invalid: bool) {
+        self.invalid.get_or_create(&SinkReasonLabels { sink: sink.to_owned(), reason }).set(i64::from(invalid));
+    }
 }
 
 /// A sink's queue in its kind's metrics: the depth gauge and the counter of what it gave

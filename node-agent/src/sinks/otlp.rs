@@ -227,10 +227,10 @@ impl Sinks {
     fn reconcile(&self, routing: &Routing, running: &mut Vec<Running>, senders: &Senders) {
         let wanted: Vec<(&Route, &Selection)> = routing.otlp_routes().collect();
         stop_unwanted(running, &wanted, |r| &r.route, stop);
-        self.metrics.invalid.clear();
+        self.metrics.common.invalid.clear();
         for sink in running.iter() {
             if let Some(reason) = *sink.sink.unusable.lock().unwrap_or_else(|p| p.into_inner()) {
-                self.metrics.set_invalid(&sink.sink.name, reason, true);
+                self.metrics.common.set_invalid(&sink.sink.name, reason, true);
             }
         }
         for (route, selection) in wanted {
@@ -241,7 +241,7 @@ impl Sinks {
             let settings = match OtlpSettings::check(spec) {
                 Ok(s) => s,
                 Err(e) => {
-                    self.metrics.set_invalid(&route.config, e.field, true);
+                    self.metrics.common.set_invalid(&route.config, e.field, true);
                     warn!(sink = %route.config, error = %e, "OTLP sink left out: invalid settings");
                     continue;
                 }
@@ -252,11 +252,7 @@ impl Sinks {
 
     fn start(&self, route: &Route, selection: &Selection, settings: OtlpSettings, senders: &Senders) -> Running {
         let name = route.config.clone();
-        let queue_metrics = SinkQueueMetrics {
-            sink: name.clone(),
-            depth: self.metrics.queue_points.clone(),
-            dropped: self.metrics.dropped.clone(),
-        };
+        let queue_metrics = self.metrics.common.queue_metrics(&name);
         let queue = Arc::new(Queue::weighted(self.options.queue_points, queue_metrics, |r: &Request| r.points));
         let sink = Arc::new(Sink {
             name: name.clone(),
@@ -291,7 +287,7 @@ async fn flush(sink: &Arc<Sink>) {
     let taken = sink.clone();
     match tokio::task::spawn_blocking(move || taken.snapshot()).await {
         Ok(requests) => {
-            sink.metrics.flushes.get_or_create(&SinkLabel { sink: sink.name.clone() }).inc();
+            sink.metrics.common.flushes.get_or_create(&SinkLabel { sink: sink.name.clone() }).inc();
             sink.queue.push(requests);
         }
         Err(e) => warn!(sink = %sink.name, error = %e, "OTLP snapshot failed"),
@@ -355,7 +351,7 @@ async fn run_sink(sink: Arc<Sink>, senders: Senders, stop: CancellationToken) {
 async fn start_sender(sink: &Arc<Sink>, senders: &Senders, stop: &CancellationToken) -> Sending {
     let unusable = |reason: &'static str, why: &str| {
         *sink.unusable.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
-        sink.metrics.set_invalid(&sink.name, reason, true);
+        sink.metrics.common.set_invalid(&sink.name, reason, true);
         warn!(sink = %sink.name, reason, "OTLP sink cannot send: {why}");
         sink.queue.abandon("invalid");
         Sending::Unusable

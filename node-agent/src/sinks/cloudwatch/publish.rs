@@ -108,17 +108,17 @@ pub async fn run_sender(queue: Arc<Queue>, target: Target, stop: CancellationTok
                 Ok(_) => {
                     let sink = SinkLabel { sink: target.sink.clone() };
                     target.metrics.datums_sent.get_or_create(&sink).inc_by(batch.len() as u64);
-                    target.metrics.requests.get_or_create(&result_labels(&target.sink, "success")).inc();
+                    target.metrics.common.requests.get_or_create(&result_labels(&target.sink, "success")).inc();
                     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-                    target.metrics.last_success.get_or_create(&sink).set(now.as_secs_f64());
+                    target.metrics.common.last_success.get_or_create(&sink).set(now.as_secs_f64());
                     debug!(sink = %target.sink, datums = batch.len(), attempt, "PutMetricData accepted");
                     break;
                 }
                 Err(error) => {
                     let failure = classify(&error);
-                    target.metrics.requests.get_or_create(&result_labels(&target.sink, "failure")).inc();
+                    target.metrics.common.requests.get_or_create(&result_labels(&target.sink, "failure")).inc();
                     let labels = SinkReasonLabels { sink: target.sink.clone(), reason: failure.reason };
-                    target.metrics.failures.get_or_create(&labels).inc();
+                    target.metrics.common.failures.get_or_create(&labels).inc();
                     if let Decision::Allow { suppressed_before } = log_limit.check() {
                         let detail = aws_sdk_cloudwatch::error::DisplayErrorContext(&error);
                         warn!(sink = %target.sink, reason = failure.reason, retry = failure.retry, datums = batch.len(),
@@ -126,7 +126,7 @@ pub async fn run_sender(queue: Arc<Queue>, target: Target, stop: CancellationTok
                     }
                     if !failure.retry {
                         let labels = SinkReasonLabels { sink: target.sink.clone(), reason: "rejected" };
-                        target.metrics.dropped.get_or_create(&labels).inc_by(batch.len() as u64);
+                        target.metrics.common.dropped.get_or_create(&labels).inc_by(batch.len() as u64);
                         break;
                     }
                     let delay = target.backoff.delay(attempt);

@@ -302,16 +302,16 @@ pub async fn run_sender(queue: Arc<Queue>, mut target: Target, stop: Cancellatio
             match outcome {
                 Attempt::Sent { rejected, message } => {
                     let m = &target.metrics;
-                    m.requests.get_or_create(&result).inc();
+                    m.common.requests.get_or_create(&result).inc();
                     m.points_sent.get_or_create(&sink).inc_by((request.points as u64).saturating_sub(rejected));
                     for (encoding, bytes) in [("gzip", request.body.len()), ("raw", request.raw_bytes)] {
                         let labels = SinkEncodingLabels { sink: target.sink.clone(), encoding };
                         m.bytes_sent.get_or_create(&labels).inc_by(bytes as u64);
                     }
-                    m.last_success.get_or_create(&sink).set(unix_nanos(SystemTime::now()) as f64 / 1e9);
-                    m.set_invalid(&target.sink, "headers", false);
+                    m.common.last_success.get_or_create(&sink).set(unix_nanos(SystemTime::now()) as f64 / 1e9);
+                    m.common.set_invalid(&target.sink, "headers", false);
                     if rejected > 0 || !message.is_empty() {
-                        m.dropped.get_or_create(&target.labels("partial_success")).inc_by(rejected);
+                        m.common.dropped.get_or_create(&target.labels("partial_success")).inc_by(rejected);
                         if let Decision::Allow { suppressed_before } = log_limit.check() {
                             warn!(sink = %target.sink, rejected, suppressed_before, message = %message,
                                   "the OTLP receiver accepted the request in part");
@@ -322,17 +322,17 @@ pub async fn run_sender(queue: Arc<Queue>, mut target: Target, stop: Cancellatio
                 }
                 Attempt::Failed(failure, message) => {
                     let m = &target.metrics;
-                    m.requests.get_or_create(&SinkResultLabels { result: "failure", ..result }).inc();
-                    m.failures.get_or_create(&target.labels(failure.reason)).inc();
+                    m.common.requests.get_or_create(&SinkResultLabels { result: "failure", ..result }).inc();
+                    m.common.failures.get_or_create(&target.labels(failure.reason)).inc();
                     if failure.reason == "headers" {
-                        m.set_invalid(&target.sink, "headers", true);
+                        m.common.set_invalid(&target.sink, "headers", true);
                     }
                     if let Decision::Allow { suppressed_before } = log_limit.check() {
                         warn!(sink = %target.sink, reason = failure.reason, retry = failure.retry, points = request.points,
                               attempt, suppressed_before, error = %message, "OTLP export failed");
                     }
                     if !failure.retry {
-                        m.dropped.get_or_create(&target.labels("rejected")).inc_by(request.points as u64);
+                        m.common.dropped.get_or_create(&target.labels("rejected")).inc_by(request.points as u64);
                         break;
                     }
                     let delay = failure

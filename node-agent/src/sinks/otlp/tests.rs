@@ -83,7 +83,7 @@ fn sink_over(route: &Route, state: Arc<Mutex<NodeState>>, started: SystemTime) -
         starts: Mutex::new(StartTimes::new(started)),
         queue: Arc::new(Queue::new(1, {
             let metrics = OtlpMetrics::default();
-            SinkQueueMetrics { sink: route.config.clone(), depth: metrics.queue_points, dropped: metrics.dropped }
+            metrics.common.queue_metrics(&route.config)
         })),
         metrics: OtlpMetrics::default(),
         region: Mutex::new(None),
