@@ -42,10 +42,11 @@ pub struct SinkFamilies {
     pub invalid: Family<SinkReasonLabels, Gauge>,
 }
 
-/// What a kind of sink says of its [`SinkFamilies`]: the unit its queue counts (`datums`,
-/// `points`: the families `dropped_<unit>` and `queue_<unit>`) and each family's help.
+/// What a kind of sink says of its [`SinkFamilies`]: the names of the families counted in
+/// its queue's unit (`dropped_datums`, `queue_points`) and each family's help.
 pub struct SinkHelp {
-    pub unit: &'static str,
+    pub dropped_family: &'static str,
+    pub queue_family: &'static str,
     pub requests: &'static str,
     pub failures: &'static str,
     pub dropped: &'static str,
@@ -61,8 +62,8 @@ impl SinkFamilies {
         let m = SinkFamilies::default();
         registry.register("requests", help.requests, m.requests.clone());
         registry.register("failures", help.failures, m.failures.clone());
-        registry.register(format!("dropped_{}", help.unit), help.dropped, m.dropped.clone());
-        registry.register(format!("queue_{}", help.unit), help.queue, m.queue.clone());
+        registry.register(help.dropped_family, help.dropped, m.dropped.clone());
+        registry.register(help.queue_family, help.queue, m.queue.clone());
         registry.register("flushes", help.flushes, m.flushes.clone());
         registry.register("last_success_timestamp_seconds", help.last_success, m.last_success.clone());
         registry.register("invalid_sinks", help.invalid, m.invalid.clone());

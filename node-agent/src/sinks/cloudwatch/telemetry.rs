@@ -18,7 +18,8 @@ pub struct CloudWatchMetrics {
 }
 
 const HELP: SinkHelp = SinkHelp {
-    unit: "datums",
+    dropped_family: "dropped_datums",
+    queue_family: "queue_datums",
     requests: "PutMetricData attempts by result (success, failure)",
     failures: "Failed PutMetricData attempts by reason (throttled, server_error, timeout, network, auth, rejected, \
                response, other)",

@@ -30,7 +30,8 @@ pub struct OtlpMetrics {
 }
 
 const HELP: SinkHelp = SinkHelp {
-    unit: "points",
+    dropped_family: "dropped_points",
+    queue_family: "queue_points",
     requests: "OTLP export attempts by result (success, failure)",
     failures: "Failed OTLP export attempts by reason (throttled, server_error, timeout, network, auth, rejected, \
                response, credentials, headers, other)",
