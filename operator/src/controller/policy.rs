@@ -174,3 +174,33 @@ fn parse(configmap: &ConfigMap) -> Result<TenancyPolicy, String> {
     let spec: PolicySpec = serde_norway::from_str(text).map_err(|e| format!("{POLICY_KEY}: {e}"))?;
     TenancyPolicy::compile(&spec).map_err(|e| format!("{POLICY_KEY}: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn configmap(data: Option<(&str, String)>) -> ConfigMap {
+        ConfigMap { data: data.map(|(k, v)| BTreeMap::from([(k.to_owned(), v)])), ..ConfigMap::default() }
+    }
+
+    #[test]
+    fn a_policy_is_read_from_its_key_only() {
+        assert!(parse(&configmap(Some((POLICY_KEY, "default:\n  regions: [us-east-1]\n".to_owned())))).is_ok());
+        let missing = parse(&configmap(Some(("other.yaml", String::new())))).err().unwrap_or_default();
+        assert!(missing.contains(POLICY_KEY), "{missing}");
+        assert!(parse(&configmap(None)).is_err(), "no data at all");
+    }
+
+    #[test]
+    fn an_unusable_policy_says_why() {
+        let oversized =
+            parse(&configmap(Some((POLICY_KEY, "#".repeat(MAX_POLICY_BYTES + 1))))).err().unwrap_or_default();
+        assert!(oversized.contains("bytes, more than"), "{oversized}");
+        let unknown = parse(&configmap(Some((POLICY_KEY, "defaults: {}\n".to_owned())))).err().unwrap_or_default();
+        assert!(unknown.starts_with(POLICY_KEY), "an unknown field: {unknown}");
+        let region = parse(&configmap(Some((POLICY_KEY, "default:\n  regions: [\"not a region\"]\n".to_owned()))));
+        assert!(region.is_err(), "a rule the policy cannot compile");
+    }
+}
