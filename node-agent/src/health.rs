@@ -42,6 +42,7 @@ use std::{
 };
 
 use api::limits::MAX_HEALTH_STATE_BYTES;
+use service::tasks::CriticalTasks;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -93,13 +94,16 @@ pub struct Reports {
     pub applied: watch::Receiver<u64>,
 }
 
-/// Starts the readers; they stop with `shutdown`. Call within the tokio runtime.
-/// `feed`: where the changes of each update go for the CloudWatch Logs stream.
+/// Starts the readers, as critical tasks of `tasks` (each on a blocking thread of its
+/// own: one that ends before `shutdown` stops the agent); they stop with `shutdown`.
+/// Call within the tokio runtime. `feed`: where the changes of each update go for the
+/// CloudWatch Logs stream.
 pub fn start(
     options: Options,
     reports: Reports,
     metrics: HealthMetrics,
     feed: Option<logs::Feed>,
+    tasks: &mut CriticalTasks,
     shutdown: CancellationToken,
 ) -> SharedHealth {
     let boot_id = read_boot_id(&options.proc_root);
@@ -127,11 +131,7 @@ pub fn start(
             stop.store(true, Ordering::Relaxed);
         });
     }
-    let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
-        if let Err(e) = std::thread::Builder::new().name(name.to_owned()).spawn(f) {
-            warn!(error = %e, thread = name, "cannot start a health reader");
-        }
-    };
+    let mut spawn = |name: &'static str, f: Box<dyn FnOnce() + Send>| tasks.adopt(name, tokio::task::spawn_blocking(f));
     let sysfs = SysfsReader {
         options: options.clone(),
         health: health.clone(),

@@ -59,7 +59,11 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(run(args))
+    let outcome = runtime.block_on(run(args));
+    // A health reader on a blocking thread stuck in a read (a wedged driver file) must not
+    // hold the exit: dropping the runtime would wait for it without end.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    outcome
 }
 
 /// What every phase shares: the flags, the registry, the agent's metrics, the critical
@@ -290,7 +294,8 @@ impl Agent {
         );
         let (feed, log_records) = logs::channel(log_destination.clone(), &log_metrics);
         let reports = health::Reports { state: flow.state.clone(), applied: flow.pipeline.subscribe() };
-        let health = health::start(health_options, reports, health_metrics, Some(feed), shutdown.clone());
+        let health =
+            health::start(health_options, reports, health_metrics, Some(feed), &mut self.tasks, shutdown.clone());
         let devices = flow.attribution.as_ref().map(attribution::Sources::devices);
         let log_sink = LogSink {
             destination: log_destination,
