@@ -582,10 +582,17 @@ async fn one_teams_configs_cannot_stall_the_nodes() {
     assert_eq!(big_status.matched_nodes, 0, "a refused config is on no node");
 
     // Counted in the operator's metrics, and announced by a Warning Event.
-    let metrics = http_get(operator_addr, "/metrics").unwrap().1;
-    assert_eq!(labelled_sample(&metrics, "neuron_operator_refused_configs", &["reason=\"TooLarge\""]), Some(60.0));
-    let namespace_limit = labelled_sample(&metrics, "neuron_operator_refused_configs", &["reason=\"NamespaceLimit\""]);
-    assert_eq!(namespace_limit, Some((20 - admitted) as f64));
+    // The gauges are the latest pass's (a pass still running may have begun before the
+    // last status was written): they must come to these counts within the wait.
+    let refused = |metrics: &str, reason: &str| {
+        labelled_sample(metrics, "neuron_operator_refused_configs", &[&format!("reason=\"{reason}\"")])
+    };
+    s.wait("the refusals counted by reason", || async {
+        let metrics = http_get(operator_addr, "/metrics")?.1;
+        let counts = (refused(&metrics, "TooLarge"), refused(&metrics, "NamespaceLimit"));
+        (counts == (Some(60.0), Some((20 - admitted) as f64))).then_some(())
+    })
+    .await;
     let events: Api<Event> = Api::namespaced(s.client.clone(), &big);
     s.wait("a TooLarge Event", || async {
         let list = events.list(&Default::default()).await.ok()?;
