@@ -581,16 +581,31 @@ async fn one_teams_configs_cannot_stall_the_nodes() {
     let big_status = s.config(&big, "big-00").await.unwrap().status.unwrap();
     assert_eq!(big_status.matched_nodes, 0, "a refused config is on no node");
 
-    // Counted in the operator's metrics, and announced by a Warning Event.
-    // The gauges are the latest pass's (a pass still running may have begun before the
-    // last status was written): they must come to these counts within the wait.
+    // Counted in the operator's metrics, and announced by a Warning Event. The gauges are
+    // the latest pass's over every config of the cluster (the tests beside this one share
+    // the operator): they must come to the refusals the statuses show, this team's among
+    // them, within the wait.
     let refused = |metrics: &str, reason: &str| {
         labelled_sample(metrics, "neuron_operator_refused_configs", &[&format!("reason=\"{reason}\"")])
     };
+    let all: Api<NeuronMonitorConfig> = Api::all(s.client.clone());
     s.wait("the refusals counted by reason", || async {
+        let statuses = all.list(&Default::default()).await.ok()?;
+        let shown = |reason: &str| {
+            let refused_as = |c: &&NeuronMonitorConfig| {
+                c.status.as_ref().is_some_and(|st| {
+                    st.conditions.iter().any(|k| k.type_ == "Accepted" && k.status == "False" && k.reason == reason)
+                })
+            };
+            statuses.items.iter().filter(refused_as).count() as f64
+        };
         let metrics = http_get(operator_addr, "/metrics")?.1;
-        let counts = (refused(&metrics, "TooLarge"), refused(&metrics, "NamespaceLimit"));
-        (counts == (Some(60.0), Some((20 - admitted) as f64))).then_some(())
+        let (too_large, namespace_limit) = (shown("TooLarge"), shown("NamespaceLimit"));
+        (too_large >= 60.0
+            && namespace_limit >= (20 - admitted) as f64
+            && refused(&metrics, "TooLarge") == Some(too_large)
+            && refused(&metrics, "NamespaceLimit") == Some(namespace_limit))
+        .then_some(())
     })
     .await;
     let events: Api<Event> = Api::namespaced(s.client.clone(), &big);
