@@ -37,6 +37,15 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime")
 }
 
+/// A Node of a fresh name, created on the control plane, and the Nodes' API.
+async fn new_node(client: &Client) -> (Api<Node>, String) {
+    let node = format!("neuron-node-{:08x}", random_u32());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let object: Node = serde_json::from_value(serde_json::json!({ "metadata": { "name": node } })).expect("node");
+    nodes.create(&PostParams::default(), &object).await.expect("create the Node");
+    (nodes, node)
+}
+
 /// The node's `NeuronHealth` condition as (status, reason).
 async fn condition(nodes: &Api<Node>, node: &str) -> Option<(String, String)> {
     condition_of(nodes, node, "NeuronHealth").await
@@ -54,10 +63,7 @@ fn a_fault_sets_the_node_condition_and_publishes_an_event_naming_the_pod() {
     let rt = runtime();
     let cp = ControlPlane::shared();
     let client = rt.block_on(cp.client());
-    let node = format!("neuron-node-{:08x}", random_u32());
-    let nodes: Api<Node> = Api::all(client.clone());
-    let object: Node = serde_json::from_value(serde_json::json!({ "metadata": { "name": node } })).expect("node");
-    rt.block_on(nodes.create(&PostParams::default(), &object)).expect("create the Node");
+    let (nodes, node) = rt.block_on(new_node(&client));
 
     let driver = FakeDriver::start("trn1.32xlarge");
     let dir = TempDir::new("kubelet");
@@ -281,10 +287,7 @@ fn a_fault_recurring_after_a_driver_reload_gets_a_new_event() {
     let rt = runtime();
     let cp = ControlPlane::shared();
     let client = rt.block_on(cp.client());
-    let node = format!("neuron-node-{:08x}", random_u32());
-    let nodes: Api<Node> = Api::all(client.clone());
-    let object: Node = serde_json::from_value(serde_json::json!({ "metadata": { "name": node } })).expect("node");
-    rt.block_on(nodes.create(&PostParams::default(), &object)).expect("create the Node");
+    let (nodes, node) = rt.block_on(new_node(&client));
     let driver = FakeDriver::start("trn1.2xlarge");
     let mut args = driver.agent_args();
     args.extend(["--node-name", &node].map(str::to_owned));
@@ -340,10 +343,7 @@ fn undocumented_error_names_do_not_take_the_slot_of_a_real_fault() {
     let cp = ControlPlane::shared();
     let client = rt.block_on(cp.client());
     let namespace = rt.block_on(cp.namespace("nm-names"));
-    let node = format!("neuron-node-{:08x}", random_u32());
-    let nodes: Api<Node> = Api::all(client.clone());
-    let object: Node = serde_json::from_value(serde_json::json!({ "metadata": { "name": node } })).expect("node");
-    rt.block_on(nodes.create(&PostParams::default(), &object)).expect("create the Node");
+    let (nodes, node) = rt.block_on(new_node(&client));
     rt.block_on(write_node_config(&client, &namespace, &node, serde_json::json!({ "taint": { "enabled": true } })));
     let driver = FakeDriver::start("trn1.2xlarge");
     let mut args = driver.agent_args();
