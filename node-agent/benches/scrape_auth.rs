@@ -71,7 +71,7 @@ fn setup() -> Bench {
         let pipeline = Arc::new(Pipeline::new(state.clone(), metrics));
         assert!(pipeline.handle_line(compact_fixture(TRN1N_32).as_bytes()));
         let exposition = Exposition::new(registry, state, Default::default(), Default::default());
-        let http_state = Arc::new(HttpState { exposition, pipeline, health: Default::default() });
+        let http_state = Arc::new(HttpState { exposition, pipeline, gpu_only: None, health: Default::default() });
 
         // A scraper allowed to get /metrics, and the token the kubelet would mount for it.
         let ns = cp.namespace("bench-auth").await;

@@ -58,6 +58,8 @@ pub struct Args {
     #[command(flatten)]
     pub efa: EfaArgs,
     #[command(flatten)]
+    pub gpu: GpuArgs,
+    #[command(flatten)]
     pub log: LogFlags,
 }
 
@@ -332,6 +334,16 @@ pub struct EfaArgs {
     /// (neuron-monitor restarting or silent).
     #[arg(long, env = "NEURON_AGENT_EFA_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub efa_interval: Duration,
+}
+
+/// NVIDIA GPUs, read through NVML off the report path.
+#[derive(clap::Args, Debug)]
+#[command(next_help_heading = "NVIDIA GPUs")]
+pub struct GpuArgs {
+    /// The NVML library to load (default: the driver's `libnvidia-ml.so.1`, found by the
+    /// dynamic loader). A node without it has no GPU collector.
+    #[arg(long, env = "NEURON_AGENT_NVML_LIBRARY")]
+    pub nvml_library: Option<PathBuf>,
 }
 
 fn parse_log_group(s: &str) -> Result<String, String> {

@@ -14,6 +14,7 @@ use axum::{
 use service::{http::Routes, tasks::Health};
 
 use crate::{
+    gpu::GpuSource,
     pipeline::Pipeline,
     sinks::prometheus::{Exposition, Format},
 };
@@ -21,6 +22,9 @@ use crate::{
 pub struct HttpState {
     pub exposition: Exposition,
     pub pipeline: Arc<Pipeline>,
+    /// On a node with GPUs and no Neuron device (no neuron-monitor): ready on the first
+    /// GPU collection instead of the first report.
+    pub gpu_only: Option<GpuSource>,
     /// Whether a critical task ended: the probes then answer 503 until the agent exits.
     pub health: Health,
 }
@@ -63,8 +67,10 @@ async fn healthz(State(state): State<Arc<HttpState>>) -> Response {
 async fn ready(State(state): State<Arc<HttpState>>) -> Response {
     if let Some(task) = state.health.failed_task() {
         (StatusCode::SERVICE_UNAVAILABLE, format!("critical task {task} ended\n")).into_response()
-    } else if state.pipeline.is_ready() {
+    } else if state.pipeline.is_ready() || state.gpu_only.as_ref().is_some_and(GpuSource::collected) {
         (StatusCode::OK, "ok\n").into_response()
+    } else if state.gpu_only.is_some() {
+        (StatusCode::SERVICE_UNAVAILABLE, "waiting for the first GPU collection\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "waiting for the first neuron-monitor report\n").into_response()
     }

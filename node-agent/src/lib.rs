@@ -14,6 +14,8 @@
 //!   API, the pod watch).
 //! - [`efa`]: the EFA devices' counters from sysfs, with the pods holding the devices,
 //!   read off the report path.
+//! - [`gpu`]: NVIDIA GPUs through NVML, read off the report path, under dcgm-exporter's
+//!   names.
 //! - [`processes`]: the applications' own processes (CPU, memory, threads, descriptors,
 //!   I/O) from `/proc`, read after each report off the report path.
 //! - [`routing`]: which config gets which applications, groups and sinks.
@@ -30,6 +32,7 @@ pub mod attribution;
 pub mod config;
 pub mod delivery;
 pub mod efa;
+pub mod gpu;
 pub mod health;
 pub mod http;
 pub mod kubernetes;

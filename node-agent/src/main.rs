@@ -18,6 +18,7 @@ use neuron_node_agent::{
     attribution::{self, podresources::SharedDevices},
     config::{open_state_dir, standalone, Activator, Reloader},
     efa::{self, EfaCollector, EfaMetrics, EfaReader, EfaSource, SharedEfa},
+    gpu::{self, GpuCollector, GpuMetrics, GpuSnapshot, GpuSource},
     health::{
         self,
         logs::{self, LogDestination, LogMetrics, LogSink},
@@ -97,6 +98,8 @@ struct Readers {
     devices: Option<SharedDevices>,
     processes: SharedProcesses,
     efa: EfaSource,
+    /// With an NVIDIA driver and a GPU: the GPUs' latest collection.
+    gpu: Option<GpuSource>,
 }
 
 impl Readers {
@@ -128,13 +131,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let (readers, log_sink) = agent.readers(&configured, &flow);
     agent.sinks(&configured, &flow, &readers, log_sink, client.as_ref());
     let taint_metrics = TaintMetrics::register(&mut agent.registry);
-    agent.serve(&configured, &flow, &readers, client.as_ref()).await?;
+    let gpu_only = readers.gpu.is_some() && !neuron_devices_present(&agent.args.health.sysfs_root);
+    agent.serve(&configured, &flow, &readers, gpu_only, client.as_ref()).await?;
     if let (Some(node), Some(client)) = (agent.args.source.node_name.clone(), client) {
         agent.node_tasks(client, node, taint_metrics, &configured, &flow, &readers);
     }
-    let supervisor =
-        Supervisor { config: agent.args.monitor.supervisor_config(), pipeline: flow.pipeline, metrics: agent.metrics };
-    agent.tasks.spawn("neuron-monitor supervisor", supervisor.run(configured.launch_specs, agent.shutdown.clone()));
+    if gpu_only {
+        info!("GPUs and no Neuron device on this node: neuron-monitor is not started");
+    } else {
+        let supervisor = Supervisor {
+            config: agent.args.monitor.supervisor_config(),
+            pipeline: flow.pipeline,
+            metrics: agent.metrics,
+        };
+        let launches = configured.launch_specs;
+        agent.tasks.spawn("neuron-monitor supervisor", supervisor.run(launches, agent.shutdown.clone()));
+    }
 
     let failed = tokio::select! {
         signal = service::process::stop_signal() => { signal?; None }
@@ -337,9 +349,28 @@ impl Agent {
         }));
         self.tasks.spawn("processes follower", follow_processes);
         self.tasks.spawn("EFA follower", follow_efa);
-        let readers = Readers { health, devices, processes, efa };
+        let gpu = self.gpus(flow, activator);
+        let readers = Readers { health, devices, processes, efa, gpu };
         self.registry.register_collector(Box::new(readers.health_families(flow)));
         (readers, log_sink)
+    }
+
+    /// The GPU collector, where NVML loads and sees a GPU: a task reading every GPU at
+    /// the configuration's period, and its series on `/metrics`.
+    fn gpus(&mut self, flow: &Flow, activator: &Activator) -> Option<GpuSource> {
+        let metrics = GpuMetrics::register(&mut self.registry);
+        let reader = Arc::new(gpu::open(self.args.gpu.nvml_library.as_deref(), metrics)?);
+        let (tx, snapshot) = watch::channel(Arc::new(GpuSnapshot::default()));
+        let (_period_tx, period) = watch::channel(Duration::from(self.args.monitor.period));
+        let hostname = self.args.source.node_name.clone().unwrap_or_else(host_name);
+        let source = GpuSource { snapshot, holders: Default::default(), hostname: hostname.into() };
+        self.tasks.spawn("GPU collector", gpu::follow(reader, period, tx, self.shutdown.clone()));
+        self.registry.register_collector(Box::new(GpuCollector {
+            source: source.clone(),
+            state: flow.state.clone(),
+            routing: activator.routing(),
+        }));
+        Some(source)
     }
 
     /// Sinks: CloudWatch, OTLP (with the configs' headers, on Kubernetes) and the
@@ -408,13 +439,18 @@ impl Agent {
         configured: &Configured,
         flow: &Flow,
         readers: &Readers,
+        gpu_only: bool,
         client: Option<&kube::Client>,
     ) -> anyhow::Result<()> {
         let registry = std::mem::take(&mut self.registry);
         let state = flow.state.clone();
         let exposition = Exposition::new(registry, state, readers.processes.clone(), configured.activator.routing());
-        let http_state =
-            Arc::new(HttpState { exposition, pipeline: flow.pipeline.clone(), health: self.tasks.health() });
+        let http_state = Arc::new(HttpState {
+            exposition,
+            pipeline: flow.pipeline.clone(),
+            gpu_only: readers.gpu.clone().filter(|_| gpu_only),
+            health: self.tasks.health(),
+        });
         let auth = self.metrics_auth(client).await?;
         let routes = http::routes(http_state);
         let server = service::http::start(
@@ -467,6 +503,20 @@ impl Agent {
         let tainter = Tainter { client, node, health: readers.health.clone(), settings: settings(), metrics };
         self.tasks.spawn("tainter", tainter.run(self.shutdown.clone()));
     }
+}
+
+/// Whether the driver's sysfs tree shows a Neuron device (`neuron<N>`).
+fn neuron_devices_present(sysfs_root: &std::path::Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(sysfs_root.join(health::sysfs::DEVICES_DIR)) else {
+        return false;
+    };
+    entries.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("neuron")))
+}
+
+/// The host's name (`Hostname` of the GPU series off Kubernetes), bounded like a label.
+fn host_name() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    name.trim().chars().filter(|c| !c.is_control()).take(253).collect()
 }
 
 /// The platform the OTLP resource names.

@@ -1,0 +1,402 @@
+//! The GPU series under dcgm-exporter's names and labels, so NVIDIA's Grafana dashboard
+//! (12239) and users' alert rules work unchanged: `DCGM_FI_DEV_*` with `gpu`, `UUID`,
+//! `pci_bus_id`, `device`, `modelName`, `Hostname` and `DCGM_FI_DRIVER_VERSION`, plus
+//! `namespace`, `pod` and `container` where a pod holds the GPU (one series per pod on a
+//! shared GPU, its replica in `vgpu`), plus the agent's instance labels.
+//!
+//! Units are dcgm-exporter's: framebuffer in MiB, energy in mJ, power in W, clocks in
+//! MHz. The fields dcgm-exporter exports by default come first in [`FIELDS`]; the rest
+//! (ECC, link, limits) are the fields of its catalogue it leaves commented out.
+
+use std::fmt;
+
+use prometheus_client::metrics::MetricType;
+
+use super::{Gpu, GpuHolders, GpuSnapshot};
+use crate::{
+    series::{Family, FamilyEncoder, Labels, Scope},
+    state::{InstanceLabels, PodRef},
+};
+
+/// One exported DCGM field: its name, help, type and where its value comes from.
+pub struct Field {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub kind: MetricType,
+    pub value: fn(&Gpu) -> Option<f64>,
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+fn mib(bytes: Option<u64>) -> Option<f64> {
+    bytes.map(|b| (b as f64 / MIB).floor())
+}
+
+fn num<T: Into<f64>>(v: Option<T>) -> Option<f64> {
+    v.map(Into::into)
+}
+
+fn big(v: Option<u64>) -> Option<f64> {
+    v.map(|v| v as f64)
+}
+
+/// Every DCGM field the agent exports, in dcgm-exporter's default order first.
+pub const FIELDS: &[Field] = &[
+    Field {
+        name: "DCGM_FI_DEV_SM_CLOCK",
+        help: "SM clock frequency (in MHz).",
+        kind: MetricType::Gauge,
+        value: |g| num(g.values.sm_clock_mhz),
+    },
+    Field {
+        name: "DCGM_FI_DEV_MEM_CLOCK",
+        help: "Memory clock frequency (in MHz).",
+        kind: MetricType::Gauge,
+        value: |g| num(g.values.memory_clock_mhz),
+    },
+    Field {
+        name: "DCGM_FI_DEV_MEMORY_TEMP",
+        help: "Memory temperature (in C).",
+        kind: MetricType::Gauge,
+        value: |g| big(g.values.temperature_memory_c),
+    },
+    Field {
+        name: "DCGM_FI_DEV_GPU_TEMP",
+        help: "GPU temperature (in C).",
+        kind: MetricType::Gauge,
+        value: |g| num(g.values.temperature_gpu_c),
+    },
+    Field {
+        name: "DCGM_FI_DEV_POWER_USAGE",
+        help: "Power draw (in W).",
+        kind: MetricType::Gauge,
+        value: |g| g.values.power_watts,
+    },
+    Field {
+        name: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        help: "Total energy consumption since boot (in mJ).",
+        kind: MetricType::Counter,
+        value: |g| big(g.values.energy_millijoules),
+    },
+    Field {
+        name: "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        help: "Total number of PCIe retries.",
+        kind: MetricType::Counter,
+        value: |g| big(g.values.pcie_replays),
+    },
+    Field {
+        name: "DCGM_FI_DEV_GPU_UTIL",
+        help: "GPU utilization (in %).",
+        kind: MetricType::Gauge,
+        value: |g| num(g.values.utilization_gpu),
+    },
+    Field {
+        name: "DCGM_FI_DEV_MEM_COPY_UTIL",
+        help: "Memory utilization (in %).",
+        kind: MetricType::Gauge,
+        value: |g| num(g.values.utilization_memory),
+    },
+    Field {
+        name: "DCGM_FI_DEV_FB_FREE",
+        help: "Framebuffer memory free (in MiB).",
+        kind: MetricType::Gauge,
+        value: |g| mib(g.values.memory_free_bytes),
+    },
+    Field {
+        name: "DCGM_FI_DEV_FB_USED",
+        help: "Framebuffer memory used (in MiB).",
+        kind: MetricType::Gauge,
+        value: |g| mib(g.values.memory_used_bytes),
+    },
+    Field {
+        name: "DCGM_FI_DEV_FB_RESERVED",
+        help: "Framebuffer memory reserved (in MiB).",
+        kind: MetricType::Gauge,
+        value: |g| mib(g.values.memory_reserved_bytes),
+    },
+    Field {
+        name: "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        help: "Number of remapped rows for uncorrectable errors.",
+        kind: MetricType::Counter,
+        value: |g| big(g.values.remapped_rows.uncorrectable),
+    },
+    Field {
+        name: "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        help: "Number of remapped rows for correctable errors.",
+        kind: MetricType::Counter,
+        value: |g| big(g.values.remapped_rows.correctable),
+    },
+    Field {
+        name: "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        help: "Whether remapping of rows has failed.",
+        kind: MetricType::Gauge,
+        value: |g| big(g.values.remapped_rows.failure),
+    },
+    Field {
+        name: "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        help: "Whether rows are pending remapping (a GPU reset applies them).",
+        kind: MetricType::Gauge,
+        value: |g| big(g.values.remapped_rows.pending),
+    },
+    Field {
+        name: "DCGM_FI_DEV_FB_TOTAL",
+        help: "Framebuffer memory total (in MiB).",
+        kind: MetricType::Gauge,
+        value: |g| mib(g.values.memory_total_bytes),
+    },
+    Field {
+        name: "DCGM_FI_DEV_FB_USED_PERCENT",
+        help: "Framebuffer memory used, percent of the usable (total less reserved).",
+        kind: MetricType::Gauge,
+        value: |g| g.values.memory_used_percent(),
+    },
+    Field {
+        name: "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+        help: "Enforced power limit (in W).",
+        kind: MetricType::Gauge,
+        value: |g| g.values.power_limit_watts,
+    },
+    Field {
+        name: "DCGM_FI_DEV_PCIE_LINK_GEN",
+        help: "Current PCIe link generation.",
+        kind: MetricType::Gauge,
+        value: |g| num(g.values.pcie_link_gen),
+    },
+    Field {
+        name: "DCGM_FI_DEV_PCIE_LINK_WIDTH",
+        help: "Current PCIe link width (lanes).",
+        kind: MetricType::Gauge,
+        value: |g| num(g.values.pcie_link_width),
+    },
+    Field {
+        name: "DCGM_FI_PROF_PCIE_TX_BYTES",
+        help: "PCIe bytes transmitted per second (NVML's 20 ms sample).",
+        kind: MetricType::Gauge,
+        value: |g| big(g.values.pcie_tx_bytes_per_second),
+    },
+    Field {
+        name: "DCGM_FI_PROF_PCIE_RX_BYTES",
+        help: "PCIe bytes received per second (NVML's 20 ms sample).",
+        kind: MetricType::Gauge,
+        value: |g| big(g.values.pcie_rx_bytes_per_second),
+    },
+    Field {
+        name: "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        help: "Total number of single-bit volatile ECC errors.",
+        kind: MetricType::Counter,
+        value: |g| big(g.values.ecc.corrected_volatile),
+    },
+    Field {
+        name: "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        help: "Total number of double-bit volatile ECC errors.",
+        kind: MetricType::Counter,
+        value: |g| big(g.values.ecc.uncorrected_volatile),
+    },
+    Field {
+        name: "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        help: "Total number of single-bit persistent ECC errors.",
+        kind: MetricType::Counter,
+        value: |g| big(g.values.ecc.corrected_aggregate),
+    },
+    Field {
+        name: "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        help: "Total number of double-bit persistent ECC errors.",
+        kind: MetricType::Counter,
+        value: |g| big(g.values.ecc.uncorrected_aggregate),
+    },
+    Field {
+        name: "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+        help: "Current clock throttle reasons (NVML's bit mask).",
+        kind: MetricType::Gauge,
+        value: |g| big(g.values.throttle_reasons),
+    },
+];
+
+/// The identity labels of one GPU's series (and its pod's replica), as dcgm-exporter
+/// names them.
+pub fn identity_labels(gpu: &Gpu, hostname: &str, driver: &str, replica: Option<u32>) -> Vec<(&'static str, String)> {
+    let id = &gpu.identity;
+    let mut labels = vec![
+        ("gpu", id.index.to_string()),
+        ("UUID", id.uuid.clone()),
+        ("pci_bus_id", id.pci_bus_id.clone()),
+        ("device", id.device.clone()),
+        ("modelName", id.model.clone()),
+        ("Hostname", hostname.to_owned()),
+        ("DCGM_FI_DRIVER_VERSION", driver.to_owned()),
+    ];
+    if let Some(replica) = replica {
+        labels.push(("vgpu", replica.to_string()));
+    }
+    labels
+}
+
+/// One GPU as one holder sees it: the pod (if any) and the labels of its series.
+struct Seen<'a> {
+    gpu: &'a Gpu,
+    pod: Option<&'a PodRef>,
+    labels: Vec<(&'static str, String)>,
+}
+
+/// The GPUs `scope` sees, one entry per (GPU, holding pod): a GPU no pod holds goes
+/// where the operator namespace's series go; a stale snapshot or a lost GPU has no
+/// values to give.
+fn seen<'a>(snapshot: &'a GpuSnapshot, hostname: &str, holders: &'a GpuHolders, scope: Scope<'_>) -> Vec<Seen<'a>> {
+    if snapshot.stale {
+        return Vec::new();
+    }
+    let mut seen = Vec::new();
+    for gpu in snapshot.gpus.iter().filter(|g| !g.lost) {
+        let held = holders.get(&gpu.identity.uuid.to_ascii_uppercase()).map(Vec::as_slice).unwrap_or_default();
+        let holders = held.iter().map(|h| (Some(&*h.pod), h.replica));
+        let holders: Vec<_> = if held.is_empty() { vec![(None, None)] } else { holders.collect() };
+        for (pod, replica) in holders {
+            if scope.sees(pod.map(|p| p.namespace.as_str())) {
+                let labels = identity_labels(gpu, hostname, &snapshot.driver_version, replica);
+                seen.push(Seen { gpu, pod, labels });
+            }
+        }
+    }
+    seen
+}
+
+/// Every DCGM field of every GPU `scope` sees.
+pub fn encode_gpus(
+    snapshot: &GpuSnapshot,
+    hostname: &str,
+    instance: &InstanceLabels,
+    holders: &GpuHolders,
+    scope: Scope<'_>,
+    encoder: &mut dyn FamilyEncoder,
+) -> Result<(), fmt::Error> {
+    let seen = seen(snapshot, hostname, holders, scope);
+    if seen.is_empty() {
+        return Ok(());
+    }
+    for field in FIELDS {
+        let mut family = Family::new(field.name, field.help, field.kind);
+        for s in &seen {
+            family.push(Labels::held_by(instance, s.pod).fields(&s.labels), (field.value)(s.gpu));
+        }
+        family.write(encoder)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeSet, sync::Arc};
+
+    use super::*;
+    use crate::{
+        gpu::{GpuHolder, GpuIdentity, GpuValues},
+        routing::Routing,
+    };
+
+    fn gpu(index: u32) -> Gpu {
+        Gpu {
+            identity: GpuIdentity {
+                index,
+                uuid: format!("GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd"),
+                pci_bus_id: format!("00000000:{:02X}:00.0", 0x53 + index),
+                device: format!("nvidia{index}"),
+                model: "NVIDIA H100 80GB HBM3".into(),
+            },
+            values: GpuValues {
+                utilization_gpu: Some(40 + index),
+                memory_used_bytes: Some(2048 * 1024 * 1024),
+                energy_millijoules: Some(5_000),
+                ..GpuValues::default()
+            },
+            ..Gpu::default()
+        }
+    }
+
+    fn snapshot(gpus: Vec<Gpu>) -> GpuSnapshot {
+        GpuSnapshot { driver_version: "550.54.15".into(), gpus, collections: 1, stale: false }
+    }
+
+    fn render(snapshot: &GpuSnapshot, holders: &GpuHolders) -> String {
+        struct Text(String);
+        impl FamilyEncoder for Text {
+            fn encode_family(&mut self, family: &Family<'_>) -> Result<(), fmt::Error> {
+                for (labels, value) in family.series() {
+                    let mut pairs = Vec::new();
+                    labels.try_for_each(|k, v| {
+                        pairs.push(format!("{k}={v}"));
+                        Ok::<_, fmt::Error>(())
+                    })?;
+                    self.0 += &format!("{} {} {value}\n", family.classic_name(), pairs.join(","));
+                }
+                Ok(())
+            }
+        }
+        let mut text = Text(String::new());
+        let routing = Routing::default();
+        encode_gpus(snapshot, "node-1", &InstanceLabels::default(), holders, Scope::Exposition(&routing), &mut text)
+            .unwrap();
+        text.0
+    }
+
+    #[test]
+    fn each_gpu_carries_dcgm_exporters_labels_in_its_units() {
+        let text = render(&snapshot(vec![gpu(0), gpu(1)]), &GpuHolders::new());
+        let util0 = text.lines().find(|l| l.starts_with("DCGM_FI_DEV_GPU_UTIL ") && l.contains("gpu=0,")).unwrap();
+        for label in [
+            "gpu=0",
+            "UUID=GPU-00000000-aaaa-bbbb-cccc-dddddddddddd",
+            "pci_bus_id=00000000:53:00.0",
+            "device=nvidia0",
+            "modelName=NVIDIA H100 80GB HBM3",
+            "Hostname=node-1",
+            "DCGM_FI_DRIVER_VERSION=550.54.15",
+        ] {
+            assert!(util0.contains(label), "{label} missing in {util0}");
+        }
+        assert!(util0.ends_with(" 40"), "{util0}");
+        assert!(text.lines().any(|l| l.starts_with("DCGM_FI_DEV_FB_USED ") && l.ends_with(" 2048")), "{text}");
+        // A counter keeps its dcgm name on the classic page plus `_total`.
+        assert!(text.contains("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total "), "{text}");
+        // Values the GPU did not give are left out, not zero.
+        assert!(!text.contains("DCGM_FI_DEV_POWER_USAGE"), "{text}");
+    }
+
+    #[test]
+    fn a_shared_gpu_has_one_series_per_pod_with_its_replica() {
+        let pod = |name: &str| {
+            Arc::new(PodRef {
+                namespace: "team-a".into(),
+                pod: name.into(),
+                container: "c".into(),
+                ..PodRef::default()
+            })
+        };
+        let uuid = gpu(0).identity.uuid.to_ascii_uppercase();
+        let holders = GpuHolders::from([(
+            uuid,
+            vec![GpuHolder { pod: pod("p1"), replica: Some(0) }, GpuHolder { pod: pod("p2"), replica: Some(1) }],
+        )]);
+        let text = render(&snapshot(vec![gpu(0)]), &holders);
+        let util: BTreeSet<_> = text.lines().filter(|l| l.starts_with("DCGM_FI_DEV_GPU_UTIL ")).collect();
+        assert_eq!(util.len(), 2, "{text}");
+        assert!(util.iter().any(|l| l.contains("pod=p1") && l.contains("vgpu=0")));
+        assert!(util.iter().any(|l| l.contains("pod=p2") && l.contains("vgpu=1")));
+    }
+
+    #[test]
+    fn a_lost_gpu_or_a_stale_snapshot_gives_no_values() {
+        let mut lost = gpu(1);
+        lost.lost = true;
+        let text = render(&snapshot(vec![gpu(0), lost]), &GpuHolders::new());
+        assert!(text.contains("gpu=0,") && !text.contains("gpu=1,"), "{text}");
+        let stale = GpuSnapshot { stale: true, ..snapshot(vec![gpu(0)]) };
+        assert_eq!(render(&stale, &GpuHolders::new()), "");
+    }
+
+    #[test]
+    fn field_names_are_dcgms_and_unique() {
+        let names: BTreeSet<_> = FIELDS.iter().map(|f| f.name).collect();
+        assert_eq!(names.len(), FIELDS.len());
+        assert!(FIELDS.iter().all(|f| f.name.starts_with("DCGM_FI_DEV_") || f.name.starts_with("DCGM_FI_PROF_")));
+    }
+}

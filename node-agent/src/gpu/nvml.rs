@@ -1,0 +1,288 @@
+//! The GPUs through NVML (`nvml-wrapper`, the driver's library loaded at run time).
+//!
+//! One read asks each GPU for every value the collector exports; a value the GPU does
+//! not support is left out without a word, a failed one is counted. A GPU NVML calls
+//! lost (fallen off the bus) is kept in the snapshot, marked lost, with the identity it
+//! had: its health turns, its series stop.
+
+use std::{ffi::OsStr, path::Path};
+
+use nvml_wrapper::{
+    enum_wrappers::device::{Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor},
+    enums::device::{SampleValue, UsedGpuMemory},
+    error::NvmlError,
+    struct_wrappers::device::FieldValueSample,
+    structs::device::FieldId,
+    Device, Nvml,
+};
+
+use super::{
+    EccCounts, Gpu, GpuIdentity, GpuMetrics, GpuProcess, GpuSnapshot, GpuValues, MigInstance, RemappedRows, MAX_GPUS,
+    MAX_MIG_INSTANCES, MAX_PROCESSES_PER_GPU,
+};
+
+/// The name the driver installs; found through the dynamic loader's search path.
+pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
+/// Longest identity text kept (NVML's own buffers are 96 bytes at most).
+const MAX_TEXT: usize = 96;
+
+// NVML field ids (nvml.h): values NVML gives only through the field-value call.
+const FI_MEMORY_TEMP: u32 = 82;
+const FI_REMAPPED_COR: u32 = 142;
+const FI_REMAPPED_UNC: u32 = 143;
+const FI_REMAPPED_PENDING: u32 = 144;
+const FI_REMAPPED_FAILURE: u32 = 145;
+
+/// An open NVML library and the counts the collector keeps.
+pub struct NvmlReader {
+    nvml: Nvml,
+    library: String,
+    driver_version: String,
+    pub metrics: GpuMetrics,
+}
+
+impl NvmlReader {
+    /// Loads the library (`None`: [`DEFAULT_LIBRARY`]) and initialises NVML.
+    pub fn open(library: Option<&Path>, metrics: GpuMetrics) -> Result<Self, NvmlError> {
+        let path = library.map_or(OsStr::new(DEFAULT_LIBRARY), Path::as_os_str);
+        let nvml = Nvml::builder().lib_path(path).init()?;
+        let driver_version = nvml.sys_driver_version().map(|v| bounded(&v)).unwrap_or_default();
+        Ok(NvmlReader { nvml, library: path.to_string_lossy().into_owned(), driver_version, metrics })
+    }
+
+    pub fn library(&self) -> &str {
+        &self.library
+    }
+
+    pub fn driver_version(&self) -> &str {
+        &self.driver_version
+    }
+
+    /// GPUs NVML sees (at most [`MAX_GPUS`]); 0 when it cannot tell.
+    pub fn gpu_count(&self) -> u32 {
+        self.nvml.device_count().map_or(0, |n| n.min(MAX_GPUS))
+    }
+
+    /// The NVML handle, for the Xid event reader.
+    pub fn nvml(&self) -> &Nvml {
+        &self.nvml
+    }
+
+    /// Reads every GPU (blocking: NVML calls go to the driver).
+    pub fn read(&self) -> GpuSnapshot {
+        let count = match self.nvml.device_count() {
+            Ok(n) => n,
+            Err(e) => {
+                self.count_failure(&e);
+                0
+            }
+        };
+        if count > MAX_GPUS {
+            self.metrics.failed("too_many");
+        }
+        let gpus = (0..count.min(MAX_GPUS)).filter_map(|index| self.read_gpu(index)).collect();
+        GpuSnapshot { driver_version: self.driver_version.clone(), gpus, collections: 0, stale: false }
+    }
+
+    fn read_gpu(&self, index: u32) -> Option<Gpu> {
+        let device = match self.nvml.device_by_index(index) {
+            Ok(device) => device,
+            Err(e) => {
+                self.count_failure(&e);
+                return None;
+            }
+        };
+        let mut reads = Reads { reader: self, lost: false };
+        let identity = GpuIdentity {
+            index,
+            uuid: reads.value(device.uuid()).map(|u| bounded(&u)).unwrap_or_default(),
+            pci_bus_id: reads.value(device.pci_info()).map(|p| bounded(&p.bus_id)).unwrap_or_default(),
+            device: reads.value(device.minor_number()).map(|m| format!("nvidia{m}")).unwrap_or_default(),
+            model: reads.value(device.name()).map(|n| bounded(&n)).unwrap_or_default(),
+        };
+        let values = reads.values(&device);
+        let processes = reads.processes(&device);
+        let mig = reads.mig_instances(&device);
+        Some(Gpu { identity, values, processes, mig, lost: reads.lost })
+    }
+
+    fn count_failure(&self, e: &NvmlError) {
+        match e {
+            NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_) | NvmlError::NotFound => {}
+            NvmlError::GpuLost => self.metrics.failed("lost"),
+            _ => self.metrics.failed("other"),
+        }
+    }
+}
+
+/// The reads of one GPU: remembers whether NVML called it lost.
+struct Reads<'r> {
+    reader: &'r NvmlReader,
+    lost: bool,
+}
+
+impl Reads<'_> {
+    /// The value, or `None` (a failure counted, unless the GPU does not support it).
+    fn value<T>(&mut self, read: Result<T, NvmlError>) -> Option<T> {
+        match read {
+            Ok(v) => Some(v),
+            Err(e) => {
+                // Once lost, every further call says so again: counted once per GPU.
+                if matches!(e, NvmlError::GpuLost) {
+                    if self.lost {
+                        return None;
+                    }
+                    self.lost = true;
+                }
+                self.reader.count_failure(&e);
+                None
+            }
+        }
+    }
+
+    fn values(&mut self, device: &Device<'_>) -> GpuValues {
+        let utilization = self.value(device.utilization_rates());
+        let memory = self.value(device.memory_info());
+        let ecc =
+            |s: &mut Self, error: MemoryError, counter: EccCounter| s.value(device.total_ecc_errors(error, counter));
+        let fields = self.fields(device);
+        let field = |id: u32| fields.iter().find(|(f, _)| *f == id).map(|(_, v)| *v);
+        GpuValues {
+            utilization_gpu: utilization.as_ref().map(|u| u.gpu.min(100)),
+            utilization_memory: utilization.as_ref().map(|u| u.memory.min(100)),
+            memory_total_bytes: memory.as_ref().map(|m| m.total),
+            memory_used_bytes: memory.as_ref().map(|m| m.used),
+            memory_free_bytes: memory.as_ref().map(|m| m.free),
+            memory_reserved_bytes: memory.as_ref().map(|m| m.reserved),
+            temperature_gpu_c: self.value(device.temperature(TemperatureSensor::Gpu)),
+            temperature_memory_c: field(FI_MEMORY_TEMP),
+            power_watts: self.value(device.power_usage()).map(|mw| f64::from(mw) / 1000.0),
+            power_limit_watts: self.value(device.enforced_power_limit()).map(|mw| f64::from(mw) / 1000.0),
+            energy_millijoules: self.value(device.total_energy_consumption()),
+            sm_clock_mhz: self.value(device.clock_info(Clock::SM)),
+            memory_clock_mhz: self.value(device.clock_info(Clock::Memory)),
+            graphics_clock_mhz: self.value(device.clock_info(Clock::Graphics)),
+            pcie_link_gen: self.value(device.current_pcie_link_gen()),
+            pcie_link_width: self.value(device.current_pcie_link_width()),
+            // NVML gives KB/s over its last 20 ms sample.
+            pcie_tx_bytes_per_second: self.value(device.pcie_throughput(PcieUtilCounter::Send)).map(kib_to_bytes),
+            pcie_rx_bytes_per_second: self.value(device.pcie_throughput(PcieUtilCounter::Receive)).map(kib_to_bytes),
+            pcie_replays: self.value(device.pcie_replay_counter()).map(u64::from),
+            ecc: EccCounts {
+                corrected_volatile: ecc(self, MemoryError::Corrected, EccCounter::Volatile),
+                uncorrected_volatile: ecc(self, MemoryError::Uncorrected, EccCounter::Volatile),
+                corrected_aggregate: ecc(self, MemoryError::Corrected, EccCounter::Aggregate),
+                uncorrected_aggregate: ecc(self, MemoryError::Uncorrected, EccCounter::Aggregate),
+            },
+            remapped_rows: RemappedRows {
+                correctable: field(FI_REMAPPED_COR),
+                uncorrectable: field(FI_REMAPPED_UNC),
+                pending: field(FI_REMAPPED_PENDING),
+                failure: field(FI_REMAPPED_FAILURE),
+            },
+            throttle_reasons: self.value(device.current_throttle_reasons()).map(|r| r.bits()),
+        }
+    }
+
+    /// The values NVML gives only as fields, each `(id, value)` it answered.
+    fn fields(&mut self, device: &Device<'_>) -> Vec<(u32, u64)> {
+        let ids = [FI_MEMORY_TEMP, FI_REMAPPED_COR, FI_REMAPPED_UNC, FI_REMAPPED_PENDING, FI_REMAPPED_FAILURE];
+        let ids: Vec<FieldId> = ids.into_iter().map(FieldId).collect();
+        let Some(samples) = self.value(device.field_values_for(&ids)) else {
+            return Vec::new();
+        };
+        samples.into_iter().zip(ids).filter_map(|(sample, id)| Some((id.0, sample_value(sample.ok()?)?))).collect()
+    }
+
+    fn processes(&mut self, device: &Device<'_>) -> Vec<GpuProcess> {
+        let mut processes = self.value(device.running_compute_processes()).unwrap_or_default();
+        if processes.len() > MAX_PROCESSES_PER_GPU {
+            self.reader.metrics.failed("too_many");
+            processes.truncate(MAX_PROCESSES_PER_GPU);
+        }
+        processes
+            .into_iter()
+            .map(|p| GpuProcess {
+                pid: p.pid,
+                used_memory_bytes: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(bytes) => Some(bytes),
+                    UsedGpuMemory::Unavailable => None,
+                },
+                gpu_instance_id: p.gpu_instance_id,
+            })
+            .collect()
+    }
+
+    /// The MIG instances of a GPU in MIG mode (none otherwise).
+    fn mig_instances(&mut self, device: &Device<'_>) -> Vec<MigInstance> {
+        let enabled = self.value(device.mig_mode()).is_some_and(|m| m.current == 1);
+        if !enabled {
+            return Vec::new();
+        }
+        let slots = self.value(device.mig_device_count()).unwrap_or(0).min(MAX_MIG_INSTANCES);
+        // Empty slots answer "not found": no instance there.
+        (0..slots)
+            .filter_map(|slot| device.mig_device_by_index(slot).ok())
+            .map(|mig| {
+                let memory = self.value(mig.memory_info());
+                MigInstance {
+                    gpu_instance_id: gpu_instance_id(self.reader.nvml(), &mig).unwrap_or(u32::MAX),
+                    uuid: self.value(mig.uuid()).map(|u| bounded(&u)).unwrap_or_default(),
+                    memory_total_bytes: memory.as_ref().map(|m| m.total),
+                    memory_used_bytes: memory.as_ref().map(|m| m.used),
+                }
+            })
+            .collect()
+    }
+}
+
+/// A MIG device's GPU instance id (the wrapper has no call for it).
+fn gpu_instance_id(nvml: &Nvml, mig: &Device<'_>) -> Option<u32> {
+    let get = nvml.lib().nvmlDeviceGetGpuInstanceId.as_ref().ok()?;
+    let mut id = 0u32;
+    // SAFETY: the handle is a live MIG device handle of this NVML instance, and `id` is a
+    // valid place for the one u32 the call writes.
+    let code = unsafe { get(mig.handle(), &mut id) };
+    (code == 0).then_some(id)
+}
+
+fn sample_value(sample: FieldValueSample) -> Option<u64> {
+    match sample.value.ok()? {
+        SampleValue::U32(v) => Some(v.into()),
+        SampleValue::U64(v) => Some(v),
+        SampleValue::I64(v) => u64::try_from(v).ok(),
+        SampleValue::F64(v) => (v.is_finite() && v >= 0.0).then_some(v as u64),
+    }
+}
+
+fn kib_to_bytes(kib: u32) -> u64 {
+    u64::from(kib) * 1024
+}
+
+/// Identity text from the driver, cut at [`MAX_TEXT`] bytes (on a character boundary)
+/// and without control characters.
+fn bounded(text: &str) -> String {
+    let mut end = text.len().min(MAX_TEXT);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].chars().filter(|c| !c.is_control()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_text_is_bounded_and_cleaned() {
+        assert_eq!(bounded("NVIDIA A10G"), "NVIDIA A10G");
+        assert_eq!(bounded(&"é".repeat(100)).len(), MAX_TEXT);
+        assert_eq!(bounded("A\u{7}B\n"), "AB");
+    }
+
+    #[test]
+    fn a_missing_library_is_an_error_not_a_crash() {
+        let missing = Path::new("/nonexistent/libnvidia-ml.so.1");
+        assert!(NvmlReader::open(Some(missing), GpuMetrics::default()).is_err());
+    }
+}
