@@ -81,8 +81,12 @@ impl NeuronNodePolicy {
     }
 }
 
+/// The NVIDIA device plugin's resource: the node's GPUs.
+const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
 /// What the CloudWatch cost estimate needs of a node: its cores and devices from the
-/// device plugin's capacity, else from its instance type; its type and zone.
+/// device plugin's capacity, else from its instance type; its GPUs from the NVIDIA device
+/// plugin's capacity; its type and zone.
 pub fn facts(node: &Node) -> NodeFacts {
     let labels = labels(node);
     let instance_type = INSTANCE_TYPE_LABELS.iter().find_map(|l| labels.get(*l)).cloned();
@@ -94,6 +98,7 @@ pub fn facts(node: &Node) -> NodeFacts {
     NodeFacts {
         cores: capacity(NEURONCORE_RESOURCE).unwrap_or(table.cores),
         devices: capacity(NEURONDEVICE_RESOURCE).unwrap_or(table.devices),
+        gpus: capacity(GPU_RESOURCE).unwrap_or(0),
         instance_type,
         availability_zone: labels.get("topology.kubernetes.io/zone").cloned(),
     }

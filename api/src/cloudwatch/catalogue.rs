@@ -1,8 +1,10 @@
 //! What a CloudWatch sink publishes, metric by metric: names, units, the level each
 //! value belongs to, the split dimension of each metric, and the dimension sets, for each
 //! naming: the classic one here, Container Insights' in [`insights`]. The node agent
-//! builds its datums from this catalogue; the cost estimate counts from it.
+//! builds its datums from this catalogue; the cost estimate counts from it. NVIDIA GPUs:
+//! the classic names in [`gpu`], the Container Insights ones in [`insights`].
 
+pub mod gpu;
 pub mod insights;
 
 use std::collections::BTreeSet;
@@ -19,6 +21,9 @@ pub enum Unit {
     Bytes,
     Seconds,
     Count,
+    /// No unit: what the CloudWatch agent sends for its GPU metrics, and Container
+    /// Insights for GPU temperature and power (CloudWatch's unit `None`).
+    NoUnit,
 }
 
 impl Unit {
@@ -28,6 +33,7 @@ impl Unit {
             Unit::Bytes => "Bytes",
             Unit::Seconds => "Seconds",
             Unit::Count => "Count",
+            Unit::NoUnit => "None",
         }
     }
 }
@@ -43,6 +49,8 @@ pub enum Level {
     Runtime,
     /// One series per device of the node, no application (node-level configs only).
     NodeDevice,
+    /// One series per NVIDIA GPU (and pod holding it, where the set names the pod).
+    Gpu,
 }
 
 /// How one CloudWatch metric is built.
@@ -196,13 +204,12 @@ pub fn dimension_name(d: Dimension) -> &'static str {
 pub fn applies(d: Dimension, level: Level) -> bool {
     match d {
         Dimension::NeuronCore => level == Level::Core,
-        Dimension::NeuronDevice => level != Level::Runtime,
-        Dimension::RuntimeTag
-        | Dimension::Namespace
-        | Dimension::PodName
-        | Dimension::ContainerName
-        | Dimension::TaskArn
-        | Dimension::TaskDefinitionFamily => level != Level::NodeDevice,
+        Dimension::NeuronDevice => !matches!(level, Level::Runtime | Level::Gpu),
+        // A GPU is held by a pod, never by a Neuron application or an ECS task.
+        Dimension::RuntimeTag | Dimension::TaskArn | Dimension::TaskDefinitionFamily => {
+            !matches!(level, Level::NodeDevice | Level::Gpu)
+        }
+        Dimension::Namespace | Dimension::PodName | Dimension::ContainerName => level != Level::NodeDevice,
         _ => true,
     }
 }
@@ -252,8 +259,9 @@ pub fn published_metrics(spec: &NeuronMonitorConfigSpec, sees_node_level: bool) 
 }
 
 /// The metrics a config publishes with the Container Insights naming: those of the groups
-/// it collects; the `node_` family only for a config that sees the node (one in the
-/// operator's namespace), as a team's config sends only its pods' series.
+/// it collects, and the GPU metrics (on nodes with GPUs); the `node_` family only for a
+/// config that sees the node (one in the operator's namespace), as a team's config sends
+/// only its pods' series.
 pub fn published_insights(spec: &NeuronMonitorConfigSpec, sees_node_level: bool) -> Vec<&'static insights::Metric> {
     if spec.sinks.as_ref().and_then(|s| s.cloudwatch.as_ref()).is_none() {
         return Vec::new();
@@ -261,11 +269,13 @@ pub fn published_insights(spec: &NeuronMonitorConfigSpec, sees_node_level: bool)
     let (runtime_groups, system_groups) = collected_groups(spec, sees_node_level);
     insights::METRICS
         .iter()
+        .chain(&insights::GPU_METRICS)
         .filter(|m| sees_node_level || m.family != insights::Family::Node)
-        .filter(|m| match (m.source.runtime_group(), m.source.system_group()) {
-            (Some(g), _) => runtime_groups.contains(&g),
-            (None, Some(g)) => system_groups.contains(&g),
-            (None, None) => false,
+        .filter(|m| match (m.source, m.source.runtime_group(), m.source.system_group()) {
+            (insights::Source::Gpu(_), _, _) => true,
+            (_, Some(g), _) => runtime_groups.contains(&g),
+            (_, None, Some(g)) => system_groups.contains(&g),
+            (_, None, None) => false,
         })
         .collect()
 }

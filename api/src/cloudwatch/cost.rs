@@ -30,6 +30,10 @@
 //!   the larger node's count is taken), while application combinations still add up
 //!   (pods have distinct names on distinct nodes).
 //!
+//! NVIDIA GPUs (`catalogue::gpu`): each classic GPU metric is one series per GPU of every
+//! node under each dimension set (its `host` dimension names the node), so `G` GPUs add
+//! `12 × G` metrics per set; a node without GPUs adds none.
+//!
 //! With the Container Insights naming (`catalogue::insights`) the sets are fixed and
 //! every value goes under each set of its metric, so the count is, per published metric,
 //! the sum over its sets of the combinations of the set's finest dimension: NeuronCore
@@ -37,10 +41,13 @@
 //! it holds (`C`, under the assumption below) for the pod and container families; the pod
 //! (PodName, FullPodName, ContainerName) `C` per node; Namespace 1 for a namespaced config
 //! and up to the pod count for the operator's; the node (NodeName, InstanceId) 1 per node;
-//! ClusterName alone 1. Pod and container names differ across nodes, so they add up.
+//! ClusterName alone 1. Pod and container names differ across nodes, so they add up. The
+//! GPU metrics count the same way with `G` GPUs in place of cores (GpuDevice and the pod
+//! `G` per node, one pod per GPU), over the nodes that have GPUs only.
 //!
-//! Assumptions, all making the figure an upper bound for a steady state: every core is
-//! busy with a single-core application (fewer, larger applications mean fewer runtime
+//! Assumptions, all making the figure an upper bound for a steady state (but for GPUs
+//! time-sliced between pods, which add a series per extra pod where a set names the pod):
+//! every core is busy with a single-core application (fewer, larger applications mean fewer runtime
 //! combinations); every application the config sees publishes every metric of its
 //! groups; a namespaced config may see every core of its matched nodes. Pod churn (a
 //! replaced pod has a new name) adds metrics for the hours both exist; prorating keeps
@@ -65,7 +72,7 @@
 use std::{borrow::Borrow, collections::HashMap, time::Duration};
 
 use super::{
-    catalogue::{applies, dimension_sets, insights, naming_of, published_insights, published_metrics, Level},
+    catalogue::{applies, dimension_sets, gpu, insights, naming_of, published_insights, published_metrics, Level},
     sink::DEFAULT_FLUSH_INTERVAL,
 };
 use crate::{
@@ -85,6 +92,8 @@ pub struct NodeFacts {
     /// Neuron devices: `aws.amazon.com/neurondevice` capacity, or the table. 0: unknown
     /// (then one device per core is assumed, the larger count).
     pub devices: u32,
+    /// NVIDIA GPUs: the node's `nvidia.com/gpu` capacity; 0: none (or unknown).
+    pub gpus: u32,
     /// Values of the node-level dimensions that nodes may share; `None`: unknown.
     pub instance_type: Option<String>,
     pub availability_zone: Option<String>,
@@ -97,6 +106,7 @@ impl NodeFacts {
         Some(NodeFacts {
             cores: devices * cores_per_device,
             devices,
+            gpus: 0,
             instance_type: Some(instance_type.to_owned()),
             availability_zone: None,
         })
@@ -122,6 +132,7 @@ pub fn largest_node() -> NodeFacts {
         .map(|t| NodeFacts {
             cores: t.cores(),
             devices: t.devices,
+            gpus: 0,
             instance_type: Some(t.name.to_owned()),
             availability_zone: None,
         })
@@ -263,20 +274,31 @@ fn metrics_on(
         return published_insights(spec, sees_node_level)
             .iter()
             .flat_map(|m| {
-                m.dimension_sets().iter().map(move |set| insights_combinations(m.family, set, nodes, sees_node_level))
+                m.dimension_sets().iter().map(move |set| match m.level {
+                    insights::Level::Gpu => insights_gpu_combinations(set, nodes, sees_node_level),
+                    _ => insights_combinations(m.family, set, nodes, sees_node_level),
+                })
             })
             .fold(0u64, u64::saturating_add);
     }
     let metrics = published_metrics(spec, sees_node_level);
     let sets = dimension_sets(cloudwatch.dimensions.as_deref(), cloudwatch.rollups.as_deref());
+    // Every classic GPU series names its node (`host`): one per GPU under each set.
+    let gpu_series = (gpu::published_classic(cloudwatch).len() as u64).saturating_mul(gpus(nodes));
     let mut total: u64 = 0;
     for set in &sets {
         for m in &metrics {
             let split = m.split.map_or(1, |(_, values)| values.len() as u64);
             total = total.saturating_add(split.saturating_mul(combinations(m.level, set, nodes)));
         }
+        total = total.saturating_add(gpu_series);
     }
     total
+}
+
+/// GPUs of all the nodes.
+fn gpus(nodes: &Kinds) -> u64 {
+    nodes.iter().map(|&(n, count)| u64::from(n.gpus).saturating_mul(count)).fold(0u64, u64::saturating_add)
 }
 
 /// The ways CloudWatch can take a config's metrics.
@@ -505,6 +527,28 @@ fn insights_combinations(
         sum(&|_| 1)
     } else {
         1
+    }
+}
+
+/// Distinct dimension-value combinations of one Container Insights set of a GPU metric
+/// (the module doc): as [`insights_combinations`] with GPUs for cores, on nodes with GPUs.
+fn insights_gpu_combinations(set: &[insights::Dimension], nodes: &Kinds, sees_node_level: bool) -> u64 {
+    use insights::Dimension as D;
+    let gpus = gpus(nodes);
+    let has = |d: D| set.contains(&d);
+    if has(D::GpuDevice) || has(D::PodName) || has(D::FullPodName) || has(D::ContainerName) {
+        gpus
+    } else if has(D::Namespace) {
+        // The operator's config sees every pod, at most one per GPU.
+        if sees_node_level {
+            gpus
+        } else {
+            gpus.min(1)
+        }
+    } else if has(D::NodeName) || has(D::InstanceId) {
+        nodes.iter().filter(|(n, _)| n.gpus > 0).map(|&(_, count)| count).fold(0u64, u64::saturating_add)
+    } else {
+        gpus.min(1)
     }
 }
 
@@ -749,6 +793,44 @@ mod tests {
         let one = estimate(&spec(one), true, &[trn1_32()]).unwrap().metrics;
         assert_eq!(one, (7 * 34 + 18 + 6) + (8 * (1 + 4 * 32)) + 8 * (1 + 3 * 32));
         assert_eq!(one, 2070);
+    }
+
+    fn g5_12xlarge(gpus: u32) -> NodeFacts {
+        NodeFacts { gpus, instance_type: Some("g5.12xlarge".into()), ..NodeFacts::default() }
+    }
+
+    #[test]
+    fn a_node_with_gpus_costs_the_gpu_series_it_sends() {
+        // Classic: the 12 nvidia_smi_* metrics per GPU and dimension set; a node without
+        // GPUs sends none.
+        let mut cw = sink(None);
+        cw.rollups = Some(vec![vec![Dimension::ClusterName]]);
+        let classic = |node: NodeFacts| estimate(&spec(cw.clone()), true, &[node]).unwrap().metrics;
+        assert_eq!(classic(g5_12xlarge(4)) - classic(g5_12xlarge(0)), 2 * 12 * 4);
+        let two = estimate(&spec(cw.clone()), true, &[g5_12xlarge(4), g5_12xlarge(4)]).unwrap().metrics;
+        assert_eq!(two - classic(g5_12xlarge(0)), 2 * 2 * 12 * 4, "each node's GPUs are its own (host)");
+        // An allow-list names Neuron metrics only: no GPU series.
+        let mut listed = sink(None);
+        listed.metrics = Some(vec![CloudWatchMetric::NeuroncoreUtilization]);
+        let listed = |node: NodeFacts| estimate(&spec(listed.clone()), true, &[node]).unwrap().metrics;
+        assert_eq!(listed(g5_12xlarge(4)), listed(g5_12xlarge(0)));
+
+        // Container Insights: 6 metrics per family; two nodes of 4 GPUs.
+        let mut insights = sink(None);
+        insights.naming = Some(CloudWatchNaming::ContainerInsights);
+        let ci = |sees_node: bool, gpus: u32| {
+            estimate(&spec(insights.clone()), sees_node, &[g5_12xlarge(gpus), g5_12xlarge(gpus)]).unwrap().metrics
+        };
+        // Node sets: {C} 1, {C,Node,Id} 2, {…,GpuDevice} 8. Pod: {C} 1, {C,Ns} 8 (the
+        // operator's sees every pod), 3 × 8 by pod. Container: {C} 1, 3 × 8.
+        assert_eq!(ci(true, 4) - ci(true, 0), 6 * (1 + 2 + 8) + 6 * (1 + 8 + 3 * 8) + 6 * (1 + 3 * 8));
+        // A team's: no node family, its one namespace.
+        assert_eq!(ci(false, 4) - ci(false, 0), 6 * (1 + 1 + 3 * 8) + 6 * (1 + 3 * 8));
+        // One g5.12xlarge, as docs/sinks.md quotes it.
+        let one = |gpus: u32| estimate(&spec(insights.clone()), true, &[g5_12xlarge(gpus)]).unwrap();
+        assert_eq!(one(4).metrics - one(0).metrics, 6 * (1 + 1 + 4) + 6 * (1 + 4 + 3 * 4) + 6 * (1 + 3 * 4));
+        // Requests follow: 216 GPU metrics and a few Neuron ones, one request a flush.
+        assert_eq!(one(4).requests, 43_200);
     }
 
     #[test]

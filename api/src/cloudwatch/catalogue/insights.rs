@@ -18,10 +18,21 @@
 //! Where the CloudWatch agent is wrong, the names stay and the values are right: each
 //! core is credited to the pod that holds it (the agent copies one pod onto every core),
 //! and node totals are the sums over every runtime (the agent keeps the first runtime's).
+//!
+//! NVIDIA GPUs ([`GPU_METRICS`]): the `node_gpu_*`, `pod_gpu_*` and `container_gpu_*`
+//! metrics Container Insights makes of dcgm-exporter's fields, with its units and sets
+//! (`GpuDevice` is the device node's name, `nvidia0`). A pod's and a container's series
+//! exist for the GPUs they hold; a GPU time-sliced between pods gives each of them the
+//! whole GPU's values, as dcgm-exporter does. Left out: `gpu_tensor_core_utilization`
+//! (DCGM's profiling field `PIPE_TENSOR_ACTIVE`, which NVML does not give), the
+//! `Service` sets (as above), and the resource counts (`node_gpu_limit`,
+//! `pod_gpu_request`, `pod_gpu_limit`, `pod_gpu_usage_total`,
+//! `pod_gpu_reserved_capacity`), which come from Kubernetes' resource accounting (pod
+//! specs and node capacity) that the agent does not read.
 
 use crate::monitor_config::{RuntimeGroup, SystemGroup};
 
-use super::Unit;
+use super::{gpu::GpuValue, Unit};
 
 /// A family of names: what a value is credited to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -40,6 +51,8 @@ pub enum Level {
     Device,
     /// One value per node (node family only).
     Node,
+    /// One value per NVIDIA GPU (and pod or container holding it).
+    Gpu,
 }
 
 /// Where a value comes from.
@@ -59,6 +72,8 @@ pub enum Source {
     DeviceMemory,
     /// `execution_latency_seconds{percentile="p50"}`.
     LatencyP50,
+    /// A value of an NVIDIA GPU.
+    Gpu(GpuValue),
 }
 
 impl Source {
@@ -73,7 +88,7 @@ impl Source {
             Source::Utilization => Some(RuntimeGroup::NeuroncoreCounters),
             Source::CoreMemory(_) | Source::CoreMemoryTotal | Source::DeviceMemory => Some(RuntimeGroup::MemoryUsed),
             Source::ExecutionErrors | Source::LatencyP50 => Some(RuntimeGroup::ExecutionStats),
-            Source::EccEvents => None,
+            Source::EccEvents | Source::Gpu(_) => None,
         }
     }
 
@@ -103,6 +118,8 @@ pub enum Dimension {
     NeuronDevice,
     /// `core<N>`.
     NeuronCore,
+    /// An NVIDIA GPU's device node name, `nvidia<minor>` (dcgm-exporter's `device`).
+    GpuDevice,
 }
 
 impl Dimension {
@@ -118,6 +135,7 @@ impl Dimension {
             Dimension::ContainerName => "ContainerName",
             Dimension::NeuronDevice => "NeuronDevice",
             Dimension::NeuronCore => "NeuronCore",
+            Dimension::GpuDevice => "GpuDevice",
         }
     }
 }
@@ -189,6 +207,24 @@ pub fn dimension_sets(family: Family, level: Level) -> &'static [&'static [Dimen
             &[ClusterName, Namespace, PodName, ContainerName],
             &[ClusterName, Namespace, PodName, FullPodName, ContainerName],
             &[ClusterName, Namespace, PodName, FullPodName, ContainerName, NeuronDevice],
+        ],
+        (Family::Node, Level::Gpu) => &[
+            &[ClusterName],
+            &[ClusterName, NodeName, InstanceId],
+            &[ClusterName, NodeName, InstanceId, InstanceType, GpuDevice],
+        ],
+        (Family::Pod, Level::Gpu) => &[
+            &[ClusterName],
+            &[ClusterName, Namespace],
+            &[ClusterName, Namespace, PodName],
+            &[ClusterName, Namespace, PodName, FullPodName],
+            &[ClusterName, Namespace, PodName, FullPodName, GpuDevice],
+        ],
+        (Family::Container, Level::Gpu) => &[
+            &[ClusterName],
+            &[ClusterName, Namespace, PodName, ContainerName],
+            &[ClusterName, Namespace, PodName, FullPodName, ContainerName],
+            &[ClusterName, Namespace, PodName, FullPodName, ContainerName, GpuDevice],
         ],
         // Pods and containers have no node-level values.
         (Family::Pod | Family::Container, Level::Node) => &[],
@@ -290,9 +326,76 @@ pub const METRICS: [Metric; 27] = {
     out
 };
 
-/// The metric of a family with this source.
+/// The GPU metrics, once per family.
+macro_rules! per_gpu {
+    ($family:expr, $prefix:literal) => {
+        [
+            metric(
+                concat!($prefix, "gpu_utilization"),
+                $family,
+                Unit::Percent,
+                Level::Gpu,
+                Source::Gpu(GpuValue::Utilization),
+            ),
+            metric(
+                concat!($prefix, "gpu_memory_utilization"),
+                $family,
+                Unit::Percent,
+                Level::Gpu,
+                Source::Gpu(GpuValue::MemoryUsedPercent),
+            ),
+            metric(
+                concat!($prefix, "gpu_memory_used"),
+                $family,
+                Unit::Bytes,
+                Level::Gpu,
+                Source::Gpu(GpuValue::MemoryUsedBytes),
+            ),
+            metric(
+                concat!($prefix, "gpu_memory_total"),
+                $family,
+                Unit::Bytes,
+                Level::Gpu,
+                Source::Gpu(GpuValue::MemoryTotalBytes),
+            ),
+            metric(
+                concat!($prefix, "gpu_temperature"),
+                $family,
+                Unit::NoUnit,
+                Level::Gpu,
+                Source::Gpu(GpuValue::Temperature),
+            ),
+            metric(
+                concat!($prefix, "gpu_power_draw"),
+                $family,
+                Unit::NoUnit,
+                Level::Gpu,
+                Source::Gpu(GpuValue::PowerDraw),
+            ),
+        ]
+    };
+}
+
+const GPU_NODE: [Metric; 6] = per_gpu!(Family::Node, "node_");
+const GPU_POD: [Metric; 6] = per_gpu!(Family::Pod, "pod_");
+const GPU_CONTAINER: [Metric; 6] = per_gpu!(Family::Container, "container_");
+
+/// Every Container Insights GPU metric, in a fixed order: node, pod, container.
+pub const GPU_METRICS: [Metric; 18] = {
+    let mut out = [GPU_NODE[0]; 18];
+    let mut i = 0;
+    while i < 6 {
+        out[i] = GPU_NODE[i];
+        out[6 + i] = GPU_POD[i];
+        out[12 + i] = GPU_CONTAINER[i];
+        i += 1;
+    }
+    out
+};
+
+/// The metric of a family with this source (Neuron or GPU).
 pub fn metric_of(family: Family, source: Source) -> Option<&'static Metric> {
-    METRICS.iter().find(|m| m.family == family && m.source == source)
+    METRICS.iter().chain(&GPU_METRICS).find(|m| m.family == family && m.source == source)
 }
 
 #[cfg(test)]
@@ -376,5 +479,69 @@ mod tests {
         assert_eq!(deltas.len(), 4);
         assert!(deltas.iter().all(|n| n.ends_with("_total") && !n.contains("memory")));
         assert_eq!((core_value(0), device_value(15)), ("core0".to_owned(), "device15".to_owned()));
+    }
+
+    /// The reference's tables (Container Insights' DCGM field mapping and the dimension
+    /// sets of its EMF exporter), written out, less the `Service` set and
+    /// `gpu_tensor_core_utilization` (see the module doc).
+    #[test]
+    fn gpu_names_units_and_sets_are_container_insights_own() {
+        let units = [
+            ("gpu_utilization", Unit::Percent),
+            ("gpu_memory_utilization", Unit::Percent),
+            ("gpu_memory_used", Unit::Bytes),
+            ("gpu_memory_total", Unit::Bytes),
+            ("gpu_temperature", Unit::NoUnit),
+            ("gpu_power_draw", Unit::NoUnit),
+        ];
+        let names: BTreeSet<&str> = GPU_METRICS.iter().map(|m| m.name).collect();
+        assert_eq!(names.len(), 18, "each name once");
+        for (prefix, family) in [("node_", Family::Node), ("pod_", Family::Pod), ("container_", Family::Container)] {
+            for (suffix, unit) in units {
+                let name = format!("{prefix}{suffix}");
+                let m = GPU_METRICS.iter().find(|m| m.name == name).unwrap_or_else(|| panic!("{name}"));
+                assert_eq!((m.unit, m.family, m.level), (unit, family, Level::Gpu), "{name}");
+                assert_eq!(metric_of(family, m.source), Some(m), "{name}");
+            }
+        }
+        assert!(!names.iter().any(|n| n.contains("tensor_core")));
+        let source = |name: &str| GPU_METRICS.iter().find(|m| m.name == name).map(|m| m.source);
+        // DCGM's FB_USED_PERCENT, not NVML's memory-bandwidth utilization.
+        assert_eq!(source("node_gpu_memory_utilization"), Some(Source::Gpu(GpuValue::MemoryUsedPercent)));
+        assert_eq!(source("pod_gpu_memory_used"), Some(Source::Gpu(GpuValue::MemoryUsedBytes)));
+
+        let sets = |family: Family| -> Vec<Vec<&str>> {
+            dimension_sets(family, Level::Gpu).iter().map(|s| s.iter().map(|d| d.name()).collect()).collect()
+        };
+        assert_eq!(
+            sets(Family::Node),
+            vec![
+                vec!["ClusterName"],
+                vec!["ClusterName", "NodeName", "InstanceId"],
+                vec!["ClusterName", "NodeName", "InstanceId", "InstanceType", "GpuDevice"],
+            ]
+        );
+        assert_eq!(
+            sets(Family::Pod),
+            vec![
+                vec!["ClusterName"],
+                vec!["ClusterName", "Namespace"],
+                vec!["ClusterName", "Namespace", "PodName"],
+                vec!["ClusterName", "Namespace", "PodName", "FullPodName"],
+                vec!["ClusterName", "Namespace", "PodName", "FullPodName", "GpuDevice"],
+            ]
+        );
+        assert_eq!(
+            sets(Family::Container),
+            vec![
+                vec!["ClusterName"],
+                vec!["ClusterName", "Namespace", "PodName", "ContainerName"],
+                vec!["ClusterName", "Namespace", "PodName", "FullPodName", "ContainerName"],
+                vec!["ClusterName", "Namespace", "PodName", "FullPodName", "ContainerName", "GpuDevice"],
+            ]
+        );
+        // GPU values are gauges, read by no Neuron group.
+        assert!(GPU_METRICS.iter().all(|m| !m.source.is_delta() && m.source.runtime_group().is_none()));
+        assert!(GPU_METRICS.iter().all(|m| m.source.system_group().is_none()));
     }
 }
