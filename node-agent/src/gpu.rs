@@ -220,6 +220,38 @@ pub type GpuHolders = BTreeMap<String, Vec<GpuHolder>>;
 /// The latest [`GpuHolders`]; cloning shares them.
 pub type SharedGpuHolders = Arc<Mutex<Arc<GpuHolders>>>;
 
+/// One GPU as one holder of it sees it: the pod (`None`: held by no pod) and the replica
+/// it got of a shared GPU.
+#[derive(Clone, Copy, Debug)]
+pub struct Holding<'a> {
+    pub gpu: &'a Gpu,
+    pub pod: Option<&'a PodRef>,
+    pub replica: Option<u32>,
+}
+
+/// The GPUs with values that `scope` sees, one entry per (GPU, holding pod): a GPU held
+/// by pods goes where their namespaces are seen, one no pod holds where the operator
+/// namespace's series go. A stale snapshot or a lost GPU has no values to give.
+pub fn holdings<'a>(snapshot: &'a GpuSnapshot, holders: &'a GpuHolders, scope: Scope<'_>) -> Vec<Holding<'a>> {
+    if snapshot.stale {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for gpu in snapshot.gpus.iter().filter(|g| !g.lost) {
+        let held = holders.get(&gpu.identity.uuid.to_ascii_uppercase()).map(Vec::as_slice).unwrap_or_default();
+        if held.is_empty() {
+            if scope.sees(None) {
+                out.push(Holding { gpu, pod: None, replica: None });
+            }
+            continue;
+        }
+        for h in held.iter().filter(|h| scope.sees(Some(&h.pod.namespace))) {
+            out.push(Holding { gpu, pod: Some(&h.pod), replica: h.replica });
+        }
+    }
+    out
+}
+
 /// What the GPU series are encoded from; cloning shares it. The exposition and the
 /// OTLP sinks encode the same.
 #[derive(Clone)]

@@ -392,6 +392,7 @@ impl Agent {
             options: args.cloudwatch.options(args.source.node_name.clone()),
             metrics: CloudWatchMetrics::register(&mut self.registry),
             health: readers.health.clone(),
+            gpus: readers.gpu.clone(),
         };
         let otlp_metrics = OtlpMetrics::register(&mut self.registry);
         let headers = client.map(|client| {

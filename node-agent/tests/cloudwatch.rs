@@ -1167,3 +1167,201 @@ fn a_container_insights_sink_needs_a_cluster_name() {
     assert!(list_metrics(&cw, "ContainerInsights", &[]).is_empty());
     assert!(!list_metrics(&cw, "Ops/Neuron", &[]).is_empty());
 }
+
+// --- NVIDIA GPUs, on the fake NVML library ------------------------------------------------
+
+/// The fake NVML library (crate `nvidia-ml-fake`), built beside the agent.
+fn fake_nvml() -> std::path::PathBuf {
+    let agent = std::path::Path::new(support::AGENT);
+    let lib = agent.parent().expect("the agent's directory").join("libnvidia_ml_fake.so");
+    assert!(lib.is_file(), "{} is missing: cargo build -p nvidia-ml-fake", lib.display());
+    lib
+}
+
+/// A g5.12xlarge (4 × A10G) with the values of GPUs 0 and 3 set: (index, utilization,
+/// memory utilization, memory used MiB, temperature °C, power W).
+const GPU_VALUES: [(u32, u32, u32, u64, u32, u32); 2] = [(0, 17, 9, 1024, 41, 61), (3, 83, 44, 20_000, 67, 190)];
+
+fn fake_nvml_config(dir: &support::TempDir) -> std::path::PathBuf {
+    let mut yaml = String::from("instance_type: g5.12xlarge\ngpus:\n");
+    for (index, util, mem_util, used, temp, power) in GPU_VALUES {
+        yaml += &format!(
+            "  - {{index: {index}, utilization_gpu: {util}, utilization_memory: {mem_util}, \
+             memory_used_mib: {used}, temperature_c: {temp}, power_w: {power}}}\n"
+        );
+    }
+    let path = dir.0.join("fake-nvml.yaml");
+    std::fs::write(&path, yaml).expect("write the fake NVML config");
+    path
+}
+
+/// One value of a GPU's `DCGM_FI_DEV_*` series on `/metrics` (what NVML said).
+fn dcgm(m: &Metrics, field: &str, gpu: u32) -> f64 {
+    let gpu = gpu.to_string();
+    m.value(field, &[("gpu", gpu.as_str())]).unwrap_or_else(|| panic!("{field} of GPU {gpu} on /metrics"))
+}
+
+#[test]
+fn a_gpu_only_node_sends_the_cloudwatch_agents_nvidia_smi_names_and_dimensions() {
+    let dir = support::TempDir::new("gpu-classic");
+    let cw = CloudWatch::start();
+    // No Neuron device: no neuron-monitor, no report; the GPU collections drive the sink,
+    // and the region is the environment's.
+    let config =
+        node_config(vec![route("ops/gpu", None, None, sink(&cw, "GpuClassic", &[Dimension::ClusterName], "1s"))]);
+    let lib = fake_nvml();
+    let args = ["--nvml-library", lib.to_str().expect("utf-8 path"), "--cluster-name", "prod", "--period", "1s"];
+    let yaml = fake_nvml_config(&dir);
+    let env = [("FAKE_NVML_CONFIG", yaml.as_os_str()), ("AWS_REGION", std::ffi::OsStr::new("us-west-2"))];
+    let agent = support::cloudwatch::start_agent_with_env(&[], &config, cw.addr(), &args, &env);
+    agent.wait_for("the GPU sink sending", Duration::from_secs(60), |m| {
+        (sink_value(m, "neuron_agent_cloudwatch_datums_sent_total", "ops/gpu", &[]) > 0.0).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(2500));
+    let m = agent.metrics();
+    assert_eq!(m.sum("neuron_agent_reports_total", &[]), 0.0, "no report on a GPU-only node");
+
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname").trim().to_owned();
+    let metrics = list_metrics(&cw, "GpuClassic", &[]);
+    let published: BTreeSet<(String, BTreeSet<String>)> = metrics
+        .iter()
+        .map(|m| (m.metric_name().unwrap_or_default().to_owned(), dimension_map(m).into_keys().collect()))
+        .collect();
+    let dimensions: BTreeSet<String> = ["index", "name", "host", "ClusterName"].map(str::to_owned).into();
+    let expected: BTreeSet<(String, BTreeSet<String>)> =
+        api::cloudwatch::catalogue::gpu::CLASSIC.iter().map(|g| (g.name.to_owned(), dimensions.clone())).collect();
+    assert_eq!(published, expected);
+    let indices: BTreeSet<String> = metrics.iter().filter_map(|m| dimension_map(m).get("index").cloned()).collect();
+    assert_eq!(indices, ["0", "1", "2", "3"].map(str::to_owned).into(), "the 4 GPUs of a g5.12xlarge");
+    for metric in &metrics {
+        let d = dimension_map(metric);
+        assert_eq!(
+            (d["name"].as_str(), d["host"].as_str(), d["ClusterName"].as_str()),
+            ("NVIDIA A10G", host.as_str(), "prod")
+        );
+        assert_eq!(units(&cw, metric), BTreeSet::from(["None".to_owned()]), "{metric:?}");
+    }
+    // The values the fake library was told, in nvidia-smi's units.
+    for (index, util, mem_util, used, temp, power) in GPU_VALUES {
+        let i = index.to_string();
+        let dims = [("index", i.as_str()), ("name", "NVIDIA A10G"), ("host", host.as_str()), ("ClusterName", "prod")];
+        for (name, want) in [
+            ("nvidia_smi_utilization_gpu", f64::from(util)),
+            ("nvidia_smi_utilization_memory", f64::from(mem_util)),
+            ("nvidia_smi_memory_used", used as f64),
+            ("nvidia_smi_temperature_gpu", f64::from(temp)),
+            ("nvidia_smi_power_draw", f64::from(power)),
+            ("nvidia_smi_memory_total", dcgm(&m, "DCGM_FI_DEV_FB_TOTAL", index)),
+        ] {
+            for stat in ["Minimum", "Maximum"] {
+                assert_eq!(statistic(&cw, "GpuClassic", name, &dims, stat), Some(want), "{name} of GPU {index}");
+            }
+        }
+    }
+}
+
+#[test]
+fn container_insights_gpu_names_sets_and_units_on_a_node_with_both() {
+    use api::crd::CloudWatchNaming;
+    let dir = support::TempDir::new("gpu-insights");
+    // A Neuron device as well: neuron-monitor (the simulator) runs and reports, which tell
+    // the instance; the GPUs are sampled once per collection all the same.
+    std::fs::create_dir_all(dir.0.join("sysfs/devices/virtual/neuron_device/neuron0")).expect("sysfs");
+    let cp = neuron_e2e::ControlPlane::shared();
+    let node = format!("gpu-node-{:08x}", neuron_e2e::random_u32());
+    let cw = CloudWatch::start();
+    let spec = CloudWatchSinkSpec {
+        namespace: cw.namespace("GpuInsights"),
+        naming: Some(CloudWatchNaming::ContainerInsights),
+        flush_interval: Some("1s".to_owned()),
+        ..Default::default()
+    };
+    let config = node_config(vec![route("ops/ci", None, None, spec)]);
+    let lib = fake_nvml();
+    let args = [
+        "--nvml-library",
+        lib.to_str().expect("utf-8 path"),
+        "--cluster-name",
+        "prod",
+        "--node-name",
+        node.as_str(),
+        "--period",
+        "1s",
+    ];
+    let yaml = fake_nvml_config(&dir);
+    let sysfs = dir.0.join("sysfs");
+    let kubeconfig = cp.kubeconfig.as_os_str();
+    let env = [
+        ("FAKE_NVML_CONFIG", yaml.as_os_str()),
+        ("NEURON_AGENT_SYSFS_ROOT", sysfs.as_os_str()),
+        ("KUBECONFIG", kubeconfig),
+    ];
+    let sim = ["--instance-type=trn1.2xlarge", "--app=tag=train,cores=0,util=80,rps=50"];
+    let agent = support::cloudwatch::start_agent_with_env(&sim, &config, cw.addr(), &args, &env);
+    agent.wait_for("reports and the GPU sink sending", Duration::from_secs(60), |m| {
+        let sent = sink_value(m, "neuron_agent_cloudwatch_datums_sent_total", "ops/ci", &[]);
+        (sent > 0.0 && m.sum("neuron_agent_reports_total", &[]) > 2.0).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(2500));
+
+    let metrics = list_metrics(&cw, "GpuInsights", &[]);
+    let gpu_metrics: Vec<&Metric> =
+        metrics.iter().filter(|m| m.metric_name().is_some_and(|n| n.starts_with("node_gpu_"))).collect();
+    let published: BTreeSet<(String, BTreeSet<String>)> = gpu_metrics
+        .iter()
+        .map(|m| (m.metric_name().unwrap_or_default().to_owned(), dimension_map(m).into_keys().collect()))
+        .collect();
+    // No pod holds a GPU here: the node family, with every one of its sets.
+    let expected: BTreeSet<(String, BTreeSet<String>)> = api::cloudwatch::catalogue::insights::GPU_METRICS
+        .iter()
+        .filter(|g| g.name.starts_with("node_"))
+        .flat_map(|g| {
+            g.dimension_sets().iter().map(|s| (g.name.to_owned(), s.iter().map(|d| d.name().to_owned()).collect()))
+        })
+        .collect();
+    assert_eq!(published, expected);
+    assert!(!metrics.iter().any(|m| m.metric_name().is_some_and(|n| n.starts_with("pod_gpu_"))));
+    for metric in &gpu_metrics {
+        let name = metric.metric_name().unwrap_or_default();
+        let unit = match name {
+            n if n.ends_with("utilization") => "Percent",
+            n if n.contains("memory") => "Bytes",
+            _ => "None",
+        };
+        assert_eq!(units(&cw, metric), BTreeSet::from([unit.to_owned()]), "{metric:?}");
+    }
+    let finest = |device: &str| -> BTreeMap<String, String> {
+        let m = gpu_metrics
+            .iter()
+            .find(|m| {
+                m.metric_name() == Some("node_gpu_utilization")
+                    && dimension_map(m).get("GpuDevice").map(String::as_str) == Some(device)
+            })
+            .unwrap_or_else(|| panic!("node_gpu_utilization of {device}"));
+        dimension_map(m)
+    };
+    let m = agent.metrics();
+    for (index, util, _, used, temp, power) in GPU_VALUES {
+        let device = format!("nvidia{index}");
+        let dims = finest(&device);
+        assert_eq!((dims["ClusterName"].as_str(), dims["NodeName"].as_str()), ("prod", node.as_str()));
+        assert!(!dims["InstanceId"].is_empty() && !dims["InstanceType"].is_empty(), "{dims:?}");
+        let dims: Vec<(&str, &str)> = dims.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let total_bytes = dcgm(&m, "DCGM_FI_DEV_FB_TOTAL", index) * 1024.0 * 1024.0;
+        for (name, want) in [
+            ("node_gpu_utilization", f64::from(util)),
+            ("node_gpu_memory_used", used as f64 * 1024.0 * 1024.0),
+            ("node_gpu_memory_total", total_bytes),
+            ("node_gpu_temperature", f64::from(temp)),
+            ("node_gpu_power_draw", f64::from(power)),
+        ] {
+            for stat in ["Minimum", "Maximum"] {
+                assert_eq!(statistic(&cw, "GpuInsights", name, &dims, stat), Some(want), "{name} of {device}");
+            }
+        }
+        // One sample per GPU collection, not one per report as well.
+        let samples = statistic(&cw, "GpuInsights", "node_gpu_utilization", &dims, "SampleCount").unwrap_or(0.0);
+        let collections = m.sum("neuron_agent_gpu_collections_total", &[]);
+        assert!(samples >= 1.0 && samples <= collections, "{samples} samples of {collections} collections");
+    }
+}

@@ -114,6 +114,7 @@ fn sinks_started_together_across_a_fleet_send_spread_over_the_interval() {
                 },
                 metrics: metrics.clone(),
                 health: Arc::new(Mutex::new(HealthModel::new("boot".to_owned(), Duration::from_secs(60)))),
+                gpus: None,
             };
             tasks.push(tokio::spawn(sinks.run(shutdown.clone())));
         }

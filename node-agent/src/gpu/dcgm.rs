@@ -12,7 +12,7 @@ use std::fmt;
 
 use prometheus_client::metrics::MetricType;
 
-use super::{Gpu, GpuHolders, GpuSnapshot};
+use super::{holdings, Gpu, GpuHolders, GpuSnapshot};
 use crate::{
     series::{Family, FamilyEncoder, Labels, Scope},
     state::{InstanceLabels, PodRef},
@@ -238,26 +238,16 @@ struct Seen<'a> {
     labels: Vec<(&'static str, String)>,
 }
 
-/// The GPUs `scope` sees, one entry per (GPU, holding pod): a GPU no pod holds goes
-/// where the operator namespace's series go; a stale snapshot or a lost GPU has no
-/// values to give.
+/// The GPUs `scope` sees ([`holdings`]), with the labels of their series.
 fn seen<'a>(snapshot: &'a GpuSnapshot, hostname: &str, holders: &'a GpuHolders, scope: Scope<'_>) -> Vec<Seen<'a>> {
-    if snapshot.stale {
-        return Vec::new();
-    }
-    let mut seen = Vec::new();
-    for gpu in snapshot.gpus.iter().filter(|g| !g.lost) {
-        let held = holders.get(&gpu.identity.uuid.to_ascii_uppercase()).map(Vec::as_slice).unwrap_or_default();
-        let holders = held.iter().map(|h| (Some(&*h.pod), h.replica));
-        let holders: Vec<_> = if held.is_empty() { vec![(None, None)] } else { holders.collect() };
-        for (pod, replica) in holders {
-            if scope.sees(pod.map(|p| p.namespace.as_str())) {
-                let labels = identity_labels(gpu, hostname, &snapshot.driver_version, replica);
-                seen.push(Seen { gpu, pod, labels });
-            }
-        }
-    }
-    seen
+    holdings(snapshot, holders, scope)
+        .into_iter()
+        .map(|h| Seen {
+            gpu: h.gpu,
+            pod: h.pod,
+            labels: identity_labels(h.gpu, hostname, &snapshot.driver_version, h.replica),
+        })
+        .collect()
 }
 
 /// Every DCGM field of every GPU `scope` sees.

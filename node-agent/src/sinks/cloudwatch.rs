@@ -9,6 +9,10 @@
 //! for the few microseconds a sample takes, and sending runs on a task per sink, so a
 //! slow or failing CloudWatch never slows the reports, `/metrics` or the other sinks.
 //!
+//! NVIDIA GPUs are sampled at each GPU collection (a change of [`GpuSource::snapshot`]),
+//! reports at each report: a node with GPUs and no Neuron device, which gets no report,
+//! sends its GPUs all the same, and a node with both samples each once.
+//!
 //! Sinks follow the routing table: a route that appears starts a sink, one that changes
 //! or goes away is flushed and stopped. On shutdown every sink flushes what it collected
 //! and sends its queue within `--cloudwatch-shutdown-timeout`.
@@ -36,11 +40,12 @@ use tracing::{info, warn};
 use self::{
     datum::Accumulator,
     publish::{Queue, Target},
-    select::{AgentDimensions, View},
+    select::{AgentDimensions, GpuSample, View},
     telemetry::{CloudWatchMetrics, SinkLabel},
 };
 use crate::{
     delivery::backoff::Backoff,
+    gpu::{GpuSnapshot, GpuSource},
     health::{model::State, SharedHealth},
     routing::{Routing, Selection, SharedRouting},
     sinks::common::stop_unwanted,
@@ -86,6 +91,40 @@ pub struct Sinks {
     pub metrics: CloudWatchMetrics,
     /// The devices' health, for `neurondevice_unhealthy`.
     pub health: SharedHealth,
+    /// With NVIDIA GPUs: their collections.
+    pub gpus: Option<GpuSource>,
+}
+
+/// What woke the sinks.
+enum Wake {
+    Report,
+    GpuCollection,
+    /// The GPU collector ended: no more collections.
+    GpusGone,
+}
+
+/// The next GPU collection; never, without GPUs.
+async fn next_collection(
+    collections: &mut Option<watch::Receiver<Arc<GpuSnapshot>>>,
+) -> Result<(), watch::error::RecvError> {
+    match collections {
+        Some(rx) => rx.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The region of the agent's environment (`AWS_REGION`, else `AWS_DEFAULT_REGION`), for
+/// a node without Neuron devices: no report tells its instance's region.
+fn environment_region() -> Option<String> {
+    ["AWS_REGION", "AWS_DEFAULT_REGION"].iter().find_map(|k| std::env::var(k).ok().filter(|r| valid_region(r)))
+}
+
+/// Records the region the sink's data belongs to (the sender starts once it is known).
+fn note_region(shared: &Shared, region: &str) {
+    let mut known = shared.region.lock().unwrap_or_else(|p| p.into_inner());
+    if known.as_deref() != Some(region) {
+        *known = Some(region.to_owned());
+    }
 }
 
 /// (device, unhealthy) of every device whose health is known.
@@ -107,10 +146,20 @@ impl Sinks {
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut running: Vec<Running> = Vec::new();
         let mut in_force: Option<Arc<Routing>> = None;
+        let mut collections = self.gpus.as_ref().map(|g| g.snapshot.clone());
+        let environment_region = environment_region();
         loop {
-            tokio::select! {
+            let wake = tokio::select! {
                 _ = shutdown.cancelled() => break,
-                changed = self.reports.changed() => if changed.is_err() { break },
+                changed = self.reports.changed() => if changed.is_err() { break } else { Wake::Report },
+                changed = next_collection(&mut collections) => match changed {
+                    Ok(()) => Wake::GpuCollection,
+                    Err(_) => Wake::GpusGone,
+                },
+            };
+            if matches!(wake, Wake::GpusGone) {
+                collections = None;
+                continue;
             }
             let routing = self.routing.current();
             if !in_force.as_ref().is_some_and(|r| Arc::ptr_eq(r, &routing)) {
@@ -122,23 +171,50 @@ impl Sinks {
             if running.is_empty() {
                 continue;
             }
-            let devices = device_health(&self.health);
-            let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            for sink in &running {
-                let mut collect = sink.shared.collect.lock().unwrap_or_else(|p| p.into_inner());
-                let (view, acc) = &mut *collect;
-                view.sample(&state, acc);
-                view.sample_health(&state.instance, &devices, acc);
-                if !state.instance.region.is_empty() {
-                    let mut region = sink.shared.region.lock().unwrap_or_else(|p| p.into_inner());
-                    if region.as_deref() != Some(state.instance.region.as_str()) {
-                        *region = Some(state.instance.region.clone());
-                    }
-                }
+            match wake {
+                Wake::Report => self.sample_report(&running),
+                _ => self.sample_gpus(&running, environment_region.as_deref()),
             }
         }
         info!(sinks = running.len(), "flushing the CloudWatch sinks");
         futures::future::join_all(running.into_iter().map(stop)).await;
+    }
+
+    /// Samples the node state after a report into every sink.
+    fn sample_report(&self, running: &[Running]) {
+        let devices = device_health(&self.health);
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for sink in running {
+            let mut collect = sink.shared.collect.lock().unwrap_or_else(|p| p.into_inner());
+            let (view, acc) = &mut *collect;
+            view.sample(&state, acc);
+            view.sample_health(&state.instance, &devices, acc);
+            if !state.instance.region.is_empty() {
+                note_region(&sink.shared, &state.instance.region);
+            }
+        }
+    }
+
+    /// Samples the latest GPU collection into every sink. The region is the instance's
+    /// once a report told it, else the environment's, else the sink's own (no report comes
+    /// on a node without Neuron devices).
+    fn sample_gpus(&self, running: &[Running], environment_region: Option<&str>) {
+        let Some(source) = &self.gpus else { return };
+        let instance = self.state.lock().unwrap_or_else(|p| p.into_inner()).instance.clone();
+        let holders = source.holders.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let snapshot = source.snapshot.borrow().clone();
+        let sample =
+            GpuSample { snapshot: &snapshot, holders: &holders, hostname: &source.hostname, instance: &instance };
+        let region = Some(instance.region.as_str()).filter(|r| !r.is_empty()).or(environment_region);
+        for sink in running {
+            let mut collect = sink.shared.collect.lock().unwrap_or_else(|p| p.into_inner());
+            let (view, acc) = &mut *collect;
+            view.sample_gpus(&sample, acc);
+            let own = sink.route.cloudwatch.as_ref().and_then(|c| c.region.as_deref());
+            if let Some(region) = region.or(own) {
+                note_region(&sink.shared, region);
+            }
+        }
     }
 
     /// Starts the sinks of new or changed routes, stops those of routes that went away.

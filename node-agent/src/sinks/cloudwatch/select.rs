@@ -14,13 +14,21 @@
 //! statuses the reports carried, a newer release's under their own names; latency as the
 //! p50 and p99 that neuron-monitor reports, and any percentile a newer release adds
 //! (`Percentile`).
+//!
+//! NVIDIA GPUs ([`gpu`]) are sampled from each GPU collection, not from reports: a node
+//! with GPUs and no Neuron device gets no report, and a node with both samples each once.
 
+mod gpu;
 mod insights;
+
+pub use gpu::{value_of, GpuSample};
 
 use std::collections::HashMap;
 
 use api::{
-    cloudwatch::catalogue::{applies, dimension_name, shape_of, MetricShape, LATENCY_PERCENTILES},
+    cloudwatch::catalogue::{
+        applies, dimension_name, gpu::ClassicGpuMetric, shape_of, MetricShape, LATENCY_PERCENTILES,
+    },
     crd::{CloudWatchMetric, CloudWatchNaming, Dimension},
     monitor_config::{RuntimeGroup, SystemGroup},
     node_config::Route,
@@ -37,6 +45,10 @@ use crate::{
 #[derive(Debug)]
 pub struct View {
     naming: CloudWatchNaming,
+    /// Whose GPUs it sees ([`crate::series::Scope::Route`]).
+    route: Route,
+    /// The classic GPU metrics it publishes.
+    gpu_metrics: &'static [ClassicGpuMetric],
     /// The route sees the node itself (it is the operator namespace's): node-level series.
     sees_node: bool,
     selection: Selection,
@@ -89,6 +101,8 @@ impl View {
             .collect();
         View {
             naming: route.cloudwatch.as_ref().and_then(|c| c.naming).unwrap_or_default(),
+            route: route.clone(),
+            gpu_metrics: route.cloudwatch.as_ref().map_or(&[], api::cloudwatch::catalogue::gpu::published_classic),
             sees_node: route.namespace.is_none(),
             selection: selection.clone(),
             metrics,
@@ -319,27 +333,8 @@ impl View {
     ) -> MetricKey {
         let mut dimensions = Vec::with_capacity(set.len() + 1);
         for d in set.iter().copied().filter(|d| applies(*d, shape.level)) {
-            let value = match d {
-                Dimension::ClusterName => self.cluster_name.clone(),
-                Dimension::NodeName => self.node_name.clone(),
-                Dimension::InstanceId => Some(o.instance.instance_id.clone()),
-                Dimension::InstanceType => Some(o.instance.instance_type.clone()),
-                Dimension::AmiId => Some(o.instance.ami_id.clone()),
-                Dimension::AvailabilityZone => Some(o.instance.availability_zone.clone()),
-                Dimension::NeuronCore => o.core.map(|c| c.to_string()),
-                Dimension::NeuronDevice => o.device.map(|d| d.to_string()),
-                Dimension::RuntimeTag => o.runtime_tag.map(str::to_owned),
-                Dimension::Namespace => o.pod.map(|p| p.namespace.clone()),
-                Dimension::PodName => o.pod.map(|p| p.pod.clone()),
-                Dimension::ContainerName => {
-                    o.pod.map(|p| p.container.clone()).or_else(|| o.ecs.map(|e| e.container.clone()))
-                }
-                Dimension::TaskArn => o.ecs.map(|e| e.task_arn.clone()),
-                Dimension::TaskDefinitionFamily => o.ecs.map(|e| e.family.clone()),
-            };
-            // CloudWatch takes 1..=1024 characters.
-            if let Some(v) = value.filter(|v| !v.is_empty()) {
-                dimensions.push((dimension_name(d), truncate(v, 1024)));
+            if let Some(v) = self.dimension_value(d, o) {
+                dimensions.push((dimension_name(d), v));
             }
         }
         if let Some((name, value)) = split {
@@ -347,6 +342,31 @@ impl View {
         }
         dimensions.truncate(MAX_DIMENSIONS);
         MetricKey { name: shape.name, dimensions }
+    }
+
+    /// A dimension's value for a sample; `None`: unknown or empty (CloudWatch refuses
+    /// empty values).
+    fn dimension_value(&self, d: Dimension, o: Origin<'_>) -> Option<String> {
+        let value = match d {
+            Dimension::ClusterName => self.cluster_name.clone(),
+            Dimension::NodeName => self.node_name.clone(),
+            Dimension::InstanceId => Some(o.instance.instance_id.clone()),
+            Dimension::InstanceType => Some(o.instance.instance_type.clone()),
+            Dimension::AmiId => Some(o.instance.ami_id.clone()),
+            Dimension::AvailabilityZone => Some(o.instance.availability_zone.clone()),
+            Dimension::NeuronCore => o.core.map(|c| c.to_string()),
+            Dimension::NeuronDevice => o.device.map(|d| d.to_string()),
+            Dimension::RuntimeTag => o.runtime_tag.map(str::to_owned),
+            Dimension::Namespace => o.pod.map(|p| p.namespace.clone()),
+            Dimension::PodName => o.pod.map(|p| p.pod.clone()),
+            Dimension::ContainerName => {
+                o.pod.map(|p| p.container.clone()).or_else(|| o.ecs.map(|e| e.container.clone()))
+            }
+            Dimension::TaskArn => o.ecs.map(|e| e.task_arn.clone()),
+            Dimension::TaskDefinitionFamily => o.ecs.map(|e| e.family.clone()),
+        };
+        // CloudWatch takes 1..=1024 characters.
+        value.filter(|v| !v.is_empty()).map(|v| truncate(v, 1024))
     }
 }
 

@@ -29,15 +29,17 @@ use crate::{
 
 /// What a value is credited to.
 #[derive(Clone, Copy)]
-struct Place<'a> {
-    instance: &'a InstanceLabels,
-    pod: Option<&'a PodRef>,
-    core: Option<u32>,
-    device: Option<u32>,
+pub(super) struct Place<'a> {
+    pub(super) instance: &'a InstanceLabels,
+    pub(super) pod: Option<&'a PodRef>,
+    pub(super) core: Option<u32>,
+    pub(super) device: Option<u32>,
+    /// An NVIDIA GPU's device node name (`GpuDevice`).
+    pub(super) gpu_device: Option<&'a str>,
 }
 
 #[derive(Clone, Copy)]
-enum Value {
+pub(super) enum Value {
     Gauge(f64),
     /// Events since the previous sample.
     Count(f64),
@@ -50,7 +52,7 @@ impl View {
         let device_of = |core: u32| cores_per_device.map(|n| core / n);
         let emit_counts = !std::mem::take(&mut self.baseline_first);
         let instance = &*state.instance;
-        let node = Place { instance, pod: None, core: None, device: None };
+        let node = Place { instance, pod: None, core: None, device: None, gpu_device: None };
         let mut seen_tags: Vec<&str> = Vec::with_capacity(state.runtimes.len());
         // Node totals over every runtime this route sees.
         let mut errors: Option<f64> = None;
@@ -66,7 +68,8 @@ impl View {
             seen_tags.push(tag);
             let pod = rt.labels.pod.as_deref();
             for core in &rt.cores {
-                let place = Place { instance, pod, core: Some(core.index), device: device_of(core.index) };
+                let place =
+                    Place { instance, pod, core: Some(core.index), device: device_of(core.index), gpu_device: None };
                 if let (true, Some(u)) = (groups.contains(&RuntimeGroup::NeuroncoreCounters), core.utilization) {
                     self.per_core(acc, Source::Utilization, place, u);
                 }
@@ -101,7 +104,8 @@ impl View {
         for core in &state.idle_cores {
             let pod = core.pod.as_deref();
             if self.selection.takes_untagged(pod.map(|p| p.namespace.as_str()), RuntimeGroup::NeuroncoreCounters) {
-                let place = Place { instance, pod, core: Some(core.index), device: device_of(core.index) };
+                let place =
+                    Place { instance, pod, core: Some(core.index), device: device_of(core.index), gpu_device: None };
                 self.per_core(acc, Source::Utilization, place, 0.0);
             }
         }
@@ -149,7 +153,7 @@ impl View {
             let previous = self.ecc_seen.insert(*device, *totals);
             let delta: f64 =
                 totals.iter().enumerate().map(|(i, t)| increase(previous.map(|p| p[i]), *t, emit_counts)).sum();
-            let place = Place { instance, pod: None, core: None, device: Some(*device) };
+            let place = Place { instance, pod: None, core: None, device: Some(*device), gpu_device: None };
             self.emit(acc, Family::Node, Source::EccEvents, place, Value::Count(delta));
             let pods = holders.get(device).map(Vec::as_slice).unwrap_or_default();
             for (i, pod) in pods.iter().enumerate() {
@@ -180,7 +184,7 @@ impl View {
     }
 
     /// One value under every set of the family's metric whose dimensions all have a value.
-    fn emit(&self, acc: &mut Accumulator, family: Family, source: Source, place: Place<'_>, value: Value) {
+    pub(super) fn emit(&self, acc: &mut Accumulator, family: Family, source: Source, place: Place<'_>, value: Value) {
         let Some(metric) = metric_of(family, source) else { return };
         for set in metric.dimension_sets() {
             let dimensions: Option<Vec<(&'static str, String)>> =
@@ -209,6 +213,7 @@ impl View {
             Dimension::ContainerName => p.pod.and_then(|x| text(&x.container)),
             Dimension::NeuronDevice => p.device.map(device_value),
             Dimension::NeuronCore => p.core.map(core_value),
+            Dimension::GpuDevice => p.gpu_device.and_then(text),
         }
     }
 }
