@@ -193,4 +193,13 @@ mod tests {
         assert_eq!(NeuronNodePolicy::from_lists("", " , "), Err(PolicyError::Empty));
         assert!(NeuronNodePolicy::from_lists("", "trn2.").is_ok());
     }
+
+    #[test]
+    fn the_cost_estimate_counts_the_gpus_of_the_nvidia_device_plugin() {
+        let gpus = node(&[("node.kubernetes.io/instance-type", "g5.12xlarge")], &[("nvidia.com/gpu", "4")], &[]);
+        assert_eq!((facts(&gpus).gpus, facts(&gpus).cores), (4, 0));
+        let trn = node(&[("node.kubernetes.io/instance-type", "trn1.32xlarge")], &[], &[]);
+        assert_eq!((facts(&trn).gpus, facts(&trn).cores), (0, 32));
+        assert_eq!(facts(&node(&[], &[("nvidia.com/gpu", "lots")], &[])).gpus, 0, "an unreadable count is none");
+    }
 }

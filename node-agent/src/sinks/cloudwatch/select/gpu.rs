@@ -125,12 +125,12 @@ impl View {
             }
             let Some(pod) = h.pod else { continue };
             let same_pod = |o: &Holding<'_>| o.pod.is_some_and(|p| p.namespace == pod.namespace && p.pod == pod.pod);
-            if !earlier.iter().filter(same_gpu).any(|o| same_pod(o)) {
+            if !earlier.iter().filter(same_gpu).any(&same_pod) {
                 self.gpu_family(acc, Family::Pod, place, &h.gpu.values);
             }
             let same_container = |o: &Holding<'_>| same_pod(o) && o.pod.is_some_and(|p| p.container == pod.container);
             // A pod whose container is not known has no container series.
-            if !pod.container.is_empty() && !earlier.iter().filter(same_gpu).any(|o| same_container(o)) {
+            if !pod.container.is_empty() && !earlier.iter().filter(same_gpu).any(same_container) {
                 self.gpu_family(acc, Family::Container, place, &h.gpu.values);
             }
         }
