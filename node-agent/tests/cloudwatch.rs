@@ -1263,6 +1263,7 @@ fn a_gpu_only_node_sends_the_cloudwatch_agents_nvidia_smi_names_and_dimensions()
 #[test]
 fn container_insights_gpu_names_sets_and_units_on_a_node_with_both() {
     use api::crd::CloudWatchNaming;
+    let lib = fake_nvml();
     let dir = support::TempDir::new("gpu-insights");
     // A Neuron device as well: neuron-monitor (the simulator) runs and reports, which tell
     // the instance; the GPUs are sampled once per collection all the same.
@@ -1277,7 +1278,6 @@ fn container_insights_gpu_names_sets_and_units_on_a_node_with_both() {
         ..Default::default()
     };
     let config = node_config(vec![route("ops/ci", None, None, spec)]);
-    let lib = fake_nvml();
     let args = [
         "--nvml-library",
         lib.to_str().expect("utf-8 path"),
