@@ -1202,6 +1202,7 @@ fn dcgm(m: &Metrics, field: &str, gpu: u32) -> f64 {
 }
 
 #[test]
+#[ignore = "needs the fake NVML library of branch nvmlfake (cargo build -p nvidia-ml-fake): not run yet"]
 fn a_gpu_only_node_sends_the_cloudwatch_agents_nvidia_smi_names_and_dimensions() {
     let dir = support::TempDir::new("gpu-classic");
     let cw = CloudWatch::start();
@@ -1261,6 +1262,7 @@ fn a_gpu_only_node_sends_the_cloudwatch_agents_nvidia_smi_names_and_dimensions()
 }
 
 #[test]
+#[ignore = "needs the fake NVML library of branch nvmlfake (cargo build -p nvidia-ml-fake): not run yet"]
 fn container_insights_gpu_names_sets_and_units_on_a_node_with_both() {
     use api::crd::CloudWatchNaming;
     let lib = fake_nvml();
