@@ -321,6 +321,13 @@ mod tests {
     }
 
     #[test]
+    fn a_panic_becomes_unknown_and_later_calls_still_answer() {
+        let panicked = call(|_| panic!("a bug in a call"));
+        assert_eq!(panicked, ERROR_UNKNOWN);
+        assert_eq!(call(|_| Ok(())), SUCCESS, "the state is usable after the panic");
+    }
+
+    #[test]
     fn short_buffers_are_refused_and_strings_end_with_nul() {
         let mut small = [1 as c_char; 4];
         assert_eq!(write_str(Some(&mut small), "abcd"), Err(ERROR_INSUFFICIENT_SIZE));

@@ -149,3 +149,20 @@ pub fn load(path: &std::path::Path) -> Result<Machine, String> {
     }
     config::parse(&text)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use neuron_test_support::TempDir;
+
+    #[test]
+    fn a_file_over_the_limit_is_refused_and_a_missing_one_is_said() {
+        let dir = TempDir::new("nvml-fake-load");
+        let padding = "#".repeat(MAX_FILE_BYTES as usize);
+        let big = dir.write("big.yaml", format!("instance_type: g5.xlarge\n{padding}"));
+        assert!(load(&big).unwrap_err().contains("more than"));
+        let small = dir.write("small.yaml", "instance_type: g5.xlarge\n");
+        assert_eq!(load(&small).map(|m| m.gpus.len()), Ok(1));
+        assert!(load(&dir.path().join("absent.yaml")).is_err());
+    }
+}

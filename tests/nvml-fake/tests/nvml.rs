@@ -178,6 +178,10 @@ fn identity_power_clocks_pcie_and_versions_answer_from_the_catalogue() {
     assert_eq!(d.pcie_replay_counter().unwrap(), 0);
     assert_eq!(d.current_throttle_reasons().unwrap().bits(), 0x1, "an idle GPU says GpuIdle");
     assert!(d.supported_event_types().unwrap().contains(EventTypes::CRITICAL_XID_ERROR));
+    assert!(
+        matches!(d.power_management_limit(), Err(NvmlError::FailedToLoadSymbol(_))),
+        "a call the fake does not export fails alone"
+    );
     let first = d.total_energy_consumption().unwrap();
     std::thread::sleep(Duration::from_millis(20));
     assert!(d.total_energy_consumption().unwrap() > first, "energy grows with time");
@@ -256,6 +260,12 @@ fn a_bad_or_missing_configuration_refuses_init() {
         Err(NvmlError::Unknown)
     ));
     assert!(matches!(init_result(None), Err(NvmlError::DriverNotLoaded)));
+    {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        std::env::set_var("FAKE_NVML_CONFIG", "/nonexistent/fake-nvml.yaml");
+        let missing = Nvml::builder().lib_path(library_path().as_os_str()).init();
+        assert!(matches!(missing, Err(NvmlError::Unknown)), "{missing:?}");
+    }
     assert!(init_result(Some("instance_type: g5.xlarge")).is_ok());
 }
 
@@ -277,6 +287,18 @@ fn xid_codes_arrive_once_each_then_the_wait_times_out_quickly() {
     assert!(started.elapsed() < Duration::from_secs(1), "the wait is capped: {:?}", started.elapsed());
     fake.rewrite("instance_type: p5.48xlarge\ngpus: [{index: 4, xid: [79, 48, 13]}]");
     assert_eq!(format!("{:?}", set.wait(1000).unwrap().event_data), "Some(Value(13))", "a code added later arrives");
+}
+
+#[test]
+fn every_registered_set_gets_each_code() {
+    let fake = open("instance_type: g6.xlarge\ngpus: [{index: 0, xid: [94]}]");
+    let d = fake.nvml.device_by_index(0).unwrap();
+    let first = d.register_events(EventTypes::CRITICAL_XID_ERROR, fake.nvml.create_event_set().unwrap()).unwrap();
+    let second = d.register_events(EventTypes::CRITICAL_XID_ERROR, fake.nvml.create_event_set().unwrap()).unwrap();
+    for set in [&first, &second] {
+        assert_eq!(format!("{:?}", set.wait(1000).unwrap().event_data), "Some(Value(94))");
+        assert!(matches!(set.wait(10), Err(NvmlError::Timeout)));
+    }
 }
 
 #[test]
