@@ -282,7 +282,9 @@ fn the_client_reads_the_test_kubelet() {
 #[test]
 fn the_last_known_mapping_outlives_the_kubelet_for_a_bounded_time() {
     use neuron_node_agent::attribution::{
+        gpus::GpuHolding,
         podresources::{DeviceOwnership, KubeletPoller},
+        pods::{PodIndex, PodLabelKeys},
         AttributionMetrics,
     };
     use std::sync::{Arc, RwLock};
@@ -298,6 +300,7 @@ fn the_last_known_mapping_outlives_the_kubelet_for_a_bounded_time() {
         timeout: Duration::from_secs(1),
         keep_for: Duration::from_millis(1500),
         devices: devices.clone(),
+        gpus: GpuHolding::new(Arc::new(RwLock::new(PodIndex::new(PodLabelKeys::new::<&str>(&[])))), metrics.clone()),
         metrics: metrics.clone(),
     };
     let rt = runtime();
