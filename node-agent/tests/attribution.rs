@@ -283,17 +283,33 @@ fn the_client_reads_the_test_kubelet() {
 
 #[test]
 fn the_last_known_mapping_outlives_the_kubelet_for_a_bounded_time() {
-    use neuron_node_agent::attribution::{
-        gpus::GpuHolding,
-        podresources::{DeviceOwnership, KubeletPoller},
-        pods::{PodIndex, PodLabelKeys},
-        AttributionMetrics,
+    use neuron_node_agent::{
+        attribution::{
+            gpus::GpuHolding,
+            podresources::{DeviceOwnership, KubeletPoller},
+            pods::{PodIndex, PodLabelKeys},
+            AttributionMetrics,
+        },
+        gpu::GpuSnapshot,
     };
     use std::sync::{Arc, RwLock};
 
     let dir = TempDir::new("kubelet-keep");
     let mut server = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
-    server.set(vec![holding("a", "train", "main", NEURONCORE, &[0, 1])]);
+    const GPU: &str = "GPU-0a1b2c3d-0000-1111-2222-333344445555";
+    server.set(vec![
+        holding("a", "train", "main", NEURONCORE, &[0, 1]),
+        holding_ids("a", "train", "main", "nvidia.com/gpu", &[GPU.to_owned()]),
+    ]);
+    // The pod, and a GPU collector that has not collected yet (a GPU- id is taken as it is).
+    let mut pods = PodIndex::new(PodLabelKeys::new::<&str>(&[]));
+    let train: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"uid": "0a0a0a0a-0000-4000-8000-000000000000", "namespace": "a", "name": "train"},
+        "spec": {"containers": [{"name": "main"}]},
+        "status": {"phase": "Running"}
+    }))
+    .expect("a pod");
+    pods.replace(&[train]);
     let devices = Arc::new(RwLock::new(DeviceOwnership::default()));
     let metrics = AttributionMetrics::default();
     let poller = KubeletPoller {
@@ -302,13 +318,16 @@ fn the_last_known_mapping_outlives_the_kubelet_for_a_bounded_time() {
         timeout: Duration::from_secs(1),
         keep_for: Duration::from_millis(1500),
         devices: devices.clone(),
-        gpus: GpuHolding::new(Arc::new(RwLock::new(PodIndex::new(PodLabelKeys::new::<&str>(&[])))), metrics.clone()),
+        gpus: GpuHolding::new(Arc::new(RwLock::new(pods)), metrics.clone()),
         metrics: metrics.clone(),
     };
+    let (_collections, snapshot) = tokio::sync::watch::channel(Arc::new(GpuSnapshot::default()));
+    let gpu_holders = poller.gpus.follow(snapshot);
     let rt = runtime();
     let shutdown = tokio_util::sync::CancellationToken::new();
     rt.spawn(poller.run(shutdown.clone()));
     let count = || devices.read().expect("lock").allocations().len();
+    let gpus_held = || gpu_holders.lock().expect("lock").values().map(Vec::len).sum::<usize>();
     let wait = |what: &str, limit: Duration, check: &dyn Fn() -> bool| {
         let start = std::time::Instant::now();
         while !check() {
@@ -317,12 +336,16 @@ fn the_last_known_mapping_outlives_the_kubelet_for_a_bounded_time() {
         }
         start.elapsed()
     };
-    wait("the allocations are read", Duration::from_secs(10), &|| count() == 2 && metrics.kubelet_up.get() == 1);
+    wait("the allocations are read", Duration::from_secs(10), &|| {
+        count() == 2 && gpus_held() == 1 && metrics.kubelet_up.get() == 1
+    });
     server.stop();
     wait("the kubelet is seen down", Duration::from_secs(10), &|| metrics.kubelet_up.get() == 0);
     assert_eq!(count(), 2, "the last known mapping stays while the kubelet is down");
+    assert_eq!(gpus_held(), 1, "the GPUs' holders too");
     let gone_after = wait("the mapping expires", Duration::from_secs(10), &|| count() == 0);
     assert!(gone_after >= Duration::from_millis(800), "expired too early: {gone_after:?}");
+    assert_eq!(gpus_held(), 0, "the GPUs' holders expire with it");
     shutdown.cancel();
 }
 
