@@ -261,13 +261,15 @@ pub fn resolve_holders<'a>(
         }
         held.push(holder);
     }
+    // In the same order whatever the kubelet's.
     for held in holders.values_mut() {
-        held.sort_by(|a, b| {
-            let key = |h: &GpuHolder| (h.replica, h.pod.namespace.clone(), h.pod.pod.clone(), h.pod.container.clone());
-            key(a).cmp(&key(b))
-        });
+        held.sort_by(|a, b| order(a).cmp(&order(b)));
     }
     (holders, unresolved)
+}
+
+fn order(h: &GpuHolder) -> (Option<u32>, &str, &str, &str) {
+    (h.replica, &h.pod.namespace, &h.pod.pod, &h.pod.container)
 }
 
 /// Which pods hold each GPU, refreshed after each pod-resources answer; cloning shares it.
