@@ -4,14 +4,17 @@
 # agent's /metrics page, and the agent's CPU and memory with collections every second
 # and every minute, so that the cost of one collection is the difference of the two.
 # Usage: OUT=dir tests/gpu/real-driver-check.sh path/to/neuron-node-agent [seconds]
+# (NVML_LIBRARY=path: another NVML library, e.g. the fake one, for a dry run.)
 set -u
 agent=${1:?the agent binary}
 seconds=${2:-40}
 out=${OUT:?OUT names the output folder}
 
 nvidia-smi -q -x > "$out/nvidia-smi.xml" 2>&1
-nvidia-smi --query-gpu=index,uuid,pci.bus_id,name,driver_version,utilization.gpu,utilization.memory,memory.total,memory.used,memory.free,memory.reserved,temperature.gpu,temperature.memory,power.draw,enforced.power.limit,clocks.sm,clocks.mem,clocks.gr,pcie.link.gen.current,pcie.link.width.current,ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total \
-  --format=csv > "$out/nvidia-smi.csv" 2>&1
+fields=index,uuid,pci.bus_id,name,driver_version,utilization.gpu,utilization.memory,memory.total,memory.used,memory.free,temperature.gpu,power.draw,enforced.power.limit,clocks.sm,clocks.mem,clocks.gr,pcie.link.gen.current,pcie.link.width.current,ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total
+# Newer drivers know two more fields; older ones refuse the whole query with them.
+nvidia-smi --query-gpu="$fields,memory.reserved,temperature.memory" --format=csv > "$out/nvidia-smi.csv" 2>&1 ||
+  nvidia-smi --query-gpu="$fields" --format=csv > "$out/nvidia-smi.csv" 2>&1
 { uname -a; nproc; ldd "$agent"; } > "$out/host.txt" 2>&1
 
 # GET 127.0.0.1:PORT PATH, body only (bash alone: the lent machine may lack curl).
@@ -28,6 +31,7 @@ run() {
   state=$(mktemp -d)
   : > "$state/kmsg"
   "$agent" --state-dir "$state/agent" --kmsg-path "$state/kmsg" --listen "127.0.0.1:$port" --period "$period" --log info \
+    ${NVML_LIBRARY:+--nvml-library "$NVML_LIBRARY"} \
     > "$out/agent-$name.log" 2>&1 &
   local pid=$!
   for _ in $(seq 1 60); do get "$port" /readyz 2>/dev/null | grep -q ok && break; sleep 0.25; done
@@ -54,4 +58,4 @@ run() {
 run every-second 1s 19401
 run every-minute 60s 19402
 cat "$out"/cost-*.txt
-head -c 3000 "$out/metrics-every-second.txt" | grep -E '^DCGM_FI_DEV_(GPU_UTIL|FB_USED|GPU_TEMP|POWER_USAGE)' | head -8
+grep -E '^DCGM_FI_DEV_(GPU_UTIL|FB_USED|GPU_TEMP|POWER_USAGE)' "$out/metrics-every-second.txt" | head -8
