@@ -361,7 +361,8 @@ impl Agent {
         let metrics = GpuMetrics::register(&mut self.registry);
         let reader = Arc::new(gpu::open(self.args.gpu.nvml_library.as_deref(), metrics)?);
         let (tx, snapshot) = watch::channel(Arc::new(GpuSnapshot::default()));
-        let (_period_tx, period) = watch::channel(Duration::from(self.args.monitor.period));
+        // The node configuration's GPU period, as its Neuron groups' are followed.
+        let period = activator.gpu_period();
         let hostname = self.args.source.node_name.clone().unwrap_or_else(host_name);
         let (holders, process_pods) = match &flow.attribution {
             Some(sources) => sources.gpus(snapshot.clone(), &mut self.tasks, &self.shutdown),
