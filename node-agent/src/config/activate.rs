@@ -278,6 +278,42 @@ mod tests {
         assert_eq!(gpu_period(Some(NodeGpu { enabled: false, ..on }), &builtin), None);
     }
 
+    #[tokio::test]
+    async fn the_gpu_period_follows_the_configuration_in_force() {
+        let state_dir = std::env::temp_dir().join(format!("nm-activate-gpu-{}", std::process::id()));
+        tokio::fs::create_dir_all(&state_dir).await.unwrap();
+        let metrics = AgentMetrics::register(&mut prometheus_client::registry::Registry::default());
+        let launcher = Launcher {
+            program: "neuron-monitor".into(),
+            args: Vec::new(),
+            state_dir: state_dir.clone(),
+            silence_timeout: None,
+            refused_files: metrics.state_files_refused.clone(),
+            k8s_info: false,
+        };
+        let health = HealthDefaults { condition_type: "NeuronHealth".into(), kmsg_look_back: Duration::from_secs(300) };
+        let builtin = MonitorConfig::all_groups(Period::from_secs(7));
+        let (activator, _specs) = Activator::start(launcher, builtin, health, metrics).await.unwrap();
+        let mut gpu = activator.gpu_period();
+        assert_eq!(*gpu.borrow_and_update(), Some(Duration::from_secs(7)), "the built-in period at first");
+
+        let off = br#"{"monitor":{},"routes":[],"gpu":{"enabled":false,"period":"1m"}}"#;
+        activator.activate(Origin::File, "off", Candidate::parse(off).unwrap()).await.unwrap();
+        assert!(gpu.has_changed().unwrap());
+        assert_eq!(*gpu.borrow_and_update(), None, "switched off");
+
+        let fast = br#"{"monitor":{},"routes":[],"gpu":{"enabled":true,"period":"2s"}}"#;
+        activator.activate(Origin::File, "fast", Candidate::parse(fast).unwrap()).await.unwrap();
+        assert_eq!(*gpu.borrow_and_update(), Some(Duration::from_secs(2)));
+        // The same settings again wake nobody.
+        activator.activate(Origin::File, "fast-again", Candidate::parse(fast).unwrap()).await.unwrap();
+        assert!(!gpu.has_changed().unwrap());
+
+        activator.activate_builtin().await.unwrap();
+        assert_eq!(*gpu.borrow_and_update(), Some(Duration::from_secs(7)), "back to the built-in period");
+        let _ = tokio::fs::remove_dir_all(&state_dir).await;
+    }
+
     #[test]
     fn a_rendered_configuration_carries_its_gpu_settings_to_the_candidate() {
         let body = br#"{"monitor":{},"routes":[],"gpu":{"enabled":false,"period":"1m"}}"#;
