@@ -192,6 +192,8 @@ fn gpu_nodes_are_selected_and_given_nvml_only_when_gpu_is_enabled() {
     assert_eq!(volume["hostPath"]["path"].as_str(), Some("/usr/lib64"));
     assert!(tolerates_gpu(&ds));
     assert!(strings(&op["spec"]["template"]["spec"]["containers"][0]["args"]).contains(&"--gpu-nodes=true".to_owned()));
+    // It takes no GPU from the workloads: no device-plugin request.
+    assert!(!serde_json::to_string(&c["resources"]).unwrap().contains("nvidia.com"), "{:?}", c["resources"]);
 
     // On, runtime: the NVIDIA runtime injects the management library only; no host mount.
     let (ds, _) = agent_and_operator(&["--set", "gpu.enabled=true,gpu.access=runtime,gpu.runtimeClassName=nvidia"]);
