@@ -14,6 +14,14 @@ pub const NEURON_RESOURCES: [&str; 3] = [NEURONCORE_RESOURCE, NEURONDEVICE_RESOU
 /// EFA scraper also reads them.
 pub const EFA_RESOURCE: &str = "vpc.amazonaws.com/efa";
 
+/// The NVIDIA device plugin's extended resources: whole GPUs (and MIG instances under
+/// the `single` MIG strategy), GPUs shared by time-slicing or MPS when the plugin renames
+/// them, and the prefix of MIG profiles under the `mixed` strategy
+/// (`nvidia.com/mig-1g.10gb`).
+pub const NVIDIA_GPU_RESOURCE: &str = "nvidia.com/gpu";
+pub const NVIDIA_GPU_SHARED_RESOURCE: &str = "nvidia.com/gpu.shared";
+pub const NVIDIA_MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
+
 /// Bytes of an EFA device name (the kernel's own bound for a device name is 64).
 pub const MAX_EFA_NAME_BYTES: usize = 64;
 
@@ -23,6 +31,20 @@ pub fn valid_efa_device_name(name: &str) -> bool {
     let ok = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-');
     !name.is_empty() && name.len() <= MAX_EFA_NAME_BYTES && name.bytes().all(ok)
 }
+
+/// Node labels that say a node has NVIDIA GPUs, with the value (or value prefix) that
+/// says so: the GPU Operator's feature discovery sets `nvidia.com/gpu.present=true`; EKS
+/// node groups of GPU instances carry `k8s.amazonaws.com/accelerator=nvidia-…`.
+pub const NVIDIA_GPU_PRESENT_LABEL: (&str, &str) = ("nvidia.com/gpu.present", "true");
+pub const EKS_ACCELERATOR_LABEL: (&str, &str) = ("k8s.amazonaws.com/accelerator", "nvidia");
+
+/// Instance-type prefixes of the EC2 families with NVIDIA GPUs (P and G families; not
+/// g4ad, whose GPUs are AMD's). A node can carry its type before the device plugin
+/// reports its GPUs.
+pub const NVIDIA_INSTANCE_FAMILIES: [&str; 16] = [
+    "p3.", "p3dn.", "p4d.", "p4de.", "p5.", "p5e.", "p5en.", "p6-", "p6e-", "g4dn.", "g5.", "g5g.", "g6.", "g6e.",
+    "g6f.", "gr6.",
+];
 
 /// Instance-type prefixes of the Neuron families (every type of [`INSTANCE_TYPES`]
 /// starts with one; a test checks it).

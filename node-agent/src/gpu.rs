@@ -9,6 +9,7 @@
 
 pub mod dcgm;
 pub mod nvml;
+pub mod processes;
 
 use std::{
     collections::BTreeMap,
@@ -161,6 +162,8 @@ pub struct GpuSnapshot {
     /// The latest collection did not return in time: every value is old, every GPU's
     /// health `unknown`.
     pub stale: bool,
+    /// The node configuration switched the collector off: no GPU is read.
+    pub off: bool,
 }
 
 impl GpuSnapshot {
@@ -252,19 +255,26 @@ pub fn holdings<'a>(snapshot: &'a GpuSnapshot, holders: &'a GpuHolders, scope: S
     out
 }
 
+/// The pod of each GPU process that runs in one, by PID; filled by attribution.
+pub type GpuProcessPods = BTreeMap<u32, Arc<PodRef>>;
+
+/// The latest [`GpuProcessPods`]; cloning shares them.
+pub type SharedGpuProcessPods = Arc<Mutex<Arc<GpuProcessPods>>>;
+
 /// What the GPU series are encoded from; cloning shares it. The exposition and the
 /// OTLP sinks encode the same.
 #[derive(Clone)]
 pub struct GpuSource {
     pub snapshot: watch::Receiver<Arc<GpuSnapshot>>,
     pub holders: SharedGpuHolders,
+    pub process_pods: SharedGpuProcessPods,
     /// The node's name for `Hostname` (the Node's, else the host's).
     pub hostname: Arc<str>,
 }
 
 impl GpuSource {
-    /// The GPU families `scope` takes. Takes the holders' lock, then the snapshot's
-    /// (one at a time): call it without the node state's.
+    /// The GPU families `scope` takes. Takes the holders' lock, the process pods', then
+    /// the snapshot's (one at a time): call it without the node state's.
     pub fn encode(
         &self,
         instance: &InstanceLabels,
@@ -272,13 +282,17 @@ impl GpuSource {
         encoder: &mut dyn FamilyEncoder,
     ) -> Result<(), fmt::Error> {
         let holders = self.holders.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let process_pods = self.process_pods.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let snapshot = self.snapshot.borrow().clone();
-        dcgm::encode_gpus(&snapshot, &self.hostname, instance, &holders, scope, encoder)
+        dcgm::encode_gpus(&snapshot, &self.hostname, instance, &holders, scope, encoder)?;
+        processes::encode_processes(&snapshot, instance, &process_pods, scope, encoder)
     }
 
-    /// Whether a first collection was published.
+    /// Whether a first collection was published, or the collector is off (then there is
+    /// nothing to wait for).
     pub fn collected(&self) -> bool {
-        self.snapshot.borrow().collections > 0
+        let snapshot = self.snapshot.borrow();
+        snapshot.collections > 0 || snapshot.off
     }
 }
 
@@ -341,15 +355,24 @@ impl GpuMetrics {
 
 /// Collects every GPU at start and each `period` until `shutdown`, publishing each
 /// snapshot on `tx`. A collection that does not return within [`COLLECTION_TIMEOUT`]
-/// marks the snapshot stale, and the next one starts only when it has returned.
+/// marks the snapshot stale, and the next one starts only when it has returned. While
+/// the period is `None` (the node configuration switched the collector off) nothing is
+/// read and the snapshot is empty.
 pub async fn follow(
     reader: Arc<nvml::NvmlReader>,
-    mut period: watch::Receiver<Duration>,
+    mut period: watch::Receiver<Option<Duration>>,
     tx: watch::Sender<Arc<GpuSnapshot>>,
     shutdown: CancellationToken,
 ) {
     let mut collections = 0u64;
     loop {
+        if period.borrow_and_update().is_none() {
+            info!("GPU collection off by the node configuration");
+            tx.send_replace(Arc::new(GpuSnapshot { off: true, ..GpuSnapshot::default() }));
+            if !wait_until_on(&mut period, &shutdown).await {
+                return;
+            }
+        }
         let started = Instant::now();
         let read = {
             let reader = reader.clone();
@@ -385,12 +408,26 @@ pub async fn follow(
                 reader.metrics.failed("other");
             }
         }
-        let wait = *period.borrow_and_update();
+        let Some(wait) = *period.borrow_and_update() else { continue };
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
-            // A new period applies at once.
-            changed = period.changed() => if changed.is_err() { return },
+            // A new period applies at once; without a sender, the last one holds.
+            Ok(()) = period.changed() => {}
+        }
+    }
+}
+
+/// Waits while the collector is off; false when the agent stops meanwhile. Without a
+/// sender, the last setting (off) holds until then.
+async fn wait_until_on(period: &mut watch::Receiver<Option<Duration>>, shutdown: &CancellationToken) -> bool {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return false,
+            changed = period.changed() => if changed.is_err() { shutdown.cancelled().await; return false },
+        }
+        if period.borrow_and_update().is_some() {
+            return true;
         }
     }
 }
@@ -434,6 +471,20 @@ mod tests {
         {
             assert_eq!(PciAddress::parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_collector_switched_off_has_nothing_to_wait_for() {
+        let (tx, snapshot) = watch::channel(Arc::new(GpuSnapshot::default()));
+        let source = GpuSource {
+            snapshot,
+            holders: Default::default(),
+            process_pods: Default::default(),
+            hostname: "node-1".into(),
+        };
+        assert!(!source.collected());
+        tx.send_replace(Arc::new(GpuSnapshot { off: true, ..GpuSnapshot::default() }));
+        assert!(source.collected());
     }
 
     #[test]

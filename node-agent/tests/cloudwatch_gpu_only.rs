@@ -40,7 +40,12 @@ fn collection(n: u64, utilization: u32) -> Arc<GpuSnapshot> {
         values: GpuValues { utilization_gpu: Some(utilization), ..GpuValues::default() },
         ..Gpu::default()
     };
-    Arc::new(GpuSnapshot { driver_version: "550.54.15".into(), gpus: vec![gpu], collections: n, stale: false })
+    Arc::new(GpuSnapshot {
+        driver_version: "550.54.15".into(),
+        gpus: vec![gpu],
+        collections: n,
+        ..GpuSnapshot::default()
+    })
 }
 
 #[test]
@@ -72,7 +77,8 @@ fn gpu_collections_are_sent_without_a_report_each_once() {
     };
     let routing = SharedRouting::default();
     routing.replace(
-        Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![route], health: None }).unwrap(),
+        Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![route], health: None, gpu: None })
+            .unwrap(),
     );
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -94,7 +100,12 @@ fn gpu_collections_are_sent_without_a_report_each_once() {
             },
             metrics: CloudWatchMetrics::register(&mut registry),
             health: Arc::new(Mutex::new(HealthModel::new("boot".to_owned(), Duration::from_secs(60)))),
-            gpus: Some(GpuSource { snapshot, holders: Default::default(), hostname: "gpu-host".into() }),
+            gpus: Some(GpuSource {
+                snapshot,
+                holders: Default::default(),
+                process_pods: Default::default(),
+                hostname: "gpu-host".into(),
+            }),
         };
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(sinks.run(shutdown.clone()));

@@ -69,16 +69,20 @@ fn sink(route: &Route, state: NodeState, started: SystemTime) -> Sink {
 }
 
 fn sink_over(route: &Route, state: Arc<Mutex<NodeState>>, started: SystemTime) -> Sink {
-    let routing =
-        Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![route.clone()], health: None })
-            .unwrap();
+    let routing = Routing::compile(&NodeConfig {
+        monitor: Default::default(),
+        routes: vec![route.clone()],
+        health: None,
+        gpu: None,
+    })
+    .unwrap();
     let selection = routing.otlp_routes().next().unwrap().1.clone();
     Sink {
         name: route.config.clone(),
         route: route.clone(),
         selection,
         settings: OtlpSettings::check(route.otlp.as_ref().unwrap()).unwrap(),
-        sources: Sources { state, processes: Default::default(), efa: Default::default(), health: None },
+        sources: Sources { state, processes: Default::default(), efa: Default::default(), gpu: None, health: None },
         identity: identity(),
         starts: Mutex::new(StartTimes::new(started)),
         queue: Arc::new(Queue::new(1, {
@@ -171,7 +175,13 @@ fn a_cluster_wide_sink_sends_exactly_what_metrics_shows() {
     let ops = route("neuron-monitor/all", None, &[("cluster", "prod")]);
     let routing = SharedRouting::default();
     routing.replace(
-        Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![ops.clone()], health: None }).unwrap(),
+        Routing::compile(&NodeConfig {
+            monitor: Default::default(),
+            routes: vec![ops.clone()],
+            health: None,
+            gpu: None,
+        })
+        .unwrap(),
     );
     let state = Arc::new(Mutex::new(state));
     // An EFA device no pod holds: the operator namespace's to send.

@@ -54,7 +54,7 @@ fn gpu(index: u32) -> Gpu {
 }
 
 fn snapshot(gpus: Vec<Gpu>) -> GpuSnapshot {
-    GpuSnapshot { driver_version: "550.54.15".into(), gpus, collections: 1, stale: false }
+    GpuSnapshot { driver_version: "550.54.15".into(), gpus, collections: 1, ..GpuSnapshot::default() }
 }
 
 fn pod(namespace: &str, name: &str, container: &str) -> Arc<PodRef> {
@@ -88,7 +88,8 @@ fn route(namespace: Option<&str>, spec: CloudWatchSinkSpec) -> Route {
 /// The datums of one flush after one GPU collection through the sink of `route`.
 fn sample(route: Route, snapshot: &GpuSnapshot, holders: &GpuHolders) -> Vec<Datum> {
     let routing =
-        Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![route], health: None }).unwrap();
+        Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![route], health: None, gpu: None })
+            .unwrap();
     let (route, selection) = routing.cloudwatch_routes().next().unwrap();
     let settings = SinkSettings::check(route.cloudwatch.as_ref().unwrap()).unwrap();
     let agent = AgentDimensions { cluster_name: Some("prod".into()), node_name: Some("node-a".into()) };
