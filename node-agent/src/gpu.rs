@@ -9,6 +9,7 @@
 
 pub mod dcgm;
 pub mod nvml;
+pub mod xid;
 
 use std::{
     collections::BTreeMap,
