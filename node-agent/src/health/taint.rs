@@ -79,10 +79,13 @@ pub struct Tainter {
 }
 
 /// The taint value for a model under a taint list: the first (sorted) listed error name
-/// among the faults, `None` when no listed fault (or tainting is off).
+/// among the faults of the Neuron devices and the GPUs (`XID_79`, `GPU_LOST`, …), `None`
+/// when no listed fault (or tainting is off).
 pub fn wanted(model: &HealthModel, errors: Option<&[String]>) -> Option<String> {
     let errors = errors?;
-    let faults = model.devices.values().flat_map(|d| d.reasons.values()).chain(model.node_reasons.values());
+    let gpu_faults = model.gpus.gpus.values().flat_map(|g| g.reasons.values());
+    let faults =
+        model.devices.values().flat_map(|d| d.reasons.values()).chain(model.node_reasons.values()).chain(gpu_faults);
     faults.map(|r| r.error.as_str()).filter(|e| errors.iter().any(|x| x == e)).min().map(str::to_owned)
 }
 

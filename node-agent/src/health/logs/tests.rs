@@ -27,6 +27,11 @@ fn record(timestamp_ms: i64, pad: usize) -> Record {
         unknown_reason: None,
         pods: Vec::new(),
         driver_version: None,
+        accelerator: "neuron",
+        gpu: None,
+        gpu_uuid: None,
+        pci_bus_id: None,
+        xid: None,
         timestamp_ms,
     }
 }

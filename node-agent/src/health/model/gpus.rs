@@ -35,6 +35,8 @@ pub const ECC_UNCORRECTABLE: &str = "ECC_UNCORRECTABLE";
 pub const ROW_REMAP_FAILURE: &str = "ROW_REMAP_FAILURE";
 /// Distinct Xid code labels kept per GPU (`0`..=`999` and `other` bound them anyway).
 const MAX_XID_LABELS: usize = 1001;
+/// Distinct NVSwitch SXid codes counted under their own label; the rest as `other`.
+const MAX_SXID_LABELS: usize = 64;
 /// Faults kept per GPU.
 const MAX_REASONS_PER_GPU: usize = 32;
 
@@ -245,7 +247,12 @@ impl GpuHealthModel {
     /// address must be a GPU of the latest collection) or NVML's event set (by index).
     pub fn apply_xid(&mut self, record: &XidRecord, now: u64, changes: &mut Changes) {
         if record.kind == XidKind::NvSwitch {
-            let label = xid::code_label(record.code);
+            let code = record.code.to_string();
+            let label = if self.nvswitch_xids.contains_key(&code) || self.nvswitch_xids.len() < MAX_SXID_LABELS {
+                code
+            } else {
+                "other".to_owned()
+            };
             *self.nvswitch_xids.entry(label).or_default() += 1;
             return;
         }

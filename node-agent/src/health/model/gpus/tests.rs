@@ -95,7 +95,7 @@ fn informational_xids_are_counted_only_and_sxids_name_no_gpu() {
     assert!(changes.gpu_faults.is_empty() && changes.refused.is_empty());
     let gpu = &model.gpus.gpus[&0];
     assert_eq!((gpu.xids["13"], gpu.xids["other"], gpu.last_xid), (1, 1, Some(4000)));
-    assert_eq!(model.gpus.nvswitch_xids["other"], 1);
+    assert_eq!(model.gpus.nvswitch_xids["12028"], 1);
 }
 
 #[test]
