@@ -92,6 +92,12 @@ pub(super) struct EventReader {
 
 impl EventReader {
     pub fn run(self) {
+        // An event names a GPU by index: the model must know the GPUs first.
+        while !self.stop.load(Ordering::Relaxed)
+            && self.health.lock().unwrap_or_else(|p| p.into_inner()).gpus.collections == 0
+        {
+            std::thread::sleep(TICK / 10);
+        }
         let nvml = self.nvml.nvml();
         match register(nvml, self.nvml.gpu_count()) {
             Some((set, registered)) => {

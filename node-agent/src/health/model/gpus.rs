@@ -211,11 +211,14 @@ impl GpuHealthModel {
         for g in snapshot.gpus.iter().filter(|g| g.identity.index < MAX_GPUS) {
             let index = g.identity.index;
             let entry = self.gpus.entry(index).or_default();
-            if entry.identity.uuid != g.identity.uuid && !entry.identity.uuid.is_empty() {
-                // Another GPU at this index than the restored one: its faults are not this one's.
-                entry.reasons.clear();
+            // A GPU lost before NVML gave its handle has no identity: it keeps the one known.
+            if !g.identity.uuid.is_empty() {
+                if entry.identity.uuid != g.identity.uuid && !entry.identity.uuid.is_empty() {
+                    // Another GPU at this index than the restored one: its faults are not this one's.
+                    entry.reasons.clear();
+                }
+                entry.identity = g.identity.clone();
             }
-            entry.identity = g.identity.clone();
             entry.present = true;
             entry.energy = g.values.energy_millijoules;
             entry.uncorrected_volatile = g.values.ecc.uncorrected_volatile;

@@ -110,8 +110,10 @@ fn an_xid_for_an_address_no_collected_gpu_has_is_refused() {
 #[test]
 fn lost_gpus_uncorrectable_ecc_and_remap_failures_are_faults_of_their_own() {
     let mut model = model_with(3);
-    let mut gpus = vec![gpu(0), gpu(1), gpu(2)];
-    gpus[0].lost = true;
+    // Lost before NVML gave its handle: no identity but its index.
+    let mut gpus =
+        vec![Gpu { identity: GpuIdentity { index: 0, ..GpuIdentity::default() }, lost: true, ..Gpu::default() }];
+    gpus.extend([gpu(1), gpu(2)]);
     gpus[1].values.ecc.uncorrected_volatile = Some(2);
     gpus[2].values.remapped_rows.failure = Some(1);
     let changes = model.apply_gpu_snapshot(&snapshot(2, gpus), 5);
@@ -119,6 +121,7 @@ fn lost_gpus_uncorrectable_ecc_and_remap_failures_are_faults_of_their_own() {
     assert_eq!(names, [GPU_LOST, ECC_UNCORRECTABLE, ROW_REMAP_FAILURE]);
     assert_eq!(model.gpus.node_state(), State::Unhealthy);
     assert_eq!(model.gpus.gpus[&1].reasons[ECC_UNCORRECTABLE].count, 2);
+    assert_eq!(model.gpus.gpus[&0].identity.uuid, "GPU-0", "the lost GPU keeps the identity known");
 }
 
 #[test]

@@ -1,0 +1,131 @@
+//! NVIDIA GPU health end to end, on the fake NVML library (`cargo build -p
+//! nvidia-ml-fake`, or `--workspace`): an Xid 79 record in the kernel log makes its GPU
+//! unhealthy with reason `XID_79` on `/metrics`, with the `GpuHealth` condition and an
+//! Event on the real control plane; records not as the driver writes them are refused;
+//! an Xid delivered through NVML's event set counts too.
+
+mod support;
+
+use std::{ffi::OsStr, io::Write, path::Path, time::Duration};
+
+use k8s_openapi::api::{core::v1::Node, events::v1::Event};
+use kube::{
+    api::{ListParams, PostParams},
+    Api,
+};
+use neuron_e2e::{random_u32, wait_for, ControlPlane};
+use support::{sim, Agent, Metrics, TempDir};
+
+const WAIT: Duration = Duration::from_secs(30);
+const XID_79: &str = "NVRM: Xid (PCI:0000:53:00): 79, pid=1234, name=python, GPU has fallen off the bus.";
+
+/// The fake library, found beside the test's binaries as the simulator is.
+fn fake_nvml() -> String {
+    neuron_e2e::workspace_bin("libnvidia_ml_fake.so").display().to_string()
+}
+
+/// A p5.48xlarge (8 GPUs; GPU 0 at PCI 0000:53:00) whose GPU 2 raises `nvml_xid`
+/// through the event set; an empty kernel log.
+fn gpu_node(dir: &Path, nvml_xid: u32) -> (std::path::PathBuf, std::path::PathBuf) {
+    let config = dir.join("nvml.yaml");
+    std::fs::write(&config, format!("instance_type: p5.48xlarge\ngpus:\n- index: 2\n  xid: [{nvml_xid}]\n"))
+        .expect("fake NVML config");
+    let kmsg = dir.join("kmsg");
+    std::fs::write(&kmsg, "").expect("kmsg file");
+    (config, kmsg)
+}
+
+fn append(kmsg: &Path, line: &str) {
+    let mut file = std::fs::OpenOptions::new().append(true).open(kmsg).expect("kmsg");
+    writeln!(file, "{line}").expect("append a record");
+}
+
+fn start(config: &Path, kmsg: &Path, extra: &[&str], env: &[(&str, &OsStr)]) -> Agent {
+    let library = fake_nvml();
+    let mut args = vec!["--nvml-library", &library, "--kmsg-path", kmsg.to_str().expect("utf-8"), "--period", "500ms"];
+    args.extend_from_slice(extra);
+    let mut env = env.to_vec();
+    env.push(("FAKE_NVML_CONFIG", config.as_os_str()));
+    Agent::start_with_env(sim(), &[], &args, &env)
+}
+
+fn state(m: &Metrics, gpu: &str, state: &str) -> Option<f64> {
+    m.value("gpu_health_state", &[("gpu", gpu), ("state", state)])
+}
+
+#[test]
+fn an_xid_79_record_makes_its_gpu_unhealthy_on_metrics_and_hostile_records_are_refused() {
+    let dir = TempDir::new("gpu-health");
+    let (config, kmsg) = gpu_node(&dir.0, 13);
+    let agent = start(&config, &kmsg, &[], &[]);
+    agent.wait_for("GPU 0 healthy", WAIT, |m| (state(m, "0", "healthy")? == 1.0).then_some(()));
+
+    // A user's write to /dev/kmsg (facility user), an address no GPU has, a malformed code.
+    append(&kmsg, &format!("12,10,5000000,-;{}", XID_79.replace("53:00", "64:00")));
+    append(&kmsg, "3,11,5000000,-;NVRM: Xid (PCI:0000:99:00): 79, pid=1, name=a, b");
+    append(&kmsg, "3,12,5000000,-;NVRM: Xid (PCI:0000:64:00): 99999999999, pid=1, name=a, b");
+    append(&kmsg, &format!("3,13,5000000,-;{XID_79}"));
+    let m = agent.wait_for("GPU 0 unhealthy", WAIT, |m| (state(m, "0", "unhealthy")? == 1.0).then(|| m.clone()));
+    assert_eq!(state(&m, "0", "healthy"), Some(0.0));
+    let uuid = &m.find("gpu_health_state", &[("gpu", "0"), ("state", "unhealthy")])[0].labels["UUID"];
+    assert!(uuid.starts_with("GPU-"), "{uuid}");
+    assert_eq!(m.value("DCGM_FI_DEV_XID_ERRORS", &[("gpu", "0")]), Some(79.0));
+    assert_eq!(m.value("gpu_xid_errors_total", &[("gpu", "0"), ("xid", "79")]), Some(1.0));
+    assert_eq!(state(&m, "1", "healthy"), Some(1.0), "the user's record for GPU 1 was not taken");
+    for reason in ["facility", "unknown_device", "xid_format"] {
+        let refused = m.value("neuron_agent_health_kmsg_refused_total", &[("reason", reason)]);
+        assert_eq!(refused, Some(1.0), "{reason}");
+    }
+    // The informational Xid 13 of GPU 2 came through NVML's event set: counted, healthy.
+    let m = agent.wait_for("the event set's Xid", WAIT, |m| {
+        m.value("gpu_xid_errors_total", &[("gpu", "2"), ("xid", "13")]).map(|_| m.clone())
+    });
+    assert_eq!(state(&m, "2", "healthy"), Some(1.0));
+    assert_eq!(m.value("DCGM_FI_DEV_XID_ERRORS", &[("gpu", "2")]), Some(13.0));
+}
+
+#[test]
+fn an_xid_79_record_sets_the_gpu_condition_and_an_event_and_nvml_xids_count_as_faults() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let cp = ControlPlane::shared();
+    let client = rt.block_on(cp.client());
+    let node = format!("gpu-node-{:08x}", random_u32());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let object: Node = serde_json::from_value(serde_json::json!({ "metadata": { "name": node } })).expect("node");
+    rt.block_on(nodes.create(&PostParams::default(), &object)).expect("create the Node");
+    let condition = |type_: &'static str| {
+        let (nodes, node) = (nodes.clone(), node.clone());
+        async move {
+            let n = nodes.get_status(&node).await.ok()?;
+            let c = n.status?.conditions?.into_iter().find(|c| c.type_ == type_)?;
+            Some((c.status, c.reason.unwrap_or_default()))
+        }
+    };
+
+    let dir = TempDir::new("gpu-health-node");
+    let (config, kmsg) = gpu_node(&dir.0, 48);
+    let _agent = start(&config, &kmsg, &["--node-name", &node], &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))]);
+    // GPU 2's Xid 48 (a double-bit ECC error) came through NVML's event set.
+    let first = rt.block_on(wait_for(WAIT, || async { condition("GpuHealth").await.filter(|(s, _)| s == "True") }));
+    assert_eq!(first, Some(("True".to_owned(), "XID_48".to_owned())));
+
+    append(&kmsg, &format!("3,20,5000000,-;{XID_79}"));
+    let latest = rt.block_on(wait_for(WAIT, || async { condition("GpuHealth").await.filter(|(_, r)| r == "XID_79") }));
+    assert_eq!(latest, Some(("True".to_owned(), "XID_79".to_owned())), "the latest fault names it");
+
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let note = rt.block_on(wait_for(WAIT, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node.as_str()))
+            .filter(|e| e.reason.as_deref() == Some("GpuHasError_XID_79"))
+            .find_map(|e| e.note)
+    }));
+    let note = note.expect("an Event for the Xid");
+    for part in ["NVIDIA GPU 0", "GPU-", "00000000:53:00.0", "GPU has fallen off the bus", "REBOOT_NODE"] {
+        assert!(note.contains(part), "{part:?} in {note:?}");
+    }
+    // A GPU-only node: no Neuron condition.
+    assert_eq!(rt.block_on(condition("NeuronHealth")), None);
+}
