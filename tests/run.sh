@@ -12,5 +12,7 @@ tests/tools/install.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --bins --locked
+# The fake NVIDIA driver library the GPU tests load (a cdylib: not a bin).
+cargo build -p nvidia-ml-fake --locked
 cargo test --workspace --locked --all-targets --no-fail-fast
 echo "tests/run.sh: done in $((SECONDS - started))s"

@@ -358,8 +358,8 @@ pub async fn follow(
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
-            // A new period applies at once.
-            changed = period.changed() => if changed.is_err() { return },
+            // A new period applies at once; without a sender, the last one holds.
+            Ok(()) = period.changed() => {}
         }
     }
 }

@@ -434,10 +434,11 @@ impl Agent {
                 state: flow.state.clone(),
                 processes: readers.processes.clone(),
                 efa: readers.efa.clone(),
+                gpu: readers.gpu.clone(),
                 health: Some(Arc::new(readers.health_families(flow))),
             },
             routing,
-            reports: flow.pipeline.subscribe(),
+            reports: node_data_changes(&mut self.tasks, flow, readers, shutdown),
             headers,
             options: args.otlp.options(identity, self.started),
             metrics: otlp_metrics,
@@ -526,6 +527,33 @@ impl Agent {
         let tainter = Tainter { client, node, health: readers.health.clone(), settings: settings(), metrics };
         self.tasks.spawn("tainter", tainter.run(self.shutdown.clone()));
     }
+}
+
+/// Changes after each report and, on a node with GPUs, each GPU collection: what the
+/// sinks wake on (a node with GPUs and no Neuron device has no report).
+fn node_data_changes(
+    tasks: &mut CriticalTasks,
+    flow: &Flow,
+    readers: &Readers,
+    shutdown: &CancellationToken,
+) -> watch::Receiver<u64> {
+    let mut reports = flow.pipeline.subscribe();
+    let Some(mut gpus) = readers.gpu.as_ref().map(|g| g.snapshot.clone()) else {
+        return reports;
+    };
+    let (tx, rx) = watch::channel(0u64);
+    let shutdown = shutdown.clone();
+    tasks.spawn("node data changes", async move {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                changed = reports.changed() => if changed.is_err() { return },
+                changed = gpus.changed() => if changed.is_err() { return },
+            }
+            tx.send_modify(|n| *n += 1);
+        }
+    });
+    rx
 }
 
 /// Whether the driver's sysfs tree shows a Neuron device (`neuron<N>`).

@@ -47,6 +47,7 @@ use self::{
 use crate::{
     delivery::{aws::sdk_config, backoff::Backoff, queue},
     efa::EfaSource,
+    gpu::GpuSource,
     health::metrics::HealthCollector,
     processes::SharedProcesses,
     routing::{Routing, Selection, SharedRouting},
@@ -87,6 +88,8 @@ pub struct Sources {
     pub processes: SharedProcesses,
     /// The EFA devices' counters.
     pub efa: EfaSource,
+    /// The GPUs, on a node with an NVIDIA driver.
+    pub gpu: Option<GpuSource>,
     /// The health families, sent by the sinks of the operator's namespace.
     pub health: Option<Arc<HealthCollector>>,
 }
@@ -118,8 +121,9 @@ impl Sink {
         let (resources, dropped) = {
             let state = self.sources.state.lock().unwrap_or_else(|p| p.into_inner());
             // Before the first report the node is not known (no instance, no series): the
-            // resource could not name it.
-            if state.reports == 0 {
+            // resource could not name it. A node with GPUs and no Neuron device has no
+            // report: its first GPU collection is what there is to send.
+            if state.reports == 0 && !self.sources.gpu.as_ref().is_some_and(GpuSource::collected) {
                 return Vec::new();
             }
             // Taken after the state's lock, never the other way (as the exposition does).
@@ -135,6 +139,9 @@ impl Sink {
             drop(processes);
             drop(state);
             let _ = self.sources.efa.encode(&instance, scope, &mut encoder);
+            if let Some(gpu) = &self.sources.gpu {
+                let _ = gpu.encode(&instance, scope, &mut encoder);
+            }
             // The health collector takes the state's lock itself.
             if let Some(health) = self.sources.health.as_ref().filter(|_| scope.node_level()) {
                 let _ = health.encode_into(&mut encoder as &mut dyn FamilyEncoder);
@@ -170,7 +177,8 @@ struct Running {
 pub struct Sinks {
     pub sources: Sources,
     pub routing: SharedRouting,
-    /// Bumped by the pipeline after each report.
+    /// Bumped after each report and each GPU collection: the sinks follow the routing
+    /// then.
     pub reports: watch::Receiver<u64>,
     /// The mirrored headers; `None` without Kubernetes (a sink that needs headers cannot send).
     pub headers: Option<watch::Receiver<MirroredHeaders>>,

@@ -78,7 +78,7 @@ fn sink_over(route: &Route, state: Arc<Mutex<NodeState>>, started: SystemTime) -
         route: route.clone(),
         selection,
         settings: OtlpSettings::check(route.otlp.as_ref().unwrap()).unwrap(),
-        sources: Sources { state, processes: Default::default(), efa: Default::default(), health: None },
+        sources: Sources { state, processes: Default::default(), efa: Default::default(), gpu: None, health: None },
         identity: identity(),
         starts: Mutex::new(StartTimes::new(started)),
         queue: Arc::new(Queue::new(1, {
