@@ -42,14 +42,15 @@ fn size(r: &Record) -> usize {
 
 #[test]
 fn requests_hold_at_most_10000_events_and_1_mib_and_take_the_queue_in_order() {
-    // A record is at least ~300 bytes of JSON (every key present), so 1 MiB binds first.
+    // A record is at least ~350 bytes of JSON (every key present, the GPU keys too), so
+    // 1 MiB binds first.
     let mut queue: VecDeque<Record> = (0..25_000).map(|i| record(i, 1)).collect();
     let mut next = 0;
     while !queue.is_empty() {
         let batch = take_batch(&mut queue, &Identity::default());
         let bytes: usize = batch.events.iter().map(|e| e.message().len() + EVENT_OVERHEAD_BYTES).sum();
         assert!(batch.events.len() <= MAX_EVENTS_PER_REQUEST && bytes <= MAX_REQUEST_BYTES);
-        assert!(batch.events.len() > 3000 || queue.is_empty(), "{} events", batch.events.len());
+        assert!(batch.events.len() > 2500 || queue.is_empty(), "{} events", batch.events.len());
         for e in &batch.events {
             assert_eq!(e.timestamp(), next);
             next += 1;
