@@ -1,8 +1,9 @@
 //! NVIDIA GPU health end to end, on the fake NVML library (`cargo build -p
 //! nvidia-ml-fake`, or `--workspace`): an Xid 79 record in the kernel log makes its GPU
 //! unhealthy with reason `XID_79` on `/metrics`, with the `GpuHealth` condition and an
-//! Event on the real control plane; records not as the driver writes them are refused;
-//! an Xid delivered through NVML's event set counts too.
+//! Event on the real control plane and a fault event in CloudWatch Logs (LocalStack);
+//! records not as the driver writes them are refused; an Xid delivered through NVML's
+//! event set counts too.
 
 mod support;
 
@@ -14,7 +15,10 @@ use kube::{
     Api,
 };
 use neuron_e2e::{random_u32, wait_for, ControlPlane};
-use support::{sim, Agent, Metrics, TempDir};
+use support::{
+    cloudwatch::{logs_client, start_agent_without_file, LocalStack},
+    sim, Agent, Metrics, TempDir,
+};
 
 const WAIT: Duration = Duration::from_secs(30);
 const XID_79: &str = "NVRM: Xid (PCI:0000:53:00): 79, pid=1234, name=python, GPU has fallen off the bus.";
@@ -128,4 +132,72 @@ fn an_xid_79_record_sets_the_gpu_condition_and_an_event_and_nvml_xids_count_as_f
     }
     // A GPU-only node: no Neuron condition.
     assert_eq!(rt.block_on(condition("NeuronHealth")), None);
+}
+
+/// Every event of every stream of `group` (empty while the group does not exist).
+fn stored_events(addr: std::net::SocketAddr, group: &str) -> Vec<(String, serde_json::Value)> {
+    let client = logs_client(addr, "us-west-2");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let mut out = Vec::new();
+        let Ok(streams) = client.describe_log_streams().log_group_name(group).send().await else { return out };
+        for stream in streams.log_streams() {
+            let name = stream.log_stream_name().unwrap_or_default().to_owned();
+            let Ok(page) =
+                client.get_log_events().log_group_name(group).log_stream_name(&name).start_from_head(true).send().await
+            else {
+                continue;
+            };
+            for e in page.events() {
+                let json = serde_json::from_str(e.message().unwrap_or_default()).expect("a JSON event");
+                out.push((name.clone(), json));
+            }
+        }
+        out
+    })
+}
+
+#[test]
+fn an_xid_79_record_reaches_the_cloudwatch_logs_stream_naming_the_gpu() {
+    let ls = LocalStack::shared();
+    let dir = TempDir::new("gpu-health-logs");
+    let (config, kmsg) = gpu_node(&dir.0, 13);
+    let group = format!("/test/{:08x}/hardware-events", random_u32());
+    let library = fake_nvml();
+    let args = [
+        "--nvml-library",
+        &library,
+        "--kmsg-path",
+        kmsg.to_str().expect("utf-8"),
+        "--period",
+        "500ms",
+        "--health-log-group",
+        &group,
+        "--health-log-region",
+        "us-west-2",
+        "--health-log-flush-interval",
+        "200ms",
+    ];
+    let agent = start_agent_without_file(&[], ls.addr, &args, &[("FAKE_NVML_CONFIG", config.as_os_str())]);
+    agent.wait_for("GPU 0 healthy", WAIT, |m| (state(m, "0", "healthy")? == 1.0).then_some(()));
+    append(&kmsg, &format!("3,30,5000000,-;{XID_79}"));
+    agent.wait_for("GPU 0 unhealthy", WAIT, |m| (state(m, "0", "unhealthy")? == 1.0).then_some(()));
+    // No neuron-monitor gives an instance id: the stream is named after the host, 30 s on.
+    let start = std::time::Instant::now();
+    let fault = loop {
+        let events = stored_events(ls.addr, &group);
+        if let Some(found) = events.into_iter().find(|(_, e)| e["event"] == "fault" && e["xid"] == 79) {
+            break found;
+        }
+        assert!(start.elapsed() < Duration::from_secs(90), "no Xid fault event in {group}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let (stream, e) = fault;
+    assert!(!stream.is_empty());
+    assert_eq!((e["accelerator"].as_str(), e["gpu"].as_u64()), (Some("nvidia_gpu"), Some(0)));
+    assert_eq!((e["error"].as_str(), e["action"].as_str()), (Some("XID_79"), Some("REBOOT_NODE")));
+    assert_eq!(e["pci_bus_id"], "00000000:53:00.0");
+    assert!(e["gpu_uuid"].as_str().is_some_and(|u| u.starts_with("GPU-")), "{e}");
+    assert_eq!((e["state_before"].as_str(), e["state_after"].as_str()), (Some("healthy"), Some("unhealthy")));
+    assert!(e["device"].is_null(), "no Neuron device: {e}");
 }
