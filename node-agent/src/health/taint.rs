@@ -221,6 +221,29 @@ mod tests {
     }
 
     #[test]
+    fn a_gpu_fault_taints_when_its_name_is_listed() {
+        use crate::gpu::{Gpu, GpuIdentity, GpuSnapshot};
+        let mut model = HealthModel::with_ready_devices(0);
+        let gpu = Gpu {
+            identity: GpuIdentity {
+                index: 0,
+                uuid: "GPU-0".into(),
+                pci_bus_id: "00000000:53:00.0".into(),
+                ..GpuIdentity::default()
+            },
+            ..Gpu::default()
+        };
+        model.apply_gpu_snapshot(&GpuSnapshot { gpus: vec![gpu], collections: 1, ..GpuSnapshot::default() }, 1);
+        let raw = "3,5,100,-;NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=a, GPU has fallen off the bus.";
+        let record = crate::health::kmsg::parse_record(raw).unwrap();
+        let event = crate::health::kmsg::parse_event(record.text, Some(record.origin)).unwrap().unwrap();
+        model.apply_events(vec![(Some(5), event)], Some(5), 2);
+        assert_eq!(wanted(&model, Some(&["DMA_ERROR".to_owned()])), None, "XID_79 is not listed");
+        let listed = ["DMA_ERROR".to_owned(), "XID_79".to_owned()];
+        assert_eq!(wanted(&model, Some(&listed)).as_deref(), Some("XID_79"));
+    }
+
+    #[test]
     fn other_taints_are_kept_and_nothing_changes_twice() {
         let other = taint("example.com/maintenance", Some("yes"), "NoSchedule");
         let added = taints_with(std::slice::from_ref(&other), Some("DMA_ERROR")).expect("a change");
