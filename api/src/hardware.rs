@@ -14,6 +14,14 @@ pub const NEURON_RESOURCES: [&str; 3] = [NEURONCORE_RESOURCE, NEURONDEVICE_RESOU
 /// EFA scraper also reads them.
 pub const EFA_RESOURCE: &str = "vpc.amazonaws.com/efa";
 
+/// The NVIDIA device plugin's extended resources: whole GPUs (and MIG instances under
+/// the `single` MIG strategy), GPUs shared by time-slicing or MPS when the plugin renames
+/// them, and the prefix of MIG profiles under the `mixed` strategy
+/// (`nvidia.com/mig-1g.10gb`).
+pub const NVIDIA_GPU_RESOURCE: &str = "nvidia.com/gpu";
+pub const NVIDIA_GPU_SHARED_RESOURCE: &str = "nvidia.com/gpu.shared";
+pub const NVIDIA_MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
+
 /// Bytes of an EFA device name (the kernel's own bound for a device name is 64).
 pub const MAX_EFA_NAME_BYTES: usize = 64;
 

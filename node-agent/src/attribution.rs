@@ -20,6 +20,7 @@
 
 pub mod cgroup;
 pub mod ecs;
+pub mod gpus;
 pub mod podresources;
 pub mod pods;
 pub mod sources;
@@ -29,7 +30,7 @@ pub use sources::{Settings, Sources};
 use std::{
     collections::HashMap,
     io::Read,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{atomic::AtomicU64, Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -120,6 +121,7 @@ pub struct AttributionMetrics {
     pub pod_watch_errors: Counter,
     pub ecs_requests: Family<ResultLabel, Counter>,
     pub ecs_containers: Gauge,
+    pub gpu_ids_unresolved: Family<ReasonLabel, Counter>,
 }
 
 impl AttributionMetrics {
@@ -176,6 +178,12 @@ impl AttributionMetrics {
             m.ecs_requests.clone(),
         );
         r.register("ecs_containers", "Containers of running ECS tasks the ECS agent lists", m.ecs_containers.clone());
+        r.register(
+            "gpu_device_ids_unresolved",
+            "NVIDIA device ids of the kubelet's allocations that name no GPU of this node, each counted once while \
+             the kubelet lists it, by reason (malformed, unknown_gpu, too_many)",
+            m.gpu_ids_unresolved.clone(),
+        );
         m
     }
 }
@@ -413,33 +421,37 @@ impl Attribution {
         entry
     }
 
-    /// Reads and parses `<proc root>/<pid>/cgroup` (a few hundred bytes of procfs).
     fn read_process(&self, pid: u32) -> PidEntry {
-        let path = self.proc_root.join(pid.to_string()).join("cgroup");
-        let mut text = String::new();
-        let read = std::fs::File::open(&path).and_then(|f| f.take(MAX_CGROUP_FILE).read_to_string(&mut text));
-        let placement = match read {
-            Ok(_) => {
-                let placement = cgroup::parse(&text);
-                if placement == Placement::Unknown {
-                    self.metrics.unknown_layouts.inc();
-                    warn!(pid, path = %path.display(), content = %text.trim(), "unknown cgroup layout; no pod labels");
-                }
-                Some(placement)
-            }
-            Err(e) => {
-                debug!(pid, path = %path.display(), error = %e, "cgroup file not readable");
-                None
-            }
-        };
         PidEntry {
-            placement,
+            placement: read_placement(&self.proc_root, pid, &self.metrics),
             read_at: Instant::now(),
             resolved: Err(Unattributed::ProcUnreadable),
             ecs: None,
             resolved_at: None,
             disagreement_counted: false,
             round: 0,
+        }
+    }
+}
+
+/// Reads and parses `<proc root>/<pid>/cgroup` (a few hundred bytes of procfs); `None`:
+/// not readable.
+fn read_placement(proc_root: &Path, pid: u32, metrics: &AttributionMetrics) -> Option<Placement> {
+    let path = proc_root.join(pid.to_string()).join("cgroup");
+    let mut text = String::new();
+    let read = std::fs::File::open(&path).and_then(|f| f.take(MAX_CGROUP_FILE).read_to_string(&mut text));
+    match read {
+        Ok(_) => {
+            let placement = cgroup::parse(&text);
+            if placement == Placement::Unknown {
+                metrics.unknown_layouts.inc();
+                warn!(pid, path = %path.display(), content = %text.trim(), "unknown cgroup layout; no pod labels");
+            }
+            Some(placement)
+        }
+        Err(e) => {
+            debug!(pid, path = %path.display(), error = %e, "cgroup file not readable");
+            None
         }
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod dcgm;
 pub mod nvml;
+pub mod processes;
 pub mod xid;
 
 use std::{
@@ -221,19 +222,26 @@ pub type GpuHolders = BTreeMap<String, Vec<GpuHolder>>;
 /// The latest [`GpuHolders`]; cloning shares them.
 pub type SharedGpuHolders = Arc<Mutex<Arc<GpuHolders>>>;
 
+/// The pod of each GPU process that runs in one, by PID; filled by attribution.
+pub type GpuProcessPods = BTreeMap<u32, Arc<PodRef>>;
+
+/// The latest [`GpuProcessPods`]; cloning shares them.
+pub type SharedGpuProcessPods = Arc<Mutex<Arc<GpuProcessPods>>>;
+
 /// What the GPU series are encoded from; cloning shares it. The exposition and the
 /// OTLP sinks encode the same.
 #[derive(Clone)]
 pub struct GpuSource {
     pub snapshot: watch::Receiver<Arc<GpuSnapshot>>,
     pub holders: SharedGpuHolders,
+    pub process_pods: SharedGpuProcessPods,
     /// The node's name for `Hostname` (the Node's, else the host's).
     pub hostname: Arc<str>,
 }
 
 impl GpuSource {
-    /// The GPU families `scope` takes. Takes the holders' lock, then the snapshot's
-    /// (one at a time): call it without the node state's.
+    /// The GPU families `scope` takes. Takes the holders' lock, the process pods', then
+    /// the snapshot's (one at a time): call it without the node state's.
     pub fn encode(
         &self,
         instance: &InstanceLabels,
@@ -241,8 +249,10 @@ impl GpuSource {
         encoder: &mut dyn FamilyEncoder,
     ) -> Result<(), fmt::Error> {
         let holders = self.holders.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let process_pods = self.process_pods.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let snapshot = self.snapshot.borrow().clone();
-        dcgm::encode_gpus(&snapshot, &self.hostname, instance, &holders, scope, encoder)
+        dcgm::encode_gpus(&snapshot, &self.hostname, instance, &holders, scope, encoder)?;
+        processes::encode_processes(&snapshot, instance, &process_pods, scope, encoder)
     }
 
     /// Whether a first collection was published.

@@ -378,7 +378,11 @@ impl Agent {
     ) -> Option<GpuSource> {
         let (_period_tx, period) = watch::channel(Duration::from(self.args.monitor.period));
         let hostname = self.args.source.node_name.clone().unwrap_or_else(host_name);
-        let source = GpuSource { snapshot, holders: Default::default(), hostname: hostname.into() };
+        let (holders, process_pods) = match &flow.attribution {
+            Some(sources) => sources.gpus(snapshot.clone(), &mut self.tasks, &self.shutdown),
+            None => Default::default(),
+        };
+        let source = GpuSource { snapshot, holders, process_pods, hostname: hostname.into() };
         self.tasks.spawn("GPU collector", gpu::follow(reader, period, tx, self.shutdown.clone()));
         self.registry.register_collector(Box::new(GpuCollector {
             source: source.clone(),

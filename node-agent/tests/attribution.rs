@@ -13,7 +13,9 @@ use kube::{api::DeleteParams, Api};
 use neuron_e2e::{random_u32, ControlPlane};
 use neuron_node_agent::attribution::podresources::{self, NEURONCORE, NEURONDEVICE};
 use support::{
-    kubelet::{container_id, containerd_cgroup, holding, running_pod, stat_line, FakeProc, PodResourcesServer},
+    kubelet::{
+        container_id, containerd_cgroup, holding, holding_ids, running_pod, stat_line, FakeProc, PodResourcesServer,
+    },
     Agent, Metrics, Prometheus, TempDir,
 };
 
@@ -281,15 +283,33 @@ fn the_client_reads_the_test_kubelet() {
 
 #[test]
 fn the_last_known_mapping_outlives_the_kubelet_for_a_bounded_time() {
-    use neuron_node_agent::attribution::{
-        podresources::{DeviceOwnership, KubeletPoller},
-        AttributionMetrics,
+    use neuron_node_agent::{
+        attribution::{
+            gpus::GpuHolding,
+            podresources::{DeviceOwnership, KubeletPoller},
+            pods::{PodIndex, PodLabelKeys},
+            AttributionMetrics,
+        },
+        gpu::GpuSnapshot,
     };
     use std::sync::{Arc, RwLock};
 
     let dir = TempDir::new("kubelet-keep");
     let mut server = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
-    server.set(vec![holding("a", "train", "main", NEURONCORE, &[0, 1])]);
+    const GPU: &str = "GPU-0a1b2c3d-0000-1111-2222-333344445555";
+    server.set(vec![
+        holding("a", "train", "main", NEURONCORE, &[0, 1]),
+        holding_ids("a", "train", "main", "nvidia.com/gpu", &[GPU.to_owned()]),
+    ]);
+    // The pod, and a GPU collector that has not collected yet (a GPU- id is taken as it is).
+    let mut pods = PodIndex::new(PodLabelKeys::new::<&str>(&[]));
+    let train: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"uid": "0a0a0a0a-0000-4000-8000-000000000000", "namespace": "a", "name": "train"},
+        "spec": {"containers": [{"name": "main"}]},
+        "status": {"phase": "Running"}
+    }))
+    .expect("a pod");
+    pods.replace(&[train]);
     let devices = Arc::new(RwLock::new(DeviceOwnership::default()));
     let metrics = AttributionMetrics::default();
     let poller = KubeletPoller {
@@ -298,12 +318,16 @@ fn the_last_known_mapping_outlives_the_kubelet_for_a_bounded_time() {
         timeout: Duration::from_secs(1),
         keep_for: Duration::from_millis(1500),
         devices: devices.clone(),
+        gpus: GpuHolding::new(Arc::new(RwLock::new(pods)), metrics.clone()),
         metrics: metrics.clone(),
     };
+    let (_collections, snapshot) = tokio::sync::watch::channel(Arc::new(GpuSnapshot::default()));
+    let gpu_holders = poller.gpus.follow(snapshot);
     let rt = runtime();
     let shutdown = tokio_util::sync::CancellationToken::new();
     rt.spawn(poller.run(shutdown.clone()));
     let count = || devices.read().expect("lock").allocations().len();
+    let gpus_held = || gpu_holders.lock().expect("lock").values().map(Vec::len).sum::<usize>();
     let wait = |what: &str, limit: Duration, check: &dyn Fn() -> bool| {
         let start = std::time::Instant::now();
         while !check() {
@@ -312,11 +336,136 @@ fn the_last_known_mapping_outlives_the_kubelet_for_a_bounded_time() {
         }
         start.elapsed()
     };
-    wait("the allocations are read", Duration::from_secs(10), &|| count() == 2 && metrics.kubelet_up.get() == 1);
+    wait("the allocations are read", Duration::from_secs(10), &|| {
+        count() == 2 && gpus_held() == 1 && metrics.kubelet_up.get() == 1
+    });
     server.stop();
     wait("the kubelet is seen down", Duration::from_secs(10), &|| metrics.kubelet_up.get() == 0);
     assert_eq!(count(), 2, "the last known mapping stays while the kubelet is down");
+    assert_eq!(gpus_held(), 1, "the GPUs' holders too");
     let gone_after = wait("the mapping expires", Duration::from_secs(10), &|| count() == 0);
     assert!(gone_after >= Duration::from_millis(800), "expired too early: {gone_after:?}");
+    assert_eq!(gpus_held(), 0, "the GPUs' holders expire with it");
     shutdown.cancel();
+}
+
+/// An NVIDIA GPU node (the project's fake NVML library, 4 × A10G): `train` holds GPU 0 by
+/// its UUID and runs process 4201 on it; `share-0` and `share-1` hold replicas `::0` and
+/// `::1` of GPU 1, time-sliced, and `share-1` runs process 4202 on it; `train` also lists
+/// a GPU this node does not have. Each GPU's series carry the pods holding it, one series
+/// per pod on the shared GPU, and each process's series its own pod.
+#[test]
+fn the_pods_holding_each_gpu_and_running_each_gpu_process() {
+    let rt = runtime();
+    let cp = ControlPlane::shared();
+    let node = format!("gpu-node-{:08x}", random_u32());
+    let ns = rt.block_on(cp.namespace("attr-gpu"));
+    let client = rt.block_on(cp.client());
+    let mut uids = BTreeMap::new();
+    for (n, pod) in ["train", "share-0", "share-1"].into_iter().enumerate() {
+        let cid = container_id(0x6a0 + n as u32);
+        let uid = rt.block_on(running_pod(&client, &ns, pod, &node, "main", &cid));
+        uids.insert(pod, (uid, cid));
+    }
+    let proc = FakeProc::new();
+    proc.process(4201, &containerd_cgroup(&uids["train"].0, &uids["train"].1));
+    proc.process(4202, &containerd_cgroup(&uids["share-1"].0, &uids["share-1"].1));
+    let dir = TempDir::new("gpu-attr");
+    let config = dir.0.join("nvml.yaml");
+    std::fs::write(
+        &config,
+        "instance_type: g5.12xlarge\n\
+         gpus: [{index: 0, utilization_gpu: 70}, {index: 1, utilization_gpu: 30}]\n\
+         processes:\n\
+         - {gpu: 0, pid: 4201, used_memory_mib: 2000}\n\
+         - {gpu: 1, pid: 4202, used_memory_mib: 500}\n\
+         - {gpu: 1, pid: 4203, used_memory_mib: 100}\n",
+    )
+    .expect("write the fake NVML configuration");
+    let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
+    let library = neuron_e2e::workspace_bin("libnvidia_ml_fake.so");
+    let args = [
+        "--period",
+        "500ms",
+        "--node-name",
+        &node,
+        "--proc-root",
+        proc.root().to_str().expect("utf-8 path"),
+        "--pod-resources-socket",
+        kubelet.socket.to_str().expect("utf-8 path"),
+        "--pod-resources-interval",
+        "300ms",
+        "--nvml-library",
+        library.to_str().expect("utf-8 path"),
+    ];
+    let env = [("KUBECONFIG", OsStr::new(&cp.kubeconfig)), ("FAKE_NVML_CONFIG", config.as_os_str())];
+    // A GPU-only node: no neuron-monitor is started, so none is needed.
+    let agent = Agent::start_with_env("/nonexistent/neuron-monitor", &[], &args, &env);
+
+    // The device plugin names GPUs by the UUIDs NVML gives.
+    let uuids = agent.wait_for("the GPUs collected", Duration::from_secs(30), |m| {
+        let uuid = |gpu: &str| {
+            let sample = m.find("DCGM_FI_DEV_GPU_UTIL", &[("gpu", gpu)]).into_iter().next()?;
+            sample.labels.get("UUID").cloned()
+        };
+        Some((uuid("0")?, uuid("1")?))
+    });
+    let unknown = "GPU-ffffffff-0000-4000-8000-000000000000".to_owned();
+    kubelet.set(vec![
+        holding_ids(&ns, "train", "main", "nvidia.com/gpu", &[uuids.0.clone(), unknown]),
+        holding_ids(&ns, "share-0", "main", "nvidia.com/gpu", &[format!("{}::0", uuids.1)]),
+        holding_ids(&ns, "share-1", "main", "nvidia.com/gpu", &[format!("{}::1", uuids.1)]),
+    ]);
+    let util = |m: &Metrics, gpu: &str| -> Vec<(String, String, String)> {
+        let series = m.find("DCGM_FI_DEV_GPU_UTIL", &[("gpu", gpu)]).into_iter().map(|s| {
+            let get = |k: &str| s.labels.get(k).cloned().unwrap_or_default();
+            (get("pod"), get("container"), get("vgpu"))
+        });
+        series.collect()
+    };
+    let m = agent.wait_for("the GPUs and processes attributed", Duration::from_secs(30), |m| {
+        let done = util(m, "0").first().is_some_and(|(pod, _, _)| pod == "train")
+            && util(m, "1").len() == 2
+            && m.value("gpu_process_memory_used_bytes", &[("pid", "4202"), ("pod", "share-1")]).is_some();
+        done.then(|| m.clone())
+    });
+    assert_eq!(util(&m, "0"), vec![("train".into(), "main".into(), String::new())]);
+    assert_eq!(m.value("DCGM_FI_DEV_GPU_UTIL", &[("gpu", "0"), ("namespace", &ns)]), Some(70.0));
+    let mut shared = util(&m, "1");
+    shared.sort();
+    assert_eq!(
+        shared,
+        vec![("share-0".into(), "main".into(), "0".into()), ("share-1".into(), "main".into(), "1".into())]
+    );
+    // Both pods see the shared GPU's one value.
+    assert_eq!(m.sum("DCGM_FI_DEV_GPU_UTIL", &[("gpu", "1"), ("namespace", &ns)]), 60.0);
+    // The GPUs no pod holds have one series without a pod.
+    for gpu in ["2", "3"] {
+        assert_eq!(util(&m, gpu), vec![(String::new(), String::new(), String::new())], "GPU {gpu}");
+    }
+    // Each process's series carries its own pod; one in no pod carries none.
+    let train = m.find("gpu_process_memory_used_bytes", &[("pid", "4201")]);
+    assert_eq!(train.len(), 1, "{train:?}");
+    assert_eq!(train[0].labels.get("UUID"), Some(&uuids.0));
+    assert_eq!(train[0].labels.get("namespace"), Some(&ns));
+    assert_eq!(train[0].labels.get("container").map(String::as_str), Some("main"));
+    assert_eq!(train[0].value, 2000.0 * 1024.0 * 1024.0);
+    assert_eq!(m.value("gpu_process_memory_used_bytes", &[("pid", "4202"), ("gpu", "1")]), Some(500.0 * 1048576.0));
+    let host = m.find("gpu_process_memory_used_bytes", &[("pid", "4203")]);
+    assert!(host.len() == 1 && !host[0].labels.contains_key("pod"), "{host:?}");
+    // The GPU this node does not have is counted once, however many answers list it.
+    let polls = kubelet.calls.load(std::sync::atomic::Ordering::Relaxed);
+    let m = agent.wait_for("more kubelet answers", Duration::from_secs(10), |m| {
+        (kubelet.calls.load(std::sync::atomic::Ordering::Relaxed) >= polls + 3).then(|| m.clone())
+    });
+    assert_eq!(m.value("neuron_agent_gpu_device_ids_unresolved_total", &[("reason", "unknown_gpu")]), Some(1.0));
+
+    // share-0 releases its replica: GPU 1 is share-1's alone.
+    kubelet.set(vec![
+        holding_ids(&ns, "train", "main", "nvidia.com/gpu", std::slice::from_ref(&uuids.0)),
+        holding_ids(&ns, "share-1", "main", "nvidia.com/gpu", &[format!("{}::1", uuids.1)]),
+    ]);
+    agent.wait_for("share-0's replica released", Duration::from_secs(20), |m| {
+        (util(m, "1") == vec![("share-1".into(), "main".into(), "1".into())]).then_some(())
+    });
 }

@@ -2,7 +2,8 @@
 """Compares the agent's GPU series with nvidia-smi's view of the same GPUs, from the files
 tests/gpu/real-driver-check.sh leaves: nvidia-smi.csv and metrics-every-second.txt.
 
-Identity must be equal; slowly moving values (memory total, link, limits) equal; values
+Identity must be equal; slowly moving values (link, limits) equal, framebuffer sizes
+within 1 MiB (the agent cuts bytes to MiB as DCGM does, nvidia-smi rounds); values
 that move between the two reads (utilization, temperature, power, clocks, memory used)
 within a tolerance. Prints one line per GPU and field, and exits non-zero on a mismatch.
 Usage: compare-with-nvidia-smi.py DIR
@@ -20,10 +21,10 @@ LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 FIELDS = {
     "utilization.gpu [%]": ("DCGM_FI_DEV_GPU_UTIL", 25.0),
     "utilization.memory [%]": ("DCGM_FI_DEV_MEM_COPY_UTIL", 25.0),
-    "memory.total [MiB]": ("DCGM_FI_DEV_FB_TOTAL", 0.0),
+    "memory.total [MiB]": ("DCGM_FI_DEV_FB_TOTAL", 1.0),
     "memory.used [MiB]": ("DCGM_FI_DEV_FB_USED", 64.0),
     "memory.free [MiB]": ("DCGM_FI_DEV_FB_FREE", 64.0),
-    "memory.reserved [MiB]": ("DCGM_FI_DEV_FB_RESERVED", 0.0),
+    "memory.reserved [MiB]": ("DCGM_FI_DEV_FB_RESERVED", 1.0),
     "temperature.gpu": ("DCGM_FI_DEV_GPU_TEMP", 3.0),
     "temperature.memory": ("DCGM_FI_DEV_MEMORY_TEMP", 3.0),
     "power.draw [W]": ("DCGM_FI_DEV_POWER_USAGE", 30.0),
@@ -52,7 +53,7 @@ def agent_series(path):
         if not m or not m.group(1).startswith("DCGM_"):
             continue
         labels = dict(LABEL.findall(m.group(2)))
-        by_gpu.setdefault(labels.get("gpu"), {})[m.group(1).removesuffix("_total")] = (labels, float(m.group(3)))
+        by_gpu.setdefault(labels.get("gpu"), {})[m.group(1)] = (labels, float(m.group(3)))
     return by_gpu
 
 

@@ -10,6 +10,7 @@
 //! the last known mapping in place for a bounded time, and says so in the metrics.
 
 use std::{
+    collections::BTreeSet,
     ops::Range,
     path::{Path, PathBuf},
     sync::{Arc, RwLock},
@@ -22,7 +23,7 @@ use tonic::transport::Endpoint;
 use tonic_prost::ProstCodec;
 use tracing::{debug, info, warn};
 
-use super::{AttributionMetrics, DeviceSource};
+use super::{gpus::GpuHolding, AttributionMetrics, DeviceSource};
 use crate::state::K8sOwners;
 
 /// The messages of `k8s.io/kubelet/pkg/apis/podresources/v1/api.proto` the agent uses.
@@ -321,6 +322,8 @@ pub struct KubeletPoller {
     /// How long the last known mapping outlives a kubelet that stopped answering.
     pub keep_for: Duration,
     pub devices: SharedDevices,
+    /// Who holds each NVIDIA GPU, by the same answers.
+    pub gpus: GpuHolding,
     pub metrics: AttributionMetrics,
 }
 
@@ -331,6 +334,7 @@ impl KubeletPoller {
         let mut last_success: Option<Instant> = None;
         let mut failing = false;
         let mut reported_unreadable: Vec<String> = Vec::new();
+        let mut reported_gpu_ids = BTreeSet::new();
         loop {
             let result = match tokio::time::timeout(self.timeout, list(&self.socket)).await {
                 Ok(result) => result,
@@ -356,6 +360,7 @@ impl KubeletPoller {
                     devices.set(allocations);
                     devices.set_efa(efa);
                     drop(devices);
+                    self.gpus.refresh(&response, &mut reported_gpu_ids);
                     self.metrics.kubelet_requests.get_or_create(&super::ResultLabel { result: "ok" }).inc();
                     self.metrics.kubelet_up.set(1);
                     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -380,6 +385,9 @@ impl KubeletPoller {
                         );
                         devices.forget_kubelet();
                         devices.set_efa(Vec::new());
+                    }
+                    if expired {
+                        self.gpus.forget();
                     }
                 }
             }

@@ -11,14 +11,17 @@ use std::{
 
 use prometheus_client::registry::Registry;
 use service::tasks::CriticalTasks;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{
     ecs::{self, EcsPoller, SharedEcs},
+    gpus::{GpuHolding, GpuProcessAttribution},
     podresources::{DeviceOwnership, KubeletPoller, SharedDevices},
     pods::{PodIndex, PodLabelKeys, PodWatcher, SharedPods},
     Attribution, AttributionMetrics, EfaHolders,
 };
+use crate::gpu::{GpuSnapshot, SharedGpuHolders, SharedGpuProcessPods};
 
 /// Where attribution reads from.
 #[derive(Clone, Debug)]
@@ -43,17 +46,21 @@ pub struct Sources {
     pods: SharedPods,
     devices: SharedDevices,
     ecs: SharedEcs,
+    gpus: GpuHolding,
     metrics: AttributionMetrics,
 }
 
 impl Sources {
     /// Empty caches; the attribution's metrics go into `registry`.
     pub fn new(settings: Settings, registry: &mut Registry) -> Self {
+        let pods: SharedPods = Arc::new(RwLock::new(PodIndex::new(PodLabelKeys::new(&settings.pod_labels))));
+        let metrics = AttributionMetrics::register(registry);
         Sources {
-            pods: Arc::new(RwLock::new(PodIndex::new(PodLabelKeys::new(&settings.pod_labels)))),
+            gpus: GpuHolding::new(pods.clone(), metrics.clone()),
+            pods,
             devices: Arc::new(RwLock::new(DeviceOwnership::default())),
             ecs: SharedEcs::default(),
-            metrics: AttributionMetrics::register(registry),
+            metrics,
             settings,
         }
     }
@@ -79,6 +86,23 @@ impl Sources {
         EfaHolders::new(self.pods.clone(), self.devices.clone())
     }
 
+    /// The GPUs of `snapshot`: who holds each (resolved after each pod-resources answer)
+    /// and which pod each GPU process runs in (after each collection, by a task among
+    /// `tasks` until `shutdown`).
+    pub fn gpus(
+        &self,
+        snapshot: watch::Receiver<Arc<GpuSnapshot>>,
+        tasks: &mut CriticalTasks,
+        shutdown: &CancellationToken,
+    ) -> (SharedGpuHolders, SharedGpuProcessPods) {
+        let holders = self.gpus.follow(snapshot.clone());
+        let process_pods = SharedGpuProcessPods::default();
+        let processes =
+            GpuProcessAttribution::new(self.settings.proc_root.clone(), self.pods.clone(), self.metrics.clone());
+        tasks.spawn("GPU process attribution", processes.follow(snapshot, process_pods.clone(), shutdown.clone()));
+        (holders, process_pods)
+    }
+
     /// Starts the pod watch of `node` and the kubelet poller among `tasks`, until `shutdown`.
     pub fn spawn_feeds(
         &self,
@@ -102,6 +126,7 @@ impl Sources {
             timeout: self.settings.kubelet_timeout,
             keep_for: self.settings.kubelet_keep,
             devices: self.devices.clone(),
+            gpus: self.gpus.clone(),
             metrics: self.metrics.clone(),
         };
         tasks.spawn("kubelet pod-resources poller", poller.run(shutdown.clone()));

@@ -4,8 +4,10 @@
 //! `namespace`, `pod` and `container` where a pod holds the GPU (one series per pod on a
 //! shared GPU, its replica in `vgpu`), plus the agent's instance labels.
 //!
-//! Units are dcgm-exporter's: framebuffer in MiB, energy in mJ, power in W, clocks in
-//! MHz. The fields dcgm-exporter exports by default come first in [`FIELDS`]; the rest
+//! Units are dcgm-exporter's: framebuffer in MiB (bytes divided and cut, as DCGM does;
+//! nvidia-smi rounds, so the two can differ by 1), energy in mJ, power in W, clocks in
+//! MHz. dcgm-exporter's counters (energy, PCIe replays, ECC, remapped rows) keep their
+//! exact names: typed gauge, since a counter on the page would gain `_total`. The fields dcgm-exporter exports by default come first in [`FIELDS`]; the rest
 //! (ECC, link, limits) are the fields of its catalogue it leaves commented out.
 
 use std::fmt;
@@ -75,13 +77,13 @@ pub const FIELDS: &[Field] = &[
     Field {
         name: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
         help: "Total energy consumption since boot (in mJ).",
-        kind: MetricType::Counter,
+        kind: MetricType::Gauge,
         value: |g| big(g.values.energy_millijoules),
     },
     Field {
         name: "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
         help: "Total number of PCIe retries.",
-        kind: MetricType::Counter,
+        kind: MetricType::Gauge,
         value: |g| big(g.values.pcie_replays),
     },
     Field {
@@ -117,13 +119,13 @@ pub const FIELDS: &[Field] = &[
     Field {
         name: "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
         help: "Number of remapped rows for uncorrectable errors.",
-        kind: MetricType::Counter,
+        kind: MetricType::Gauge,
         value: |g| big(g.values.remapped_rows.uncorrectable),
     },
     Field {
         name: "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
         help: "Number of remapped rows for correctable errors.",
-        kind: MetricType::Counter,
+        kind: MetricType::Gauge,
         value: |g| big(g.values.remapped_rows.correctable),
     },
     Field {
@@ -183,25 +185,25 @@ pub const FIELDS: &[Field] = &[
     Field {
         name: "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
         help: "Total number of single-bit volatile ECC errors.",
-        kind: MetricType::Counter,
+        kind: MetricType::Gauge,
         value: |g| big(g.values.ecc.corrected_volatile),
     },
     Field {
         name: "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
         help: "Total number of double-bit volatile ECC errors.",
-        kind: MetricType::Counter,
+        kind: MetricType::Gauge,
         value: |g| big(g.values.ecc.uncorrected_volatile),
     },
     Field {
         name: "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
         help: "Total number of single-bit persistent ECC errors.",
-        kind: MetricType::Counter,
+        kind: MetricType::Gauge,
         value: |g| big(g.values.ecc.corrected_aggregate),
     },
     Field {
         name: "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
         help: "Total number of double-bit persistent ECC errors.",
-        kind: MetricType::Counter,
+        kind: MetricType::Gauge,
         value: |g| big(g.values.ecc.uncorrected_aggregate),
     },
     Field {
@@ -355,8 +357,9 @@ mod tests {
         }
         assert!(util0.ends_with(" 40"), "{util0}");
         assert!(text.lines().any(|l| l.starts_with("DCGM_FI_DEV_FB_USED ") && l.ends_with(" 2048")), "{text}");
-        // A counter keeps its dcgm name on the classic page plus `_total`.
-        assert!(text.contains("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total "), "{text}");
+        // dcgm-exporter's counters keep their exact names (no `_total`).
+        assert!(text.contains("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION "), "{text}");
+        assert!(!text.contains("_total"), "{text}");
         // Values the GPU did not give are left out, not zero.
         assert!(!text.contains("DCGM_FI_DEV_POWER_USAGE"), "{text}");
     }

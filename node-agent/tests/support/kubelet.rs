@@ -26,15 +26,19 @@ use tonic_prost::ProstCodec;
 use super::TempDir;
 
 pub fn holding(namespace: &str, pod: &str, container: &str, resource: &str, ids: &[u32]) -> PodResources {
+    let ids: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+    holding_ids(namespace, pod, container, resource, &ids)
+}
+
+/// A pod whose container holds the device `ids` of `resource`, as the device plugin
+/// names them (`GPU-…`, `GPU-…::1`, …).
+pub fn holding_ids(namespace: &str, pod: &str, container: &str, resource: &str, ids: &[String]) -> PodResources {
     PodResources {
         name: pod.to_owned(),
         namespace: namespace.to_owned(),
         containers: vec![ContainerResources {
             name: container.to_owned(),
-            devices: vec![ContainerDevices {
-                resource_name: resource.to_owned(),
-                device_ids: ids.iter().map(|i| i.to_string()).collect(),
-            }],
+            devices: vec![ContainerDevices { resource_name: resource.to_owned(), device_ids: ids.to_vec() }],
         }],
     }
 }

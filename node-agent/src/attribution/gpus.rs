@@ -1,0 +1,713 @@
+//! Which pod holds each NVIDIA GPU, and which pod each GPU process runs in.
+//!
+//! The holders come from the same pod-resources answers as the Neuron devices (no call of
+//! their own): after each answer, the ids of the NVIDIA device plugin's resources
+//! (`nvidia.com/gpu`, `nvidia.com/gpu.shared`, `nvidia.com/mig-<profile>`) are resolved
+//! to GPUs of the latest GPU collection, and their containers to the pod watch's. The
+//! device plugin writes an id in one of these forms (its `--device-id-strategy` and MIG
+//! strategy):
+//! - `GPU-<uuid>`: a whole GPU (the default strategy);
+//! - `<index>`: a whole GPU by its NVML index (the `index` strategy);
+//! - `MIG-<uuid>`, or the older `MIG-GPU-<uuid>/<gi>/<ci>`: a MIG instance, credited to
+//!   the GPU it is a slice of;
+//! - `<gpu index>:<mig index>`: a MIG instance under the `index` strategy, likewise;
+//! - any of these followed by `::<n>`: replica `n` of a GPU shared by time-slicing or
+//!   MPS: one GPU, several pods, each a holder with its replica.
+//!
+//! The processes: each compute process NVML lists takes the pod of its
+//! `/proc/<pid>/cgroup`, as Neuron applications do, read once per PID.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    path::PathBuf,
+    sync::{Arc, OnceLock},
+    time::Instant,
+};
+
+use api::hardware::{NVIDIA_GPU_RESOURCE, NVIDIA_GPU_SHARED_RESOURCE, NVIDIA_MIG_RESOURCE_PREFIX};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::{
+    cgroup::Placement,
+    podresources::proto::ListPodResourcesResponse,
+    pods::{PodIndex, SharedPods},
+    read_placement, resolve, AttributionMetrics, UNREADABLE_RETRY,
+};
+use crate::{
+    gpu::{GpuHolder, GpuHolders, GpuProcessPods, GpuSnapshot, SharedGpuHolders, SharedGpuProcessPods, MAX_GPUS},
+    telemetry::ReasonLabel,
+};
+
+/// Bytes of a device id read (the device plugin's longest, the older MIG form, has 50).
+pub const MAX_DEVICE_ID_BYTES: usize = 96;
+/// NVIDIA ids kept from one answer (as many as EFA ids).
+pub const MAX_GPU_ALLOCATIONS: usize = 1024;
+/// Pods credited with one GPU (time-slicing replicas); more are counted `too_many`.
+pub const MAX_HOLDERS_PER_GPU: usize = 64;
+/// Unresolved ids named in one log line.
+const MAX_LOGGED_IDS: usize = 16;
+
+/// The GPU a device id names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuRef<'a> {
+    /// `GPU-…`, as NVML writes it.
+    Uuid(&'a str),
+    /// A MIG instance's `MIG-…`: its parent is found among the collection's MIG instances.
+    Mig(&'a str),
+    /// NVML's index of the GPU.
+    Index(u32),
+}
+
+/// One device id of an NVIDIA resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceId<'a> {
+    pub gpu: GpuRef<'a>,
+    /// `::<n>`: the replica of a shared GPU.
+    pub replica: Option<u32>,
+}
+
+/// Reads one device id; `None`: no form the device plugin writes.
+pub fn parse_device_id(id: &str) -> Option<DeviceId<'_>> {
+    if id.is_empty() || id.len() > MAX_DEVICE_ID_BYTES {
+        return None;
+    }
+    let (base, replica) = match id.split_once("::") {
+        Some((base, n)) => (base, Some(number(n)?)),
+        None => (id, None),
+    };
+    Some(DeviceId { gpu: gpu_ref(base)?, replica })
+}
+
+fn gpu_ref(base: &str) -> Option<GpuRef<'_>> {
+    if let Some(rest) = strip_prefix_ignore_case(base, "MIG-") {
+        // The older form names its parent GPU: `MIG-GPU-<uuid>/<gi>/<ci>`.
+        if let Some((parent, instance)) = rest.split_once('/') {
+            let (gi, ci) = instance.split_once('/')?;
+            number(gi)?;
+            number(ci)?;
+            return strip_prefix_ignore_case(parent, "GPU-").filter(|u| uuid_body(u)).map(|_| GpuRef::Uuid(parent));
+        }
+        return uuid_body(rest).then_some(GpuRef::Mig(base));
+    }
+    if let Some(rest) = strip_prefix_ignore_case(base, "GPU-") {
+        return uuid_body(rest).then_some(GpuRef::Uuid(base));
+    }
+    // `<gpu>`, or a MIG instance `<gpu>:<mig>`.
+    let (gpu, mig) = match base.split_once(':') {
+        Some((gpu, mig)) => (gpu, Some(mig)),
+        None => (base, None),
+    };
+    if let Some(mig) = mig {
+        number(mig)?;
+    }
+    number(gpu).filter(|i| *i < MAX_GPUS).map(GpuRef::Index)
+}
+
+/// Decimal digits only (`str::parse` would take a sign).
+fn number(text: &str) -> Option<u32> {
+    (!text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())).then(|| text.parse().ok()).flatten()
+}
+
+/// What follows `GPU-` or `MIG-`: hex digits and dashes.
+fn uuid_body(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+}
+
+fn strip_prefix_ignore_case<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = text.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix).then(|| &text[prefix.len()..])
+}
+
+/// Whether the kubelet's resource is one of the NVIDIA device plugin's GPUs.
+pub fn is_gpu_resource(name: &str) -> bool {
+    let mig_profile = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 32
+            && p.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'+' | b'-'))
+    };
+    name == NVIDIA_GPU_RESOURCE
+        || name == NVIDIA_GPU_SHARED_RESOURCE
+        || name.strip_prefix(NVIDIA_MIG_RESOURCE_PREFIX).is_some_and(mig_profile)
+}
+
+/// One NVIDIA device id held by one container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuAllocation {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    pub resource: String,
+    /// As the kubelet gave it, cut past [`MAX_DEVICE_ID_BYTES`] (and then refused).
+    pub id: String,
+}
+
+impl GpuAllocation {
+    /// How the log names it.
+    fn describe(&self) -> String {
+        format!("{}/{}/{} {}={}", self.namespace, self.pod, self.container, self.resource, self.id)
+    }
+}
+
+/// The NVIDIA allocations of a `List` answer (the first [`MAX_GPU_ALLOCATIONS`]), and
+/// how many were left off.
+pub fn gpu_allocations(response: &ListPodResourcesResponse) -> (Vec<GpuAllocation>, usize) {
+    let mut out = Vec::new();
+    let mut left_off = 0;
+    for pod in &response.pod_resources {
+        for container in &pod.containers {
+            for devices in container.devices.iter().filter(|d| is_gpu_resource(&d.resource_name)) {
+                for id in &devices.device_ids {
+                    if out.len() == MAX_GPU_ALLOCATIONS {
+                        left_off += 1;
+                        continue;
+                    }
+                    out.push(GpuAllocation {
+                        namespace: pod.namespace.clone(),
+                        pod: pod.name.clone(),
+                        container: container.name.clone(),
+                        resource: devices.resource_name.clone(),
+                        id: id[..id.floor_char_boundary(MAX_DEVICE_ID_BYTES + 1)].to_owned(),
+                    });
+                }
+            }
+        }
+    }
+    (out, left_off)
+}
+
+/// Why an NVIDIA id is credited to no GPU; the values of the `reason` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unresolved {
+    /// No form the device plugin writes.
+    Malformed,
+    /// Names no GPU (or MIG instance) of the latest collection.
+    UnknownGpu,
+    /// Beyond [`MAX_GPU_ALLOCATIONS`] ids or [`MAX_HOLDERS_PER_GPU`] pods of one GPU.
+    TooMany,
+}
+
+impl Unresolved {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unresolved::Malformed => "malformed",
+            Unresolved::UnknownGpu => "unknown_gpu",
+            Unresolved::TooMany => "too_many",
+        }
+    }
+}
+
+/// What a device id resolves to.
+#[derive(Debug, PartialEq, Eq)]
+enum Target {
+    /// The GPU's UUID, upper case (the key of [`GpuHolders`]).
+    Gpu(String),
+    /// Not known before the first collection (an index or a MIG instance).
+    Pending,
+    Unresolved(Unresolved),
+}
+
+/// The GPU `gpu` names in `snapshot`. Before a first collection, a GPU UUID is taken as
+/// it is (the device plugin read it from NVML), the other forms wait.
+fn target(gpu: GpuRef<'_>, snapshot: &GpuSnapshot) -> Target {
+    if snapshot.collections == 0 {
+        return match gpu {
+            GpuRef::Uuid(uuid) => Target::Gpu(uuid.to_ascii_uppercase()),
+            GpuRef::Mig(_) | GpuRef::Index(_) => Target::Pending,
+        };
+    }
+    let found = match gpu {
+        GpuRef::Uuid(uuid) => snapshot.by_uuid(uuid),
+        GpuRef::Index(index) => snapshot.gpus.iter().find(|g| g.identity.index == index),
+        GpuRef::Mig(mig) => snapshot.gpus.iter().find(|g| g.mig.iter().any(|m| m.uuid.eq_ignore_ascii_case(mig))),
+    };
+    found.map_or(Target::Unresolved(Unresolved::UnknownGpu), |g| Target::Gpu(g.identity.uuid.to_ascii_uppercase()))
+}
+
+/// The holders of each GPU by `allocations`, and the allocations credited to none. A
+/// container the pod watch does not list (yet) holds nothing, as for Neuron devices.
+pub fn resolve_holders<'a>(
+    allocations: &'a [GpuAllocation],
+    snapshot: &GpuSnapshot,
+    pods: &PodIndex,
+) -> (GpuHolders, Vec<(&'a GpuAllocation, Unresolved)>) {
+    let mut holders = GpuHolders::new();
+    let mut unresolved = Vec::new();
+    for a in allocations {
+        let Some(id) = parse_device_id(&a.id) else {
+            unresolved.push((a, Unresolved::Malformed));
+            continue;
+        };
+        let uuid = match target(id.gpu, snapshot) {
+            Target::Gpu(uuid) => uuid,
+            Target::Pending => continue,
+            Target::Unresolved(reason) => {
+                unresolved.push((a, reason));
+                continue;
+            }
+        };
+        let Some(pod) = pods.container(&a.namespace, &a.pod, &a.container) else {
+            continue;
+        };
+        let holder = GpuHolder { pod: pod.clone(), replica: id.replica };
+        let held = holders.entry(uuid).or_default();
+        if held.contains(&holder) {
+            continue; // a container holding two MIG instances of one GPU holds it once
+        }
+        if held.len() == MAX_HOLDERS_PER_GPU {
+            unresolved.push((a, Unresolved::TooMany));
+            continue;
+        }
+        held.push(holder);
+    }
+    // In the same order whatever the kubelet's.
+    for held in holders.values_mut() {
+        held.sort_by(|a, b| order(a).cmp(&order(b)));
+    }
+    (holders, unresolved)
+}
+
+fn order(h: &GpuHolder) -> (Option<u32>, &str, &str, &str) {
+    (h.replica, &h.pod.namespace, &h.pod.pod, &h.pod.container)
+}
+
+/// Which pods hold each GPU, refreshed after each pod-resources answer; cloning shares it.
+#[derive(Clone)]
+pub struct GpuHolding {
+    pods: SharedPods,
+    /// The GPU collection, once the agent has a GPU collector: until then no NVIDIA id is
+    /// read.
+    snapshot: Arc<OnceLock<watch::Receiver<Arc<GpuSnapshot>>>>,
+    holders: SharedGpuHolders,
+    metrics: AttributionMetrics,
+}
+
+impl GpuHolding {
+    pub fn new(pods: SharedPods, metrics: AttributionMetrics) -> Self {
+        GpuHolding { pods, snapshot: Arc::default(), holders: SharedGpuHolders::default(), metrics }
+    }
+
+    /// Starts resolving the NVIDIA ids of the answers against the GPUs of `snapshot`;
+    /// returns the holders it keeps.
+    pub fn follow(&self, snapshot: watch::Receiver<Arc<GpuSnapshot>>) -> SharedGpuHolders {
+        if self.snapshot.set(snapshot).is_err() {
+            warn!("a second GPU collection was given to the GPU attribution; the first is kept");
+        }
+        self.holders.clone()
+    }
+
+    /// The holders by the kubelet's `response`. `reported`: the ids credited to no GPU
+    /// in the previous answer; one is counted and logged when it first appears.
+    pub fn refresh(&self, response: &ListPodResourcesResponse, reported: &mut BTreeSet<String>) {
+        let Some(snapshot) = self.snapshot.get() else {
+            return;
+        };
+        let snapshot = snapshot.borrow().clone();
+        let (allocations, left_off) = gpu_allocations(response);
+        let pods = self.pods.read().unwrap_or_else(|p| p.into_inner());
+        let (holders, unresolved) = resolve_holders(&allocations, &snapshot, &pods);
+        drop(pods);
+        let mut now: Vec<(String, Unresolved)> = unresolved.into_iter().map(|(a, r)| (a.describe(), r)).collect();
+        if left_off > 0 {
+            now.push((format!("{left_off} ids past the first {MAX_GPU_ALLOCATIONS}"), Unresolved::TooMany));
+        }
+        self.report(now, reported);
+        *self.holders.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(holders);
+    }
+
+    /// Counts and logs the ids of `now` not in `reported`, then keeps `now` as reported.
+    fn report(&self, now: Vec<(String, Unresolved)>, reported: &mut BTreeSet<String>) {
+        let new: Vec<&(String, Unresolved)> = now.iter().filter(|(d, _)| !reported.contains(d)).collect();
+        for (_, reason) in &new {
+            self.metrics.gpu_ids_unresolved.get_or_create(&ReasonLabel { reason: reason.as_str() }).inc();
+        }
+        if !new.is_empty() {
+            let named: Vec<String> =
+                new.iter().take(MAX_LOGGED_IDS).map(|(d, r)| format!("{d} ({})", r.as_str())).collect();
+            warn!(ids = ?named, count = new.len(), "NVIDIA device ids credited to no GPU of this node");
+        }
+        *reported = now.into_iter().map(|(d, _)| d).collect();
+    }
+
+    /// The kubelet's last answer is too old to be used: no GPU is held by its account.
+    pub fn forget(&self) {
+        let mut holders = self.holders.lock().unwrap_or_else(|p| p.into_inner());
+        if !holders.is_empty() {
+            *holders = Arc::default();
+        }
+    }
+}
+
+/// Which pod each GPU process runs in, by its cgroup: read once per PID (an unreadable
+/// file again after a while), resolved against the pod watch after each collection.
+pub struct GpuProcessAttribution {
+    proc_root: PathBuf,
+    pods: SharedPods,
+    metrics: AttributionMetrics,
+    /// By PID: where it sits (`None`: not readable) and when that was read.
+    placements: HashMap<u32, (Option<Placement>, Instant)>,
+}
+
+impl GpuProcessAttribution {
+    pub fn new(proc_root: PathBuf, pods: SharedPods, metrics: AttributionMetrics) -> Self {
+        GpuProcessAttribution { proc_root, pods, metrics, placements: HashMap::new() }
+    }
+
+    /// The pod of each process of `snapshot` that runs in one (bounded by the processes
+    /// a collection keeps); PIDs no longer listed are forgotten.
+    pub fn refresh(&mut self, snapshot: &GpuSnapshot) -> GpuProcessPods {
+        let pids: BTreeSet<u32> = snapshot.gpus.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
+        self.placements.retain(|pid, _| pids.contains(pid));
+        for pid in &pids {
+            let stale = self.placements.get(pid).is_none_or(|(p, at)| p.is_none() && at.elapsed() >= UNREADABLE_RETRY);
+            if stale {
+                let placement = read_placement(&self.proc_root, *pid, &self.metrics);
+                self.placements.insert(*pid, (placement, Instant::now()));
+            }
+        }
+        let pods = self.pods.read().unwrap_or_else(|p| p.into_inner());
+        let found = self
+            .placements
+            .iter()
+            .filter_map(|(pid, (placement, _))| resolve(placement.as_ref(), &pods).ok().map(|pod| (*pid, pod)));
+        found.collect::<BTreeMap<_, _>>()
+    }
+
+    /// After each GPU collection, until `shutdown` or the collection's end, publishes the
+    /// processes' pods in `out`.
+    pub async fn follow(
+        mut self,
+        mut snapshot: watch::Receiver<Arc<GpuSnapshot>>,
+        out: SharedGpuProcessPods,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                changed = snapshot.changed() => if changed.is_err() { return },
+            }
+            let latest = snapshot.borrow_and_update().clone();
+            // New PIDs' cgroup files are file I/O: off the runtime's threads.
+            let done = tokio::task::spawn_blocking(move || {
+                let pods = self.refresh(&latest);
+                (self, pods)
+            });
+            let Ok((back, pods)) = done.await else {
+                warn!("the attribution of GPU processes panicked");
+                return;
+            };
+            self = back;
+            *out.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(pods);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::RwLock;
+
+    use k8s_openapi::api::core::v1::Pod;
+    use serde_json::json;
+
+    use super::*;
+    use crate::{
+        attribution::{
+            podresources::proto::{ContainerDevices, ContainerResources, PodResources},
+            pods::PodLabelKeys,
+        },
+        gpu::{Gpu, GpuIdentity, GpuProcess, MigInstance},
+        testdata::TempDir,
+    };
+
+    const UUID0: &str = "GPU-0a1b2c3d-0000-1111-2222-333344445555";
+    const UUID1: &str = "GPU-1a1b2c3d-0000-1111-2222-333344445555";
+    const MIG1: &str = "MIG-9f8e7d6c-0000-1111-2222-333344445555";
+
+    #[test]
+    fn device_ids_in_every_form_the_device_plugin_writes() {
+        let id = |gpu, replica| Some(DeviceId { gpu, replica });
+        assert_eq!(parse_device_id(UUID0), id(GpuRef::Uuid(UUID0), None));
+        assert_eq!(parse_device_id("3"), id(GpuRef::Index(3), None));
+        assert_eq!(parse_device_id(MIG1), id(GpuRef::Mig(MIG1), None));
+        // MIG with the index strategy: the parent GPU's index.
+        assert_eq!(parse_device_id("1:2"), id(GpuRef::Index(1), None));
+        // The older MIG form names its parent.
+        let old = "MIG-GPU-1a1b2c3d-0000-1111-2222-333344445555/7/0";
+        assert_eq!(parse_device_id(old), id(GpuRef::Uuid(UUID1), None));
+        // Shared replicas, whatever the base form (EKS reports `MIG-…::7`).
+        assert_eq!(parse_device_id(&format!("{UUID0}::0")), id(GpuRef::Uuid(UUID0), Some(0)));
+        assert_eq!(parse_device_id(&format!("{MIG1}::7")), id(GpuRef::Mig(MIG1), Some(7)));
+        assert_eq!(parse_device_id("2::13"), id(GpuRef::Index(2), Some(13)));
+        // Case as NVML or the plugin writes it.
+        assert_eq!(parse_device_id("gpu-abc"), id(GpuRef::Uuid("gpu-abc"), None));
+    }
+
+    #[test]
+    fn ids_of_no_known_form_are_refused() {
+        let long = format!("GPU-{}", "a".repeat(MAX_DEVICE_ID_BYTES));
+        for bad in [
+            "",
+            "GPU-",
+            "GPU-xyz",
+            "MIG-",
+            "MIG-GPU-abc/1",
+            "MIG-GPU-abc/x/0",
+            "MIG-GPU-zz/1/0",
+            "64",
+            "4294967296",
+            "-1",
+            "+1",
+            " 1",
+            "1::",
+            "1::x",
+            "1::-1",
+            "GPU-ab::1::2",
+            "0:1:2",
+            "0:",
+            ":1",
+            "é",
+            "nvidia0",
+            &long,
+        ] {
+            assert_eq!(parse_device_id(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_nvidia_resources_whatever_the_mig_strategy() {
+        for name in
+            ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb.shared"]
+        {
+            assert!(is_gpu_resource(name), "{name}");
+        }
+        for name in ["nvidia.com/mig-", "nvidia.com/gpus", "aws.amazon.com/neuron", "vpc.amazonaws.com/efa", ""] {
+            assert!(!is_gpu_resource(name), "{name}");
+        }
+        assert!(!is_gpu_resource(&format!("nvidia.com/mig-{}", "1".repeat(33))));
+    }
+
+    fn uid(n: u8) -> String {
+        format!("{n:08x}-0000-4000-8000-000000000000")
+    }
+
+    fn cid(n: u8) -> String {
+        format!("{n:02x}").repeat(32)
+    }
+
+    fn running(n: u8, ns: &str, name: &str, container: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"uid": uid(n), "namespace": ns, "name": name},
+            "spec": {"containers": [{"name": container}]},
+            "status": {"phase": "Running", "containerStatuses": [{
+                "name": container, "containerID": format!("containerd://{}", cid(n)), "image": "", "imageID": "",
+                "ready": true, "restartCount": 0}]}
+        }))
+        .unwrap()
+    }
+
+    fn pods(pods: &[Pod]) -> SharedPods {
+        let mut index = PodIndex::new(PodLabelKeys::new::<&str>(&[]));
+        index.replace(pods);
+        Arc::new(RwLock::new(index))
+    }
+
+    fn gpu(index: u32, uuid: &str, mig: &[&str]) -> Gpu {
+        Gpu {
+            identity: GpuIdentity { index, uuid: uuid.into(), ..GpuIdentity::default() },
+            mig: mig.iter().map(|m| MigInstance { uuid: m.to_string(), ..MigInstance::default() }).collect(),
+            ..Gpu::default()
+        }
+    }
+
+    /// GPU 0 whole, GPU 1 in MIG mode with one instance, collected once.
+    fn collected() -> GpuSnapshot {
+        GpuSnapshot { gpus: vec![gpu(0, UUID0, &[]), gpu(1, UUID1, &[MIG1])], collections: 1, ..Default::default() }
+    }
+
+    fn holding(ns: &str, pod: &str, container: &str, resource: &str, ids: &[&str]) -> PodResources {
+        PodResources {
+            name: pod.into(),
+            namespace: ns.into(),
+            containers: vec![ContainerResources {
+                name: container.into(),
+                devices: vec![ContainerDevices {
+                    resource_name: resource.into(),
+                    device_ids: ids.iter().map(|i| i.to_string()).collect(),
+                }],
+            }],
+        }
+    }
+
+    fn answer(pods: Vec<PodResources>) -> ListPodResourcesResponse {
+        ListPodResourcesResponse { pod_resources: pods }
+    }
+
+    /// (UUID, pod, replica) of every holder.
+    fn summary(holders: &GpuHolders) -> Vec<(String, String, Option<u32>)> {
+        let each =
+            holders.iter().flat_map(|(u, held)| held.iter().map(move |h| (u.clone(), h.pod.pod.clone(), h.replica)));
+        each.collect()
+    }
+
+    fn resolve_answer(
+        answer: &ListPodResourcesResponse,
+        snapshot: &GpuSnapshot,
+        pods: &SharedPods,
+    ) -> (GpuHolders, Vec<(String, Unresolved)>) {
+        let (allocations, left_off) = gpu_allocations(answer);
+        assert_eq!(left_off, 0);
+        let index = pods.read().unwrap();
+        let (holders, unresolved) = resolve_holders(&allocations, snapshot, &index);
+        (holders, unresolved.into_iter().map(|(a, r)| (a.id.clone(), r)).collect())
+    }
+
+    #[test]
+    fn ids_resolve_to_gpus_by_uuid_index_and_mig_instance() {
+        let index =
+            pods(&[running(1, "a", "train", "main"), running(2, "b", "infer", "srv"), running(3, "c", "slice", "c")]);
+        let answer = answer(vec![
+            holding("a", "train", "main", "nvidia.com/gpu", &[&UUID0.to_ascii_lowercase()]),
+            holding("b", "infer", "srv", "nvidia.com/gpu", &["1"]),
+            holding("c", "slice", "c", "nvidia.com/mig-1g.10gb", &[MIG1, "1:0"]),
+            // A pod the pod watch does not list: no holder, nothing unresolved.
+            holding("d", "gone", "x", "nvidia.com/gpu", &["0"]),
+            holding("a", "train", "main", "aws.amazon.com/neuron", &["0"]),
+        ]);
+        let (holders, unresolved) = resolve_answer(&answer, &collected(), &index);
+        let (u0, u1) = (UUID0.to_ascii_uppercase(), UUID1.to_ascii_uppercase());
+        assert_eq!(
+            summary(&holders),
+            vec![(u0, "train".into(), None), (u1.clone(), "infer".into(), None), (u1, "slice".into(), None)],
+            "the slice's MIG instance by UUID and by index is held once"
+        );
+        assert!(unresolved.is_empty(), "{unresolved:?}");
+    }
+
+    #[test]
+    fn replicas_of_a_shared_gpu_are_one_holder_each() {
+        let index = pods(&[running(1, "a", "p1", "c"), running(2, "a", "p2", "c")]);
+        let answer = answer(vec![
+            holding("a", "p2", "c", "nvidia.com/gpu.shared", &[&format!("{UUID0}::1")]),
+            holding("a", "p1", "c", "nvidia.com/gpu", &[&format!("{UUID0}::0")]),
+        ]);
+        let (holders, _) = resolve_answer(&answer, &collected(), &index);
+        let u0 = UUID0.to_ascii_uppercase();
+        assert_eq!(summary(&holders), vec![(u0.clone(), "p1".into(), Some(0)), (u0, "p2".into(), Some(1))]);
+    }
+
+    #[test]
+    fn ids_naming_no_gpu_of_the_node_are_unresolved_with_their_reason() {
+        let index = pods(&[running(1, "a", "p", "c")]);
+        let other = "GPU-ffffffff-0000-1111-2222-333344445555";
+        let answer = answer(vec![holding("a", "p", "c", "nvidia.com/gpu", &[other, "5", "MIG-abcd", "bogus", UUID0])]);
+        let (holders, unresolved) = resolve_answer(&answer, &collected(), &index);
+        assert_eq!(summary(&holders).len(), 1);
+        let reasons: Vec<(&str, Unresolved)> = unresolved.iter().map(|(id, r)| (id.as_str(), *r)).collect();
+        assert_eq!(
+            reasons,
+            vec![
+                (other, Unresolved::UnknownGpu),
+                ("5", Unresolved::UnknownGpu),
+                ("MIG-abcd", Unresolved::UnknownGpu),
+                ("bogus", Unresolved::Malformed)
+            ]
+        );
+    }
+
+    #[test]
+    fn before_a_first_collection_uuids_are_taken_and_other_forms_wait() {
+        let index = pods(&[running(1, "a", "p", "c")]);
+        let answer = answer(vec![holding("a", "p", "c", "nvidia.com/gpu", &[UUID1, "0", MIG1])]);
+        let (holders, unresolved) = resolve_answer(&answer, &GpuSnapshot::default(), &index);
+        assert_eq!(summary(&holders), vec![(UUID1.to_ascii_uppercase(), "p".into(), None)]);
+        assert!(unresolved.is_empty(), "{unresolved:?}");
+    }
+
+    #[test]
+    fn what_one_answer_gives_is_bounded() {
+        let index = pods(&[running(1, "a", "p", "c")]);
+        // More replicas of one GPU than pods may hold it.
+        let ids: Vec<String> = (0..MAX_HOLDERS_PER_GPU + 3).map(|n| format!("{UUID0}::{n}")).collect();
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let (holders, unresolved) =
+            resolve_answer(&answer(vec![holding("a", "p", "c", "nvidia.com/gpu", &ids)]), &collected(), &index);
+        assert_eq!(holders[&UUID0.to_ascii_uppercase()].len(), MAX_HOLDERS_PER_GPU);
+        assert_eq!(unresolved.len(), 3);
+        assert!(unresolved.iter().all(|(_, r)| *r == Unresolved::TooMany));
+        // More ids than an answer keeps; an id longer than the bound is kept cut, and refused.
+        let many: Vec<String> = (0..MAX_GPU_ALLOCATIONS + 5).map(|n| (n % 8).to_string()).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let long = "9".repeat(10 * MAX_DEVICE_ID_BYTES);
+        let (kept, left_off) = gpu_allocations(&answer(vec![
+            holding("a", "p", "c", "nvidia.com/gpu", &[&long]),
+            holding("a", "p", "c", "nvidia.com/gpu", &many),
+        ]));
+        assert_eq!((kept.len(), left_off), (MAX_GPU_ALLOCATIONS, 6));
+        assert_eq!(kept[0].id.len(), MAX_DEVICE_ID_BYTES + 1);
+        assert_eq!(parse_device_id(&kept[0].id), None);
+    }
+
+    fn unresolved_count(metrics: &AttributionMetrics, reason: &'static str) -> u64 {
+        metrics.gpu_ids_unresolved.get_or_create(&ReasonLabel { reason }).get()
+    }
+
+    #[test]
+    fn holders_follow_each_answer_and_unresolved_ids_are_counted_once_while_listed() {
+        let metrics = AttributionMetrics::default();
+        let holding_gpus = GpuHolding::new(pods(&[running(1, "a", "p", "c")]), metrics.clone());
+        let first = answer(vec![holding("a", "p", "c", "nvidia.com/gpu", &[UUID0, "7"])]);
+        let mut reported = BTreeSet::new();
+        // Without a GPU collector, the NVIDIA ids are not read.
+        holding_gpus.refresh(&first, &mut reported);
+        assert_eq!(unresolved_count(&metrics, "unknown_gpu"), 0);
+        let (tx, rx) = watch::channel(Arc::new(collected()));
+        let holders = holding_gpus.follow(rx);
+        assert!(holders.lock().unwrap().is_empty());
+        for _ in 0..3 {
+            holding_gpus.refresh(&first, &mut reported);
+        }
+        assert_eq!(holders.lock().unwrap().len(), 1);
+        assert_eq!(unresolved_count(&metrics, "unknown_gpu"), 1, "counted once while listed");
+        // Gone from an answer, then back: counted again.
+        holding_gpus.refresh(&answer(vec![]), &mut reported);
+        assert!(holders.lock().unwrap().is_empty());
+        holding_gpus.refresh(&first, &mut reported);
+        assert_eq!(unresolved_count(&metrics, "unknown_gpu"), 2);
+        // A GPU 7 appears: resolved.
+        let mut eight = collected();
+        eight.gpus.push(gpu(7, "GPU-7", &[]));
+        tx.send_replace(Arc::new(eight));
+        holding_gpus.refresh(&first, &mut reported);
+        assert_eq!(holders.lock().unwrap().len(), 2);
+        assert!(reported.is_empty());
+        holding_gpus.forget();
+        assert!(holders.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn gpu_processes_take_the_pod_of_their_cgroup() {
+        let proc = TempDir::new("gpu-proc");
+        let cgroup = |n: u8| {
+            let uid = uid(n).replace('-', "_");
+            format!("0::/kubepods.slice/kubepods-pod{uid}.slice/cri-containerd-{}.scope\n", cid(n))
+        };
+        proc.write("100/cgroup", cgroup(1));
+        proc.write("200/cgroup", "0::/system.slice/sshd.service\n");
+        let index = pods(&[running(1, "a", "train", "main")]);
+        let mut attribution = GpuProcessAttribution::new(proc.0.clone(), index, AttributionMetrics::default());
+        let process = |pid| GpuProcess { pid, used_memory_bytes: Some(1), gpu_instance_id: None };
+        let mut snapshot = collected();
+        snapshot.gpus[0].processes = vec![process(100), process(200), process(300)];
+        let found = attribution.refresh(&snapshot);
+        assert_eq!(found.keys().copied().collect::<Vec<_>>(), vec![100]);
+        assert_eq!((found[&100].namespace.as_str(), found[&100].container.as_str()), ("a", "main"));
+        // Read once per PID: a process still listed keeps its pod without a new read.
+        std::fs::remove_file(proc.0.join("100/cgroup")).unwrap();
+        assert_eq!(attribution.refresh(&snapshot).len(), 1);
+        // A PID no longer listed is forgotten.
+        snapshot.gpus[0].processes.clear();
+        assert!(attribution.refresh(&snapshot).is_empty());
+        assert!(attribution.placements.is_empty());
+    }
+}
