@@ -1,7 +1,7 @@
 //! The `NeuronMonitorConfig` custom resource (`neuronmonitor.io/v1alpha1`, namespaced,
 //! short name `nmc`).
 //!
-//! A config applies to the Neuron nodes its `nodeSelector` matches. It sees the Neuron
+//! A config applies to the Neuron and NVIDIA GPU nodes its `nodeSelector` matches. It sees the Neuron
 //! applications of pods in its own namespace; a config in the operator's namespace sees
 //! every application and may also ask for the node-level (system) groups.
 //!
@@ -45,7 +45,7 @@ const PERIOD_PATTERN: &str = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$";
     shortname = "nmc",
     category = "neuron",
     status = "NeuronMonitorConfigStatus",
-    doc = "What neuron-monitor collects on Neuron nodes, and where the metrics go",
+    doc = "What neuron-monitor collects on Neuron nodes (and the agent on NVIDIA GPU nodes), and where the metrics go",
     printcolumn(
         name = "Matched",
         type_ = "integer",
@@ -101,6 +101,27 @@ pub struct NeuronMonitorConfigSpec {
     /// `NeuronHealth` and Events on; no taint; no CloudWatch Logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthSpec>,
+
+    /// NVIDIA GPUs of the matched nodes (those with a GPU and its driver): whether the
+    /// agent collects them and how often. Only configs in the operator's namespace may
+    /// set this. Default: collected at the agent's `--period` (5s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuSpec>,
+}
+
+/// The GPU collector of the matched nodes (NVML, one read of every GPU per period).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuSpec {
+    /// Collect the node's GPUs. Default: true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+
+    /// Period of the GPU collection. Default: the config's period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), regex(pattern = PERIOD_PATTERN))]
+    #[x_kube(validation = Rule::new(PERIOD_RULE).message(PERIOD_MESSAGE))]
+    pub period: Option<String>,
 }
 
 /// Node condition types the kubelet writes: the health condition must never replace one.

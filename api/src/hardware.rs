@@ -32,6 +32,20 @@ pub fn valid_efa_device_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= MAX_EFA_NAME_BYTES && name.bytes().all(ok)
 }
 
+/// Node labels that say a node has NVIDIA GPUs, with the value (or value prefix) that
+/// says so: the GPU Operator's feature discovery sets `nvidia.com/gpu.present=true`; EKS
+/// node groups of GPU instances carry `k8s.amazonaws.com/accelerator=nvidia-…`.
+pub const NVIDIA_GPU_PRESENT_LABEL: (&str, &str) = ("nvidia.com/gpu.present", "true");
+pub const EKS_ACCELERATOR_LABEL: (&str, &str) = ("k8s.amazonaws.com/accelerator", "nvidia");
+
+/// Instance-type prefixes of the EC2 families with NVIDIA GPUs (P and G families; not
+/// g4ad, whose GPUs are AMD's). A node can carry its type before the device plugin
+/// reports its GPUs.
+pub const NVIDIA_INSTANCE_FAMILIES: [&str; 16] = [
+    "p3.", "p3dn.", "p4d.", "p4de.", "p5.", "p5e.", "p5en.", "p6-", "p6e-", "g4dn.", "g5.", "g5g.", "g6.", "g6e.",
+    "g6f.", "gr6.",
+];
+
 /// Instance-type prefixes of the Neuron families (every type of [`INSTANCE_TYPES`]
 /// starts with one; a test checks it).
 pub const NEURON_INSTANCE_FAMILIES: [&str; 8] =

@@ -56,6 +56,36 @@ pub struct NodeConfig {
     /// [`ValidConfig::precedes`]: crate::validate::ValidConfig::precedes
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<NodeHealth>,
+    /// The GPU collector, as the configs of the operator's namespace with a `gpu` section
+    /// ask for it together ([`NodeGpu::merge`]); `None`: the agent's defaults (on, at its
+    /// `--period`). Absent from the JSON when `None`, so configurations without it keep
+    /// their content hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<NodeGpu>,
+}
+
+/// What the agent's GPU collector does on the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeGpu {
+    /// Off: no NVML read, no GPU series.
+    pub enabled: bool,
+    /// The collection's period.
+    pub period: Period,
+}
+
+impl NodeGpu {
+    /// Several configs' settings on one node: on when any of them is, at the shortest
+    /// period of those that are on (as neuron-monitor's groups take the shortest period
+    /// any config asks for); off only when all of them are. The order does not matter.
+    /// `None` when none is given.
+    pub fn merge(settings: impl IntoIterator<Item = NodeGpu>) -> Option<NodeGpu> {
+        settings.into_iter().reduce(|a, b| match (a.enabled, b.enabled) {
+            (true, false) => a,
+            (false, true) => b,
+            (both, _) => NodeGpu { enabled: both, period: a.period.min(b.period) },
+        })
+    }
 }
 
 /// What the agent does with the devices' health, as one config asked (defaults resolved,
@@ -193,6 +223,26 @@ mod tests {
         let name = configmap_name(&long);
         assert_eq!(name.len(), 253);
         assert_ne!(name, configmap_name(&format!("{}b", "a".repeat(252))));
+    }
+
+    #[test]
+    fn gpu_settings_merge_on_when_any_is_at_the_shortest_period_of_those_on() {
+        let on = |s| NodeGpu { enabled: true, period: Period::from_secs(s) };
+        let off = |s| NodeGpu { enabled: false, period: Period::from_secs(s) };
+        assert_eq!(NodeGpu::merge([]), None);
+        assert_eq!(NodeGpu::merge([on(10), on(2), on(30)]), Some(on(2)));
+        assert_eq!(NodeGpu::merge([off(1), on(10), off(2)]), Some(on(10)));
+        assert_eq!(NodeGpu::merge([off(3), off(2)]), Some(off(2)));
+        assert_eq!(NodeGpu::merge([on(10), off(1)]), NodeGpu::merge([off(1), on(10)]));
+    }
+
+    #[test]
+    fn a_node_configuration_without_gpu_settings_has_no_gpu_key() {
+        let json = serde_json::to_string(&NodeConfig::default()).unwrap();
+        assert!(!json.contains("gpu"), "{json}");
+        let with: NodeConfig =
+            serde_json::from_str(r#"{"monitor":{},"routes":[],"gpu":{"enabled":false,"period":"30s"}}"#).unwrap();
+        assert_eq!(with.gpu, Some(NodeGpu { enabled: false, period: Period::from_secs(30) }));
     }
 
     #[test]

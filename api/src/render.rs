@@ -12,7 +12,9 @@
 //!
 //! A node takes the health settings (`spec.health`) of one config: the first with a
 //! `health` section in the order budgets are shared out (the oldest, then by name); the
-//! others are reported as overridden there ([`Rendering::health_conflicts`]).
+//! others are reported as overridden there ([`Rendering::health_conflicts`]). Its GPU
+//! collector is on when any config's `spec.gpu` says so, at the shortest period of those
+//! ([`NodeGpu::merge`]); without any `spec.gpu`, the agent's defaults.
 //!
 //! Output is deterministic: the same configs and labels, in any order, give
 //! byte-identical JSON, so an unchanged input writes nothing.
@@ -35,7 +37,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use crate::duration::Period;
 use crate::monitor_config::{GroupConfig, MonitorConfig, RuntimeSelector};
-use crate::node_config::{content_hash, NodeConfig};
+use crate::node_config::{content_hash, NodeConfig, NodeGpu};
 use crate::validate::{Applications, ConfigKey, Invalid, ValidConfig};
 use budget::GroupNodes;
 
@@ -282,6 +284,7 @@ fn merge_sorted(configs: &[&ValidConfig]) -> NodeConfig {
         monitor: MonitorConfig { period: None, neuron_runtimes, system_metrics },
         routes: configs.iter().map(|c| c.route.clone()).collect(),
         health: health_in_force(configs).and_then(|c| c.health.clone()),
+        gpu: NodeGpu::merge(configs.iter().filter_map(|c| c.gpu)),
     }
 }
 

@@ -26,6 +26,9 @@
 //! - `health` (operator namespace only): absent, the agent's flags, no taint, no
 //!   CloudWatch Logs; `taint.errors` absent, the fatal errors; `logs.group` absent,
 //!   `/aws/neuron/hardware-events`. Resolved into the rendered [`NodeHealth`].
+//! - `gpu` (operator namespace only): absent, the agent's defaults (on, at its
+//!   `--period`); `enabled` absent, on; `period` absent, the config's period. Resolved
+//!   into the rendered [`NodeGpu`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -34,7 +37,7 @@ use crate::crd::{NeuronMonitorConfig, RuntimeSelectorSpec, SystemMetricsSpec};
 use crate::duration::Period;
 use crate::limits::{MAX_CONFIG_RENDERED_BYTES, MAX_RUNTIME_ENTRIES};
 use crate::monitor_config::{RuntimeGroup, SystemGroup, DEFAULT_PERIOD};
-use crate::node_config::{NodeHealth, Route, RouteRuntimes};
+use crate::node_config::{NodeGpu, NodeHealth, Route, RouteRuntimes};
 use k8s_openapi::jiff::Timestamp;
 
 /// Bounds of every period (the schema's CEL rule says the same).
@@ -182,6 +185,8 @@ pub struct ValidConfig {
     pub system_groups: BTreeMap<SystemGroup, Period>,
     /// The nodes' health settings (`spec.health`), for a config of the operator's namespace.
     pub health: Option<NodeHealth>,
+    /// The GPU collector's settings (`spec.gpu`), for a config of the operator's namespace.
+    pub gpu: Option<NodeGpu>,
     /// Each runtime entry's tag filter with its cost, counted against the node's budgets.
     pub filter_costs: Vec<FilterCost>,
 }
@@ -260,6 +265,7 @@ pub fn validate(config: &NeuronMonitorConfig, operator_namespace: &str) -> Resul
     }
 
     let health = node_health(spec.health.as_ref(), &key, cluster_wide, operator_namespace)?;
+    let gpu = node_gpu(spec.gpu.as_ref(), period, cluster_wide, operator_namespace)?;
     let sinks = spec.sinks.clone().unwrap_or_default();
     let prometheus = prometheus_route(sinks.prometheus.as_ref())?;
     if let Some(cloudwatch) = &sinks.cloudwatch {
@@ -293,6 +299,7 @@ pub fn validate(config: &NeuronMonitorConfig, operator_namespace: &str) -> Resul
         runtime_groups,
         system_groups,
         health,
+        gpu,
         filter_costs,
     })
 }
@@ -445,17 +452,19 @@ fn parse_period(value: Option<&str>, field: &str) -> Result<Option<Period>, Inva
     Ok(Some(period))
 }
 
+mod gpu;
 mod health;
 mod selector;
 mod sinks;
 mod tag_filter;
 
-pub use self::{health::check_condition_type, selector::Selector};
 use self::{
+    gpu::node_gpu,
     health::node_health,
     sinks::{check_cloudwatch, check_otlp, check_series, prometheus_route},
     tag_filter::check_tag_filter,
 };
+pub use self::{health::check_condition_type, selector::Selector};
 /// Re-exported: callers check a log group where they check the rest of a config.
 pub use crate::cloudwatch::logs::check_log_group;
 

@@ -347,7 +347,7 @@ mod tests {
     fn a_team_sees_the_devices_of_its_pods_only() {
         let devices = vec![device("rdmap16s27", 1), device("rdmap32s27", 2), device("rdmap48s27", 3)];
         let holders = vec![("rdmap16s27".into(), pod("a", "train")), ("rdmap32s27".into(), pod("b", "other"))];
-        let config = NodeConfig { monitor: Default::default(), routes: vec![team_route("a")], health: None };
+        let config = NodeConfig { monitor: Default::default(), routes: vec![team_route("a")], health: None, gpu: None };
         let text = render(Table(devices, holders, Routing::compile(&config).unwrap()));
         let tx: Vec<&str> = text.lines().filter(|l| l.starts_with("efa_tx_bytes_total{")).collect();
         assert_eq!(tx.len(), 1, "{text}");
@@ -374,7 +374,7 @@ mod tests {
                 Ok(())
             }
         }
-        let config = NodeConfig { monitor: Default::default(), routes: vec![route.clone()], health: None };
+        let config = NodeConfig { monitor: Default::default(), routes: vec![route.clone()], health: None, gpu: None };
         let routing = Routing::compile(&config).unwrap();
         let selection = &routing.otlp_routes().next().unwrap().1;
         let mut sent = Sent(Vec::new());

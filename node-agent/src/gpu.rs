@@ -163,6 +163,8 @@ pub struct GpuSnapshot {
     /// The latest collection did not return in time: every value is old, every GPU's
     /// health `unknown`.
     pub stale: bool,
+    /// The node configuration switched the collector off: no GPU is read.
+    pub off: bool,
 }
 
 impl GpuSnapshot {
@@ -255,9 +257,11 @@ impl GpuSource {
         processes::encode_processes(&snapshot, instance, &process_pods, scope, encoder)
     }
 
-    /// Whether a first collection was published.
+    /// Whether a first collection was published, or the collector is off (then there is
+    /// nothing to wait for).
     pub fn collected(&self) -> bool {
-        self.snapshot.borrow().collections > 0
+        let snapshot = self.snapshot.borrow();
+        snapshot.collections > 0 || snapshot.off
     }
 }
 
@@ -320,15 +324,24 @@ impl GpuMetrics {
 
 /// Collects every GPU at start and each `period` until `shutdown`, publishing each
 /// snapshot on `tx`. A collection that does not return within [`COLLECTION_TIMEOUT`]
-/// marks the snapshot stale, and the next one starts only when it has returned.
+/// marks the snapshot stale, and the next one starts only when it has returned. While
+/// the period is `None` (the node configuration switched the collector off) nothing is
+/// read and the snapshot is empty.
 pub async fn follow(
     reader: Arc<nvml::NvmlReader>,
-    mut period: watch::Receiver<Duration>,
+    mut period: watch::Receiver<Option<Duration>>,
     tx: watch::Sender<Arc<GpuSnapshot>>,
     shutdown: CancellationToken,
 ) {
     let mut collections = 0u64;
     loop {
+        if period.borrow_and_update().is_none() {
+            info!("GPU collection off by the node configuration");
+            tx.send_replace(Arc::new(GpuSnapshot { off: true, ..GpuSnapshot::default() }));
+            if !wait_until_on(&mut period, &shutdown).await {
+                return;
+            }
+        }
         let started = Instant::now();
         let read = {
             let reader = reader.clone();
@@ -364,12 +377,26 @@ pub async fn follow(
                 reader.metrics.failed("other");
             }
         }
-        let wait = *period.borrow_and_update();
+        let Some(wait) = *period.borrow_and_update() else { continue };
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
             // A new period applies at once; without a sender, the last one holds.
             Ok(()) = period.changed() => {}
+        }
+    }
+}
+
+/// Waits while the collector is off; false when the agent stops meanwhile. Without a
+/// sender, the last setting (off) holds until then.
+async fn wait_until_on(period: &mut watch::Receiver<Option<Duration>>, shutdown: &CancellationToken) -> bool {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return false,
+            changed = period.changed() => if changed.is_err() { shutdown.cancelled().await; return false },
+        }
+        if period.borrow_and_update().is_some() {
+            return true;
         }
     }
 }
@@ -413,6 +440,20 @@ mod tests {
         {
             assert_eq!(PciAddress::parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_collector_switched_off_has_nothing_to_wait_for() {
+        let (tx, snapshot) = watch::channel(Arc::new(GpuSnapshot::default()));
+        let source = GpuSource {
+            snapshot,
+            holders: Default::default(),
+            process_pods: Default::default(),
+            hostname: "node-1".into(),
+        };
+        assert!(!source.collected());
+        tx.send_replace(Arc::new(GpuSnapshot { off: true, ..GpuSnapshot::default() }));
+        assert!(source.collected());
     }
 
     #[test]

@@ -159,6 +159,7 @@ pub fn start(
         if gpu_readers::events_supported(gpus.nvml.nvml(), gpus.nvml.gpu_count()) {
             let events = gpu_readers::EventReader {
                 nvml: gpus.nvml,
+                period: gpus.period,
                 health: health.clone(),
                 writer: writer.clone(),
                 feed: feed.clone(),

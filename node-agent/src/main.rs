@@ -303,8 +303,11 @@ impl Agent {
         let gpu_metrics = GpuMetrics::register(&mut self.registry);
         let nvml = gpu::open(args.gpu.nvml_library.as_deref(), gpu_metrics).map(Arc::new);
         let (gpu_tx, gpu_snapshots) = watch::channel(Arc::new(GpuSnapshot::default()));
-        health_options.gpus =
-            nvml.clone().map(|nvml| health::gpu_readers::GpuInputs { snapshots: gpu_snapshots.clone(), nvml });
+        health_options.gpus = nvml.clone().map(|nvml| health::gpu_readers::GpuInputs {
+            snapshots: gpu_snapshots.clone(),
+            nvml,
+            period: activator.gpu_period(),
+        });
         let health_metrics = HealthMetrics::register(&mut self.registry);
         let log_metrics = LogMetrics::register(&mut self.registry);
         // The stream goes where the node configuration's `health.logs` says, else where
@@ -376,7 +379,8 @@ impl Agent {
         tx: watch::Sender<Arc<GpuSnapshot>>,
         snapshot: watch::Receiver<Arc<GpuSnapshot>>,
     ) -> Option<GpuSource> {
-        let (_period_tx, period) = watch::channel(Duration::from(self.args.monitor.period));
+        // The node configuration's GPU period, as its Neuron groups' are followed.
+        let period = activator.gpu_period();
         let hostname = self.args.source.node_name.clone().unwrap_or_else(host_name);
         let (holders, process_pods) = match &flow.attribution {
             Some(sources) => sources.gpus(snapshot.clone(), &mut self.tasks, &self.shutdown),

@@ -332,6 +332,7 @@ mod tests {
                 route("ops/all", None, None, &[RuntimeGroup::NeuroncoreCounters]),
             ],
             health: None,
+            gpu: None,
         };
         let routing = Routing::compile(&config).unwrap();
         let view = routing.prometheus_view(Some("a"), "serve-1").unwrap();
@@ -347,7 +348,8 @@ mod tests {
         let team = route("a/one", Some("a"), Some("^serve"), &[RuntimeGroup::MemoryUsed]);
         let mut cloudwatch_only = route("b/one", Some("b"), None, &[RuntimeGroup::MemoryUsed]);
         cloudwatch_only.prometheus = None;
-        let teams = NodeConfig { monitor: Default::default(), routes: vec![team, cloudwatch_only], health: None };
+        let teams =
+            NodeConfig { monitor: Default::default(), routes: vec![team, cloudwatch_only], health: None, gpu: None };
         let routing = Routing::compile(&teams).unwrap();
         assert!(routing.prometheus_sees(Some("a")));
         assert!(!routing.prometheus_sees(Some("b")) && !routing.prometheus_sees(None));
@@ -363,7 +365,8 @@ mod tests {
         let mut r = route("a/one", Some("a"), None, &[RuntimeGroup::MemoryUsed]);
         r.prometheus = None;
         let routing =
-            Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![r], health: None }).unwrap();
+            Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![r], health: None, gpu: None })
+                .unwrap();
         assert_eq!(routing.prometheus_view(Some("a"), "x"), None);
     }
 
@@ -378,7 +381,8 @@ mod tests {
                 r
             })
             .collect();
-        let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes, health: None }).unwrap();
+        let routing =
+            Routing::compile(&NodeConfig { monitor: Default::default(), routes, health: None, gpu: None }).unwrap();
         let view = routing.prometheus_view(None, "x").unwrap();
         assert_eq!(view.extra_labels.len(), MAX_EXTRA_LABELS_PER_SERIES);
         assert_eq!(view.dropped_labels, 60 * 16 - MAX_EXTRA_LABELS_PER_SERIES);
@@ -405,7 +409,8 @@ mod tests {
         // Issue 24's tenant: 3 configs x 16 entries of the same filter.
         let heavy = vec![r"[\w]{200}r0".to_owned(); 16];
         let routes = (0..3).map(|c| route_with_filters(&format!("a/c{c}"), &heavy)).collect();
-        let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes, health: None }).unwrap();
+        let routing =
+            Routing::compile(&NodeConfig { monitor: Default::default(), routes, health: None, gpu: None }).unwrap();
         let filters = filters_of(&routing);
         assert_eq!(filters.len(), 48);
         assert!(filters.iter().all(|f| Arc::ptr_eq(f, filters[0])), "one compiled filter shared by every entry");
@@ -428,7 +433,8 @@ mod tests {
                 route_with_filters(&format!("a/c{c:03}"), &filters)
             })
             .collect();
-        let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes, health: None }).unwrap();
+        let routing =
+            Routing::compile(&NodeConfig { monitor: Default::default(), routes, health: None, gpu: None }).unwrap();
         let refused: Vec<&str> = routing.refused().iter().map(|r| r.config.as_str()).collect();
         assert!(!refused.is_empty() && refused.len() <= 3, "{refused:?}");
         assert_eq!(refused.last().copied(), Some(format!("a/c{:03}", count - 1).as_str()));
@@ -446,7 +452,8 @@ mod tests {
             route_with_filters("a/costly", &[r"\pL{1000}".to_owned()]),
             route("a/fine", Some("a"), Some("^serve"), &[RuntimeGroup::MemoryUsed]),
         ];
-        let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes, health: None }).unwrap();
+        let routing =
+            Routing::compile(&NodeConfig { monitor: Default::default(), routes, health: None, gpu: None }).unwrap();
         let refused: Vec<(&str, &str)> = routing.refused().iter().map(|r| (r.config.as_str(), r.reason)).collect();
         assert_eq!(refused, vec![("a/costly", "tag_filter_cost")]);
         assert!(routing.prometheus_view(Some("a"), "serve-1").is_some());
@@ -458,6 +465,7 @@ mod tests {
             monitor: Default::default(),
             routes: vec![route("a/one", None, Some("("), &[])],
             health: None,
+            gpu: None,
         };
         assert!(Routing::compile(&config).is_err());
     }

@@ -60,7 +60,8 @@ fn route(config: &str, namespace: Option<&str>, filter: Option<&str>, cloudwatch
 
 fn node_config(routes: Vec<Route>) -> serde_json::Value {
     let period: Period = "500ms".parse().expect("period");
-    serde_json::to_value(NodeConfig { monitor: MonitorConfig::all_groups(period), routes, health: None }).expect("json")
+    serde_json::to_value(NodeConfig { monitor: MonitorConfig::all_groups(period), routes, health: None, gpu: None })
+        .expect("json")
 }
 
 /// The agent's counter or gauge for one sink (0 when absent).

@@ -54,7 +54,7 @@ fn node_config(node: usize) -> NodeConfig {
         cloudwatch: Some(spec),
         otlp: None,
     };
-    NodeConfig { monitor: Default::default(), routes: vec![route], health: None }
+    NodeConfig { monitor: Default::default(), routes: vec![route], health: None, gpu: None }
 }
 
 /// The node whose namespace the request's (CBOR) body names.

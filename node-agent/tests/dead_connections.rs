@@ -34,6 +34,7 @@ fn node_configmap(node: &str, namespace: &str, period: &str) -> (ConfigMap, Stri
         monitor: MonitorConfig::all_groups(period.parse::<Period>().expect("period")),
         routes: Vec::new(),
         health: None,
+        gpu: None,
     };
     let body = serde_json::to_string(&config).expect("json");
     let hash = content_hash(body.as_bytes());

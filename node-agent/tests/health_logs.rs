@@ -375,7 +375,7 @@ fn start_with_destination(ls: &LocalStack, driver: &FakeDriver, destination: Log
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let health = NodeHealth { config: "ops/health".to_owned(), logs: Some(destination), ..NodeHealth::default() };
     let monitor = MonitorConfig::all_groups("1s".parse().expect("period"));
-    let node_config = serde_json::to_value(NodeConfig { monitor, routes: Vec::new(), health: Some(health) })
+    let node_config = serde_json::to_value(NodeConfig { monitor, routes: Vec::new(), health: Some(health), gpu: None })
         .expect("a node configuration");
     start_agent(&["--instance-type=trn1.32xlarge"], &node_config, ls.addr, &args)
 }

@@ -54,7 +54,7 @@ fn route(config: &str, namespace: Option<&str>, otlp: OtlpSinkSpec) -> Route {
 /// nothing of the machine's AWS setup.
 fn start_agent(sim_args: &[&str], routes: Vec<Route>, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Agent {
     let period: Period = "1s".parse().expect("period");
-    let config = NodeConfig { monitor: MonitorConfig::all_groups(period), routes, health: None };
+    let config = NodeConfig { monitor: MonitorConfig::all_groups(period), routes, health: None, gpu: None };
     Agent::start_configured(support::sim(), sim_args, args, |command, state_dir| {
         let path = state_dir.join("node-config.json");
         std::fs::write(&path, serde_json::to_vec_pretty(&config).expect("json")).expect("write the node config");

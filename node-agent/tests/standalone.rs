@@ -369,3 +369,53 @@ fn heavy_tag_filters_keep_the_agent_small() {
     );
     assert!(with_heavy < baseline + 32 * 1024, "baseline {baseline} KiB, heavy filters {with_heavy} KiB");
 }
+
+/// A GPU-only host on the fake NVML library, its GPU collection as a config's `spec.gpu`
+/// says, followed at each edit without a restart.
+#[test]
+fn a_configs_gpu_settings_are_followed_without_restart() {
+    let dir = TempDir::new("standalone-gpu");
+    let nvml = dir.path().join("nvml.yaml");
+    std::fs::write(&nvml, "instance_type: g5.xlarge\n").expect("write the fake NVML configuration");
+    let file = dir.path().join("configs.yaml");
+    let doc = |gpu: &str| {
+        format!(
+            "apiVersion: neuronmonitor.io/v1alpha1\nkind: NeuronMonitorConfig\nmetadata: {{ name: ops, namespace: ops }}\nspec:\n  gpu: {gpu}\n"
+        )
+    };
+    write(&file, &doc("{period: 1s}"));
+    let library = neuron_e2e::workspace_bin("libnvidia_ml_fake.so");
+    let args = [
+        // The built-in period: a collection an hour unless the config's is followed.
+        "--period",
+        "1h",
+        "--config",
+        file.to_str().expect("utf-8 path"),
+        "--nvml-library",
+        library.to_str().expect("utf-8 path"),
+    ];
+    // A GPU-only host: no neuron-monitor is started, so none is needed.
+    let agent =
+        Agent::start_with_env("/nonexistent/neuron-monitor", &[], &args, &[("FAKE_NVML_CONFIG", nvml.as_os_str())]);
+    let collections = |m: &support::Metrics| m.value("neuron_agent_gpu_collections_total", &[]);
+    let gpus = |m: &support::Metrics| m.find("DCGM_FI_DEV_GPU_UTIL", &[]).len();
+
+    // At the config's 1s: three more collections within a few seconds.
+    let first = agent.wait_for("a first collection", Duration::from_secs(20), |m| collections(m).filter(|n| *n >= 1.0));
+    agent
+        .wait_for("collections each second", Duration::from_secs(10), |m| collections(m).filter(|n| *n >= first + 3.0));
+    assert_eq!(gpus(&agent.metrics()), 1, "g5.xlarge: one A10G");
+
+    // Off: the GPU series go, no more reads, and the agent stays ready.
+    write(&file, &doc("{enabled: false}"));
+    agent.wait_for("the GPU series gone", Duration::from_secs(10), |m| (gpus(m) == 0).then_some(()));
+    let stopped = collections(&agent.metrics()).expect("the counter stays");
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(collections(&agent.metrics()), Some(stopped), "no NVML read while off");
+    assert_eq!(agent.get("/readyz").map(|(status, _)| status), Some(200));
+
+    // On again: collected at once, then at its period.
+    write(&file, &doc("{period: 1s}"));
+    agent.wait_for("the GPU series back", Duration::from_secs(10), |m| (gpus(m) == 1).then_some(()));
+    agent.wait_for("collections again", Duration::from_secs(10), |m| collections(m).filter(|n| *n >= stopped + 2.0));
+}

@@ -94,6 +94,13 @@ pub struct RunArgs {
     )]
     pub neuron_instance_types: Vec<String>,
 
+    /// Render a configuration for NVIDIA GPU nodes too (a node with the `nvidia.com/gpu`
+    /// resource, the GPU Operator's or EKS's GPU label, or an NVIDIA instance type), and
+    /// count them in the configs' status. On only where the agent runs on GPU nodes (the
+    /// chart's `gpu.enabled`): a node without an agent never applies its configuration.
+    #[arg(long, env = "NEURON_OPERATOR_GPU_NODES", default_value_t = false, action = clap::ArgAction::Set)]
+    pub gpu_nodes: bool,
+
     /// ConfigMap of the operator's namespace whose key `policy.yaml` holds the tenancy
     /// policy: which CloudWatch namespaces, regions and OTLP endpoints each namespace's
     /// configs may use, and their monthly cost ceiling. Followed while running. Default:

@@ -354,7 +354,8 @@ impl Controller {
     pub async fn reconcile(&self) -> Result<(), Error> {
         let started = Instant::now();
         let configs = self.configs.state();
-        let nodes: Vec<Arc<Node>> = self.nodes.state().into_iter().filter(|n| self.policy.is_neuron_node(n)).collect();
+        let nodes: Vec<Arc<Node>> =
+            self.nodes.state().into_iter().filter(|n| self.policy.is_monitored_node(n)).collect();
         self.metrics.configs.set(configs.len() as i64);
         self.metrics.nodes.set(nodes.len() as i64);
 

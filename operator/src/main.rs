@@ -131,6 +131,7 @@ fn start_controller(
     let policy = NeuronNodePolicy {
         resources: args.neuron_resources.clone(),
         instance_type_prefixes: args.neuron_instance_types.clone(),
+        gpu_nodes: args.gpu_nodes,
     };
     let options = Options {
         headers_secret: args.otlp_headers_secret.clone(),

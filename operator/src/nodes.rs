@@ -1,12 +1,17 @@
 //! Which Node objects are Neuron nodes: those whose kubelet advertises a Neuron device
 //! resource, or whose instance type is a Neuron family (a node can be labelled before
-//! the device plugin reports its devices, or while it is down).
+//! the device plugin reports its devices, or while it is down). Where the agent runs on
+//! GPU nodes too, NVIDIA GPU nodes are monitored beside them ([`is_gpu_node`]).
 
 use std::collections::BTreeMap;
 
 use api::{
     cloudwatch::cost::NodeFacts,
-    hardware::{NEURONCORE_RESOURCE, NEURONDEVICE_RESOURCE, NEURON_INSTANCE_FAMILIES, NEURON_RESOURCES},
+    hardware::{
+        EKS_ACCELERATOR_LABEL, NEURONCORE_RESOURCE, NEURONDEVICE_RESOURCE, NEURON_INSTANCE_FAMILIES, NEURON_RESOURCES,
+        NVIDIA_GPU_PRESENT_LABEL, NVIDIA_GPU_RESOURCE, NVIDIA_GPU_SHARED_RESOURCE, NVIDIA_INSTANCE_FAMILIES,
+        NVIDIA_MIG_RESOURCE_PREFIX,
+    },
 };
 use k8s_openapi::api::core::v1::Node;
 
@@ -28,6 +33,8 @@ pub struct NeuronNodePolicy {
     /// Prefixes of the instance type (`node.kubernetes.io/instance-type`, or the legacy
     /// `beta.` label) that make a node a Neuron node.
     pub instance_type_prefixes: Vec<String>,
+    /// NVIDIA GPU nodes are monitored too (the agent runs there).
+    pub gpu_nodes: bool,
 }
 
 impl Default for NeuronNodePolicy {
@@ -35,6 +42,7 @@ impl Default for NeuronNodePolicy {
         NeuronNodePolicy {
             resources: NEURON_RESOURCES.map(String::from).to_vec(),
             instance_type_prefixes: NEURON_INSTANCE_FAMILIES.map(String::from).to_vec(),
+            gpu_nodes: false,
         }
     }
 }
@@ -52,11 +60,18 @@ impl NeuronNodePolicy {
         let policy = NeuronNodePolicy {
             resources: split_list(resources),
             instance_type_prefixes: split_list(instance_type_prefixes),
+            gpu_nodes: false,
         };
         if policy.resources.is_empty() && policy.instance_type_prefixes.is_empty() {
             return Err(PolicyError::Empty);
         }
         Ok(policy)
+    }
+
+    /// Whether the operator renders a configuration for the node: a Neuron node, or a GPU
+    /// node where GPU nodes are monitored.
+    pub fn is_monitored_node(&self, node: &Node) -> bool {
+        self.is_neuron_node(node) || (self.gpu_nodes && is_gpu_node(node))
     }
 
     pub fn is_neuron_node(&self, node: &Node) -> bool {
@@ -73,12 +88,43 @@ impl NeuronNodePolicy {
     }
 
     fn has_neuron_instance_type(&self, node: &Node) -> bool {
-        let labels = labels(node);
-        INSTANCE_TYPE_LABELS
-            .iter()
-            .filter_map(|l| labels.get(*l))
-            .any(|t| self.instance_type_prefixes.iter().any(|p| !p.is_empty() && t.starts_with(p.as_str())))
+        has_instance_type(node, &self.instance_type_prefixes)
     }
+}
+
+/// Whether the node has NVIDIA GPUs: a positive `nvidia.com/gpu`, `nvidia.com/gpu.shared`
+/// or `nvidia.com/mig-…` resource, the GPU Operator's `nvidia.com/gpu.present=true`, EKS's
+/// `k8s.amazonaws.com/accelerator=nvidia-…`, or an instance type with NVIDIA GPUs.
+pub fn is_gpu_node(node: &Node) -> bool {
+    let labels = labels(node);
+    let (present, yes) = NVIDIA_GPU_PRESENT_LABEL;
+    let (accelerator, nvidia) = EKS_ACCELERATOR_LABEL;
+    labels.get(present).is_some_and(|v| v == yes)
+        || labels.get(accelerator).is_some_and(|v| v.starts_with(nvidia))
+        || has_gpu_resource(node)
+        || has_instance_type(node, &NVIDIA_INSTANCE_FAMILIES)
+}
+
+fn has_gpu_resource(node: &Node) -> bool {
+    let Some(status) = &node.status else {
+        return false;
+    };
+    [&status.capacity, &status.allocatable].into_iter().flatten().any(|resources| {
+        resources.iter().any(|(name, q)| {
+            let gpu = name == NVIDIA_GPU_RESOURCE || name == NVIDIA_GPU_SHARED_RESOURCE;
+            (gpu || name.starts_with(NVIDIA_MIG_RESOURCE_PREFIX)) && quantity_is_positive(&q.0)
+        })
+    })
+}
+
+/// Whether the node's instance type (current or legacy label) starts with one of
+/// `prefixes` (empty ones never match).
+fn has_instance_type<P: AsRef<str>>(node: &Node, prefixes: &[P]) -> bool {
+    let labels = labels(node);
+    INSTANCE_TYPE_LABELS
+        .iter()
+        .filter_map(|l| labels.get(*l))
+        .any(|t| prefixes.iter().map(AsRef::as_ref).any(|p| !p.is_empty() && t.starts_with(p)))
 }
 
 /// What the CloudWatch cost estimate needs of a node: its cores and devices from the
@@ -166,6 +212,48 @@ mod tests {
         }
         // The prefix must be on the instance-type label, not any label.
         assert!(!p.is_neuron_node(&node(&[("team", "inf2.xlarge")], &[], &[])));
+    }
+
+    #[test]
+    fn gpu_nodes_are_told_by_resource_label_or_instance_type() {
+        let gpu = [
+            node(&[], &[("nvidia.com/gpu", "8")], &[]),
+            node(&[], &[], &[("nvidia.com/mig-1g.10gb", "7")]),
+            node(&[], &[("nvidia.com/gpu.shared", "4")], &[]),
+            node(&[("nvidia.com/gpu.present", "true")], &[], &[]),
+            node(&[("k8s.amazonaws.com/accelerator", "nvidia-tesla-a10g")], &[], &[]),
+            node(&[("node.kubernetes.io/instance-type", "p5.48xlarge")], &[], &[]),
+            node(&[("node.kubernetes.io/instance-type", "g6.xlarge")], &[], &[]),
+            node(&[("beta.kubernetes.io/instance-type", "p4d.24xlarge")], &[], &[]),
+        ];
+        for n in &gpu {
+            assert!(is_gpu_node(n), "{:?}", n.metadata.labels);
+        }
+        let not_gpu = [
+            Node::default(),
+            node(&[], &[("nvidia.com/gpu", "0")], &[("nvidia.com/gpu", "0")]),
+            node(&[("nvidia.com/gpu.present", "false")], &[], &[]),
+            node(&[("k8s.amazonaws.com/accelerator", "amd-radeon")], &[], &[]),
+            node(&[("node.kubernetes.io/instance-type", "g4ad.xlarge")], &[], &[]),
+            node(&[("node.kubernetes.io/instance-type", "trn1.32xlarge")], &[], &[]),
+            node(&[("team", "p5.48xlarge")], &[], &[]),
+        ];
+        for n in &not_gpu {
+            assert!(!is_gpu_node(n), "{:?}", n.metadata.labels);
+        }
+    }
+
+    #[test]
+    fn gpu_nodes_are_monitored_only_where_the_policy_says_and_neuron_nodes_always() {
+        let off = NeuronNodePolicy::default();
+        let on = NeuronNodePolicy { gpu_nodes: true, ..NeuronNodePolicy::default() };
+        let gpu = node(&[], &[("nvidia.com/gpu", "8")], &[]);
+        let neuron = node(&[("node.kubernetes.io/instance-type", "trn1.32xlarge")], &[], &[]);
+        assert!(!off.is_monitored_node(&gpu));
+        assert!(on.is_monitored_node(&gpu));
+        assert!(!on.is_neuron_node(&gpu), "a GPU node is still not a Neuron node");
+        assert!(off.is_monitored_node(&neuron) && on.is_monitored_node(&neuron));
+        assert!(!on.is_monitored_node(&Node::default()));
     }
 
     #[test]

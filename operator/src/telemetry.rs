@@ -92,7 +92,11 @@ impl OperatorMetrics {
         registry.register("leader", "1 while this replica holds the lease", m.leader.clone());
         registry.register("configs", "NeuronMonitorConfigs seen", m.configs.clone());
         registry.register("invalid_configs", "NeuronMonitorConfigs not accepted", m.invalid_configs.clone());
-        registry.register("neuron_nodes", "Neuron nodes seen", m.nodes.clone());
+        registry.register(
+            "neuron_nodes",
+            "Nodes the configs apply to: Neuron nodes, and NVIDIA GPU nodes with --gpu-nodes",
+            m.nodes.clone(),
+        );
         registry.register(
             "tenancy_policy_valid",
             "1 while the tenancy policy in force is what its ConfigMap holds (or the built-in one, when none is \

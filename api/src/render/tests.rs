@@ -716,3 +716,29 @@ fn a_nodes_tag_filters_are_bounded() {
     // The newest namespaces are the ones refused.
     assert!(refused.iter().all(|(ns, _)| *ns >= format!("team-{:02}", namespaces - 3).as_str()), "{refused:?}");
 }
+
+#[test]
+fn a_node_collects_its_gpus_when_any_config_asks_at_the_shortest_period() {
+    let fast = config(OPERATOR_NS, "fast", json!({"gpu": {"period": "2s"}}));
+    let slow = config(OPERATOR_NS, "slow", json!({"gpu": {"period": "30s"}}));
+    let off = config(OPERATOR_NS, "off", json!({"gpu": {"enabled": false, "period": "1s"}}));
+    let team = config("team-a", "team", json!({}));
+    let gpu = |configs: &[&ValidConfig]| render(configs).gpu;
+    let on = |s| Some(NodeGpu { enabled: true, period: Period::from_secs(s) });
+    assert_eq!(gpu(&[&slow, &fast, &team]), on(2));
+    assert_eq!(gpu(&[&off, &slow]), on(30), "one config off does not switch off another's");
+    assert_eq!(gpu(&[&off, &team]), Some(NodeGpu { enabled: false, period: Period::from_secs(1) }));
+    assert_eq!(gpu(&[&team]), None);
+}
+
+#[test]
+fn configs_without_gpu_settings_render_as_before() {
+    // The JSON (and so the ConfigMap's hash) of configs without `gpu` has no trace of it.
+    let configs = [config(OPERATOR_NS, "ops", json!({"period": "10s"})), config("team-a", "team", json!({}))];
+    let rendered = RenderedNode::new(render(&configs.iter().collect::<Vec<_>>())).unwrap();
+    assert!(!rendered.json.contains("gpu"), "{}", rendered.json);
+    let with = config(OPERATOR_NS, "ops", json!({"period": "10s", "gpu": {}}));
+    let both = RenderedNode::new(render(&[&with, &configs[1]])).unwrap();
+    assert_ne!(both.hash, rendered.hash);
+    assert!(both.json.ends_with(r#","gpu":{"enabled":true,"period":"10s"}}"#), "{}", both.json);
+}

@@ -1,6 +1,6 @@
 use serde_json::json;
 
-use crate::node_config::PrometheusRoute;
+use crate::node_config::{NodeGpu, PrometheusRoute};
 
 use super::{selector::check_label_key, *};
 
@@ -578,4 +578,33 @@ fn a_sink_that_would_create_too_many_series_on_a_node_is_refused_naming_it() {
     // An allow-list brings it under the bound.
     let fewer = json!({"sinks": {"cloudwatch": {"namespace": "N", "rollups": per_core, "metrics": ["neuroncore_utilization"]}}});
     assert!(validate(&nmc("team-a", "c", fewer), OPERATOR_NS).is_ok());
+}
+
+#[test]
+fn gpu_settings_are_for_the_operator_namespace_only() {
+    let refused = invalid("team-a", json!({"gpu": {"enabled": false}}));
+    assert_eq!((refused.field.as_str(), refused.kind), ("spec.gpu", Refusal::InvalidSpec));
+    assert_eq!(valid("team-a", json!({})).gpu, None);
+    assert_eq!(valid(OPERATOR_NS, json!({})).gpu, None, "no gpu section: the agent's defaults");
+}
+
+#[test]
+fn gpu_settings_default_to_on_at_the_configs_period() {
+    let on = |period| Some(NodeGpu { enabled: true, period });
+    assert_eq!(valid(OPERATOR_NS, json!({"gpu": {}})).gpu, on(secs(5)));
+    assert_eq!(valid(OPERATOR_NS, json!({"period": "10s", "gpu": {}})).gpu, on(secs(10)));
+    assert_eq!(valid(OPERATOR_NS, json!({"period": "10s", "gpu": {"period": "1m"}})).gpu, on(secs(60)));
+    let off = valid(OPERATOR_NS, json!({"gpu": {"enabled": false, "period": "30s"}})).gpu;
+    assert_eq!(off, Some(NodeGpu { enabled: false, period: secs(30) }));
+}
+
+#[test]
+fn invalid_gpu_periods_are_refused_by_field_even_while_off() {
+    for period in ["500ms", "2h", "5", "fast", ""] {
+        for enabled in [true, false] {
+            let refused = invalid(OPERATOR_NS, json!({"gpu": {"enabled": enabled, "period": period}}));
+            assert_eq!(refused.field, "spec.gpu.period", "{period}: {refused}");
+            assert_eq!(refused.kind, Refusal::InvalidSpec);
+        }
+    }
 }

@@ -1,17 +1,18 @@
 //! Putting a node configuration in force: the built-in one, a file's or the ConfigMap's
 //! all go through [`Activator`], which writes neuron-monitor's configuration file, hands
 //! neuron-monitor's supervisor the new launch spec and swaps the routing table, together,
-//! so the next report is read under the new table, and sends its health settings to their
-//! followers. A configuration that fails any step changes nothing.
+//! so the next report is read under the new table, and sends its health settings and its
+//! GPU period to their followers. A configuration that fails any step changes nothing.
 
 use std::{
     path::{Path, PathBuf},
     sync::Mutex,
+    time::Duration,
 };
 
 use api::{
-    monitor_config::MonitorConfig,
-    node_config::{content_hash, NodeConfig, NodeHealth, NODE_CONFIG_KEY},
+    monitor_config::{MonitorConfig, DEFAULT_PERIOD},
+    node_config::{content_hash, NodeConfig, NodeGpu, NodeHealth, NODE_CONFIG_KEY},
 };
 use tokio::{io::AsyncReadExt, sync::watch};
 use tracing::{info, warn};
@@ -103,6 +104,7 @@ pub struct Candidate {
     routing: Routing,
     routes: usize,
     health: Option<NodeHealth>,
+    gpu: Option<NodeGpu>,
 }
 
 impl Candidate {
@@ -112,7 +114,18 @@ impl Candidate {
 
     pub fn new(config: NodeConfig) -> Result<Self, ActivationError> {
         let routing = Routing::compile(&config)?;
-        Ok(Candidate { monitor: config.monitor, routing, routes: config.routes.len(), health: config.health })
+        let NodeConfig { monitor, routes, health, gpu } = config;
+        Ok(Candidate { monitor, routing, routes: routes.len(), health, gpu })
+    }
+}
+
+/// The GPU collector's period under a node configuration's GPU settings (`None`: off);
+/// without any, on at the built-in configuration's period (the agent's `--period`).
+fn gpu_period(gpu: Option<NodeGpu>, builtin: &MonitorConfig) -> Option<Duration> {
+    match gpu {
+        Some(NodeGpu { enabled: false, .. }) => None,
+        Some(NodeGpu { period, .. }) => Some(period.into()),
+        None => Some(builtin.period.unwrap_or(DEFAULT_PERIOD).into()),
     }
 }
 
@@ -126,6 +139,8 @@ pub struct Activator {
     in_force: Mutex<(Origin, String)>,
     health_defaults: HealthDefaults,
     health: watch::Sender<HealthSettings>,
+    /// The GPU collector's period; `None`: off.
+    gpu: watch::Sender<Option<Duration>>,
 }
 
 impl Activator {
@@ -144,13 +159,21 @@ impl Activator {
         metrics.config_in_force(Origin::Builtin.as_str(), "");
         let in_force = Mutex::new((Origin::Builtin, String::new()));
         let (health, _) = settings::channel(&health_defaults);
-        let activator = Activator { launcher, builtin, launch, routing, metrics, in_force, health_defaults, health };
+        let (gpu, _) = watch::channel(gpu_period(None, &builtin));
+        let activator =
+            Activator { launcher, builtin, launch, routing, metrics, in_force, health_defaults, health, gpu };
         Ok((activator, specs))
     }
 
     /// The health settings of the configuration in force, followed as it changes.
     pub fn health_settings(&self) -> SettingsReceiver {
         self.health.subscribe()
+    }
+
+    /// The GPU collector's period in the configuration in force (`None`: off), followed as
+    /// it changes.
+    pub fn gpu_period(&self) -> watch::Receiver<Option<Duration>> {
+        self.gpu.subscribe()
     }
 
     /// The routing table of the configuration in force, as the sinks read it.
@@ -167,14 +190,14 @@ impl Activator {
     /// Back to the built-in configuration (every group, Prometheus only).
     pub async fn activate_builtin(&self) -> Result<(), ActivationError> {
         let builtin = self.builtin.clone();
-        self.put_in_force(Origin::Builtin, "", &builtin, Routing::default(), None).await
+        self.put_in_force(Origin::Builtin, "", &builtin, Routing::default(), None, None).await
     }
 
     /// Puts a rendered configuration in force; `hash` names its content.
     pub async fn activate(&self, origin: Origin, hash: &str, candidate: Candidate) -> Result<(), ActivationError> {
-        let Candidate { monitor, routing, routes, health } = candidate;
+        let Candidate { monitor, routing, routes, health, gpu } = candidate;
         let refused = routing.refused().to_vec();
-        self.put_in_force(origin, hash, &monitor, routing, health.as_ref()).await?;
+        self.put_in_force(origin, hash, &monitor, routing, health.as_ref(), gpu).await?;
         info!(source = origin.as_str(), %hash, routes, refused = refused.len(), "node configuration in force");
         self.record_refused(&refused);
         Ok(())
@@ -203,6 +226,7 @@ impl Activator {
         monitor: &MonitorConfig,
         routing: Routing,
         health: Option<&NodeHealth>,
+        gpu: Option<NodeGpu>,
     ) -> Result<(), ActivationError> {
         let spec = self.launcher.prepare(monitor).await?;
         self.routing.replace(routing);
@@ -219,8 +243,82 @@ impl Activator {
             }
             changed
         });
+        let gpu = gpu_period(gpu, &self.builtin);
+        self.gpu.send_if_modified(|current| {
+            let changed = *current != gpu;
+            if changed {
+                info!(
+                    period_ms = gpu.map(|p| p.as_millis() as u64),
+                    enabled = gpu.is_some(),
+                    "GPU collection in force"
+                );
+                *current = gpu;
+            }
+            changed
+        });
         self.metrics.config_in_force(origin.as_str(), hash);
         *self.in_force.lock().unwrap_or_else(|p| p.into_inner()) = (origin, hash.to_owned());
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use api::duration::Period;
+
+    use super::*;
+
+    #[test]
+    fn the_gpu_period_is_the_configurations_else_the_built_in_one_and_none_when_off() {
+        let builtin = MonitorConfig::all_groups(Period::from_secs(7));
+        assert_eq!(gpu_period(None, &builtin), Some(Duration::from_secs(7)));
+        assert_eq!(gpu_period(None, &MonitorConfig::default()), Some(Duration::from_secs(5)));
+        let on = NodeGpu { enabled: true, period: Period::from_secs(30) };
+        assert_eq!(gpu_period(Some(on), &builtin), Some(Duration::from_secs(30)));
+        assert_eq!(gpu_period(Some(NodeGpu { enabled: false, ..on }), &builtin), None);
+    }
+
+    #[tokio::test]
+    async fn the_gpu_period_follows_the_configuration_in_force() {
+        let state_dir = std::env::temp_dir().join(format!("nm-activate-gpu-{}", std::process::id()));
+        tokio::fs::create_dir_all(&state_dir).await.unwrap();
+        let metrics = AgentMetrics::register(&mut prometheus_client::registry::Registry::default());
+        let launcher = Launcher {
+            program: "neuron-monitor".into(),
+            args: Vec::new(),
+            state_dir: state_dir.clone(),
+            silence_timeout: None,
+            refused_files: metrics.state_files_refused.clone(),
+            k8s_info: false,
+        };
+        let health = HealthDefaults { condition_type: "NeuronHealth".into(), kmsg_look_back: Duration::from_secs(300) };
+        let builtin = MonitorConfig::all_groups(Period::from_secs(7));
+        let (activator, _specs) = Activator::start(launcher, builtin, health, metrics).await.unwrap();
+        let mut gpu = activator.gpu_period();
+        assert_eq!(*gpu.borrow_and_update(), Some(Duration::from_secs(7)), "the built-in period at first");
+
+        let off = br#"{"monitor":{},"routes":[],"gpu":{"enabled":false,"period":"1m"}}"#;
+        activator.activate(Origin::File, "off", Candidate::parse(off).unwrap()).await.unwrap();
+        assert!(gpu.has_changed().unwrap());
+        assert_eq!(*gpu.borrow_and_update(), None, "switched off");
+
+        let fast = br#"{"monitor":{},"routes":[],"gpu":{"enabled":true,"period":"2s"}}"#;
+        activator.activate(Origin::File, "fast", Candidate::parse(fast).unwrap()).await.unwrap();
+        assert_eq!(*gpu.borrow_and_update(), Some(Duration::from_secs(2)));
+        // The same settings again wake nobody.
+        activator.activate(Origin::File, "fast-again", Candidate::parse(fast).unwrap()).await.unwrap();
+        assert!(!gpu.has_changed().unwrap());
+
+        activator.activate_builtin().await.unwrap();
+        assert_eq!(*gpu.borrow_and_update(), Some(Duration::from_secs(7)), "back to the built-in period");
+        let _ = tokio::fs::remove_dir_all(&state_dir).await;
+    }
+
+    #[test]
+    fn a_rendered_configuration_carries_its_gpu_settings_to_the_candidate() {
+        let body = br#"{"monitor":{},"routes":[],"gpu":{"enabled":false,"period":"1m"}}"#;
+        let candidate = Candidate::parse(body).unwrap();
+        assert_eq!(candidate.gpu, Some(NodeGpu { enabled: false, period: Period::from_secs(60) }));
+        assert_eq!(Candidate::parse(br#"{"monitor":{},"routes":[]}"#).unwrap().gpu, None);
     }
 }

@@ -315,7 +315,7 @@ mod tests {
     }
 
     fn snapshot(gpus: Vec<Gpu>) -> GpuSnapshot {
-        GpuSnapshot { driver_version: "550.54.15".into(), gpus, collections: 1, stale: false }
+        GpuSnapshot { driver_version: "550.54.15".into(), gpus, collections: 1, stale: false, off: false }
     }
 
     fn render(snapshot: &GpuSnapshot, holders: &GpuHolders) -> String {

@@ -81,7 +81,7 @@ impl NvmlReader {
             self.metrics.failed("too_many");
         }
         let gpus = (0..count.min(MAX_GPUS)).filter_map(|index| self.read_gpu(index)).collect();
-        GpuSnapshot { driver_version: self.driver_version.clone(), gpus, collections: 0, stale: false }
+        GpuSnapshot { driver_version: self.driver_version.clone(), gpus, collections: 0, stale: false, off: false }
     }
 
     fn read_gpu(&self, index: u32) -> Option<Gpu> {

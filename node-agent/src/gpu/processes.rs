@@ -98,7 +98,7 @@ mod tests {
     }
 
     fn snapshot(gpus: Vec<Gpu>) -> GpuSnapshot {
-        GpuSnapshot { driver_version: "550".into(), gpus, collections: 1, stale: false }
+        GpuSnapshot { driver_version: "550".into(), gpus, collections: 1, stale: false, off: false }
     }
 
     /// Each series as `name labels value`, labels `k=v` joined by commas.
@@ -154,7 +154,8 @@ mod tests {
             prometheus: Some(PrometheusRoute::default()),
             ..Route::default()
         };
-        let routing = Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![route], health: None });
+        let routing =
+            Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![route], health: None, gpu: None });
         let lines = render(&s, &pods, Scope::Exposition(&routing.unwrap()));
         assert_eq!(lines.len(), 1, "{lines:#?}");
         assert!(lines[0].contains("pid=10"), "{lines:#?}");

@@ -24,6 +24,9 @@ pub struct GpuInputs {
     pub snapshots: watch::Receiver<Arc<GpuSnapshot>>,
     /// The open library, for its event set.
     pub nvml: Arc<NvmlReader>,
+    /// The collection period in force; `None`: GPUs turned off by the configuration (no
+    /// NVML call, the event set's waits included).
+    pub period: watch::Receiver<Option<std::time::Duration>>,
 }
 
 impl fmt::Debug for GpuInputs {
@@ -84,6 +87,7 @@ pub(super) fn events_supported(nvml: &Nvml, gpus: u32) -> bool {
 /// Waits on NVML's event set for critical Xids of every GPU that supports them.
 pub(super) struct EventReader {
     pub nvml: Arc<NvmlReader>,
+    pub period: watch::Receiver<Option<std::time::Duration>>,
     pub health: SharedHealth,
     pub writer: Arc<StateWriter>,
     pub feed: Option<logs::Feed>,
@@ -116,6 +120,10 @@ impl EventReader {
     fn wait_for_events(&self, set: &EventSet<'_>) {
         let wait_ms = TICK.as_millis() as u32;
         while !self.stop.load(Ordering::Relaxed) {
+            if self.period.borrow().is_none() {
+                std::thread::sleep(TICK);
+                continue;
+            }
             match set.wait(wait_ms) {
                 Ok(event) => {
                     let Some(XidError::Value(code)) = event.event_data else { continue };

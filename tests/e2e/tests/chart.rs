@@ -129,6 +129,112 @@ fn the_chart_lists_every_known_instance_type() {
 }
 
 #[test]
+fn the_charts_gpu_instance_types_have_nvidia_gpus() {
+    let values: Value =
+        serde_norway::from_str(&std::fs::read_to_string(chart_dir().join("values.yaml")).unwrap()).unwrap();
+    let types = strings(&values["gpu"]["instanceTypes"]);
+    assert!(types.iter().any(|t| t == "p5.48xlarge") && types.iter().any(|t| t == "g5.xlarge"), "{types:?}");
+    for t in types {
+        assert!(api::hardware::NVIDIA_INSTANCE_FAMILIES.iter().any(|f| t.starts_with(f)), "{t} is no NVIDIA family");
+    }
+}
+
+/// The agent's DaemonSet and the operator's Deployment rendered with `extra` flags.
+fn agent_and_operator(extra: &[&str]) -> (Value, Value) {
+    let docs = documents(&template("neuron-monitor", None, extra));
+    (one(&docs, "DaemonSet").clone(), one(&docs, "Deployment").clone())
+}
+
+#[test]
+fn gpu_nodes_are_selected_and_given_nvml_only_when_gpu_is_enabled() {
+    let nvml_arg = "--nvml-library=/host/nvidia-lib/libnvidia-ml.so.1".to_owned();
+    let terms = |ds: &Value| {
+        ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|t| t["matchExpressions"][0]["key"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let tolerates_gpu = |ds: &Value| {
+        ds["spec"]["template"]["spec"]["tolerations"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|t| t["key"] == "nvidia.com/gpu")
+    };
+    let volumes = |ds: &Value| serde_json::to_string(&ds["spec"]["template"]["spec"]["volumes"]).unwrap();
+
+    // Off (the default): Neuron nodes only, nothing of NVML, the operator without GPU nodes.
+    let (ds, op) = agent_and_operator(&[]);
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(terms(&ds), ["node.kubernetes.io/instance-type"]);
+    assert!(!strings(&c["args"]).contains(&nvml_arg) && !volumes(&ds).contains("nvidia"));
+    assert!(!tolerates_gpu(&ds));
+    assert!(!strings(&op["spec"]["template"]["spec"]["containers"][0]["args"])
+        .iter()
+        .any(|a| a.starts_with("--gpu-nodes")));
+
+    // On, hostPath: GPU nodes by instance type or the GPU Operator's label, the driver's
+    // library directory read-only, the operator told.
+    let (ds, op) = agent_and_operator(&["--set", "gpu.enabled=true"]);
+    let pod = &ds["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    assert_eq!(
+        terms(&ds),
+        ["node.kubernetes.io/instance-type", "node.kubernetes.io/instance-type", "nvidia.com/gpu.present"]
+    );
+    assert!(strings(&c["args"]).contains(&nvml_arg));
+    let mount = c["volumeMounts"].as_sequence().unwrap().iter().find(|m| m["name"] == "nvidia-lib").expect("mount");
+    assert_eq!((mount["mountPath"].as_str(), mount["readOnly"].as_bool()), (Some("/host/nvidia-lib"), Some(true)));
+    let volume = pod["volumes"].as_sequence().unwrap().iter().find(|v| v["name"] == "nvidia-lib").expect("volume");
+    assert_eq!(volume["hostPath"]["path"].as_str(), Some("/usr/lib64"));
+    assert!(tolerates_gpu(&ds));
+    assert!(strings(&op["spec"]["template"]["spec"]["containers"][0]["args"]).contains(&"--gpu-nodes=true".to_owned()));
+    // It takes no GPU from the workloads: no device-plugin request.
+    assert!(!serde_json::to_string(&c["resources"]).unwrap().contains("nvidia.com"), "{:?}", c["resources"]);
+
+    // On, runtime: the NVIDIA runtime injects the management library only; no host mount.
+    let (ds, _) = agent_and_operator(&["--set", "gpu.enabled=true,gpu.access=runtime,gpu.runtimeClassName=nvidia"]);
+    let pod = &ds["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    assert_eq!(pod["runtimeClassName"].as_str(), Some("nvidia"));
+    assert!(!strings(&c["args"]).contains(&nvml_arg) && !volumes(&ds).contains("nvidia"));
+    let env = serde_json::to_string(&c["env"]).unwrap();
+    assert!(env.contains(r#"{"name":"NVIDIA_VISIBLE_DEVICES","value":"all"}"#), "{env}");
+    assert!(env.contains(r#"{"name":"NVIDIA_DRIVER_CAPABILITIES","value":"utility"}"#), "{env}");
+}
+
+#[test]
+fn the_gpu_dashboard_ships_with_gpu_enabled_and_reads_only_what_the_agent_exports() {
+    let dashboards = |extra: &[&str]| {
+        let docs = documents(&template("neuron-monitor", None, extra));
+        let cm = find(&docs, "ConfigMap")
+            .into_iter()
+            .find(|c| c["metadata"]["name"].as_str().unwrap().ends_with("dashboard"));
+        let data = cm.expect("dashboard ConfigMap")["data"].clone();
+        data.as_mapping().unwrap().keys().map(|k| k.as_str().unwrap().to_owned()).collect::<Vec<_>>()
+    };
+    assert_eq!(dashboards(&[]), ["neuron-monitor.json"]);
+    assert_eq!(dashboards(&["--set", "gpu.enabled=true"]), ["neuron-monitor.json", "neuron-monitor-gpu.json"]);
+
+    let text = std::fs::read_to_string(chart_dir().join("files/gpu-dashboard.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_ne!(dashboard["uid"], neuron_e2e::dashboard::load()["uid"], "a dashboard of its own");
+    let queries = neuron_e2e::dashboard::queries(&dashboard);
+    assert!(queries.len() >= 10, "{} queries", queries.len());
+    let sources = source_text(&[repo_root().join("node-agent/src")]);
+    for (title, expr) in &queries {
+        let names = neuron_e2e::dashboard::metric_names(expr);
+        assert!(!names.is_empty(), "{title}: {expr} reads no metric");
+        for metric in names {
+            assert!(registered(&sources, &metric), "{title} reads {metric}, which the agent does not register");
+        }
+    }
+}
+
+#[test]
 fn helm_lint_passes_with_the_default_and_every_values_file() {
     let chart = chart_dir().display().to_string();
     let (ok, out, err) = helm(&["lint", "--strict", &chart]);
@@ -1523,7 +1629,7 @@ fn alert_rules_pass_promtool_checks_and_unit_tests() {
 /// Whether the sources register a metric family: by its full name, or by the rest of it
 /// in a registry with its prefix (`sub_registry_with_prefix`).
 fn registered(sources: &str, family: &str) -> bool {
-    const PREFIXES: [&str; 3] = ["neuron_agent_cloudwatch", "neuron_agent", "neuron_operator"];
+    const PREFIXES: [&str; 4] = ["neuron_agent_cloudwatch", "neuron_agent_gpu", "neuron_agent", "neuron_operator"];
     sources.contains(&format!("\"{family}\""))
         || PREFIXES.iter().any(|prefix| {
             family.strip_prefix(prefix).and_then(|rest| rest.strip_prefix('_')).is_some_and(|rest| {

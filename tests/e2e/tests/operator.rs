@@ -13,7 +13,9 @@ use std::{
 
 use api::{
     crd::NeuronMonitorConfig,
-    node_config::{configmap_name, NodeConfig, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION, NODE_CONFIG_KEY},
+    node_config::{
+        configmap_name, NodeConfig, NodeGpu, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION, NODE_CONFIG_KEY,
+    },
 };
 use k8s_openapi::api::{
     core::v1::{ConfigMap, Node},
@@ -236,7 +238,7 @@ async fn configs_render_into_node_configmaps_with_status_and_clean_up() {
 async fn invalid_configs_are_refused_at_admission_naming_the_field() {
     let _serial = SERIAL.lock().await;
     let s = Scenario::new("nm-admission").await;
-    let cases: [(&str, &str); 15] = [
+    let cases: [(&str, &str); 18] = [
         ("  period: 500ms\n", "spec.period"),
         ("  period: 2h\n", "spec.period"),
         ("  runtimes:\n  - metrics:\n    - type: gpu_counters\n", "spec.runtimes[0].metrics[0].type"),
@@ -253,6 +255,9 @@ async fn invalid_configs_are_refused_at_admission_naming_the_field() {
         ("  health:\n    taint:\n      enabled: true\n      errors: [dma_error]\n", "spec.health.taint.errors[0]"),
         ("  health:\n    logs:\n      group: aws/neuron\n", "spec.health.logs.group"),
         ("  health:\n    logs:\n      region: us_west_2\n", "spec.health.logs.region"),
+        ("  gpu:\n    period: 500ms\n", "spec.gpu.period"),
+        ("  gpu:\n    period: 2h\n", "spec.gpu.period"),
+        ("  gpu:\n    enabled: sometimes\n", "spec.gpu.enabled"),
         // Prometheus' target labels (issue 14).
         ("  sinks:\n    prometheus:\n      extraLabels: { job: x }\n", "spec.sinks.prometheus.extraLabels"),
         ("  sinks:\n    prometheus:\n      extraLabels: { instance: x }\n", "spec.sinks.prometheus.extraLabels"),
@@ -279,6 +284,67 @@ async fn invalid_configs_are_refused_at_admission_naming_the_field() {
     let spec = "  sinks:\n    cloudwatch:\n      namespace: ContainerInsights\n      naming: ContainerInsights\n";
     let (ok, out) = s.apply(&config_yaml(&s.ns, "insights", &s.run, spec));
     assert!(ok, "{out}");
+}
+
+/// The content hash a node's ConfigMap carries.
+async fn config_hash(s: &Scenario, node: &str) -> Option<String> {
+    s.configmap(node).await?.metadata.annotations?.get(CONFIG_HASH_ANNOTATION).cloned()
+}
+
+#[tokio::test]
+async fn gpu_nodes_are_rendered_with_gpu_nodes_and_neuron_nodes_keep_their_bytes() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-gpu").await;
+    let p5 = format!("{}-p5", s.run);
+    let trn = format!("{}-trn", s.run);
+    s.node(&p5, "p5.48xlarge").await;
+    s.node(&trn, "trn1.2xlarge").await;
+    let (ok, out) = s.apply(&config_yaml(&s.ns, "cluster", &s.run, "  period: 10s\n"));
+    assert!(ok, "{out}");
+    let matched = |n: i32| {
+        let s = &s;
+        move || async move {
+            let status = s.config(&s.ns, "cluster").await?.status?;
+            (status.matched_nodes == n).then_some(())
+        }
+    };
+    let no_election = "--leader-election=false".to_owned();
+
+    // Without --gpu-nodes (the default): the GPU node gets nothing.
+    let neuron_hash = {
+        let _operator = s.operator_with(std::slice::from_ref(&no_election));
+        s.wait("the Neuron node's configuration", || async { config_hash(&s, &trn).await }).await;
+        s.wait("one matched node", matched(1)).await;
+        assert!(s.configmap(&p5).await.is_none(), "no configuration for a GPU node without --gpu-nodes");
+        config_hash(&s, &trn).await.unwrap()
+    };
+
+    // With it: the GPU node too, counted in the status; the Neuron node's bytes unchanged.
+    let _operator = s.operator_with(&[no_election, "--gpu-nodes=true".to_owned()]);
+    let gpu = s.wait("the GPU node's configuration", || async { s.node_config(&p5).await }).await;
+    assert_eq!(gpu.gpu, None, "no config sets spec.gpu: the agent's defaults");
+    s.wait("two matched nodes", matched(2)).await;
+    assert_eq!(config_hash(&s, &trn).await.as_deref(), Some(neuron_hash.as_str()));
+
+    // spec.gpu reaches every node's configuration (Neuron nodes ignore it).
+    let (ok, out) = s.apply(&config_yaml(&s.ns, "cluster", &s.run, "  period: 10s\n  gpu:\n    period: 30s\n"));
+    assert!(ok, "{out}");
+    let want = Some(NodeGpu { enabled: true, period: "30s".parse().unwrap() });
+    s.wait("the GPU period rendered", || async { s.node_config(&p5).await.filter(|c| c.gpu == want) }).await;
+    let (ok, out) = s.apply(&config_yaml(&s.ns, "cluster", &s.run, "  gpu:\n    enabled: false\n"));
+    assert!(ok, "{out}");
+    s.wait("the GPU collector switched off", || async {
+        s.node_config(&p5).await.filter(|c| c.gpu.is_some_and(|g| !g.enabled))
+    })
+    .await;
+
+    Api::<NeuronMonitorConfig>::namespaced(s.client.clone(), &s.ns)
+        .delete("cluster", &DeleteParams::default())
+        .await
+        .unwrap();
+    for node in [&p5, &trn] {
+        Api::<Node>::all(s.client.clone()).delete(node, &DeleteParams::default()).await.unwrap();
+    }
 }
 
 #[tokio::test]

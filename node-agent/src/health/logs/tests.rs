@@ -328,7 +328,8 @@ fn gpu_records_name_the_gpu_the_xid_and_the_states() {
         },
         ..Gpu::default()
     };
-    let snapshot = GpuSnapshot { driver_version: "550.1".into(), gpus: vec![gpu], collections: 1, stale: false };
+    let snapshot =
+        GpuSnapshot { driver_version: "550.1".into(), gpus: vec![gpu], collections: 1, ..GpuSnapshot::default() };
     let first = records(&model.apply_gpu_snapshot(&snapshot, 1), &model, 1_000);
     assert_eq!(first.len(), 1, "the GPUs together: unknown → healthy");
     assert_eq!((first[0].accelerator, first[0].gpu, first[0].state_after), ("nvidia_gpu", None, "healthy"));

@@ -12,7 +12,8 @@
 //! - Informational Xids are counted, never a fault. NVSwitch SXids are counted by code,
 //!   attributed to no GPU.
 //! - Without a fault a GPU is `unknown` before the first collection, while a collection
-//!   is stuck (the snapshot is stale) and while it is missing from the collection.
+//!   is stuck (the snapshot is stale), while the configuration has the collector off and
+//!   while it is missing from the collection.
 
 use std::collections::BTreeMap;
 
@@ -169,8 +170,9 @@ impl GpuHealthModel {
     /// Folds one collection in (`now`: seconds since the epoch).
     pub fn apply_snapshot(&mut self, snapshot: &GpuSnapshot, now: u64, changes: &mut Changes) {
         let before = self.states();
-        self.stale = snapshot.stale;
-        if snapshot.collections > 0 && snapshot.collections != self.collections && !snapshot.stale {
+        // Switched off by the configuration: nothing is read, nothing can be told.
+        self.stale = snapshot.stale || snapshot.off;
+        if snapshot.collections > 0 && snapshot.collections != self.collections && !self.stale {
             self.collections = snapshot.collections;
             if self.reloaded(snapshot) {
                 self.clear(changes);

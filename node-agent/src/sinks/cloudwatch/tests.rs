@@ -44,7 +44,8 @@ fn route(namespace: Option<&str>, filter: Option<&str>, spec: CloudWatchSinkSpec
 /// The sink of `route`, fresh.
 fn view(route: Route, agent: &AgentDimensions) -> View {
     let routing =
-        Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![route], health: None }).unwrap();
+        Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![route], health: None, gpu: None })
+            .unwrap();
     let (route, runtimes) = routing.cloudwatch_routes().next().unwrap();
     let settings = SinkSettings::check(route.cloudwatch.as_ref().unwrap()).unwrap();
     View::new(route, runtimes, agent, settings.dimension_sets, true)
@@ -300,6 +301,7 @@ fn counters_send_increases_since_the_previous_sample() {
             s
         })],
         health: None,
+        gpu: None,
     })
     .unwrap();
     let (r, runtimes) = routing.cloudwatch_routes().next().unwrap();

@@ -69,9 +69,13 @@ fn sink(route: &Route, state: NodeState, started: SystemTime) -> Sink {
 }
 
 fn sink_over(route: &Route, state: Arc<Mutex<NodeState>>, started: SystemTime) -> Sink {
-    let routing =
-        Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![route.clone()], health: None })
-            .unwrap();
+    let routing = Routing::compile(&NodeConfig {
+        monitor: Default::default(),
+        routes: vec![route.clone()],
+        health: None,
+        gpu: None,
+    })
+    .unwrap();
     let selection = routing.otlp_routes().next().unwrap().1.clone();
     Sink {
         name: route.config.clone(),
@@ -171,7 +175,13 @@ fn a_cluster_wide_sink_sends_exactly_what_metrics_shows() {
     let ops = route("neuron-monitor/all", None, &[("cluster", "prod")]);
     let routing = SharedRouting::default();
     routing.replace(
-        Routing::compile(&NodeConfig { monitor: Default::default(), routes: vec![ops.clone()], health: None }).unwrap(),
+        Routing::compile(&NodeConfig {
+            monitor: Default::default(),
+            routes: vec![ops.clone()],
+            health: None,
+            gpu: None,
+        })
+        .unwrap(),
     );
     let state = Arc::new(Mutex::new(state));
     // An EFA device no pod holds: the operator namespace's to send.

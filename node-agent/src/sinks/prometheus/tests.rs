@@ -152,6 +152,7 @@ fn pod_labels_go_on_runtime_series_and_on_idle_cores_a_pod_holds() {
             otlp: None,
         }],
         health: None,
+        gpu: None,
     };
     let routing = SharedRouting::default();
     routing.replace(Routing::compile(&config).unwrap());
@@ -194,7 +195,13 @@ fn extra_labels_beyond_the_cap_are_left_off_and_counted() {
         .collect();
     let routing = SharedRouting::default();
     routing.replace(
-        Routing::compile(&api::node_config::NodeConfig { monitor: Default::default(), routes, health: None }).unwrap(),
+        Routing::compile(&api::node_config::NodeConfig {
+            monitor: Default::default(),
+            routes,
+            health: None,
+            gpu: None,
+        })
+        .unwrap(),
     );
     let text = Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), Default::default(), routing)
         .render(Format::Classic)

@@ -23,7 +23,7 @@ fn gpu(index: u32) -> Gpu {
 }
 
 fn snapshot(collections: u64, gpus: Vec<Gpu>) -> GpuSnapshot {
-    GpuSnapshot { driver_version: "550.54.15".to_owned(), gpus, collections, stale: false }
+    GpuSnapshot { driver_version: "550.54.15".to_owned(), gpus, collections, ..GpuSnapshot::default() }
 }
 
 fn model_with(n: u32) -> HealthModel {
@@ -58,6 +58,9 @@ fn a_stale_snapshot_makes_every_healthy_gpu_unknown_until_the_next_collection() 
     assert_eq!(changes.gpu_state_changes.len(), 3, "two GPUs and the node");
     model.apply_gpu_snapshot(&snapshot(2, vec![gpu(0), gpu(1)]), 3);
     assert_eq!(model.gpus.state_of(0), State::Healthy);
+    let off = GpuSnapshot { off: true, ..snapshot(2, Vec::new()) };
+    model.apply_gpu_snapshot(&off, 4);
+    assert_eq!(model.gpus.state_of(0), State::Unknown, "switched off by the configuration");
 }
 
 #[test]
