@@ -129,6 +129,7 @@ fn exposition(state: &Arc<Mutex<NodeState>>, health: Option<&Arc<Mutex<HealthMod
             health: health.clone(),
             state: state.clone(),
             devices: None,
+            gpu_hostname: None,
         }));
     }
     Exposition::new(registry, state.clone(), Default::default(), Default::default())

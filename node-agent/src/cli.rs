@@ -385,6 +385,7 @@ impl HealthArgs {
             interval: self.health_interval.max(Duration::from_millis(50)),
             heartbeat_timeout: self.heartbeat_timeout,
             settings,
+            gpus: None,
         }
     }
 

@@ -10,6 +10,7 @@
 pub mod dcgm;
 pub mod nvml;
 pub mod processes;
+pub mod xid;
 
 use std::{
     collections::BTreeMap,

@@ -5,6 +5,8 @@
 //! - [`kmsg`]: the kernel log (`NEURON_HW_ERR=<NAME>` records, the driver's `neuron:`
 //!   error records), followed from `/dev/kmsg` or a regular file;
 //! - [`report_signals`]: neuron-monitor's reports (ECC events, hardware execution errors);
+//! - [`gpu_readers`]: on a node with NVIDIA GPUs, their collections and NVML's event set
+//!   (the kernel log's Xid records come through [`kmsg`]);
 //! - [`model`]: the health of each device (healthy / unhealthy / unknown and why),
 //!   persisted per boot in the state directory;
 //! - [`metrics`]: its Prometheus series; [`telemetry`]: the agent's own
@@ -18,6 +20,7 @@
 //! Each reader runs on a thread of its own (blocking reads, `poll()`), and takes the
 //! model's lock only to fold a reading or a batch of records in.
 
+pub mod gpu_readers;
 pub mod kmsg;
 pub mod logs;
 pub mod metrics;
@@ -81,6 +84,8 @@ pub struct Options {
     pub heartbeat_timeout: Duration,
     /// The settings in force: the kernel-log look-back is read at each start of its reader.
     pub settings: settings::SettingsReceiver,
+    /// With a GPU collector: what the model reads of the GPUs.
+    pub gpus: Option<gpu_readers::GpuInputs>,
 }
 
 /// Time between attempts to open a kernel log or sysfs root that is not there.
@@ -115,6 +120,7 @@ pub fn start(
             info!(file = STATE_FILE, "restored the devices' health of this boot");
         }
     }
+    model.gpus.expected = options.gpus.is_some();
     let health = Arc::new(Mutex::new(model));
     let stop = Arc::new(AtomicBool::new(false));
     let writer = Arc::new(StateWriter {
@@ -141,6 +147,29 @@ pub fn start(
         stop: stop.clone(),
     };
     spawn("health-sysfs", Box::new(move || sysfs.run()));
+    if let Some(gpus) = options.gpus.clone() {
+        let snapshots = gpu_readers::SnapshotReader {
+            snapshots: gpus.snapshots,
+            health: health.clone(),
+            writer: writer.clone(),
+            feed: feed.clone(),
+            stop: stop.clone(),
+        };
+        spawn("health-gpu", Box::new(move || snapshots.run()));
+        if gpu_readers::events_supported(gpus.nvml.nvml(), gpus.nvml.gpu_count()) {
+            let events = gpu_readers::EventReader {
+                nvml: gpus.nvml,
+                period: gpus.period,
+                health: health.clone(),
+                writer: writer.clone(),
+                feed: feed.clone(),
+                stop: stop.clone(),
+            };
+            spawn("health-gpu-events", Box::new(move || events.run()));
+        } else {
+            info!("NVML gives no critical-Xid events on this node: Xids come from the kernel log alone");
+        }
+    }
     let kernel = KmsgReader {
         options,
         health: health.clone(),
@@ -269,6 +298,12 @@ fn log_changes(changes: &Changes) {
     if changes.reasons_cleared {
         info!("the Neuron driver was reloaded: the devices' faults are cleared");
     }
+    for (gpu, r) in &changes.gpu_faults {
+        warn!(gpu, error = %r.error, action = %r.action, source = ?r.source, "NVIDIA GPU fault");
+    }
+    if changes.gpu_reasons_cleared {
+        info!("the NVIDIA driver was reloaded: the GPUs' faults are cleared");
+    }
 }
 
 struct SysfsReader {
@@ -381,14 +416,17 @@ impl KmsgReader {
         }
     }
 
-    /// Until the sysfs reader has read the tree once (at most [`FIRST_READING_WAIT`]):
-    /// the records of the look-back name devices only the tree can confirm.
+    /// Until the sysfs reader has read the tree once and the GPU collector (if any) has
+    /// collected once (at most [`FIRST_READING_WAIT`]): the records of the look-back name
+    /// devices only the tree and the collection can confirm.
     fn wait_for_the_tree(&self) {
         let until = Instant::now() + FIRST_READING_WAIT;
         while Instant::now() < until && !self.stop.load(Ordering::Relaxed) {
-            if self.health.lock().unwrap_or_else(|p| p.into_inner()).read_once {
+            let model = self.health.lock().unwrap_or_else(|p| p.into_inner());
+            if model.read_once && (!model.gpus.expected || model.gpus.collections > 0) {
                 return;
             }
+            drop(model);
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -418,7 +456,7 @@ impl KmsgReader {
                     reason = refusal.as_str(),
                     seq = seq.map(|s| s.to_string()).unwrap_or_default(),
                     suppressed_before,
-                    "refused a kernel-log record naming a Neuron fault: not as the driver writes them"
+                    "refused a kernel-log record naming a Neuron fault or an Xid: not as the driver writes them"
                 );
             }
         }

@@ -105,7 +105,12 @@ struct Readers {
 impl Readers {
     /// The health series, as /metrics and the OTLP sinks encode them.
     fn health_families(&self, flow: &Flow) -> HealthCollector {
-        HealthCollector { health: self.health.clone(), state: flow.state.clone(), devices: self.devices.clone() }
+        HealthCollector {
+            health: self.health.clone(),
+            state: flow.state.clone(),
+            devices: self.devices.clone(),
+            gpu_hostname: self.gpu.as_ref().map(|g| g.hostname.clone()),
+        }
     }
 }
 
@@ -131,7 +136,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let (readers, log_sink) = agent.readers(&configured, &flow);
     agent.sinks(&configured, &flow, &readers, log_sink, client.as_ref());
     let taint_metrics = TaintMetrics::register(&mut agent.registry);
-    let gpu_only = readers.gpu.is_some() && !neuron_devices_present(&agent.args.health.sysfs_root);
+    let gpu_only = agent.gpu_only(&readers);
     agent.serve(&configured, &flow, &readers, gpu_only, client.as_ref()).await?;
     if let (Some(node), Some(client)) = (agent.args.source.node_name.clone(), client) {
         agent.node_tasks(client, node, taint_metrics, &configured, &flow, &readers);
@@ -292,8 +297,17 @@ impl Agent {
     fn readers(&mut self, configured: &Configured, flow: &Flow) -> (Readers, LogSink) {
         let (args, shutdown) = (&self.args, &self.shutdown);
         let activator = &configured.activator;
-        let health_options =
+        let mut health_options =
             args.health.options(&args.attribution.proc_root, &configured.state_dir, activator.health_settings());
+        // NVML first: the health model reads the GPUs' collections and events.
+        let gpu_metrics = GpuMetrics::register(&mut self.registry);
+        let nvml = gpu::open(args.gpu.nvml_library.as_deref(), gpu_metrics).map(Arc::new);
+        let (gpu_tx, gpu_snapshots) = watch::channel(Arc::new(GpuSnapshot::default()));
+        health_options.gpus = nvml.clone().map(|nvml| health::gpu_readers::GpuInputs {
+            snapshots: gpu_snapshots.clone(),
+            nvml,
+            period: activator.gpu_period(),
+        });
         let health_metrics = HealthMetrics::register(&mut self.registry);
         let log_metrics = LogMetrics::register(&mut self.registry);
         // The stream goes where the node configuration's `health.logs` says, else where
@@ -349,7 +363,7 @@ impl Agent {
         }));
         self.tasks.spawn("processes follower", follow_processes);
         self.tasks.spawn("EFA follower", follow_efa);
-        let gpu = self.gpus(flow, activator);
+        let gpu = nvml.and_then(|reader| self.gpus(flow, activator, reader, gpu_tx, gpu_snapshots));
         let readers = Readers { health, devices, processes, efa, gpu };
         self.registry.register_collector(Box::new(readers.health_families(flow)));
         (readers, log_sink)
@@ -357,10 +371,14 @@ impl Agent {
 
     /// The GPU collector, where NVML loads and sees a GPU: a task reading every GPU at
     /// the configuration's period, and its series on `/metrics`.
-    fn gpus(&mut self, flow: &Flow, activator: &Activator) -> Option<GpuSource> {
-        let metrics = GpuMetrics::register(&mut self.registry);
-        let reader = Arc::new(gpu::open(self.args.gpu.nvml_library.as_deref(), metrics)?);
-        let (tx, snapshot) = watch::channel(Arc::new(GpuSnapshot::default()));
+    fn gpus(
+        &mut self,
+        flow: &Flow,
+        activator: &Activator,
+        reader: Arc<gpu::nvml::NvmlReader>,
+        tx: watch::Sender<Arc<GpuSnapshot>>,
+        snapshot: watch::Receiver<Arc<GpuSnapshot>>,
+    ) -> Option<GpuSource> {
         // The node configuration's GPU period, as its Neuron groups' are followed.
         let period = activator.gpu_period();
         let hostname = self.args.source.node_name.clone().unwrap_or_else(host_name);
@@ -487,6 +505,11 @@ impl Agent {
         Ok(Some(MetricsAuth::new(client, options, self.metrics.http.auth.clone())))
     }
 
+    /// A node with GPUs and no Neuron device: no neuron-monitor, no `NeuronHealth`.
+    fn gpu_only(&self, readers: &Readers) -> bool {
+        readers.gpu.is_some() && !neuron_devices_present(&self.args.health.sysfs_root)
+    }
+
     /// Cluster tasks of the node's health: its Node condition and Events, and its taint.
     fn node_tasks(
         &mut self,
@@ -497,6 +520,7 @@ impl Agent {
         flow: &Flow,
         readers: &Readers,
     ) {
+        let gpu_only = self.gpu_only(readers);
         let settings = || configured.activator.health_settings();
         let devices = || flow.attribution.as_ref().map(attribution::Sources::devices);
         let reporter = health::node::NodeReporter {
@@ -505,6 +529,8 @@ impl Agent {
             settings: settings(),
             health: readers.health.clone(),
             devices: devices(),
+            neuron: !gpu_only,
+            gpu_holders: readers.gpu.as_ref().map(|g| g.holders.clone()),
         };
         self.tasks.spawn("node health reporter", reporter.run(self.shutdown.clone()));
         let tainter = Tainter { client, node, health: readers.health.clone(), settings: settings(), metrics };

@@ -87,6 +87,15 @@ impl NvmlReader {
     fn read_gpu(&self, index: u32) -> Option<Gpu> {
         let device = match self.nvml.device_by_index(index) {
             Ok(device) => device,
+            // Lost before its handle: kept, marked lost, so that its health says so.
+            Err(NvmlError::GpuLost) => {
+                self.metrics.failed("lost");
+                return Some(Gpu {
+                    identity: GpuIdentity { index, ..GpuIdentity::default() },
+                    lost: true,
+                    ..Gpu::default()
+                });
+            }
             Err(e) => {
                 self.count_failure(&e);
                 return None;

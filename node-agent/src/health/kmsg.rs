@@ -9,6 +9,10 @@
 //! (a regular file given as the path) cannot show its facility: refused too, so test
 //! files are written in the `/dev/kmsg` format.
 //!
+//! NVIDIA's `NVRM: Xid (PCI:…): <code>, …` records ([`crate::gpu::xid`]) follow the same
+//! rules, at warning level or worse; the model then checks their PCI address against the
+//! GPUs of the latest collection.
+//!
 //! [`Follower`] reads the log off the report path, on a thread of its own: from the end,
 //! after a bounded look-back at start-up; an overrun (`EPIPE`) is counted and reading
 //! continues. A regular file given as the path is followed as it grows (tests).
@@ -25,6 +29,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::gpu::xid::{self, XidError, XidRecord};
 use api::limits::{MAX_KMSG_RECORDS_PER_BATCH, MAX_KMSG_RECORD_BYTES, MAX_NEURONCORES_PER_DEVICE, MAX_NEURON_DEVICES};
 
 /// Bytes of a field value kept from a record (names, actions, serial numbers).
@@ -63,6 +68,9 @@ impl Origin {
 
 /// Syslog's error level; lower is worse.
 const LEVEL_ERROR: u8 = 3;
+/// Syslog's warning level: the lowest an Xid record is taken at. The NVIDIA driver prints
+/// its Xids through its error log path (`KERN_ERR`); one level of margin.
+const LEVEL_WARNING: u8 = 4;
 
 /// Parses one record; `None` when the line has no record header (a plain text line).
 /// Continuation lines (starting with a space) after the first line are left out of
@@ -100,6 +108,8 @@ pub enum Event {
     DriverError {
         function: String,
     },
+    /// An NVIDIA `NVRM: Xid` (or NVSwitch `SXid`) record.
+    Xid(XidRecord),
 }
 
 /// Why a record naming a hardware fault (or a driver error) was not taken: the values of
@@ -123,10 +133,12 @@ pub enum Refusal {
     UnknownDevice,
     /// A `serial-num` other than the one the driver's sysfs tree gives for the device.
     SerialMismatch,
+    /// An Xid record whose PCI address or code is missing, malformed or out of range.
+    XidFormat,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 8] = [
+    pub const ALL: [Refusal; 9] = [
         Refusal::NoHeader,
         Refusal::Facility,
         Refusal::Level,
@@ -135,6 +147,7 @@ impl Refusal {
         Refusal::Device,
         Refusal::UnknownDevice,
         Refusal::SerialMismatch,
+        Refusal::XidFormat,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -147,6 +160,7 @@ impl Refusal {
             Refusal::Device => "device",
             Refusal::UnknownDevice => "unknown_device",
             Refusal::SerialMismatch => "serial_mismatch",
+            Refusal::XidFormat => "xid_format",
         }
     }
 }
@@ -178,6 +192,9 @@ pub fn parse_event(text: &str, origin: Option<Origin>) -> Result<Option<Event>, 
         }
         return parse_hw_error(at_boundary(text).ok_or(Refusal::Position)?).map(|e| Some(Event::HwError(e)));
     }
+    if xid::mentions_xid(text) {
+        return parse_xid(text, origin);
+    }
     let Some(rest) = text.strip_prefix(DRIVER_PREFIX) else { return Ok(None) };
     let origin = from_the_kernel(origin)?;
     if origin.level > LEVEL_ERROR {
@@ -191,6 +208,20 @@ pub fn parse_event(text: &str, origin: Option<Origin>) -> Result<Option<Event>, 
 /// (tests and benchmarks).
 pub fn kernel_event(text: &str) -> Option<Event> {
     parse_event(text, Some(Origin::KERNEL_ERROR)).ok().flatten()
+}
+
+/// An Xid record: the kernel's, at warning level or worse, its token at the start of
+/// the text (after a time stamp at most).
+fn parse_xid(text: &str, origin: Option<Origin>) -> Result<Option<Event>, Refusal> {
+    let origin = from_the_kernel(origin)?;
+    if origin.level > LEVEL_WARNING {
+        return Err(Refusal::Level);
+    }
+    match xid::parse(skip_iso_time(skip_printk_time(text))) {
+        Ok(record) => Ok(record.map(Event::Xid)),
+        Err(XidError::Position) => Err(Refusal::Position),
+        Err(XidError::Format) => Err(Refusal::XidFormat),
+    }
 }
 
 fn from_the_kernel(origin: Option<Origin>) -> Result<Origin, Refusal> {
@@ -655,6 +686,32 @@ mod tests {
             None => (raw, None),
         };
         parse_event(text, origin).expect_err(raw)
+    }
+
+    const XID: &str = "NVRM: Xid (PCI:0000:53:00): 79, pid=1234, name=python, GPU has fallen off the bus.";
+
+    #[test]
+    fn xid_records_of_the_kernel_at_warning_or_worse_are_taken() {
+        for prefix in ["3", "4", "0"] {
+            let raw = format!("{prefix},17,5000,-;[ 12.5] {XID}");
+            let record = parse_record(&raw).unwrap();
+            match parse_event(record.text, Some(record.origin)) {
+                Ok(Some(Event::Xid(x))) => assert_eq!(x.code, 79),
+                other => panic!("{prefix}: {other:?}"),
+            }
+        }
+        let switch = parse_record("3,18,5000,-;nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal").unwrap();
+        assert!(matches!(parse_event(switch.text, Some(switch.origin)), Ok(Some(Event::Xid(_)))));
+    }
+
+    #[test]
+    fn xid_records_not_as_the_driver_writes_them_are_refused() {
+        assert_eq!(refusal(&format!("12,17,5000,-;{XID}")), Refusal::Facility, "a user's write to /dev/kmsg");
+        assert_eq!(refusal(&format!("6,17,5000,-;{XID}")), Refusal::Level, "informational");
+        assert_eq!(refusal(XID), Refusal::NoHeader);
+        assert_eq!(refusal(&format!("3,17,5000,-;audit: name=\"{XID}\"")), Refusal::Position);
+        assert_eq!(refusal("3,17,5000,-;NVRM: Xid (PCI:0000:53:00): 99999999999, x"), Refusal::XidFormat);
+        assert_eq!(refusal("3,17,5000,-;NVRM: Xid (PCI:0000:53): 79, x"), Refusal::XidFormat);
     }
 
     #[test]

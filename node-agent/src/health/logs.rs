@@ -114,6 +114,14 @@ pub struct Record {
     /// `namespace/pod` of the pods holding the device (with pod attribution).
     pub pods: Vec<String>,
     pub driver_version: Option<String>,
+    /// `neuron`, or `nvidia_gpu` for a GPU's event (`device` null, `gpu` its index; both
+    /// null: the GPUs together).
+    pub accelerator: &'static str,
+    pub gpu: Option<u32>,
+    pub gpu_uuid: Option<String>,
+    pub pci_bus_id: Option<String>,
+    /// The Xid code of an Xid fault.
+    pub xid: Option<u32>,
     /// The event's CloudWatch timestamp (the `time` above).
     #[serde(skip)]
     pub timestamp_ms: i64,
@@ -151,6 +159,11 @@ pub fn records(changes: &Changes, model: &HealthModel, timestamp_ms: i64) -> Vec
         unknown_reason: None,
         pods: Vec::new(),
         driver_version: driver_version.clone(),
+        accelerator: "neuron",
+        gpu: None,
+        gpu_uuid: None,
+        pci_bus_id: None,
+        xid: None,
         timestamp_ms,
     };
     let text = |s: &str| (!s.is_empty()).then(|| cut(s, MAX_FIELD_BYTES));
@@ -186,6 +199,56 @@ pub fn records(changes: &Changes, model: &HealthModel, timestamp_ms: i64) -> Vec
         }
         out.push(record);
     }
+    out.extend(gpu_records(changes, model, blank("fault", None, None, State::Unknown)));
+    out
+}
+
+/// The records of the GPUs' new faults and state changes; `blank`: a Neuron record of
+/// this update to start from.
+fn gpu_records(changes: &Changes, model: &HealthModel, blank: Record) -> Vec<Record> {
+    let gpus = &model.gpus;
+    let driver_version = gpus.driver_version.as_deref().map(|v| cut(v.trim(), MAX_FIELD_BYTES));
+    let text = |s: &str| (!s.is_empty()).then(|| cut(s, MAX_FIELD_BYTES));
+    let record = |event, gpu: Option<u32>, before: Option<State>, after: State| {
+        let identity = gpu.and_then(|g| gpus.gpus.get(&g)).map(|g| &g.identity);
+        Record {
+            event,
+            accelerator: "nvidia_gpu",
+            serial_number: None,
+            driver_version: driver_version.clone(),
+            state_before: before.map(State::as_str),
+            state_after: after.as_str(),
+            gpu,
+            gpu_uuid: identity.and_then(|i| text(&i.uuid)),
+            pci_bus_id: identity.and_then(|i| text(&i.pci_bus_id)),
+            ..blank.clone()
+        }
+    };
+    let mut out = Vec::new();
+    for (gpu, r) in &changes.gpu_faults {
+        let state = gpus.state_of(*gpu);
+        let (before, after) = changes
+            .gpu_state_changes
+            .iter()
+            .find(|c| c.device == Some(*gpu))
+            .map_or((Some(state), state), |c| (c.before, c.after));
+        let mut fault = record("fault", Some(*gpu), before, after);
+        fault.error = text(&r.error);
+        fault.count = Some(r.count);
+        fault.source = Some(r.source);
+        fault.action = text(&r.action);
+        fault.xid = r.error.strip_prefix("XID_").and_then(|c| c.parse().ok());
+        out.push(fault);
+    }
+    for change in &changes.gpu_state_changes {
+        let mut state = record("state_change", change.device, change.before, change.after);
+        let worst = change.device.and_then(|g| gpus.gpus.get(&g)?.worst());
+        if let Some(r) = worst.filter(|_| change.after == State::Unhealthy) {
+            state.error = text(&r.error);
+            state.action = text(&r.action);
+        }
+        out.push(state);
+    }
     out
 }
 
@@ -205,7 +268,11 @@ impl Feed {
     /// Hands the records of an update over (with the model's lock held): never waits;
     /// nothing to do while the stream is off.
     pub fn send(&self, changes: &Changes, model: &HealthModel) {
-        if (changes.new_faults.is_empty() && changes.state_changes.is_empty()) || self.destination.borrow().is_none() {
+        let nothing = changes.new_faults.is_empty()
+            && changes.state_changes.is_empty()
+            && changes.gpu_faults.is_empty()
+            && changes.gpu_state_changes.is_empty();
+        if nothing || self.destination.borrow().is_none() {
             return;
         }
         for record in records(changes, model, unix_millis()) {

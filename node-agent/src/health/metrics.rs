@@ -10,6 +10,8 @@ use std::{
 use api::limits::{MAX_NEURON_DEVICES, MAX_REPORT_LABEL_VALUE_BYTES};
 use prometheus_client::{collector::Collector, encoding::DescriptorEncoder, metrics::MetricType};
 
+pub mod gpus;
+
 use super::{
     model::{HealthModel, State},
     sysfs::{Ecc, PowerStatus, CORE_ERRORS},
@@ -28,6 +30,8 @@ pub struct HealthCollector {
     pub state: Arc<Mutex<NodeState>>,
     /// The kubelet's device allocations (with pod attribution).
     pub devices: Option<SharedDevices>,
+    /// With a GPU collector: the `Hostname` of the GPU series.
+    pub gpu_hostname: Option<Arc<str>>,
 }
 
 impl fmt::Debug for HealthCollector {
@@ -58,7 +62,12 @@ impl HealthCollector {
             let ownership = d.read().unwrap_or_else(|p| p.into_inner());
             holders(ownership.allocations(), &health, cores_per_device)
         });
-        encode_health(&health, &instance, devices_reported, pods.as_ref(), encoder)
+        encode_health(&health, &instance, devices_reported, pods.as_ref(), encoder)?;
+        // A node that never had a GPU shows no GPU family.
+        if health.gpus.present() {
+            gpus::encode(&health.gpus, &instance, self.gpu_hostname.as_deref().unwrap_or_default(), encoder)?;
+        }
+        Ok(())
     }
 }
 

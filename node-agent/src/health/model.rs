@@ -26,6 +26,9 @@ use api::{
 };
 use serde::{Deserialize, Serialize};
 
+pub mod gpus;
+
+pub use self::gpus::{GpuHealth, GpuHealthModel, PersistedGpu};
 use super::{
     kmsg::{Event, HwError, Refusal},
     sysfs::{DeviceReading, DeviceState, Ecc, NodeReading, Power, CORE_ERRORS, REPAIRABLE_HBM_ERROR},
@@ -81,6 +84,8 @@ pub enum Source {
     KernelLog,
     Sysfs,
     NeuronMonitor,
+    /// The NVIDIA driver's library (a GPU's state, its event set).
+    Nvml,
 }
 
 /// One fault of a device, as long as it lasts.
@@ -200,6 +205,8 @@ pub struct HealthModel {
     pub restored: Vec<(Option<u32>, String, String, String)>,
     /// Driver reloads seen (each clears every fault): a fault after one is new again.
     pub reloads: u64,
+    /// The NVIDIA GPUs: the second kind of device.
+    pub gpus: GpuHealthModel,
     heartbeat_timeout: Duration,
 }
 
@@ -216,6 +223,12 @@ pub struct Changes {
     /// Devices and the node (None) whose state this update changed, in index order, the
     /// node last.
     pub state_changes: Vec<StateChange>,
+    /// GPUs (by index) with a fault first seen in this update.
+    pub gpu_faults: Vec<(u32, Reason)>,
+    /// GPUs and the GPUs together (None) whose state this update changed.
+    pub gpu_state_changes: Vec<StateChange>,
+    /// An NVIDIA driver reload cleared the GPUs' faults.
+    pub gpu_reasons_cleared: bool,
 }
 
 /// A device's (None: the node's) state before and after an update. A device seen for
@@ -258,6 +271,7 @@ impl HealthModel {
             dirty: false,
             restored: Vec::new(),
             reloads: 0,
+            gpus: GpuHealthModel::default(),
             heartbeat_timeout,
         }
     }
@@ -426,6 +440,7 @@ impl HealthModel {
         for (_, event) in events {
             match event {
                 Event::HwError(e) => self.apply_hw_error(e, now, &mut changes),
+                Event::Xid(record) => self.gpus.apply_xid(&record, now, &mut changes),
                 Event::DriverError { function } => {
                     let known = self.driver_errors.contains_key(&function);
                     let function = if known || self.driver_errors.len() < MAX_HEALTH_ERROR_NAMES {
@@ -444,6 +459,23 @@ impl HealthModel {
             self.kmsg_seq = last_seq;
         }
         changes.state_changes = self.state_changes(&before);
+        self.dirty |= std::mem::take(&mut self.gpus.dirty);
+        changes
+    }
+
+    /// Folds in a collection of the GPUs.
+    pub fn apply_gpu_snapshot(&mut self, snapshot: &crate::gpu::GpuSnapshot, now: u64) -> Changes {
+        let mut changes = Changes::default();
+        self.gpus.apply_snapshot(snapshot, now, &mut changes);
+        self.dirty |= std::mem::take(&mut self.gpus.dirty);
+        changes
+    }
+
+    /// Folds in an Xid NVML's event set reported for the GPU at `index`.
+    pub fn apply_nvml_xid(&mut self, index: u32, code: u32, now: u64) -> Changes {
+        let mut changes = Changes::default();
+        self.gpus.apply_nvml_xid(index, code, now, &mut changes);
+        self.dirty |= std::mem::take(&mut self.gpus.dirty);
         changes
     }
 
@@ -518,6 +550,7 @@ impl HealthModel {
                 .collect(),
             node_reasons: self.node_reasons.values().cloned().collect(),
             kernel_errors: self.kernel_errors.iter().map(|((d, n), c)| (*d, n.clone(), *c)).collect(),
+            gpus: self.gpus.persisted(),
         }
     }
 
@@ -528,6 +561,7 @@ impl HealthModel {
             return false;
         }
         self.kmsg_seq = saved.kmsg_seq;
+        self.gpus.restore(saved.gpus);
         for d in saved.devices.into_iter().filter(|d| d.index < MAX_NEURON_DEVICES) {
             let device = self.devices.entry(d.index).or_default();
             device.counter_sum = Some(d.counter_sum);
@@ -621,6 +655,9 @@ pub struct Persisted {
     pub devices: Vec<PersistedDevice>,
     pub node_reasons: Vec<Reason>,
     pub kernel_errors: Vec<(Option<u32>, String, u64)>,
+    /// The GPUs' faults and Xid counts (absent in files of agents without GPUs).
+    #[serde(default)]
+    pub gpus: Vec<PersistedGpu>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

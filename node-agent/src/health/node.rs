@@ -30,7 +30,12 @@ use super::{
     settings::SettingsReceiver,
     SharedHealth,
 };
-use crate::attribution::podresources::{SharedDevices, Unit};
+use crate::{
+    attribution::podresources::{SharedDevices, Unit},
+    gpu::SharedGpuHolders,
+};
+
+mod gpus;
 
 /// The default condition type.
 pub const CONDITION_TYPE: &str = api::node_config::DEFAULT_CONDITION_TYPE;
@@ -51,6 +56,10 @@ pub struct NodeReporter {
     pub settings: SettingsReceiver,
     pub health: SharedHealth,
     pub devices: Option<SharedDevices>,
+    /// Whether the node has Neuron devices: a GPU-only node gets no `NeuronHealth`.
+    pub neuron: bool,
+    /// The pods holding each GPU (with GPU attribution).
+    pub gpu_holders: Option<SharedGpuHolders>,
 }
 
 /// The condition the model calls for: status, reason, message.
@@ -122,11 +131,12 @@ impl NodeReporter {
         };
         // The condition as written, with its type.
         let mut shown: Option<(String, (&'static str, String, String))> = None;
+        let mut gpus_shown = gpus::Shown::new(&self.health);
         loop {
             let condition_type = self.settings.borrow().condition_type.clone();
             let wanted = {
                 let model = self.health.lock().unwrap_or_else(|p| p.into_inner());
-                model.read_once.then(|| condition(&model))
+                (self.neuron && model.read_once).then(|| condition(&model))
             };
             let written =
                 |w: &(&str, String, String)| shown.as_ref().is_some_and(|(t, c)| *t == condition_type && c == w);
@@ -162,6 +172,7 @@ impl NodeReporter {
                     }
                 }
             }
+            self.report_gpus(&nodes, &recorder, &reference, &mut gpus_shown).await;
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(TICK) => {}

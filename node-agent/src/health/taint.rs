@@ -79,10 +79,13 @@ pub struct Tainter {
 }
 
 /// The taint value for a model under a taint list: the first (sorted) listed error name
-/// among the faults, `None` when no listed fault (or tainting is off).
+/// among the faults of the Neuron devices and the GPUs (`XID_79`, `GPU_LOST`, …), `None`
+/// when no listed fault (or tainting is off).
 pub fn wanted(model: &HealthModel, errors: Option<&[String]>) -> Option<String> {
     let errors = errors?;
-    let faults = model.devices.values().flat_map(|d| d.reasons.values()).chain(model.node_reasons.values());
+    let gpu_faults = model.gpus.gpus.values().flat_map(|g| g.reasons.values());
+    let faults =
+        model.devices.values().flat_map(|d| d.reasons.values()).chain(model.node_reasons.values()).chain(gpu_faults);
     faults.map(|r| r.error.as_str()).filter(|e| errors.iter().any(|x| x == e)).min().map(str::to_owned)
 }
 
@@ -215,6 +218,29 @@ mod tests {
         model.apply_events(vec![(Some(2), nc), (Some(3), dma)], Some(3), 2);
         assert_eq!(wanted(&model, Some(&fatal)).as_deref(), Some("DMA_ERROR"), "the first name, whatever came last");
         assert_eq!(wanted(&model, None), None, "tainting off");
+    }
+
+    #[test]
+    fn a_gpu_fault_taints_when_its_name_is_listed() {
+        use crate::gpu::{Gpu, GpuIdentity, GpuSnapshot};
+        let mut model = HealthModel::with_ready_devices(0);
+        let gpu = Gpu {
+            identity: GpuIdentity {
+                index: 0,
+                uuid: "GPU-0".into(),
+                pci_bus_id: "00000000:53:00.0".into(),
+                ..GpuIdentity::default()
+            },
+            ..Gpu::default()
+        };
+        model.apply_gpu_snapshot(&GpuSnapshot { gpus: vec![gpu], collections: 1, ..GpuSnapshot::default() }, 1);
+        let raw = "3,5,100,-;NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=a, GPU has fallen off the bus.";
+        let record = crate::health::kmsg::parse_record(raw).unwrap();
+        let event = crate::health::kmsg::parse_event(record.text, Some(record.origin)).unwrap().unwrap();
+        model.apply_events(vec![(Some(5), event)], Some(5), 2);
+        assert_eq!(wanted(&model, Some(&["DMA_ERROR".to_owned()])), None, "XID_79 is not listed");
+        let listed = ["DMA_ERROR".to_owned(), "XID_79".to_owned()];
+        assert_eq!(wanted(&model, Some(&listed)).as_deref(), Some("XID_79"));
     }
 
     #[test]

@@ -53,9 +53,9 @@ impl HealthMetrics {
         );
         r.register(
             "kmsg_refused",
-            "Kernel-log records naming a Neuron hardware fault or driver error that the driver did not write as it \
+            "Kernel-log records naming a Neuron hardware fault, driver error or NVIDIA Xid that the driver did not write as it \
              writes them, not taken, by reason (no_header, facility, level, position, name, device, unknown_device, \
-             serial_mismatch)",
+             serial_mismatch, xid_format)",
             m.kmsg_refused.clone(),
         );
         r.register(

@@ -250,6 +250,12 @@ impl Sender {
                 self.pause(&stop, Duration::from_millis(250)).await;
                 continue;
             }
+            // A node with GPUs and no Neuron device has no report, so no instance region:
+            // after the wait, a region the destination names is taken as it is.
+            let instance_region = instance_region.or_else(|| {
+                let no_report = self.started.elapsed() >= INSTANCE_ID_WAIT && identity.instance_id.is_none();
+                destination.region.clone().filter(|_| no_report)
+            });
             let Some(instance_region) = instance_region else {
                 // No region yet: the events wait for neuron-monitor's first report.
                 self.pause(&stop, Duration::from_millis(500)).await;

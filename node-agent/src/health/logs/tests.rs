@@ -27,6 +27,11 @@ fn record(timestamp_ms: i64, pad: usize) -> Record {
         unknown_reason: None,
         pods: Vec::new(),
         driver_version: None,
+        accelerator: "neuron",
+        gpu: None,
+        gpu_uuid: None,
+        pci_bus_id: None,
+        xid: None,
         timestamp_ms,
     }
 }
@@ -37,14 +42,15 @@ fn size(r: &Record) -> usize {
 
 #[test]
 fn requests_hold_at_most_10000_events_and_1_mib_and_take_the_queue_in_order() {
-    // A record is at least ~300 bytes of JSON (every key present), so 1 MiB binds first.
+    // A record is at least ~350 bytes of JSON (every key present, the GPU keys too), so
+    // 1 MiB binds first.
     let mut queue: VecDeque<Record> = (0..25_000).map(|i| record(i, 1)).collect();
     let mut next = 0;
     while !queue.is_empty() {
         let batch = take_batch(&mut queue, &Identity::default());
         let bytes: usize = batch.events.iter().map(|e| e.message().len() + EVENT_OVERHEAD_BYTES).sum();
         assert!(batch.events.len() <= MAX_EVENTS_PER_REQUEST && bytes <= MAX_REQUEST_BYTES);
-        assert!(batch.events.len() > 3000 || queue.is_empty(), "{} events", batch.events.len());
+        assert!(batch.events.len() > 2500 || queue.is_empty(), "{} events", batch.events.len());
         for e in &batch.events {
             assert_eq!(e.timestamp(), next);
             next += 1;
@@ -307,4 +313,41 @@ async fn the_destination_follows_its_watch_and_an_invalid_one_sends_nothing() {
     shutdown.cancel();
     task.await.unwrap();
     assert_eq!(metrics.events.get_or_create(&ResultLabel { result: "sent" }).get(), 0);
+}
+
+#[test]
+fn gpu_records_name_the_gpu_the_xid_and_the_states() {
+    use crate::gpu::{Gpu, GpuIdentity, GpuSnapshot};
+    let mut model = HealthModel::new("b".to_owned(), std::time::Duration::from_secs(60));
+    let gpu = Gpu {
+        identity: GpuIdentity {
+            index: 0,
+            uuid: "GPU-0".into(),
+            pci_bus_id: "00000000:53:00.0".into(),
+            ..GpuIdentity::default()
+        },
+        ..Gpu::default()
+    };
+    let snapshot =
+        GpuSnapshot { driver_version: "550.1".into(), gpus: vec![gpu], collections: 1, ..GpuSnapshot::default() };
+    let first = records(&model.apply_gpu_snapshot(&snapshot, 1), &model, 1_000);
+    assert_eq!(first.len(), 1, "the GPUs together: unknown → healthy");
+    assert_eq!((first[0].accelerator, first[0].gpu, first[0].state_after), ("nvidia_gpu", None, "healthy"));
+    let raw = "3,5,100,-;NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=a, GPU has fallen off the bus.";
+    let r = crate::health::kmsg::parse_record(raw).unwrap();
+    let event = crate::health::kmsg::parse_event(r.text, Some(r.origin)).unwrap().unwrap();
+    let changes = model.apply_events(vec![(Some(5), event)], Some(5), 2);
+    let out = records(&changes, &model, 2_000);
+    let fault = out.iter().find(|r| r.event == "fault").expect("a fault record");
+    assert_eq!((fault.gpu, fault.xid, fault.device), (Some(0), Some(79), None));
+    assert_eq!((fault.error.as_deref(), fault.action.as_deref()), (Some("XID_79"), Some("REBOOT_NODE")));
+    assert_eq!((fault.gpu_uuid.as_deref(), fault.pci_bus_id.as_deref()), (Some("GPU-0"), Some("00000000:53:00.0")));
+    assert_eq!((fault.state_before, fault.state_after), (Some("healthy"), "unhealthy"));
+    assert_eq!(fault.driver_version.as_deref(), Some("550.1"));
+    let changes: Vec<(&str, Option<u32>)> =
+        out.iter().filter(|r| r.event == "state_change").map(|r| (r.state_after, r.gpu)).collect();
+    assert_eq!(changes, [("unhealthy", Some(0)), ("unhealthy", None)]);
+    // A Neuron record keeps its schema, with the GPU keys null.
+    let json = serde_json::to_value(record(0, 1)).unwrap();
+    assert_eq!((json["accelerator"].as_str(), json["gpu"].is_null()), (Some("neuron"), true));
 }
