@@ -94,6 +94,17 @@ pub fn condition(model: &HealthModel) -> (&'static str, String, String) {
     }
 }
 
+/// Cuts an Event's note to the API's limit, on a character boundary.
+fn truncate_note(note: &mut String) {
+    if note.len() > MAX_MESSAGE_BYTES {
+        let mut end = MAX_MESSAGE_BYTES;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+    }
+}
+
 fn push_bounded(s: &mut String, part: &str) {
     if s.len() + part.len() <= MAX_MESSAGE_BYTES {
         s.push_str(part);
@@ -219,13 +230,7 @@ impl NodeReporter {
         if !pods.is_empty() {
             push_bounded(&mut note, &format!("; pods holding the device: {}", pods.join(", ")));
         }
-        if note.len() > MAX_MESSAGE_BYTES {
-            let mut end = MAX_MESSAGE_BYTES;
-            while !note.is_char_boundary(end) {
-                end -= 1;
-            }
-            note.truncate(end);
-        }
+        truncate_note(&mut note);
         Event {
             type_: EventType::Warning,
             // Event reasons are at most 128 characters; error names at most 64.

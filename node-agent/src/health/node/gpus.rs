@@ -12,7 +12,7 @@ use kube::{
 };
 use tracing::{info, warn};
 
-use super::{push_bounded, NodeReporter, MAX_MESSAGE_BYTES};
+use super::{push_bounded, truncate_note, NodeReporter};
 use crate::{
     gpu::xid,
     health::{
@@ -138,13 +138,7 @@ impl NodeReporter {
         if !pods.is_empty() {
             push_bounded(&mut note, &format!("; pods holding the GPU: {}", pods.join(", ")));
         }
-        if note.len() > MAX_MESSAGE_BYTES {
-            let mut end = MAX_MESSAGE_BYTES;
-            while !note.is_char_boundary(end) {
-                end -= 1;
-            }
-            note.truncate(end);
-        }
+        truncate_note(&mut note);
         Event {
             type_: EventType::Warning,
             reason: format!("GpuHasError_{}", r.error),
