@@ -295,24 +295,29 @@ impl Sender {
                     other => other,
                 },
             };
-            match result {
-                Outcome::Done => attempt = 0,
-                Outcome::NotFound => {
-                    self.metrics.failure("not_found");
-                    conn.ready = None;
-                    self.backoff(&stop, &mut attempt).await;
-                }
-                Outcome::Retry(reason) => {
-                    self.metrics.failure(reason);
-                    self.backoff(&stop, &mut attempt).await;
-                }
-                Outcome::GiveUp(reason) => {
-                    // The group or stream cannot be made (an invalid name for the
-                    // service, a refused request): what is queued cannot go.
-                    self.metrics.failure(reason);
-                    self.queue.abandon("failed");
-                    attempt = 0;
-                }
+            self.settle(result, conn, &stop, &mut attempt).await;
+        }
+    }
+
+    /// Counts a send's outcome and waits the backoff it calls for.
+    async fn settle(&self, result: Outcome, conn: &mut Connection, stop: &CancellationToken, attempt: &mut u32) {
+        match result {
+            Outcome::Done => *attempt = 0,
+            Outcome::NotFound => {
+                self.metrics.failure("not_found");
+                conn.ready = None;
+                self.backoff(stop, attempt).await;
+            }
+            Outcome::Retry(reason) => {
+                self.metrics.failure(reason);
+                self.backoff(stop, attempt).await;
+            }
+            Outcome::GiveUp(reason) => {
+                // The group or stream cannot be made (an invalid name for the service, a
+                // refused request): what is queued cannot go.
+                self.metrics.failure(reason);
+                self.queue.abandon("failed");
+                *attempt = 0;
             }
         }
     }
