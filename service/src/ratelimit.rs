@@ -1,5 +1,6 @@
-//! A token bucket for log lines: a child that floods stderr, a stream of garbage or a
-//! flood of connections must not flood the binaries' own logs.
+//! A token bucket: for log lines (a child that floods stderr, a stream of garbage or a
+//! flood of connections must not flood the binaries' own logs) and for actions one
+//! party could repeat at everyone's cost (restarts, a namespace's config changes).
 
 use std::time::{Duration, Instant};
 
@@ -49,6 +50,17 @@ impl RateLimit {
             Decision::Suppress
         }
     }
+
+    /// How long until an event would be allowed (zero when one would be now).
+    pub fn wait(&self) -> Duration {
+        self.wait_at(Instant::now())
+    }
+
+    fn wait_at(&self, now: Instant) -> Duration {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        let tokens = (self.tokens + elapsed * self.per_second).min(self.burst);
+        Duration::from_secs_f64(((1.0 - tokens) / self.per_second).max(0.0))
+    }
 }
 
 #[cfg(test)]
@@ -65,5 +77,18 @@ mod tests {
         assert_eq!(limit.check_at(t0), Decision::Suppress);
         assert_eq!(limit.check_at(t0), Decision::Suppress);
         assert_eq!(limit.check_at(t0 + Duration::from_secs(1)), Decision::Allow { suppressed_before: 2 });
+    }
+
+    #[test]
+    fn says_how_long_until_the_next_event_is_allowed() {
+        let mut limit = RateLimit::new(2, Duration::from_secs(20));
+        let t0 = limit.last;
+        assert_eq!(limit.wait_at(t0), Duration::ZERO);
+        limit.check_at(t0);
+        limit.check_at(t0);
+        // One token every 10 s; 4 s of it have passed.
+        let wait = limit.wait_at(t0 + Duration::from_secs(4));
+        assert!(wait > Duration::from_millis(5_990) && wait < Duration::from_millis(6_010), "{wait:?}");
+        assert_eq!(limit.wait_at(t0 + Duration::from_secs(10)), Duration::ZERO);
     }
 }
