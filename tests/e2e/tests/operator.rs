@@ -1311,3 +1311,101 @@ async fn a_namespaces_costly_tag_filters_are_refused_by_field() {
     assert_eq!((status.as_str(), reason.as_str()), ("False", "InvalidSpec"), "{message}");
     assert!(message.contains("spec.runtimes[0].tagFilter") && message.contains("too costly"), "{message}");
 }
+
+/// The extra label `rev` of a config's Prometheus series on a node's ConfigMap.
+async fn rev_on(s: &Scenario, node: &str, config: &str) -> Option<String> {
+    let routes = s.node_config(node).await?.routes;
+    let route = routes.into_iter().find(|r| r.config == config)?;
+    route.prometheus?.extra_labels.get("rev").cloned()
+}
+
+fn revision(rev: usize) -> serde_json::Value {
+    json!({ "spec": { "sinks": { "prometheus": { "extraLabels": { "rev": format!("r{rev}") } } } } })
+}
+
+/// Issue 24, fault 4: a tenant patching its config in a loop rewrote every node it
+/// selects (150 patches, 150 ConfigMap writes for two nodes) and restarted neuron-monitor
+/// for every tenant there. Its changes are adopted at a pace; another team's change made
+/// meanwhile reaches the nodes at once, and the tenant's newest version lands in the end.
+#[tokio::test]
+async fn a_tenant_editing_in_a_loop_is_paced_and_other_tenants_are_not() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-thrash").await;
+    let (_operator, operator_addr) = s.operator();
+    let nodes = [format!("{}-a", s.run), format!("{}-b", s.run)];
+    for node in &nodes {
+        s.node(node, "trn1.32xlarge").await;
+    }
+    let thrash = s.team_namespace("team-loop").await;
+    let calm = s.team_namespace("team-calm").await;
+    let spec = || json!({ "sinks": { "prometheus": { "extraLabels": { "rev": "r0" } } } });
+    create_config(&s, &thrash, "loop", spec()).await;
+    create_config(&s, &calm, "steady", spec()).await;
+    let (loop_route, steady_route) = (format!("{thrash}/loop"), format!("{calm}/steady"));
+    for node in &nodes {
+        s.wait("both teams on the node", || async {
+            (rev_on(&s, node, &loop_route).await.is_some() && rev_on(&s, node, &steady_route).await.is_some())
+                .then_some(())
+        })
+        .await;
+    }
+    let writes = || async {
+        let metrics = http_get(operator_addr, "/metrics").map(|(_, body)| body).unwrap_or_default();
+        labelled_sample(&metrics, "neuron_operator_writes_total", &["kind=\"configmap\"", "action=\"apply\""])
+            .unwrap_or(0.0)
+    };
+    let before = writes().await;
+
+    // 150 patches in about 10 s; halfway, the other team changes its config once.
+    let loops = Api::<NeuronMonitorConfig>::namespaced(s.client.clone(), &thrash);
+    let steady = Api::<NeuronMonitorConfig>::namespaced(s.client.clone(), &calm);
+    let started = Instant::now();
+    let mut other_team_took = None;
+    for rev in 1..=150 {
+        loops.patch("loop", &PatchParams::default(), &Patch::Merge(revision(rev))).await.unwrap();
+        if rev == 75 {
+            steady.patch("steady", &PatchParams::default(), &Patch::Merge(revision(1))).await.unwrap();
+            let asked = Instant::now();
+            for node in &nodes {
+                s.wait("the other team's change", || async {
+                    (rev_on(&s, node, &steady_route).await.as_deref() == Some("r1")).then_some(())
+                })
+                .await;
+            }
+            other_team_took = Some(asked.elapsed());
+            let metrics = http_get(operator_addr, "/metrics").map(|(_, body)| body).unwrap_or_default();
+            assert_eq!(sample(&metrics, "neuron_operator_namespaces_held"), Some(1.0), "the looping team is held");
+        }
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let thrashed = started.elapsed();
+    let during = writes().await - before;
+
+    // The newest version lands on every node, and its status says so.
+    for node in &nodes {
+        s.wait("the looping team's newest version", || async {
+            (rev_on(&s, node, &loop_route).await.as_deref() == Some("r150")).then_some(())
+        })
+        .await;
+    }
+    s.wait("the status of the newest generation", || async {
+        let config = s.config(&thrash, "loop").await?;
+        (config.status?.observed_generation == config.metadata.generation).then_some(())
+    })
+    .await;
+    let landed = started.elapsed();
+    let other_team_took = other_team_took.expect("the other team changed its config");
+    println!(
+        "150 patches in {thrashed:?}: {during} ConfigMap writes for {} nodes; the other team's change on the nodes \
+         in {other_team_took:?}; the newest version landed after {landed:?}",
+        nodes.len()
+    );
+    // Per node: the burst of 5, one per 10 s of the loop, the other team's change, and
+    // one more for a slot at the end.
+    let allowed = nodes.len() as f64 * (5.0 + (thrashed.as_secs_f64() / 10.0).ceil() + 2.0);
+    assert!(during <= allowed, "{during} ConfigMap writes, at most {allowed} expected");
+    assert!(other_team_took < Duration::from_secs(5), "the other team waited {other_team_took:?}");
+    for node in &nodes {
+        Api::<Node>::all(s.client.clone()).delete(node, &DeleteParams::default()).await.unwrap();
+    }
+}
