@@ -438,38 +438,54 @@ async fn the_agent_reloads_a_changed_config_within_a_second() {
     })
     .await;
 
-    // 20 changes: time from the API write to neuron-monitor running the new file.
+    // 20 changes in a row: time from the API write to the agent's acknowledgement of the
+    // new node configuration (in force: its routes, and the neuron-monitor file written).
     let api: Api<NeuronMonitorConfig> = Api::namespaced(s.client.clone(), &s.ns);
+    let acknowledged = || async {
+        let cm = s.configmap(&node).await?;
+        let a = cm.annotations();
+        a.get(APPLIED_HASH_ANNOTATION).filter(|h| a.get(CONFIG_HASH_ANNOTATION) == Some(*h)).cloned()
+    };
     let mut latencies = Vec::new();
+    let mut last_period = String::new();
+    let series_started = Instant::now();
     for i in 0..20u64 {
         let period = format!("{}s", 3 + i % 2 + 2 * (i % 5));
-        let (old_pid, old_file, _) = monitor_config_of(&agent).expect("a running monitor");
-        let expected = format!("\"{period}\"");
+        let before = acknowledged().await;
         let started = Instant::now();
         api.patch("cluster", &PatchParams::default(), &Patch::Merge(json!({ "spec": { "period": period } })))
             .await
             .unwrap();
         loop {
-            if let Some((pid, file, content)) = monitor_config_of(&agent) {
-                if (pid != old_pid || file != old_file) && content.contains(&expected) {
-                    break;
-                }
+            let now = acknowledged().await;
+            if now.is_some() && now != before {
+                break;
             }
-            assert!(started.elapsed() < Duration::from_secs(10), "change {i} ({period}) never reached neuron-monitor");
+            assert!(started.elapsed() < Duration::from_secs(10), "change {i} ({period}) never reached the agent");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         latencies.push(started.elapsed());
+        last_period = period;
     }
     latencies.sort();
     let p50 = latencies[latencies.len() / 2];
     let p95 = latencies[latencies.len() * 95 / 100];
-    println!(
-        "config change → neuron-monitor restarted on it: p50 {p50:?}, p95 {p95:?}, max {:?}",
-        latencies.last().unwrap()
-    );
+    println!("config change → in force on the agent: p50 {p50:?}, p95 {p95:?}, max {:?}", latencies.last().unwrap());
     assert!(p50 < Duration::from_secs(1), "p50 {p50:?}");
-
+    // neuron-monitor follows at its restart pace (3 at once, then one per 10 s): it
+    // ends on the last configuration, after far fewer restarts than changes.
+    let expected = format!("\"{last_period}\"");
+    s.wait("neuron-monitor on the last configuration", || async {
+        monitor_config_of(&agent).filter(|(_, _, content)| content.contains(&expected))
+    })
+    .await;
     let agent_metrics = http_get(agent_addr, "/metrics").unwrap().1;
+    let restarts =
+        labelled_sample(&agent_metrics, "neuron_agent_monitor_restarts_total", &["reason=\"config_changed\""])
+            .unwrap_or(0.0);
+    let allowed = 4.0 + (series_started.elapsed().as_secs_f64() / 10.0).ceil();
+    println!("20 changes in {:?}: {restarts} restarts of neuron-monitor", series_started.elapsed());
+    assert!((1.0..=allowed).contains(&restarts), "{restarts} restarts (at most {allowed})");
     assert!(sample(&agent_metrics, "neuron_agent_reports_total").is_some());
     let operator_metrics = http_get(operator_addr, "/metrics").unwrap().1;
     assert_eq!(sample(&operator_metrics, "neuron_operator_leader"), Some(1.0));
