@@ -56,10 +56,18 @@ impl RateLimit {
         self.wait_at(Instant::now())
     }
 
-    fn wait_at(&self, now: Instant) -> Duration {
+    /// Whether the bucket is full again: forgetting it now changes nothing.
+    pub fn is_full(&self) -> bool {
+        self.tokens_at(Instant::now()) >= self.burst
+    }
+
+    fn tokens_at(&self, now: Instant) -> f64 {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        let tokens = (self.tokens + elapsed * self.per_second).min(self.burst);
-        Duration::from_secs_f64(((1.0 - tokens) / self.per_second).max(0.0))
+        (self.tokens + elapsed * self.per_second).min(self.burst)
+    }
+
+    fn wait_at(&self, now: Instant) -> Duration {
+        Duration::from_secs_f64(((1.0 - self.tokens_at(now)) / self.per_second).max(0.0))
     }
 }
 
