@@ -195,9 +195,9 @@ up() {
     node_s=$(since "$t")
     write_values
     trap - EXIT
-    printf '{"kubeconfig":"%s","values":"%s","images":{"agent":"%s","operator":"%s","pause":"%s"},"node":"%s","node_ip":"%s","server":"%s","ca":"%s","kubelet_root":"%s","logs":"%s","timings":{"controlplane_s":%s,"images_s":%s,"node_ready_s":%s,"total_s":%s}}\n' \
+    printf '{"kubeconfig":"%s","values":"%s","images":{"agent":"%s","operator":"%s","pause":"%s"},"node":"%s","node_ip":"%s","server":"%s","ca":"%s","kubelet_root":"%s","bridge":"%s","logs":"%s","timings":{"controlplane_s":%s,"images_s":%s,"node_ready_s":%s,"total_s":%s}}\n' \
         "$dir/cp/admin.kubeconfig" "$dir/values.yaml" "$AGENT_IMAGE" "$OPERATOR_IMAGE" "$PAUSE_IMAGE" \
-        "$NODE_NAME" "$(<"$dir/host/node-ip")" "$(server)" "$dir/cp/pki/ca.crt" "$KUBELET_ROOT" "$dir/logs" \
+        "$NODE_NAME" "$(<"$dir/host/node-ip")" "$(server)" "$dir/cp/pki/ca.crt" "$KUBELET_ROOT" "$BRIDGE" "$dir/logs" \
         "$cp_s" "$images_s" "$node_s" "$(since "$t0")"
 }
 
