@@ -523,21 +523,32 @@ build_images() {
     ) >"$dir/logs/images.log" 2>&1 || { tail -n 20 "$dir/logs/images.log" >&2; fail "building the images failed (log: $dir/logs/images.log)"; }
 }
 
+# timed CMD...: runs CMD, its seconds added to steps (NAME=SECONDS).
+timed() {
+    local t
+    t=$(now)
+    "$@"
+    steps+=("$1${2:+-$2}=$(since "$t")")
+}
+
 # --- down ----------------------------------------------------------------------------
 
-# stop NAME: SIGTERM to the recorded PID, SIGKILL after 15 s.
+# stop NAME...: SIGTERM to the recorded PIDs together, SIGKILL to those alive after 15 s.
 stop() {
-    local pid i
-    [[ -f $dir/pids/$1 ]] || return 0
-    pid=$(<"$dir/pids/$1")
-    if kill -TERM "$pid" 2>/dev/null; then
-        for ((i = 0; i < 75; i++)); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.2
-        done
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    rm -f "$dir/pids/$1"
+    local name pids=() i
+    for name in "$@"; do
+        [[ -f $dir/pids/$name ]] && pids+=("$(<"$dir/pids/$name")")
+    done
+    ((${#pids[@]})) || return 0
+    kill -TERM "${pids[@]}" 2>/dev/null
+    for ((i = 0; i < 150; i++)); do
+        local pid alive=0
+        for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        ((alive)) || break
+        sleep 0.1
+    done
+    kill -KILL "${pids[@]}" 2>/dev/null
+    for name in "$@"; do rm -f "$dir/pids/$name"; done
 }
 
 # pod_cgroups: every kubepods and k8s.io cgroup directory, deepest first.
@@ -553,15 +564,13 @@ pod_cgroups() {
 # kill_pods: the pods' processes (found by their cgroups) and this node's containerd
 # shims (found by their -address argument).
 kill_pods() {
-    local cg pid cmd sock=$dir/containerd/containerd.sock
+    local cg pid sock=$dir/containerd/containerd.sock
     for cg in $(pod_cgroups); do
         for pid in $(cat "$cg/cgroup.procs" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
     done
     # A shim's command line: containerd-shim-runc-v2 -namespace k8s.io -id ID -address SOCK
-    for cmd in $(grep -laF -- "$sock" /proc/[0-9]*/cmdline 2>/dev/null); do
-        pid=${cmd#/proc/}
-        pid=${pid%/cmdline}
-        grep -qa containerd-shim "$cmd" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+    for pid in $(pgrep -f containerd-shim-runc-v2); do
+        grep -qaF -- "$sock" "/proc/$pid/cmdline" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
     done
 }
 
@@ -662,21 +671,21 @@ down() {
     set +e +o pipefail
     t0=$(now)
     [[ -d $dir/host ]] || { echo "realnode: no node state in $dir"; return 0; }
-    stop kubelet
-    kill_pods
-    stop kube-proxy
-    stop kube-scheduler
-    stop containerd
-    kill_pods
-    stop controlplane
-    remove_chains
-    unmount_all
-    remove_netns
-    ip link del "$BRIDGE" 2>/dev/null || true
-    remove_cgroups
-    unmount_all
-    remove_created_paths
-    restore_sysctls
+    steps=()
+    # The kubelet first (it would restart what is killed), then the pods, then the rest.
+    timed stop kubelet
+    timed kill_pods
+    timed stop kube-proxy kube-scheduler containerd controlplane
+    timed kill_pods
+    timed remove_chains
+    timed unmount_all
+    timed remove_netns
+    timed ip link del "$BRIDGE" 2>/dev/null
+    timed remove_cgroups
+    timed unmount_all
+    timed remove_created_paths
+    timed restore_sysctls
+    timed true
     left=$(leftovers)
     if [[ -n $left ]]; then
         echo "realnode: down left behind:" >&2
@@ -685,7 +694,7 @@ down() {
     fi
     rm -rf "$dir/pids"
     [[ ! -f $OWNER || $(<"$OWNER") != "$dir" ]] || rm -f "$OWNER"
-    echo "realnode: down in $(since "$t0")s, machine restored"
+    echo "realnode: down in $(since "$t0")s, machine restored (slowest: $(printf '%s\n' "${steps[@]}" | sort -t= -k2 -rn | head -4 | paste -sd' '))"
 }
 
 main "$@"

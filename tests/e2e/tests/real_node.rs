@@ -74,7 +74,9 @@ async fn the_chart_runs_on_a_real_node_and_stopping_the_node_restores_the_machin
     assert!(ok, "helm install --wait failed:\n{stdout}\n{stderr}\n{}", node.diagnostics());
     eprintln!("helm install --wait: {:.1}s", install.elapsed().as_secs_f64());
 
+    let waited = Instant::now();
     let pods = every_pod_ready(&client).await;
+    eprintln!("every pod Ready {:.1}s after helm returned", waited.elapsed().as_secs_f64());
     containers_hold_the_charts_security_context(&client, &pods).await;
     metrics_answer_only_a_token_with_the_reader_role(&client, &pods).await;
     the_agent_follows_its_nodes_configmap(&client, &node.info.node).await;
