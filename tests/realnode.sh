@@ -25,8 +25,9 @@
 # kubepods/k8s.io cgroups and the host directories that did not exist before, and puts
 # back the sysctls recorded at `up`. docs/real-node.md says more.
 #
-# Environment: NEURON_TOOLS_DIR (tests/tools/install.sh's tools), CARGO_TARGET_DIR (the
-# workspace's binaries, `cargo build --workspace --bins`), REALNODE_NODE_IP (default: the
+# Environment: NEURON_TOOLS_DIR (tests/tools/install.sh's tools), REALNODE_BIN_DIR (the
+# workspace's binaries, `cargo build --workspace --bins`; default
+# $CARGO_TARGET_DIR/debug, else target/debug), REALNODE_NODE_IP (default: the
 # address of the default route), REALNODE_TIMEOUT (seconds for each start-up wait, 90).
 set -euo pipefail
 
@@ -136,7 +137,7 @@ cgroup_problem() {
     return 1
 }
 
-workspace_bin() { echo "${CARGO_TARGET_DIR:-$repo/target}/debug"; }
+workspace_bin() { echo "${REALNODE_BIN_DIR:-${CARGO_TARGET_DIR:-$repo/target}/debug}"; }
 
 node_ip() {
     local ip=${REALNODE_NODE_IP:-}

@@ -22,7 +22,7 @@ use kube::{
 };
 use serde::Deserialize;
 
-use crate::{chart, random_u32, repo_root};
+use crate::{chart, random_u32, repo_root, workspace_bin};
 
 /// The kubelet's root directory (tests/realnode.sh's, where the chart's hostPaths point).
 pub const KUBELET_ROOT: &str = "/var/lib/kubelet";
@@ -165,10 +165,17 @@ impl Drop for RealNode {
     }
 }
 
-/// `timeout LIMIT tests/realnode.sh VERB DIR`: (success, stdout, stderr).
+/// `timeout LIMIT tests/realnode.sh VERB DIR`: (success, stdout, stderr). The images are
+/// made of the binaries of this test's own target directory.
 fn realnode(limit: &str, verb: &str, dir: &Path) -> (bool, String, String) {
+    let bin_dir = workspace_bin("neuron-node-agent").parent().map(Path::to_path_buf).unwrap_or_default();
     let mut command = Command::new("timeout");
-    command.args(["--kill-after=10", limit]).arg(repo_root().join("tests/realnode.sh")).arg(verb).arg(dir);
+    command
+        .args(["--kill-after=10", limit])
+        .arg(repo_root().join("tests/realnode.sh"))
+        .arg(verb)
+        .arg(dir)
+        .env("REALNODE_BIN_DIR", bin_dir);
     chart::run(command)
 }
 

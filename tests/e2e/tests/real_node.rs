@@ -95,17 +95,13 @@ async fn the_chart_runs_on_a_real_node_and_stopping_the_node_restores_the_machin
 /// ready with `maxUnavailable` of its pods unready, which on one node is the agent.
 async fn every_pod_ready(client: &Client) -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let all_ready = |list: &[Pod]| {
-        list.iter().all(|p| ready(p) && !p.status.as_ref().is_some_and(|s| s.container_statuses.is_none()))
-    };
-    let _ =
-        wait_for(Duration::from_secs(120), || {
-            let pods = pods.clone();
-            async move {
-                pods.list(&ListParams::default()).await.ok().filter(|l| !l.items.is_empty() && all_ready(&l.items))
-            }
-        })
-        .await;
+    let _ = wait_for(Duration::from_secs(120), || {
+        let pods = pods.clone();
+        async move {
+            pods.list(&ListParams::default()).await.ok().filter(|l| !l.items.is_empty() && l.items.iter().all(ready))
+        }
+    })
+    .await;
     assert_all_ready(client).await
 }
 
