@@ -104,7 +104,7 @@ cannot_host() {
     fi
     [[ ! -e $KUBELET_ROOT/device-plugins/kubelet.sock ]] ||
         { echo "$KUBELET_ROOT/device-plugins/kubelet.sock exists: another kubelet runs or ran here"; return; }
-    if kube_chains iptables | grep -q . || kube_chains ip6tables | grep -q .; then
+    if [[ -n $(kube_chains iptables) || -n $(kube_chains ip6tables) ]]; then
         echo "KUBE-* iptables chains exist: another kube-proxy or kubelet runs or ran here"
         return
     fi
@@ -169,6 +169,7 @@ since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
 up() {
     local reason
     [[ ! -e $dir/pids ]] || die "$dir already holds a node (tests/realnode.sh down $dir first)"
+    clean_stale_node
     reason=$(cannot_host) || true
     [[ -z $reason ]] || die "cannot host a node: $reason"
     echo "$dir" >"$OWNER"
@@ -200,6 +201,20 @@ up() {
         "$dir/cp/admin.kubeconfig" "$dir/values.yaml" "$AGENT_IMAGE" "$OPERATOR_IMAGE" "$PAUSE_IMAGE" \
         "$NODE_NAME" "$(<"$dir/host/node-ip")" "$(server)" "$dir/cp/pki/ca.crt" "$KUBELET_ROOT" "$BRIDGE" "$dir/logs" \
         "$cp_s" "$images_s" "$node_s" "$(since "$t0")"
+}
+
+# clean_stale_node: a node whose recorded processes are all gone (its test was killed
+# before it could run down) is taken down, so that it does not block every later node.
+clean_stale_node() {
+    local owner pid
+    [[ -f $OWNER ]] || return 0
+    owner=$(<"$OWNER")
+    [[ -d $owner/host ]] && compgen -G "$owner/pids/*" >/dev/null || return 0
+    for pid in $(cat "$owner"/pids/*); do
+        ! running "$pid" || return 0
+    done
+    echo "realnode: the node of $owner is stale (its processes are gone): taking it down" >&2
+    "$repo/tests/realnode.sh" down "$owner" >&2 || true
 }
 
 # up_failed: a failed `up` leaves nothing running; its reason stays the last line.
@@ -360,7 +375,15 @@ start() {
     echo $! >"$dir/pids/$name"
 }
 
-alive() { [[ -f $dir/pids/$1 ]] && kill -0 "$(<"$dir/pids/$1")" 2>/dev/null; }
+alive() { [[ -f $dir/pids/$1 ]] && running "$(<"$dir/pids/$1")"; }
+
+# running PID: the process exists and is not a zombie (its parent, init here, reaps the
+# node's processes a second or two after they exit).
+running() {
+    local state
+    state=$(sed -n 's/.*) \(.\).*/\1/p' "/proc/$1/stat" 2>/dev/null)
+    [[ -n $state && $state != Z ]]
+}
 
 # wait_until NAME WHAT CMD...: polls CMD until it succeeds; fails when NAME's process
 # exits or after TIMEOUT seconds, with the last lines of NAME's log.
@@ -428,7 +451,7 @@ node_ready() {
 # kubernetes_endpoint: the kubernetes Service's endpoints point at the node's address
 # (what kube-proxy sends pods' API calls to).
 kubernetes_endpoint() {
-    api /api/v1/namespaces/default/endpoints/kubernetes | grep -q "\"ip\":\"$(<"$dir/host/node-ip")\""
+    [[ $(api /api/v1/namespaces/default/endpoints/kubernetes) == *"\"ip\":\"$(<"$dir/host/node-ip")\""* ]]
 }
 
 wait_node_ready() {
@@ -544,7 +567,7 @@ stop() {
     kill -TERM "${pids[@]}" 2>/dev/null
     for ((i = 0; i < 150; i++)); do
         local pid alive=0
-        for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        for pid in "${pids[@]}"; do running "$pid" && alive=1; done
         ((alive)) || break
         sleep 0.1
     done

@@ -226,7 +226,10 @@ impl HostState {
 pub fn leftovers(info: &NodeInfo, dir: &Path, pids: &[u32]) -> Vec<String> {
     let mut left = Vec::new();
     for pid in pids {
-        if Path::new(&format!("/proc/{pid}")).exists() {
+        // A zombie has exited; init reaps it a moment later.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+        if state.is_some_and(|s| s != 'Z') {
             left.push(format!("process {pid}"));
         }
     }
