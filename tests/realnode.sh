@@ -109,6 +109,8 @@ cannot_host() {
         return
     fi
     ! ip link show "$BRIDGE" >/dev/null 2>&1 || { echo "the bridge $BRIDGE exists: another node runs or ran here"; return; }
+    command -v iptables-restore >/dev/null && command -v ip6tables-restore >/dev/null ||
+        { echo "iptables-restore not found (Debian's iptables)"; return; }
     local sock=$dir/containerd/containerd.sock.ttrpc
     ((${#sock} < 100)) || { echo "DIR is too long for a unix socket path ($sock)"; return; }
     local b
@@ -501,10 +503,28 @@ add_base() {
     cp -L /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/"
 }
 
-# oci_image NAME REF USER ENTRYPOINT FILL: an OCI image from the root file system that
-# FILL (a function) populates, imported into containerd as REF.
+# oci_image NAME REF USER ENTRYPOINT FILL INPUT...: an OCI image from the root file
+# system that FILL (a function) populates from the INPUT files, imported into containerd
+# as REF. Kept beside the workspace's binaries, keyed by the inputs and this script: a
+# run with the same binaries imports it without building it again.
 oci_image() {
     local name=$1 ref=$2 user=$3 entrypoint=$4 fill=$5
+    shift 5
+    local key cache
+    key=$(cat "$@" "${BASH_SOURCE[0]}" <(echo "$name $user $entrypoint") | sha256sum | cut -c1-16)
+    cache=$(workspace_bin)/realnode-images/$name-$key.tar
+    if [[ ! -f $cache ]]; then
+        build_oci "$name" "$user" "$entrypoint" "$fill"
+        rm -f "$(workspace_bin)/realnode-images/$name-"*.tar
+        mkdir -p "$(workspace_bin)/realnode-images"
+        mv "$dir/images/$name.tar" "$cache"
+    fi
+    ctr_ images import --base-name "${ref%:*}" "$cache" >/dev/null
+}
+
+# build_oci NAME USER ENTRYPOINT FILL: the image's OCI layout, as DIR/images/NAME.tar.
+build_oci() {
+    local name=$1 user=$2 entrypoint=$3 fill=$4
     local work=$dir/images/$name layout=$dir/images/$name/oci
     rm -rf "$work"
     mkdir -p "$work"
@@ -517,8 +537,7 @@ oci_image() {
         --config.workingdir / --config.label "org.opencontainers.image.title=$name"
     umoci gc --layout "$layout"
     tar -C "$layout" -cf "$work.tar" .
-    ctr_ images import --base-name "${ref%:*}" "$work.tar" >/dev/null
-    rm -rf "$work" "$work.tar"
+    rm -rf "$work"
 }
 
 fill_pause() { install -D -m 0755 "$(command -v pause)" "$1/pause"; }
@@ -541,9 +560,13 @@ fill_operator() {
 build_images() {
     (
         set -e
-        oci_image pause "$PAUSE_IMAGE" 65535:65535 /pause fill_pause
-        oci_image agent "$AGENT_IMAGE" 65532:65532 /usr/local/bin/neuron-node-agent fill_agent
-        oci_image operator "$OPERATOR_IMAGE" 65532:65532 /usr/local/bin/neuron-operator fill_operator
+        local bin
+        bin=$(workspace_bin)
+        oci_image pause "$PAUSE_IMAGE" 65535:65535 /pause fill_pause "$(command -v pause)"
+        oci_image agent "$AGENT_IMAGE" 65532:65532 /usr/local/bin/neuron-node-agent fill_agent \
+            "$bin/neuron-node-agent" "$bin/neuron-monitor-sim"
+        oci_image operator "$OPERATOR_IMAGE" 65532:65532 /usr/local/bin/neuron-operator fill_operator \
+            "$bin/neuron-operator"
     ) >"$dir/logs/images.log" 2>&1 || { tail -n 20 "$dir/logs/images.log" >&2; fail "building the images failed (log: $dir/logs/images.log)"; }
 }
 
@@ -598,19 +621,38 @@ kill_pods() {
     done
 }
 
+# remove_chains: per table, one iptables-restore deletes the jumps into KUBE-* chains
+# from the other chains, then flushes and deletes the KUBE-* chains (rule by rule if the
+# restore is refused).
 remove_chains() {
-    local cmd t chain rule
+    local cmd t rules
     for cmd in iptables ip6tables; do
         command -v "$cmd" >/dev/null || continue
-        # First the jumps into KUBE-* chains from the built-in chains, then the chains.
         for t in filter nat mangle raw; do
-            "$cmd" -w 5 -t "$t" -S 2>/dev/null | grep -E '^-A [A-Z]+ .*-j KUBE-' | while read -r rule; do
-                # shellcheck disable=SC2086 # a rule is words, as iptables -S prints them
-                eval "$cmd -w 5 -t $t -D ${rule#-A }" 2>/dev/null || true
-            done
+            rules=$("$cmd" -w 5 -t "$t" -S 2>/dev/null) || continue
+            [[ $rules == *KUBE-* ]] || continue
+            {
+                echo "*$t"
+                grep -E '^-A [^ ]+ .*-j KUBE-' <<<"$rules" | grep -vE '^-A KUBE-' | sed 's/^-A /-D /'
+                awk '$1 == "-N" && $2 ~ /^KUBE-/ { print "-F", $2 }' <<<"$rules"
+                awk '$1 == "-N" && $2 ~ /^KUBE-/ { print "-X", $2 }' <<<"$rules"
+                echo COMMIT
+            } | "$cmd-restore" -w 5 --noflush 2>/dev/null || remove_table_chains "$cmd" "$t" "$rules"
         done
-        kube_chains "$cmd" | while read -r t chain; do "$cmd" -w 5 -t "$t" -F "$chain" 2>/dev/null || true; done
-        kube_chains "$cmd" | while read -r t chain; do "$cmd" -w 5 -t "$t" -X "$chain" 2>/dev/null || true; done
+    done
+}
+
+remove_table_chains() {
+    local cmd=$1 t=$2 rules=$3 rule chain
+    grep -E '^-A [^ ]+ .*-j KUBE-' <<<"$rules" | grep -vE '^-A KUBE-' | while read -r rule; do
+        # A rule is words as iptables -S prints them (comments quoted).
+        eval "$cmd -w 5 -t $t -D ${rule#-A }" 2>/dev/null
+    done
+    for chain in $(awk '$1 == "-N" && $2 ~ /^KUBE-/ { print $2 }' <<<"$rules"); do
+        "$cmd" -w 5 -t "$t" -F "$chain" 2>/dev/null
+    done
+    for chain in $(awk '$1 == "-N" && $2 ~ /^KUBE-/ { print $2 }' <<<"$rules"); do
+        "$cmd" -w 5 -t "$t" -X "$chain" 2>/dev/null
     done
 }
 
