@@ -90,6 +90,11 @@ main() {
 cannot_host() {
     local need cmd
     [[ $(id -u) == 0 ]] || { echo "needs root (mounts, cgroups, iptables, /var/lib/kubelet)"; return; }
+    local caps
+    caps=$(awk '$1 == "CapEff:" { print $2 }' /proc/self/status)
+    # CAP_NET_ADMIN (12: bridge, iptables) and CAP_SYS_ADMIN (21: mounts, namespaces).
+    (((0x$caps >> 12) & 1 && (0x$caps >> 21) & 1)) ||
+        { echo "root lacks CAP_NET_ADMIN or CAP_SYS_ADMIN (capabilities $caps)"; return; }
     for need in "${NEEDED[@]}"; do
         cmd=${need%%:*}
         command -v "$cmd" >/dev/null || { echo "$cmd not found (from ${need#*:}; tests/tools/install.sh installs the node's tools)"; return; }
