@@ -415,6 +415,28 @@ mod tests {
         assert!(sent.iter().any(|(_, d, ns)| d == "rdmap32s27" && ns == "b"));
     }
 
+    /// Issue 24 (smaller): the largest table the reader's bounds allow — every counter
+    /// name at its 64-byte bound, every device held by a pod — and its scrape size.
+    /// `cargo test -p neuron-node-agent --lib -- efa::tests::the_largest_table --nocapture`
+    #[test]
+    fn the_largest_table_scrapes_small() {
+        let per_device = sysfs::MAX_EFA_COUNTERS / sysfs::MAX_EFA_DEVICES;
+        let name = |c: usize| format!("c{c:03}_{}", "x".repeat(sysfs::MAX_NAME_BYTES - 5));
+        let devices: Vec<Device> = (0..sysfs::MAX_EFA_DEVICES)
+            .map(|d| Device {
+                name: format!("rdmap{d:03}s27"),
+                counters: (0..per_device).map(|c| Counter { name: name(c), value: u64::MAX }).collect(),
+                ports: vec![],
+            })
+            .collect();
+        let holders = devices.iter().map(|d| (d.name.clone(), pod("team-a", "train"))).collect();
+        let text = render(Table(devices, holders, Routing::default()));
+        let series = text.lines().filter(|l| !l.starts_with('#')).count();
+        assert_eq!(series, sysfs::MAX_EFA_COUNTERS);
+        eprintln!("largest EFA table: {series} series, {} bytes", text.len());
+        assert!(text.len() < 2 << 20, "{} bytes", text.len());
+    }
+
     #[test]
     fn no_device_no_family() {
         assert_eq!(render(Table(vec![], vec![], Routing::default())), "");

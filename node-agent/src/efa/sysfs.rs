@@ -41,6 +41,11 @@ const MAX_PORT_NUMBER: u32 = 255;
 /// Counter files read per `hw_counters` directory (a port has about 25, a device 12); the
 /// rest of the listing is not read.
 pub const MAX_COUNTERS_PER_DIR: usize = 128;
+/// Counters read in all, devices' and ports' together: each is a series on `/metrics` and
+/// in every OTLP request. The largest EC2 type has 32 EFA devices of about 34 counters
+/// (1,088); the other bounds alone would let a tree make 64 × (128 + 8 × 128) = 73,728
+/// series (a 24 MB scrape). Counters beyond it are left out, `limit`.
+pub const MAX_EFA_COUNTERS: usize = 2048;
 /// Bytes of a device or counter name.
 pub const MAX_NAME_BYTES: usize = MAX_EFA_NAME_BYTES;
 /// Bytes of a counter file: a u64 is at most 20 digits and a newline.
@@ -166,6 +171,8 @@ pub struct Reading {
     pub other_devices: usize,
     /// What was left out, by [`Skip::ALL`].
     pub skipped: [u64; Skip::ALL.len()],
+    /// Counters read so far, against [`MAX_EFA_COUNTERS`].
+    counters: usize,
 }
 
 impl Reading {
@@ -298,6 +305,11 @@ fn read_counters(dir: &Path, reading: &mut Reading, watch: &Watch) -> Vec<Counte
     };
     let mut counters = Vec::with_capacity(entries.len());
     for (name, is_file) in entries {
+        if reading.counters == MAX_EFA_COUNTERS {
+            // Once per directory: the rest of it is not read.
+            reading.skip(Skip::Limit);
+            break;
+        }
         if !valid_counter_name(&name) {
             reading.skip(Skip::BadName);
             continue;
@@ -313,7 +325,10 @@ fn read_counters(dir: &Path, reading: &mut Reading, watch: &Watch) -> Vec<Counte
             .and_then(|read| read.map_err(Skip::from))
             .and_then(|bytes| std::str::from_utf8(&bytes).ok().and_then(parse_counter).ok_or(Skip::Malformed));
         match value {
-            Ok(value) => counters.push(Counter { name, value }),
+            Ok(value) => {
+                reading.counters += 1;
+                counters.push(Counter { name, value });
+            }
             Err(why) => reading.skip(why),
         }
     }
@@ -462,6 +477,25 @@ mod tests {
         assert_eq!(first.ports.len(), MAX_PORTS);
         // Two devices, the rest of one counter listing, the rest of one port listing.
         assert_eq!(skipped(&reading, Skip::Limit), 2 + 1 + 1);
+    }
+
+    /// Issue 24 (smaller): the counters of a whole read are bounded too, not only each
+    /// directory's: the maximal tree no longer makes 73,728 series.
+    #[test]
+    fn counters_of_a_read_are_bounded_in_all() {
+        let tree = TempDir::new("efa-sysfs");
+        let devices = MAX_EFA_COUNTERS / MAX_COUNTERS_PER_DIR + 1;
+        for i in 0..devices {
+            let dev = device(&tree, &format!("rdmap{i:03}s27"), &format!("0000:{i:02x}:1b.0"), "efa");
+            for c in 0..MAX_COUNTERS_PER_DIR {
+                tree.write(format!("{dev}/hw_counters/c{c:03}"), "1\n");
+            }
+        }
+        let reading = read(&tree.0);
+        let read: usize = reading.devices.iter().map(|d| d.counters.len()).sum();
+        assert_eq!(read, MAX_EFA_COUNTERS);
+        assert!(reading.devices.last().unwrap().counters.is_empty());
+        assert_eq!(skipped(&reading, Skip::Limit), 1, "the last directory, once");
     }
 
     #[test]
