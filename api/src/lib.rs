@@ -21,7 +21,8 @@
 //!   configuration, within each node's budget. The operator renders the fleet with them,
 //!   the agent its own node when it runs without Kubernetes: one set of rules.
 //! - [`tag_filter`]: what a tag filter means (neuron-monitor's Go semantics) and costs.
-//! - [`hash`]: the content hash.
+//! - [`hash`]: the content hash; [`yaml_nesting`]: how deeply a YAML text nests, checked
+//!   before it is parsed.
 //!
 //! The resource and what is derived from it (`crd`, `node_config`, `cloudwatch`, `otlp`,
 //! `validate`, `render`, `tenancy`) need
@@ -52,3 +53,4 @@ pub mod tag_filter;
 pub mod tenancy;
 #[cfg(feature = "crd")]
 pub mod validate;
+pub mod yaml_nesting;

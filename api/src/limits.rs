@@ -85,6 +85,11 @@ pub const MAX_NAMESPACE_RENDERED_BYTES_PER_NODE: usize = 32 * 1024;
 /// budget fit. Beyond it: `NodeLimit`.
 pub const MAX_NODE_RENDERED_BYTES: usize = 768 * 1024;
 
+/// Nesting of a YAML text (a `--config` file, the tenancy policy): a NeuronMonitorConfig
+/// nests about 10 levels deep; the YAML parser's cost grows with the square of the nesting.
+/// Deeper: refused before parsing ([`crate::yaml_nesting`]).
+pub const MAX_YAML_NESTING: usize = 64;
+
 /// Configs (routes) on one node: the agent walks every route for every runtime of every
 /// report. Beyond it: `NodeLimit`.
 pub const MAX_CONFIGS_PER_NODE: usize = 512;

@@ -108,18 +108,18 @@ fn efa(c: &mut Criterion) {
     let tree = TempDir::new("bench-efa");
     let root = tree.path().to_owned();
     let files = efa_tree(&root);
-    let reader = EfaReader { sysfs_root: root.clone(), metrics: EfaMetrics::register(&mut Registry::default()) };
+    let reader = EfaReader::new(root.clone(), EfaMetrics::register(&mut Registry::default()));
     let reading = reader.read();
     assert_eq!(reading.devices.len(), DEVICES);
     assert!(reading.devices.iter().all(|d| d.counters.len() == 12 && d.ports[0].counters.len() == 22));
-    assert_eq!(reading.skipped, [0; 8]);
+    assert_eq!(reading.skipped, [0; 9]);
 
     let mut group = c.benchmark_group("efa");
     group.bench_function("baseline/read_files", |b| {
         b.iter(|| files.iter().map(|f| std::fs::read(f).expect("read").len()).sum::<usize>())
     });
     group.bench_function("read_16", |b| b.iter(|| reader.read()));
-    let none = EfaReader { sysfs_root: root.join("none"), metrics: EfaMetrics::register(&mut Registry::default()) };
+    let none = EfaReader::new(root.join("none"), EfaMetrics::register(&mut Registry::default()));
     group.bench_function("read_none", |b| b.iter(|| none.read()));
 
     let holders: Vec<(String, Arc<PodRef>)> = reading

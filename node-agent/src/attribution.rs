@@ -121,6 +121,7 @@ pub struct AttributionMetrics {
     pub pod_watch_errors: Counter,
     pub ecs_requests: Family<ResultLabel, Counter>,
     pub ecs_containers: Gauge,
+    pub ecs_label_values_changed: Gauge,
     pub gpu_ids_unresolved: Family<ReasonLabel, Counter>,
 }
 
@@ -178,6 +179,12 @@ impl AttributionMetrics {
             m.ecs_requests.clone(),
         );
         r.register("ecs_containers", "Containers of running ECS tasks the ECS agent lists", m.ecs_containers.clone());
+        r.register(
+            "ecs_label_values_changed",
+            "Label values (task ARN, family, container name) of the latest ECS task listing cut to 256 bytes or with \
+             control characters replaced, as a report's label values are",
+            m.ecs_label_values_changed.clone(),
+        );
         r.register(
             "gpu_device_ids_unresolved",
             "NVIDIA device ids of the kubelet's allocations that name no GPU of this node, each counted once while \

@@ -34,6 +34,7 @@ use crate::{
     series::{Family, FamilyEncoder, Labels, Scope},
     state::{InstanceLabels, NodeState, PodRef},
     telemetry::ReasonLabel,
+    timed_read::{self, TimedReads},
 };
 use sysfs::{Device, Reading, Skip};
 
@@ -56,7 +57,7 @@ impl EfaMetrics {
         r.register(
             "read_failures",
             "Parts of the EFA devices' sysfs tree left out, by reason (gone, denied, too_large, malformed, bad_name, \
-             limit, not_a_file, other)",
+             limit, not_a_file, other, stuck: a read that did not return within its deadline)",
             m.failures.clone(),
         );
         r.register("read_seconds", "Time the latest read of the EFA devices' counters took", m.read_seconds.clone());
@@ -74,13 +75,25 @@ impl EfaMetrics {
 pub struct EfaReader {
     pub sysfs_root: PathBuf,
     pub metrics: EfaMetrics,
+    /// The tree's reads, with their deadline.
+    reads: Mutex<TimedReads>,
 }
 
 impl EfaReader {
-    /// Reads the tree; counts what was left out and times the read.
+    pub fn new(sysfs_root: PathBuf, metrics: EfaMetrics) -> EfaReader {
+        EfaReader { sysfs_root, metrics, reads: Mutex::new(TimedReads::new("efa-read", timed_read::READ_DEADLINE)) }
+    }
+
+    /// Reads the tree within the read deadline (a file whose read does not return is
+    /// skipped, as `stuck`); counts what was left out and times the read.
     pub fn read(&self) -> Reading {
         let started = Instant::now();
-        let reading = sysfs::read(&self.sysfs_root);
+        let root = self.sysfs_root.clone();
+        let mut reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
+        let (reading, missed) = reads.run_around_stuck(move |watch| sysfs::read_watched(&root, watch));
+        drop(reads);
+        let mut reading = reading.unwrap_or_default();
+        reading.skipped[Skip::Stuck as usize] += missed.len() as u64;
         self.metrics.read_seconds.set(started.elapsed().as_secs_f64());
         self.metrics.devices.set(reading.devices.len() as i64);
         for (why, n) in Skip::ALL.iter().zip(reading.skipped).filter(|(_, n)| *n > 0) {
@@ -400,6 +413,28 @@ mod tests {
         assert_eq!(sent.len(), 9, "{sent:?}");
         assert!(sent.iter().any(|(_, d, ns)| d == "rdmap48s27" && ns.is_empty()));
         assert!(sent.iter().any(|(_, d, ns)| d == "rdmap32s27" && ns == "b"));
+    }
+
+    /// Issue 24 (smaller): the largest table the reader's bounds allow — every counter
+    /// name at its 64-byte bound, every device held by a pod — and its scrape size.
+    /// `cargo test -p neuron-node-agent --lib -- efa::tests::the_largest_table --nocapture`
+    #[test]
+    fn the_largest_table_scrapes_small() {
+        let per_device = sysfs::MAX_EFA_COUNTERS / sysfs::MAX_EFA_DEVICES;
+        let name = |c: usize| format!("c{c:03}_{}", "x".repeat(sysfs::MAX_NAME_BYTES - 5));
+        let devices: Vec<Device> = (0..sysfs::MAX_EFA_DEVICES)
+            .map(|d| Device {
+                name: format!("rdmap{d:03}s27"),
+                counters: (0..per_device).map(|c| Counter { name: name(c), value: u64::MAX }).collect(),
+                ports: vec![],
+            })
+            .collect();
+        let holders = devices.iter().map(|d| (d.name.clone(), pod("team-a", "train"))).collect();
+        let text = render(Table(devices, holders, Routing::default()));
+        let series = text.lines().filter(|l| !l.starts_with('#')).count();
+        assert_eq!(series, sysfs::MAX_EFA_COUNTERS);
+        eprintln!("largest EFA table: {series} series, {} bytes", text.len());
+        assert!(text.len() < 2 << 20, "{} bytes", text.len());
     }
 
     #[test]

@@ -60,6 +60,7 @@ use crate::{
     ratelimit::{Decision, RateLimit},
     state::NodeState,
     state_dir::check_state_dir,
+    timed_read::{self, TimedReads},
 };
 
 /// The model, shared by the readers and the exposition.
@@ -145,6 +146,8 @@ pub fn start(
         writer: writer.clone(),
         feed: feed.clone(),
         stop: stop.clone(),
+        reads: TimedReads::new("health-sysfs-read", timed_read::READ_DEADLINE),
+        log_limit: Mutex::new(RateLimit::new(5, Duration::from_secs(300))),
     };
     spawn("health-sysfs", Box::new(move || sysfs.run()));
     if let Some(gpus) = options.gpus.clone() {
@@ -313,42 +316,62 @@ struct SysfsReader {
     writer: Arc<StateWriter>,
     feed: Option<logs::Feed>,
     stop: Arc<AtomicBool>,
+    /// The tree's reads, with their deadline.
+    reads: TimedReads,
+    log_limit: Mutex<RateLimit>,
 }
 
 impl SysfsReader {
-    fn run(self) {
+    fn run(mut self) {
         let mut trigger = "start";
         while !self.stop.load(Ordering::Relaxed) {
-            let reading = sysfs::read_node(&self.options.sysfs_root);
+            let (reading, event_files) = self.read_tree();
             self.metrics.sysfs_reads.get_or_create(&telemetry::TriggerLabel { trigger }).inc();
-            self.metrics.source_up(telemetry::SOURCE_SYSFS, reading.driver_loaded && !reading.unreadable);
+            let stuck = self.reads.stuck();
+            self.metrics.sysfs_stuck_reads.set(stuck as i64);
+            self.metrics.source_up(telemetry::SOURCE_SYSFS, reading.driver_loaded && !reading.unreadable && stuck == 0);
             for what in &reading.refused {
                 self.metrics.refused(what);
             }
-            let devices: Vec<u32> = reading.devices.iter().map(|d| d.index).collect();
             {
                 let mut model = self.health.lock().unwrap_or_else(|p| p.into_inner());
                 let changes = model.apply_reading(reading, unix_now(), Instant::now());
                 announce(&changes, &model, self.feed.as_ref());
                 self.writer.save(&mut model);
             }
-            trigger = self.wait(&devices);
+            trigger = self.wait(event_files);
         }
     }
 
-    /// Waits for a `hw_error_event` notification of one of `devices` (POLLPRI: the
+    /// Reads the tree and opens its `hw_error_event` files, within the read deadline. A
+    /// read that misses it blames the file it was on, and is done again without that
+    /// file (named unreadable: its device is unknown) — at most once per file that may be
+    /// stuck at once. None at all: the tree counts as unreadable.
+    fn read_tree(&mut self) -> (sysfs::NodeReading, Vec<fs::File>) {
+        let root = self.options.sysfs_root.clone();
+        let (read, missed) = self.reads.run_around_stuck(move |watch| {
+            let reading = sysfs::read_node_watched(&root, watch);
+            let devices: Vec<u32> = reading.devices.iter().map(|d| d.index).collect();
+            (reading, sysfs::open_event_files(&root, &devices, watch))
+        });
+        for missed in missed {
+            self.metrics.sysfs_read_timeouts.inc();
+            let mut limit = self.log_limit.lock().unwrap_or_else(|p| p.into_inner());
+            if let Decision::Allow { suppressed_before } = limit.check() {
+                warn!(?missed, deadline = ?timed_read::READ_DEADLINE, suppressed_before,
+                      "a read of the Neuron driver's sysfs tree did not return: the file is skipped, its device unknown");
+            }
+        }
+        read.unwrap_or_else(|_| {
+            let unreadable = sysfs::NodeReading { driver_loaded: true, unreadable: true, ..Default::default() };
+            (unreadable, Vec::new())
+        })
+    }
+
+    /// Waits for a `hw_error_event` notification of one of the `files` (POLLPRI: the
     /// driver calls `sysfs_notify`), at most the interval. Regular files (a fake tree)
     /// never notify: the interval re-reads them.
-    fn wait(&self, devices: &[u32]) -> &'static str {
-        let dir = self.options.sysfs_root.join(sysfs::DEVICES_DIR);
-        let files: Vec<fs::File> = devices
-            .iter()
-            .filter_map(|d| fs::File::open(dir.join(format!("neuron{d}")).join(sysfs::HW_ERROR_EVENT_FILE)).ok())
-            .collect();
-        // A sysfs attribute must be read once before poll() waits for its change.
-        for mut f in &files {
-            let _ = std::io::copy(&mut std::io::Read::take(&mut f, 64), &mut std::io::sink());
-        }
+    fn wait(&self, files: Vec<fs::File>) -> &'static str {
         let mut fds: Vec<libc::pollfd> = files
             .iter()
             .map(|f| libc::pollfd { fd: std::os::unix::io::AsRawFd::as_raw_fd(f), events: libc::POLLPRI, revents: 0 })

@@ -26,7 +26,8 @@
 //! - [`delivery`]: what every sender shares (queue, backoff, the AWS clients).
 //! - [`sinks`]: Prometheus (`/metrics`), CloudWatch (`PutMetricData`) and OTLP.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`; [`telemetry`]: the agent's own metrics;
-//!   [`ratelimit`]: logs that could repeat per report.
+//!   [`ratelimit`]: logs that could repeat per report; [`timed_read`]: reads of files that
+//!   may never return (sysfs attributes), with a deadline.
 
 pub mod attribution;
 pub mod config;
@@ -46,6 +47,7 @@ pub mod sinks;
 pub mod state;
 pub mod state_dir;
 pub mod telemetry;
+pub mod timed_read;
 
 #[cfg(test)]
 pub(crate) mod testdata {

@@ -345,8 +345,7 @@ impl Agent {
             shutdown.clone(),
         );
         let efa_table = SharedEfa::default();
-        let efa_reader =
-            EfaReader { sysfs_root: args.health.sysfs_root.clone(), metrics: EfaMetrics::register(&mut self.registry) };
+        let efa_reader = EfaReader::new(args.health.sysfs_root.clone(), EfaMetrics::register(&mut self.registry));
         let follow_efa = efa::follow(
             efa_reader,
             flow.pipeline.subscribe(),

@@ -358,3 +358,42 @@ fn a_rotated_kernel_log_file_is_followed() {
         (n? == 1.0).then_some(())
     });
 }
+
+/// Threads of a process now.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).expect("task directory").count()
+}
+
+/// Issue 24, fault 5: a file whose read blocks (a FIFO here; a driver attribute hung on
+/// a wedged device on a real node) does not freeze the devices' health. Its device is
+/// unknown, the source down and the timeout counted; a new fault on another device is
+/// still seen; and the stuck file holds one thread, not one more per interval.
+#[test]
+fn a_blocking_sysfs_file_does_not_freeze_the_other_devices() {
+    let driver = FakeDriver::start("trn2.48xlarge");
+    let fifo = driver.sys().join("devices/virtual/neuron_device/neuron1/stats/hardware/sram_ecc_corrected");
+    std::fs::remove_file(&fifo).expect("the simulator's file");
+    let path = std::ffi::CString::new(fifo.to_str().expect("a UTF-8 path")).expect("no NUL");
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");
+    let agent = start_agent(&driver, "trn2.48xlarge", None);
+    wait_state(&agent, "1", "unknown");
+    wait_state(&agent, "2", "healthy");
+    let m = agent.metrics();
+    assert_eq!(m.value("neuron_agent_health_source_up", &[("source", "sysfs")]), Some(0.0));
+    assert_eq!(m.value("neuron_agent_health_sysfs_stuck_reads", &[]), Some(1.0));
+    assert!(m.value("neuron_agent_health_sysfs_read_timeouts_total", &[]) >= Some(1.0));
+    driver.inject(&["hbm-ue:2"]);
+    wait_state(&agent, "2", "unhealthy");
+    assert_eq!(agent.metrics().value("neuron_node_health_state", &[("state", "unhealthy")]), Some(1.0));
+    // Re-reads every 200 ms go on around the stuck file: no thread more for it.
+    let reads = |m: &Metrics| m.find("neuron_agent_health_sysfs_reads_total", &[]).iter().map(|s| s.value).sum::<f64>();
+    let (before, reads_before) = (threads(agent.child.id()), reads(&agent.metrics()));
+    std::thread::sleep(Duration::from_secs(3));
+    let m = agent.metrics();
+    assert!(reads(&m) >= reads_before + 5.0, "re-reads go on: {} then {}", reads_before, reads(&m));
+    // (+2: the runtime's blocking pool may start a thread for other work meanwhile.)
+    assert!(threads(agent.child.id()) <= before + 2, "threads grew: {before} then {}", threads(agent.child.id()));
+    assert_eq!(m.value("neuron_agent_health_sysfs_stuck_reads", &[]), Some(1.0));
+    assert_eq!(state_of(&m, "1").as_deref(), Some("unknown"));
+}

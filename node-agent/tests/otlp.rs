@@ -12,7 +12,7 @@ use std::{
 };
 
 use api::{
-    crd::OtlpSinkSpec,
+    crd::{CloudWatchSinkSpec, OtlpSinkSpec},
     duration::Period,
     monitor_config::{MonitorConfig, RuntimeGroup, SystemGroup},
     node_config::{NodeConfig, Route, RouteRuntimes},
@@ -518,6 +518,72 @@ fn faults_are_retried_and_counted_and_sigterm_sends_the_last_snapshot() {
     let final_request = after.last().expect("a request").decode().expect("a request");
     assert!(points(&final_request).iter().any(|p| p.name == "neuroncore_utilization_ratio"));
     eprintln!("SIGTERM → exit with the last snapshot sent: {:?}", asked.elapsed());
+}
+
+/// Peak resident memory of a process so far, in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("a number")
+}
+
+/// Issue 24, fault 8: an accepted OTLP request whose answer (a partial success) is over
+/// 64 KiB is not read: its points count as unconfirmed, not as sent nor as rejected.
+#[test]
+fn an_oversized_partial_success_is_counted_unconfirmed() {
+    let receiver = Receiver::start().expect("receiver");
+    receiver.script([Answer::Partial { rejected: 3, message: "x".repeat(100 * 1024) }]);
+    let agent = start_agent(
+        &["--instance-type=trn1.2xlarge", "--app=tag=serve,cores=0,util=60,rps=50"],
+        vec![route("team-a/otlp", None, otlp(Some(&receiver.url("/v1/metrics")), None, "1s"))],
+        &[],
+        &[],
+    );
+    let sink = "team-a/otlp";
+    let m = agent.wait_for("a second request answered", Duration::from_secs(30), |m| {
+        (sink_value(m, "neuron_agent_otlp_requests_total", sink, &[("result", "success")]) >= 2.0).then(|| m.clone())
+    });
+    let first = receiver.received()[0].decode().expect("a request");
+    let unconfirmed = sink_value(&m, "neuron_agent_otlp_unconfirmed_points_total", sink, &[]);
+    assert_eq!(unconfirmed, points(&first).len() as f64, "the first request's points");
+    assert_eq!(sink_value(&m, "neuron_agent_otlp_dropped_points_total", sink, &[("reason", "partial_success")]), 0.0);
+    assert!(sink_value(&m, "neuron_agent_otlp_points_sent_total", sink, &[]) > 0.0, "the second request's");
+    assert!(!receiver.received()[1].body.is_empty());
+}
+
+/// Issue 24, fault 8: a CloudWatch endpoint answering 200 with a body that never ends (1
+/// GiB here) is read 64 KiB at most: the agent stays small, the datums count as
+/// unconfirmed (not sent again), and an error status with such a body is retried.
+#[test]
+fn a_cloudwatch_answer_without_end_is_not_read() {
+    let receiver = Receiver::start().expect("receiver");
+    receiver.script([Answer::Filler { status: 500, bytes: 1 << 30 }, Answer::Filler { status: 200, bytes: 1 << 30 }]);
+    let cloudwatch = CloudWatchSinkSpec {
+        namespace: "Test/AnswerBounds".into(),
+        flush_interval: Some("1s".into()),
+        ..Default::default()
+    };
+    let route = Route { cloudwatch: Some(cloudwatch), otlp: None, ..route("ops/cw", None, otlp(None, None, "1s")) };
+    let endpoint = receiver.url("");
+    let agent = start_agent(
+        &["--instance-type=trn1.2xlarge", "--app=tag=serve,cores=0,util=60,rps=50"],
+        vec![route],
+        &["--cloudwatch-retry-initial=50ms"],
+        &[("AWS_ENDPOINT_URL_CLOUDWATCH", std::ffi::OsStr::new(endpoint.trim_end_matches('/')))],
+    );
+    let sink = "ops/cw";
+    let value = |m: &Metrics, name: &str, extra: &[(&str, &str)]| sink_value(m, name, sink, extra);
+    let m = agent.wait_for("the unconfirmed datums", Duration::from_secs(30), |m| {
+        (value(m, "neuron_agent_cloudwatch_unconfirmed_datums_total", &[]) > 0.0).then(|| m.clone())
+    });
+    let too_large = value(&m, "neuron_agent_cloudwatch_failures_total", &[("reason", "response_too_large")]);
+    assert_eq!(too_large, 2.0, "the 500 (retried) and the 200 (not sent again)");
+    assert_eq!(value(&m, "neuron_agent_cloudwatch_dropped_datums_total", &[("reason", "rejected")]), 0.0);
+    let received = receiver.received();
+    assert!(received.len() >= 2 && received[0].body == received[1].body, "the 500's request sent again");
+    let peak = peak_rss_kib(agent.child.id());
+    assert!(peak < 300 * 1024, "peak RSS {peak} KiB");
+    eprintln!("peak RSS with two 1 GiB answers: {} MiB", peak / 1024);
 }
 
 /// The figure of docs/performance.md from the real agent: what one flush of the operator

@@ -484,3 +484,26 @@ fn a_configs_gpu_settings_are_followed_without_restart() {
     agent.wait_for("the GPU series back", Duration::from_secs(10), |m| (gpus(m) == 1).then_some(()));
     agent.wait_for("collections again", Duration::from_secs(10), |m| collections(m).filter(|n| *n >= stopped + 2.0));
 }
+
+/// Issue 24, fault 7: a 400 KB file of nested lists is refused at once (its nesting is
+/// bounded before parsing), and a corrected edit saved right after is in force.
+#[test]
+fn a_deeply_nested_edit_is_refused_at_once_and_the_next_good_edit_applies() {
+    let dir = TempDir::new("standalone-deep");
+    let file = dir.0.join("neuron-monitor.yaml");
+    write(&file, &config_doc("serving", "^serve-", "a"));
+    let agent = Agent::start(&APPS, &["--config", file.to_str().expect("path")]);
+    wait_for_teams(&agent, &[("serve-1", "a")], Duration::from_secs(20));
+    let levels = 200_000;
+    let deep = config_doc("serving", "^serve-", "a")
+        .replace("team: a", &format!("team: {}x{}", "[".repeat(levels), "]".repeat(levels)));
+    assert!(deep.len() > 400_000);
+    write(&file, &deep);
+    let started = Instant::now();
+    agent.wait_for("the nested edit refused", Duration::from_secs(10), |m| {
+        (m.value("neuron_agent_config_reloads_total", &[("result", "invalid")]) >= Some(1.0)).then_some(())
+    });
+    eprintln!("nested edit refused after {:?} (polled every 250 ms)", started.elapsed());
+    write(&file, &config_doc("serving", "^serve-", "b"));
+    wait_for_teams(&agent, &[("serve-1", "b")], Duration::from_secs(5));
+}

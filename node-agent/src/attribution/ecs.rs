@@ -22,7 +22,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::AttributionMetrics;
-use crate::{state::EcsContainer, telemetry::ResultLabel};
+use crate::{
+    state::{label_value, EcsContainer},
+    telemetry::ResultLabel,
+};
 
 /// How often the ECS agent is asked (a new task's runtime is labelled within this), and
 /// how long one answer may take.
@@ -99,27 +102,31 @@ struct Container {
 }
 
 /// The containers of a `/v1/tasks` response, without stopped tasks, containers not
-/// started yet (no Docker ID) or values over [`MAX_VALUE_BYTES`].
-pub fn parse_tasks(body: &[u8]) -> Result<HashMap<String, Arc<EcsContainer>>, serde_json::Error> {
+/// started yet (no Docker ID) or values over [`MAX_VALUE_BYTES`]; the label values (ARN,
+/// family, container name) made label values as a report's are ([`label_value`]), and
+/// how many that changed.
+pub fn parse_tasks(body: &[u8]) -> Result<(HashMap<String, Arc<EcsContainer>>, u64), serde_json::Error> {
     let response: TasksResponse = serde_json::from_slice(body)?;
     let fits = |s: &str| !s.is_empty() && s.len() <= MAX_VALUE_BYTES;
+    let mut changed = 0;
     let mut containers = HashMap::new();
     for task in response.tasks.into_iter().filter(|t| t.known_status != "STOPPED") {
         if !fits(&task.arn) || !fits(&task.family) {
             continue;
         }
+        let (arn, family) = (label_value(&task.arn, &mut changed), label_value(&task.family, &mut changed));
         for c in task.containers {
             if containers.len() >= MAX_CONTAINERS {
-                return Ok(containers);
+                return Ok((containers, changed));
             }
             if fits(&c.docker_id) && fits(&c.name) {
-                let container =
-                    EcsContainer { task_arn: task.arn.clone(), family: task.family.clone(), container: c.name };
+                let container = label_value(&c.name, &mut changed);
+                let container = EcsContainer { task_arn: arn.clone(), family: family.clone(), container };
                 containers.insert(c.docker_id, Arc::new(container));
             }
         }
     }
-    Ok(containers)
+    Ok((containers, changed))
 }
 
 /// Why a poll of the ECS agent failed.
@@ -164,8 +171,9 @@ impl EcsPoller {
             };
             self.metrics.ecs_requests.get_or_create(&ResultLabel { result: label }).inc();
             match result {
-                Ok(containers) => {
+                Ok((containers, changed)) => {
                     debug!(containers = containers.len(), "ECS tasks listed");
+                    self.metrics.ecs_label_values_changed.set(changed as i64);
                     failing = false;
                     let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
                     index.replace(containers);
@@ -185,7 +193,7 @@ impl EcsPoller {
         }
     }
 
-    async fn poll(&self) -> Result<HashMap<String, Arc<EcsContainer>>, PollError> {
+    async fn poll(&self) -> Result<(HashMap<String, Arc<EcsContainer>>, u64), PollError> {
         let authority = self.agent.authority().map(|a| a.as_str()).unwrap_or("127.0.0.1:51678");
         let address = if self.agent.port().is_some() { authority.to_owned() } else { format!("{authority}:80") };
         let stream = tokio::net::TcpStream::connect(&address).await.map_err(PollError::Connect)?;
@@ -226,7 +234,8 @@ mod tests {
 
     #[test]
     fn running_containers_are_indexed_by_docker_id() {
-        let containers = parse_tasks(TASKS.as_bytes()).unwrap();
+        let (containers, changed) = parse_tasks(TASKS.as_bytes()).unwrap();
+        assert_eq!(changed, 0);
         let train = &containers["5b1e7c2d9f3a4b6c8d0e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e"];
         assert_eq!(train.family, "bert-training");
         assert_eq!(train.container, "trainer");
@@ -242,9 +251,29 @@ mod tests {
             r#"{{"Tasks":[{{"Arn":"{long}","Family":"f","KnownStatus":"RUNNING","Containers":[{{"DockerId":"a","Name":"n"}}]}},
                          {{"Arn":"arn","Family":"f","KnownStatus":"RUNNING","Containers":[{{"DockerId":"b","Name":"{long}"}}]}}]}}"#
         );
-        assert!(parse_tasks(body.as_bytes()).unwrap().is_empty());
+        assert!(parse_tasks(body.as_bytes()).unwrap().0.is_empty());
         assert!(parse_tasks(b"<html>").is_err());
-        assert!(parse_tasks(b"{}").unwrap().is_empty());
+        assert!(parse_tasks(b"{}").unwrap().0.is_empty());
+    }
+
+    /// Issue 24 (smaller): ECS values are label values as a report's are: control
+    /// characters replaced, cut to the same bound, each change counted.
+    #[test]
+    fn label_values_are_sanitised_like_report_labels() {
+        let long_family = "f".repeat(300);
+        let body = format!(
+            r#"{{"Tasks":[{{"Arn":"arn\nforged=\"1\"","Family":"{long_family}","KnownStatus":"RUNNING",
+                 "Containers":[{{"DockerId":"a","Name":"main\u0007"}}]}}]}}"#
+        );
+        let (containers, changed) = parse_tasks(body.as_bytes()).unwrap();
+        let c = &containers["a"];
+        let mut report_changed = 0;
+        assert_eq!(c.task_arn, label_value("arn\nforged=\"1\"", &mut report_changed));
+        assert_eq!(c.task_arn, "arn\u{fffd}forged=\"1\"");
+        assert_eq!(c.family, label_value(&long_family, &mut report_changed));
+        assert_eq!(c.family.len(), api::limits::MAX_REPORT_LABEL_VALUE_BYTES);
+        assert_eq!(c.container, "main\u{fffd}");
+        assert_eq!(changed, 3);
     }
 
     #[test]
@@ -255,7 +284,7 @@ mod tests {
             r#"{{"Tasks":[{{"Arn":"arn","Family":"f","KnownStatus":"RUNNING","Containers":[{}]}}]}}"#,
             containers.join(",")
         );
-        assert_eq!(parse_tasks(body.as_bytes()).unwrap().len(), MAX_CONTAINERS);
+        assert_eq!(parse_tasks(body.as_bytes()).unwrap().0.len(), MAX_CONTAINERS);
     }
 
     #[test]
@@ -270,9 +299,9 @@ mod tests {
     #[test]
     fn a_changed_listing_bumps_the_generation_and_an_equal_one_does_not() {
         let mut index = EcsIndex::default();
-        index.replace(parse_tasks(TASKS.as_bytes()).unwrap());
+        index.replace(parse_tasks(TASKS.as_bytes()).unwrap().0);
         assert_eq!(index.generation(), 1);
-        index.replace(parse_tasks(TASKS.as_bytes()).unwrap());
+        index.replace(parse_tasks(TASKS.as_bytes()).unwrap().0);
         assert_eq!(index.generation(), 1);
         index.replace(HashMap::new());
         assert_eq!(index.generation(), 2);

@@ -280,7 +280,7 @@ fn a_process_in_an_ecs_task_takes_the_task_and_container_the_ecs_agent_lists() {
     assert_eq!(f.ecs_task("train"), None);
     assert_eq!(f.unattributed(Unattributed::NotInPod), 3);
 
-    f.ecs.write().unwrap().replace(ecs::parse_tasks(listing.as_bytes()).unwrap());
+    f.ecs.write().unwrap().replace(ecs::parse_tasks(listing.as_bytes()).unwrap().0);
     f.report(apps);
     assert_eq!(f.ecs_task("train"), Some(("bert-training".into(), "trainer".into())));
     assert_eq!(f.runtime("train"), None, "an ECS task is not a pod");

@@ -71,6 +71,8 @@ pub enum ConfigFileError {
     TooLarge { path: PathBuf, size: u64 },
     #[error("{path}: document {document}: {reason}")]
     Document { path: PathBuf, document: String, reason: String },
+    #[error("{path}: {too_deep}")]
+    TooDeep { path: PathBuf, too_deep: api::yaml_nesting::TooDeep },
     #[error("{path}: no NeuronMonitorConfig document")]
     Empty { path: PathBuf },
     #[error("{path}: {source}")]

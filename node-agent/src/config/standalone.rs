@@ -21,6 +21,7 @@ use api::{
     limits::MAX_CONFIGS_PER_NODE,
     render::{render_all, RenderedNode},
     validate::{validate, ConfigKey, ValidConfig},
+    yaml_nesting::check_nesting,
 };
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +41,8 @@ const HOST: &str = "localhost";
 pub fn render_file(path: &Path, body: &[u8]) -> Result<RenderedNode, ConfigFileError> {
     let document_error =
         |document: String, reason: String| ConfigFileError::Document { path: path.to_owned(), document, reason };
+    // Before the parser: its cost grows with the square of the nesting.
+    check_nesting(body).map_err(|e| ConfigFileError::TooDeep { path: path.to_owned(), too_deep: e })?;
     let mut configs: Vec<ValidConfig> = Vec::new();
     for (index, document) in serde_norway::Deserializer::from_slice(body).enumerate() {
         let number = index + 1;
@@ -187,5 +190,24 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains(&format!("document {}", MAX_CONFIGS_PER_NODE + 1)), "{text}");
         assert!(text.contains("more than 512 configs"), "{text}");
+    }
+
+    /// Issue 24, fault 7: a deeply nested file is refused before the parser sees it (the
+    /// parser's cost grows with the square of the nesting: minutes for 400 KB).
+    #[test]
+    fn a_deeply_nested_file_is_refused_at_once_naming_the_limit() {
+        let levels = 200_000;
+        let body =
+            format!("{}spec: {}1{}\n", doc("deep").replace("spec: {}\n", ""), "[".repeat(levels), "]".repeat(levels));
+        let started = std::time::Instant::now();
+        let err = render_file(Path::new("deep.yaml"), body.as_bytes()).expect_err("too deep");
+        let took = started.elapsed();
+        let text = err.to_string();
+        assert!(text.contains("deep.yaml: line 4: nested deeper than 64 levels"), "{text}");
+        assert!(took < Duration::from_millis(500), "refused after {took:?}");
+        let block = format!("{}spec:\n  x: {}1\n", doc("deep").replace("spec: {}\n", ""), "- ".repeat(levels));
+        assert!(
+            render_file(Path::new("deep.yaml"), block.as_bytes()).is_err_and(|e| e.to_string().contains("64 levels"))
+        );
     }
 }

@@ -23,6 +23,7 @@ use api::hardware::{valid_efa_device_name as valid_device_name, MAX_EFA_NAME_BYT
 use crate::{
     health::sysfs::parse_counter,
     processes::procfs::{self, Failure},
+    timed_read::Watch,
 };
 
 /// The RDMA devices' class directory, under the sysfs root.
@@ -40,6 +41,11 @@ const MAX_PORT_NUMBER: u32 = 255;
 /// Counter files read per `hw_counters` directory (a port has about 25, a device 12); the
 /// rest of the listing is not read.
 pub const MAX_COUNTERS_PER_DIR: usize = 128;
+/// Counters read in all, devices' and ports' together: each is a series on `/metrics` and
+/// in every OTLP request. The largest EC2 type has 32 EFA devices of about 34 counters
+/// (1,088); the other bounds alone would let a tree make 64 × (128 + 8 × 128) = 73,728
+/// series (a 24 MB scrape). Counters beyond it are left out, `limit`.
+pub const MAX_EFA_COUNTERS: usize = 2048;
 /// Bytes of a device or counter name.
 pub const MAX_NAME_BYTES: usize = MAX_EFA_NAME_BYTES;
 /// Bytes of a counter file: a u64 is at most 20 digits and a newline.
@@ -65,10 +71,12 @@ pub enum Skip {
     NotAFile,
     /// Any other error of the file system.
     Other,
+    /// A read that missed its deadline, or one of a file whose earlier read never returned.
+    Stuck,
 }
 
 impl Skip {
-    pub const ALL: [Skip; 8] = [
+    pub const ALL: [Skip; 9] = [
         Skip::Gone,
         Skip::Denied,
         Skip::TooLarge,
@@ -77,6 +85,7 @@ impl Skip {
         Skip::Limit,
         Skip::NotAFile,
         Skip::Other,
+        Skip::Stuck,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -89,6 +98,7 @@ impl Skip {
             Skip::Limit => "limit",
             Skip::NotAFile => "not_a_file",
             Skip::Other => "other",
+            Skip::Stuck => "stuck",
         }
     }
 
@@ -96,6 +106,7 @@ impl Skip {
         match e.kind() {
             io::ErrorKind::NotFound => Skip::Gone,
             io::ErrorKind::PermissionDenied => Skip::Denied,
+            io::ErrorKind::TimedOut => Skip::Stuck,
             _ => Skip::Other,
         }
     }
@@ -160,6 +171,8 @@ pub struct Reading {
     pub other_devices: usize,
     /// What was left out, by [`Skip::ALL`].
     pub skipped: [u64; Skip::ALL.len()],
+    /// Counters read so far, against [`MAX_EFA_COUNTERS`].
+    counters: usize,
 }
 
 impl Reading {
@@ -176,8 +189,10 @@ pub fn valid_counter_name(name: &str) -> bool {
 }
 
 /// Whether the RDMA device at `dir` is bound to the `efa` driver.
-fn is_efa(dir: &Path) -> bool {
-    fs::read_link(dir.join("device/driver")).is_ok_and(|target| target.file_name().is_some_and(|n| n == EFA_DRIVER))
+fn is_efa(dir: &Path, watch: &Watch) -> bool {
+    watch
+        .access(&dir.join("device/driver"), |p| fs::read_link(p))
+        .is_ok_and(|target| target.file_name().is_some_and(|n| n == EFA_DRIVER))
 }
 
 /// The names of a directory's entries that are not hidden (`.name`: no sysfs attribute is;
@@ -185,36 +200,45 @@ fn is_efa(dir: &Path) -> bool {
 /// [`Skip::Limit`] (once) and the rest of the listing is not read. A name that is not
 /// UTF-8 is counted as [`Skip::BadName`]. Each name comes with whether its entry is a
 /// regular file (without following a link).
-fn list(dir: &Path, max: usize, reading: &mut Reading) -> io::Result<Vec<(String, bool)>> {
+fn list(dir: &Path, max: usize, reading: &mut Reading, watch: &Watch) -> io::Result<Vec<(String, bool)>> {
     let mut names = Vec::new();
-    for entry in fs::read_dir(dir)? {
-        let Ok(entry) = entry else {
-            reading.skip(Skip::Other);
-            continue;
-        };
-        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-            reading.skip(Skip::BadName);
-            continue;
-        };
-        if name.starts_with('.') {
-            continue;
+    watch.access(dir, |dir| {
+        for entry in fs::read_dir(dir)? {
+            let Ok(entry) = entry else {
+                reading.skip(Skip::Other);
+                continue;
+            };
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                reading.skip(Skip::BadName);
+                continue;
+            };
+            if name.starts_with('.') {
+                continue;
+            }
+            if names.len() == max {
+                reading.skip(Skip::Limit);
+                break;
+            }
+            let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+            names.push((name, is_file));
         }
-        if names.len() == max {
-            reading.skip(Skip::Limit);
-            break;
-        }
-        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
-        names.push((name, is_file));
-    }
+        Ok(())
+    })?;
     names.sort_unstable();
     Ok(names)
 }
 
-/// Reads every EFA device under the sysfs root `root`. Never writes.
+/// Reads every EFA device under the sysfs root `root`, without a deadline. Never writes.
 pub fn read(root: &Path) -> Reading {
+    read_watched(root, &Watch::untimed())
+}
+
+/// Reads every EFA device under the sysfs root `root`, each file through `watch` (the
+/// files stuck earlier skipped, as [`Skip::Stuck`]). Never writes.
+pub fn read_watched(root: &Path, watch: &Watch) -> Reading {
     let mut reading = Reading::default();
     let class = root.join(INFINIBAND_DIR);
-    let names = match list(&class, MAX_RDMA_DEVICES, &mut reading) {
+    let names = match list(&class, MAX_RDMA_DEVICES, &mut reading, watch) {
         Ok(names) => names,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return reading,
         Err(e) => {
@@ -226,7 +250,7 @@ pub fn read(root: &Path) -> Reading {
     reading.rdma_class = true;
     for (name, _) in names {
         let dir = class.join(&name);
-        if !is_efa(&dir) {
+        if !is_efa(&dir, watch) {
             reading.other_devices += 1;
             continue;
         }
@@ -238,16 +262,16 @@ pub fn read(root: &Path) -> Reading {
             reading.skip(Skip::Limit);
             continue;
         }
-        let device = read_device(name, &dir, &mut reading);
+        let device = read_device(name, &dir, &mut reading, watch);
         reading.devices.push(device);
     }
     reading
 }
 
-fn read_device(name: String, dir: &Path, reading: &mut Reading) -> Device {
-    let counters = read_counters(&dir.join("hw_counters"), reading);
+fn read_device(name: String, dir: &Path, reading: &mut Reading, watch: &Watch) -> Device {
+    let counters = read_counters(&dir.join("hw_counters"), reading, watch);
     let mut ports = Vec::new();
-    match list(&dir.join("ports"), MAX_PORTS, reading) {
+    match list(&dir.join("ports"), MAX_PORTS, reading, watch) {
         Ok(entries) => {
             for (entry, _) in entries {
                 let number = entry.parse::<u32>().ok().filter(|n| (1..=MAX_PORT_NUMBER).contains(n));
@@ -256,7 +280,7 @@ fn read_device(name: String, dir: &Path, reading: &mut Reading) -> Device {
                     Some(number) if number.to_string() == entry => {
                         let path: PathBuf =
                             [dir, Path::new("ports"), Path::new(&entry), Path::new("hw_counters")].iter().collect();
-                        ports.push(Port { number, counters: read_counters(&path, reading) });
+                        ports.push(Port { number, counters: read_counters(&path, reading, watch) });
                     }
                     _ => reading.skip(Skip::BadName),
                 }
@@ -270,8 +294,8 @@ fn read_device(name: String, dir: &Path, reading: &mut Reading) -> Device {
 }
 
 /// The counters of one `hw_counters` directory, sorted by name; none when it does not exist.
-fn read_counters(dir: &Path, reading: &mut Reading) -> Vec<Counter> {
-    let entries = match list(dir, MAX_COUNTERS_PER_DIR, reading) {
+fn read_counters(dir: &Path, reading: &mut Reading, watch: &Watch) -> Vec<Counter> {
+    let entries = match list(dir, MAX_COUNTERS_PER_DIR, reading, watch) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Vec::new(),
         Err(e) => {
@@ -281,6 +305,11 @@ fn read_counters(dir: &Path, reading: &mut Reading) -> Vec<Counter> {
     };
     let mut counters = Vec::with_capacity(entries.len());
     for (name, is_file) in entries {
+        if reading.counters == MAX_EFA_COUNTERS {
+            // Once per directory: the rest of it is not read.
+            reading.skip(Skip::Limit);
+            break;
+        }
         if !valid_counter_name(&name) {
             reading.skip(Skip::BadName);
             continue;
@@ -290,11 +319,16 @@ fn read_counters(dir: &Path, reading: &mut Reading) -> Vec<Counter> {
             reading.skip(Skip::NotAFile);
             continue;
         }
-        let value = procfs::read_bounded(&dir.join(&name), MAX_COUNTER_FILE_BYTES)
-            .map_err(Skip::from)
+        let value = watch
+            .access(&dir.join(&name), |path| Ok(procfs::read_bounded(path, MAX_COUNTER_FILE_BYTES)))
+            .map_err(|e| Skip::from_io(&e))
+            .and_then(|read| read.map_err(Skip::from))
             .and_then(|bytes| std::str::from_utf8(&bytes).ok().and_then(parse_counter).ok_or(Skip::Malformed));
         match value {
-            Ok(value) => counters.push(Counter { name, value }),
+            Ok(value) => {
+                reading.counters += 1;
+                counters.push(Counter { name, value });
+            }
             Err(why) => reading.skip(why),
         }
     }
@@ -338,7 +372,7 @@ mod tests {
         tree.write(format!("{dev}/ports/1/hw_counters/rx_bytes"), "5\n");
         let reading = read(&tree.0);
         assert!(reading.rdma_class && reading.devices.is_empty());
-        assert_eq!((reading.other_devices, reading.skipped), (1, [0; 8]));
+        assert_eq!((reading.other_devices, reading.skipped), (1, [0; 9]));
     }
 
     #[test]
@@ -355,7 +389,7 @@ mod tests {
         tree.write(format!("{other}/ports/1/hw_counters/tx_bytes"), "7\n");
         let reading = read(&tree.0);
         assert_eq!(reading.other_devices, 1);
-        assert_eq!(reading.skipped, [0; 8]);
+        assert_eq!(reading.skipped, [0; 9]);
         let names: Vec<&str> = reading.devices.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["rdmap16s27", "rdmap32s27"]);
         let device = &reading.devices[0];
@@ -366,6 +400,21 @@ mod tests {
             device.ports[0].counters,
             counters(&[("a_counter_of_a_newer_driver", u64::MAX), ("rx_drops", 0), ("tx_bytes", 1024)])
         );
+    }
+
+    /// Issue 24, fault 5: a counter whose earlier read never returned is not opened again,
+    /// and the device's other counters are still read.
+    #[test]
+    fn a_stuck_counter_is_skipped_and_counted() {
+        let tree = TempDir::new("efa-sysfs");
+        let dev = device(&tree, "rdmap16s27", "0000:10:1b.0", "efa");
+        let port = format!("{dev}/ports/1/hw_counters");
+        tree.write(format!("{port}/tx_bytes"), "1\n");
+        tree.write(format!("{port}/rx_bytes"), "2\n");
+        let stuck = tree.0.join(INFINIBAND_DIR).join("rdmap16s27/ports/1/hw_counters/rx_bytes");
+        let reading = read_watched(&tree.0, &Watch::with_stuck([stuck]));
+        assert_eq!(reading.devices[0].ports[0].counters, counters(&[("tx_bytes", 1)]));
+        assert_eq!(skipped(&reading, Skip::Stuck), 1);
     }
 
     #[test]
@@ -428,6 +477,25 @@ mod tests {
         assert_eq!(first.ports.len(), MAX_PORTS);
         // Two devices, the rest of one counter listing, the rest of one port listing.
         assert_eq!(skipped(&reading, Skip::Limit), 2 + 1 + 1);
+    }
+
+    /// Issue 24 (smaller): the counters of a whole read are bounded too, not only each
+    /// directory's: the maximal tree no longer makes 73,728 series.
+    #[test]
+    fn counters_of_a_read_are_bounded_in_all() {
+        let tree = TempDir::new("efa-sysfs");
+        let devices = MAX_EFA_COUNTERS / MAX_COUNTERS_PER_DIR + 1;
+        for i in 0..devices {
+            let dev = device(&tree, &format!("rdmap{i:03}s27"), &format!("0000:{i:02x}:1b.0"), "efa");
+            for c in 0..MAX_COUNTERS_PER_DIR {
+                tree.write(format!("{dev}/hw_counters/c{c:03}"), "1\n");
+            }
+        }
+        let reading = read(&tree.0);
+        let read: usize = reading.devices.iter().map(|d| d.counters.len()).sum();
+        assert_eq!(read, MAX_EFA_COUNTERS);
+        assert!(reading.devices.last().unwrap().counters.is_empty());
+        assert_eq!(skipped(&reading, Skip::Limit), 1, "the last directory, once");
     }
 
     #[test]

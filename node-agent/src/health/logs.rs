@@ -305,7 +305,8 @@ impl LogMetrics {
         r.register(
             "failures",
             "Failed CloudWatch Logs requests by reason (throttled, server_error, timeout, network, auth, not_found, \
-             rejected, response, other); all but rejected are retried",
+             rejected, response, response_too_large: an answer over 64 KiB, not read, other); all but rejected and \
+             response_too_large after a 2xx are retried",
             m.failures.clone(),
         );
         r.register(

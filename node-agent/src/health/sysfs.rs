@@ -15,6 +15,8 @@ use std::{
 
 use api::limits::{MAX_NEURONCORES_PER_DEVICE, MAX_NEURON_DEVICES, MAX_SYSFS_FILE_BYTES};
 
+use crate::timed_read::Watch;
+
 /// Where the device directories are, under the sysfs root.
 pub const DEVICES_DIR: &str = "devices/virtual/neuron_device";
 /// The driver version, under the sysfs root.
@@ -331,15 +333,17 @@ pub fn read_small(path: &Path) -> io::Result<Option<String>> {
     String::from_utf8(bytes).map(Some).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not UTF-8"))
 }
 
-/// One device's reading in progress: absent files stay `None`, broken ones are named.
+/// One device's reading in progress: absent files stay `None`, broken ones are named
+/// (a stuck one too: its read missed the deadline, or an earlier one never returned).
 struct FileReader<'a> {
     dir: &'a Path,
+    watch: &'a Watch,
     unreadable: Vec<String>,
 }
 
 impl FileReader<'_> {
     fn read<T>(&mut self, name: &str, parse: impl FnOnce(&str) -> Option<T>) -> Option<T> {
-        match read_small(&self.dir.join(name)) {
+        match self.watch.access(&self.dir.join(name), read_small) {
             Ok(None) => None,
             Ok(Some(text)) => {
                 let value = parse(&text);
@@ -374,10 +378,16 @@ fn indexed(name: &str, prefix: &str, limit: u32) -> Result<Option<u32>, ()> {
 }
 
 /// The indexed subdirectories of `dir`, sorted; those beyond `limit` are refused.
-fn indexed_dirs(dir: &Path, prefix: &str, limit: u32, refused: &mut usize) -> io::Result<Vec<(u32, PathBuf)>> {
+fn indexed_dirs(
+    dir: &Path,
+    prefix: &str,
+    limit: u32,
+    refused: &mut usize,
+    watch: &Watch,
+) -> io::Result<Vec<(u32, PathBuf)>> {
     let mut out = Vec::new();
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
+    let entries = watch.access(dir, |d| fs::read_dir(d)?.collect::<io::Result<Vec<_>>>())?;
+    for entry in entries {
         let name = entry.file_name();
         match indexed(&name.to_string_lossy(), prefix, limit) {
             Ok(Some(n)) => out.push((n, entry.path())),
@@ -389,10 +399,17 @@ fn indexed_dirs(dir: &Path, prefix: &str, limit: u32, refused: &mut usize) -> io
     Ok(out)
 }
 
-/// Reads the whole tree under `root` (the sysfs root). Never writes.
+/// Reads the whole tree under `root` (the sysfs root), without a deadline. Never writes.
 pub fn read_node(root: &Path) -> NodeReading {
+    read_node_watched(root, &Watch::untimed())
+}
+
+/// Reads the whole tree under `root`, each file through `watch` (its deadline, the files
+/// stuck earlier skipped and named unreadable). Never writes.
+pub fn read_node_watched(root: &Path, watch: &Watch) -> NodeReading {
     let mut node = NodeReading {
-        driver_version: read_small(&root.join(DRIVER_VERSION_FILE))
+        driver_version: watch
+            .access(&root.join(DRIVER_VERSION_FILE), read_small)
             .ok()
             .flatten()
             .and_then(|t| parse_driver_version(&t)),
@@ -400,7 +417,7 @@ pub fn read_node(root: &Path) -> NodeReading {
     };
     let devices_dir = root.join(DEVICES_DIR);
     let mut refused_devices = 0;
-    let devices = match indexed_dirs(&devices_dir, "neuron", MAX_NEURON_DEVICES, &mut refused_devices) {
+    let devices = match indexed_dirs(&devices_dir, "neuron", MAX_NEURON_DEVICES, &mut refused_devices, watch) {
         Ok(devices) => devices,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return node,
         Err(_) => {
@@ -412,21 +429,21 @@ pub fn read_node(root: &Path) -> NodeReading {
     node.driver_loaded = true;
     node.refused.extend(std::iter::repeat_n("sysfs_device", refused_devices));
     for (index, dir) in devices {
-        let (device, refused_cores) = read_device(index, &dir);
+        let (device, refused_cores) = read_device(index, &dir, watch);
         node.refused.extend(std::iter::repeat_n("sysfs_core", refused_cores));
         node.devices.push(device);
     }
     node
 }
 
-fn read_device(index: u32, dir: &Path) -> (DeviceReading, usize) {
-    let mut files = FileReader { dir, unreadable: Vec::new() };
+fn read_device(index: u32, dir: &Path, watch: &Watch) -> (DeviceReading, usize) {
+    let mut files = FileReader { dir, watch, unreadable: Vec::new() };
     let mut device = DeviceReading {
         index,
         core_count: files.read("core_count", parse_core_count),
         state: files.read("reset", parse_state),
         // An empty serial number is the driver's "could not read it", not a broken file.
-        serial: read_small(&dir.join("info/serial_number")).ok().flatten().and_then(|t| parse_serial(&t)),
+        serial: watch.access(&dir.join("info/serial_number"), read_small).ok().flatten().and_then(|t| parse_serial(&t)),
         components: files.read("stats/hardware/health_status/unhealthy_components", |t| Some(parse_components(t))),
         hw_error_event: files.read(HW_ERROR_EVENT_FILE, parse_counter),
         heartbeat: files.read("stats/hardware/health_status/healthcheck_heartbeat", parse_heartbeat),
@@ -440,9 +457,9 @@ fn read_device(index: u32, dir: &Path) -> (DeviceReading, usize) {
         device.ecc[slot] = a.max(b);
     }
     let mut refused = 0;
-    if let Ok(cores) = indexed_dirs(dir, "neuron_core", MAX_NEURONCORES_PER_DEVICE, &mut refused) {
+    if let Ok(cores) = indexed_dirs(dir, "neuron_core", MAX_NEURONCORES_PER_DEVICE, &mut refused, watch) {
         for (core, core_dir) in cores {
-            let mut core_files = FileReader { dir: &core_dir, unreadable: Vec::new() };
+            let mut core_files = FileReader { dir: &core_dir, watch, unreadable: Vec::new() };
             let mut reading = CoreReading { index: core, errors: [None; 5] };
             for (slot, (name, _)) in CORE_ERRORS.iter().enumerate() {
                 reading.errors[slot] = core_files.read(&format!("stats/status/{name}/total"), parse_counter);
@@ -453,6 +470,22 @@ fn read_device(index: u32, dir: &Path) -> (DeviceReading, usize) {
     }
     device.unreadable = files.unreadable;
     (device, refused)
+}
+
+/// Opens the `hw_error_event` file of each of `devices` and reads it once: `poll()` waits
+/// for a change of a sysfs attribute only after a read. Through `watch`: opening a FIFO
+/// or reading a hung attribute blocks.
+pub fn open_event_files(root: &Path, devices: &[u32], watch: &Watch) -> Vec<fs::File> {
+    let dir = root.join(DEVICES_DIR);
+    let open_and_read = |path: &Path| {
+        let mut file = fs::File::open(path)?;
+        io::copy(&mut (&mut file).take(64), &mut io::sink())?;
+        Ok(file)
+    };
+    devices
+        .iter()
+        .filter_map(|d| watch.access(&dir.join(format!("neuron{d}")).join(HW_ERROR_EVENT_FILE), open_and_read).ok())
+        .collect()
 }
 
 #[cfg(test)]
@@ -578,5 +611,21 @@ mod tests {
         let node = read_node(&tree.0);
         assert_eq!(node.devices[0].state, None);
         assert_eq!(node.devices[0].unreadable, ["reset"]);
+    }
+
+    /// Issue 24, fault 5: a file whose earlier read never returned is not opened again,
+    /// and is named unreadable (its device unknown); the other devices are read.
+    #[test]
+    fn a_stuck_file_is_skipped_and_named() {
+        let tree = TempDir::new("health-sysfs");
+        let dir = |d: u32| format!("{DEVICES_DIR}/neuron{d}");
+        for d in [0, 1] {
+            tree.write(format!("{}/reset", dir(d)), "1\n");
+            tree.write(format!("{}/stats/hardware/mem_ecc_uncorrected", dir(d)), "4\n");
+        }
+        let stuck = tree.0.join(dir(0)).join("stats/hardware/mem_ecc_uncorrected");
+        let node = read_node_watched(&tree.0, &Watch::with_stuck([stuck]));
+        assert_eq!(node.devices[0].unreadable, ["stats/hardware/mem_ecc_uncorrected"]);
+        assert_eq!((node.devices[1].ecc[0], node.devices[1].unreadable.len()), (Some(4), 0));
     }
 }

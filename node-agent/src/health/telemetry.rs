@@ -23,6 +23,8 @@ pub struct TriggerLabel {
 #[derive(Clone, Default)]
 pub struct HealthMetrics {
     pub sysfs_reads: Family<TriggerLabel, Counter>,
+    pub sysfs_read_timeouts: Counter,
+    pub sysfs_stuck_reads: Gauge,
     pub kmsg_records: Counter,
     pub kmsg_overruns: Counter,
     /// Records naming a hardware fault or a driver error, not taken, by reason.
@@ -44,6 +46,17 @@ impl HealthMetrics {
             "sysfs_reads",
             "Reads of the Neuron driver's sysfs tree, by trigger (start, event: a hw_error_event notification, interval)",
             m.sysfs_reads.clone(),
+        );
+        r.register(
+            "sysfs_read_timeouts",
+            "Reads of the Neuron driver's sysfs tree that missed their deadline (a file whose read never returned: it is \
+             skipped until it does, and its device is unknown)",
+            m.sysfs_read_timeouts.clone(),
+        );
+        r.register(
+            "sysfs_stuck_reads",
+            "Sysfs files whose read has not returned (one thread each); source_up{source=\"sysfs\"} is 0 while any is",
+            m.sysfs_stuck_reads.clone(),
         );
         r.register("kmsg_records", "Kernel-log records read", m.kmsg_records.clone());
         r.register(

@@ -40,6 +40,7 @@ pub struct SinkFamilies {
     pub flushes: Family<SinkLabel, Counter>,
     pub last_success: Family<SinkLabel, Gauge<f64, AtomicU64>>,
     pub invalid: Family<SinkReasonLabels, Gauge>,
+    pub unconfirmed: Family<SinkLabel, Counter>,
 }
 
 /// What a kind of sink says of its [`SinkFamilies`]: the names of the families counted in
@@ -54,6 +55,8 @@ pub struct SinkHelp {
     pub flushes: &'static str,
     pub last_success: &'static str,
     pub invalid: &'static str,
+    pub unconfirmed_family: &'static str,
+    pub unconfirmed: &'static str,
 }
 
 impl SinkFamilies {
@@ -67,6 +70,7 @@ impl SinkFamilies {
         registry.register("flushes", help.flushes, m.flushes.clone());
         registry.register("last_success_timestamp_seconds", help.last_success, m.last_success.clone());
         registry.register("invalid_sinks", help.invalid, m.invalid.clone());
+        registry.register(help.unconfirmed_family, help.unconfirmed, m.unconfirmed.clone());
         m
     }
 

@@ -171,6 +171,7 @@ fn parse(configmap: &ConfigMap) -> Result<TenancyPolicy, String> {
     if text.len() > MAX_POLICY_BYTES {
         return Err(format!("{POLICY_KEY}: {} bytes, more than {MAX_POLICY_BYTES}", text.len()));
     }
+    api::yaml_nesting::check_nesting(text.as_bytes()).map_err(|e| format!("{POLICY_KEY}: {e}"))?;
     let spec: PolicySpec = serde_norway::from_str(text).map_err(|e| format!("{POLICY_KEY}: {e}"))?;
     TenancyPolicy::compile(&spec).map_err(|e| format!("{POLICY_KEY}: {e}"))
 }

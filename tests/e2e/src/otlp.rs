@@ -32,6 +32,9 @@ pub enum Answer {
     Partial { rejected: i64, message: String },
     /// No answer for this long, then the connection is closed.
     Stall(Duration),
+    /// A status with a body of this many bytes (`x`), written until the client stops
+    /// reading: an answer that never ends, for any client of this server.
+    Filler { status: u16, bytes: u64 },
 }
 
 /// One request as received.
@@ -217,6 +220,10 @@ fn serve(mut stream: TcpStream, shared: &Shared) {
                 let partial = ExportMetricsPartialSuccess { rejected_data_points: rejected, error_message: message };
                 (200, Vec::new(), ExportMetricsServiceResponse { partial_success: Some(partial) }.encode_to_vec())
             }
+            Some(Answer::Filler { status, bytes }) => {
+                let _ = write_filler(&mut stream, status, bytes);
+                return;
+            }
             Some(Answer::Stall(duration)) => {
                 let until = Instant::now() + duration;
                 while Instant::now() < until && !shared.stop.load(Ordering::Relaxed) {
@@ -237,6 +244,20 @@ fn serve(mut stream: TcpStream, shared: &Shared) {
             return;
         }
     }
+}
+
+/// A status and a body of `bytes` filler bytes, until the client stops reading.
+fn write_filler(stream: &mut TcpStream, status: u16, bytes: u64) -> std::io::Result<()> {
+    let head = format!("HTTP/1.1 {status} X\r\ncontent-type: text/xml\r\ncontent-length: {bytes}\r\n\r\n");
+    stream.write_all(head.as_bytes())?;
+    let chunk = vec![b'x'; 64 * 1024];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        stream.write_all(&chunk[..n])?;
+        left -= n as u64;
+    }
+    Ok(())
 }
 
 /// Reads one request; `None` when the connection closed, broke the bounds, or the

@@ -8,6 +8,9 @@
 //!   exponential backoff, without end: data is lost only when the queue overflows, which
 //!   keeps a long outage bounded in memory. Any other refusal drops the request's datums
 //!   (counted as `rejected`): resending the same data would fail the same way.
+//! - An answer over `delivery::MAX_RESPONSE_BYTES` is not read (`delivery::aws`): after a
+//!   2xx the datums count as unconfirmed and are not sent again (CloudWatch took the
+//!   request); after an error status the request is retried like any other.
 //! - The SDK's own retries are off, so every attempt is counted here.
 
 use std::{
@@ -29,7 +32,7 @@ use super::{
 };
 use crate::{
     delivery::{
-        aws::{classify, sdk_config},
+        aws::{classify, sdk_config, Failure, RESPONSE_TOO_LARGE},
         backoff::Backoff,
         queue,
     },
@@ -125,8 +128,7 @@ pub async fn run_sender(queue: Arc<Queue>, target: Target, stop: CancellationTok
                               attempt, suppressed_before, error = %detail, "PutMetricData failed");
                     }
                     if !failure.retry {
-                        let labels = SinkReasonLabels { sink: target.sink.clone(), reason: "rejected" };
-                        target.metrics.common.dropped.get_or_create(&labels).inc_by(batch.len() as u64);
+                        give_up(&target, failure, batch.len());
                         break;
                     }
                     let delay = target.backoff.delay(attempt);
@@ -139,6 +141,18 @@ pub async fn run_sender(queue: Arc<Queue>, target: Target, stop: CancellationTok
             }
         }
         queue.finish();
+    }
+}
+
+/// Counts the datums of a request not sent again: unconfirmed when CloudWatch took the
+/// request but its answer was over the limit, else rejected.
+fn give_up(target: &Target, failure: Failure, datums: usize) {
+    let common = &target.metrics.common;
+    if failure.reason == RESPONSE_TOO_LARGE {
+        common.unconfirmed.get_or_create(&SinkLabel { sink: target.sink.clone() }).inc_by(datums as u64);
+    } else {
+        let labels = SinkReasonLabels { sink: target.sink.clone(), reason: "rejected" };
+        common.dropped.get_or_create(&labels).inc_by(datums as u64);
     }
 }
 

@@ -22,12 +22,15 @@ const HELP: SinkHelp = SinkHelp {
     queue_family: "queue_datums",
     requests: "PutMetricData attempts by result (success, failure)",
     failures: "Failed PutMetricData attempts by reason (throttled, server_error, timeout, network, auth, rejected, \
-               response, other)",
+               response, response_too_large, other)",
     dropped: "Datums given up, by reason (queue_full: oldest dropped for newer; rejected: CloudWatch refused the \
               request; shutdown: not sent within the shutdown time limit)",
     queue: "Datums waiting to be sent, including those of the request in flight",
     flushes: "Flushes of collected samples into datums",
     last_success: "Unix time of the last request CloudWatch accepted",
+    unconfirmed_family: "unconfirmed_datums",
+    unconfirmed: "Datums of requests CloudWatch accepted (HTTP 2xx) with an answer over 64 KiB, not read: whether \
+                  it took them is unknown; not sent again",
     invalid: "1 for each configured CloudWatch sink left out because its settings are invalid (reason: region, \
               namespace, resolution, flush_interval, dimensions, rollups, metrics; cluster_name: a Container \
               Insights sink without --cluster-name; partition: a region of another AWS partition than the \

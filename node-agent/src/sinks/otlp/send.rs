@@ -10,7 +10,9 @@
 //! - Any other refusal drops the request's points (`rejected`): the same bytes would be
 //!   refused again.
 //! - A partial success counts the points the receiver rejected (`partial_success`) and
-//!   logs its message.
+//!   logs its message. An accepted request whose answer is over
+//!   [`MAX_RESPONSE_BYTES`] (or breaks off) is not read: its points count as `unconfirmed`
+//!   (how many were rejected is unknown), not as sent, and are not sent again.
 
 use std::{
     sync::Arc,
@@ -39,16 +41,13 @@ use super::{
     Queue,
 };
 use crate::{
-    delivery::backoff::Backoff,
+    delivery::{backoff::Backoff, MAX_RESPONSE_BYTES},
     ratelimit::{Decision, RateLimit},
 };
 
 /// The agent's HTTP client of every OTLP sink (connections pooled per receiver).
 pub type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// Bytes of a response body read at most (an OTLP response is a few bytes; a partial
-/// success's message a few hundred).
-const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 const USER_AGENT: &str = concat!("neuron-node-agent/", env!("CARGO_PKG_VERSION"));
 
 /// The client: http and https (rustls on ring, the system's CA certificates), and
@@ -160,7 +159,12 @@ pub fn partial_success(body: &[u8]) -> Option<(u64, String)> {
 
 /// The outcome of one attempt.
 enum Attempt {
-    Sent { rejected: u64, message: String },
+    Sent {
+        rejected: u64,
+        message: String,
+    },
+    /// Accepted, with an answer that was not read (over the limit, or broken off).
+    Unconfirmed,
     Failed(Failure, String),
 }
 
@@ -223,8 +227,9 @@ impl Target {
         match tokio::time::timeout(self.request_timeout, exchange).await {
             Err(_) => Attempt::Failed(failure("timeout"), format!("no answer within {:?}", self.request_timeout)),
             Ok(Err((f, message))) => Attempt::Failed(f, message),
-            Ok(Ok((status, _, body))) if status.is_success() => {
-                let (rejected, message) = body.ok().and_then(|b| partial_success(&b)).unwrap_or_default();
+            Ok(Ok((status, _, Err(_)))) if status.is_success() => Attempt::Unconfirmed,
+            Ok(Ok((status, _, Ok(body)))) if status.is_success() => {
+                let (rejected, message) = partial_success(&body).unwrap_or_default();
                 Attempt::Sent { rejected, message }
             }
             Ok(Ok((status, after, body))) => {
@@ -318,6 +323,17 @@ pub async fn run_sender(queue: Arc<Queue>, mut target: Target, stop: Cancellatio
                         }
                     }
                     debug!(sink = %target.sink, points = request.points, bytes = request.body.len(), attempt, "OTLP export accepted");
+                    break;
+                }
+                Attempt::Unconfirmed => {
+                    let m = &target.metrics;
+                    m.common.requests.get_or_create(&result).inc();
+                    m.common.unconfirmed.get_or_create(&sink).inc_by(request.points as u64);
+                    if let Decision::Allow { suppressed_before } = log_limit.check() {
+                        warn!(sink = %target.sink, points = request.points, limit = MAX_RESPONSE_BYTES, suppressed_before,
+                              "the OTLP receiver accepted the request with an answer over the limit or broken off: \
+                               not read, so its points are unconfirmed");
+                    }
                     break;
                 }
                 Attempt::Failed(failure, message) => {

@@ -41,6 +41,9 @@ const HELP: SinkHelp = SinkHelp {
     queue: "Data points waiting to be sent, including those of the request in flight",
     flushes: "Snapshots of the sink's series taken into requests",
     last_success: "Unix time of the last request the receiver accepted",
+    unconfirmed_family: "unconfirmed_points",
+    unconfirmed: "Data points of requests the receiver accepted (HTTP 2xx) with an answer over 64 KiB, not read: \
+                  how many it rejected in part is unknown; not sent again",
     invalid: "1 for each configured OTLP sink that cannot send (reason: endpoint, region, flushInterval, \
               headersSecret, headersSecret.name: its settings; headers: its Secret's headers are missing or \
               unusable; tls: no CA certificates for https; partition: its region is in another AWS partition \
