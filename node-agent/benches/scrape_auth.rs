@@ -88,7 +88,8 @@ fn setup() -> Bench {
         assert!(ok, "{out}{err}");
 
         let shutdown = CancellationToken::new();
-        let limits = Limits { header_timeout: Duration::from_secs(5), max_connections: 64 };
+        let limits =
+            Limits { header_timeout: Duration::from_secs(5), max_connections: 64, max_connections_per_peer: 64 };
         let loopback = |port: u16| -> SocketAddr { ([127, 0, 0, 1], port).into() };
         let (plain, https) = (loopback(neuron_e2e::free_port()), loopback(neuron_e2e::free_port()));
         let plain_settings = Settings { listen: plain, probe_listen: None, tls: None, limits };

@@ -54,6 +54,12 @@ pub struct HttpFlags {
     /// HTTP connections served at once (per port); more are refused (503) and counted.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub http_max_connections: u32,
+
+    /// HTTP connections served at once from one source address (an IPv6 /64), per port;
+    /// more are refused (503) and counted, so that no single client takes every slot.
+    /// The probe port allows at most 4 per address whatever this says.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub http_max_connections_per_peer: u32,
 }
 
 /// The process's own logs.
@@ -77,10 +83,12 @@ pub struct Flavor {
     pub listen: &'static str,
     /// Default of --http-max-connections.
     pub max_connections: &'static str,
+    /// Default of --http-max-connections-per-peer.
+    pub max_connections_per_peer: &'static str,
 }
 
 /// The ids of the shared flags (their field names).
-const SHARED: [&str; 10] = [
+const SHARED: [&str; 11] = [
     "listen",
     "probe_listen",
     "tls_cert_file",
@@ -89,6 +97,7 @@ const SHARED: [&str; 10] = [
     "metrics_auth_audiences",
     "http_header_timeout",
     "http_max_connections",
+    "http_max_connections_per_peer",
     "log_format",
     "log",
 ];
@@ -110,6 +119,9 @@ impl Flavor {
         command
             .mut_arg("listen", |arg| arg.default_value(self.listen).required(false))
             .mut_arg("http_max_connections", |arg| arg.default_value(self.max_connections).required(false))
+            .mut_arg("http_max_connections_per_peer", |arg| {
+                arg.default_value(self.max_connections_per_peer).required(false)
+            })
     }
 }
 
@@ -120,7 +132,11 @@ impl HttpFlags {
             listen: self.listen,
             probe_listen: self.probe_listen,
             tls: CertificateFiles::from_flags(self.tls_cert_file.as_ref(), self.tls_key_file.as_ref()),
-            limits: Limits { header_timeout: self.http_header_timeout, max_connections: self.http_max_connections },
+            limits: Limits {
+                header_timeout: self.http_header_timeout,
+                max_connections: self.http_max_connections,
+                max_connections_per_peer: self.http_max_connections_per_peer,
+            },
         }
     }
 
