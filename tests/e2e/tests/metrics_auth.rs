@@ -24,6 +24,8 @@ use serde_norway::Value;
 const PROMETHEUS_SA: &str = "prometheus";
 /// Room for a loaded two-core machine.
 const LIMIT: Duration = Duration::from_secs(60);
+/// The reviews one address may cause at once (docs/security.md); then 1 a second.
+const PEER_BURST: f64 = 5.0;
 
 /// The chart rendered as release `ns` in namespace `ns` (cluster-scoped names derive from
 /// the release), with the monitors and the test's Prometheus ServiceAccount bound.
@@ -373,4 +375,98 @@ fn the_tls_port_offers_http1_only_and_bounds_handshakes() {
         value(&exposition, "neuron_agent_http_tls_handshake_failures_total", "reason=\"error\"") >= 1.0,
         "the h2 refusal"
     );
+}
+
+/// TokenReviews the API server has received (its `apiserver_request_total` for the
+/// resource `tokenreviews`, every verb and code).
+fn token_reviews_received(cp: &ControlPlane) -> f64 {
+    let (ok, out, err) = kubectl(cp, &["get", "--raw", "/metrics"], None);
+    assert!(ok, "the API server's metrics: {err}");
+    out.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("resource=\"tokenreviews\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The attack report's fault 6: one agent sent ~1,180 TokenReviews a second for a flood
+/// of bogus tokens (35,527 in 30 s). Now a flood from one address (127.0.0.2) gets the
+/// reviews of its peer's budget (a burst of 5, then 1 a second) and 429s beyond, counted,
+/// while a new valid token from another address (127.0.0.1) is reviewed and served
+/// during the flood.
+#[test]
+fn a_flood_of_bogus_tokens_from_one_address_gets_a_bounded_review_rate_and_a_new_scraper_gets_in() {
+    const FLOOD: Duration = Duration::from_secs(10);
+    const THREADS: usize = 4;
+    let cp = ControlPlane::shared();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let ns = runtime.block_on(async {
+        cp.install_crds().await;
+        cp.namespace("nm-flood").await
+    });
+    let docs = render(&ns);
+    apply_rbac(cp, &docs);
+    let dir = TempDir::new("auth-flood");
+    std::fs::create_dir_all(dir.0.join("proc")).unwrap();
+    let (crt, key, ca) = certificate(&docs);
+    let volume = https::SecretVolume::new(dir.0.join("tls"), &[("tls.crt", &crt), ("tls.key", &key)]).unwrap();
+    let agent = start_agent(cp, &docs, &dir.0, &volume, true);
+    let client = https::Client::new(&ca, &server_name(&docs, "node-agent")).unwrap();
+    let token = runtime.block_on(cp.service_account_token(&ns, PROMETHEUS_SA, &[]));
+    let (attacker, scraper): (std::net::IpAddr, std::net::IpAddr) =
+        ("127.0.0.2".parse().unwrap(), "127.0.0.1".parse().unwrap());
+
+    let received_before = token_reviews_received(cp);
+    let started = Instant::now();
+    let flood: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (client, addr) = (client.clone(), agent.addr);
+            std::thread::spawn(move || {
+                let mut statuses = std::collections::BTreeMap::<u16, u32>::new();
+                let mut i = 0u64;
+                while started.elapsed() < FLOOD {
+                    i += 1;
+                    let bogus = format!("bogus-{t}-{i}-{:08x}", random_u32());
+                    if let Ok(answer) = client.get_from(Some(attacker), addr, "/metrics", Some(&bogus)) {
+                        *statuses.entry(answer.status).or_default() += 1;
+                    }
+                }
+                statuses
+            })
+        })
+        .collect();
+    // A scraper whose token the agent has never seen, in the middle of the flood.
+    std::thread::sleep(FLOOD / 2);
+    let scraped = client.get_from(Some(scraper), agent.addr, "/metrics", Some(&token)).unwrap();
+    let mut statuses = std::collections::BTreeMap::<u16, u32>::new();
+    for thread in flood {
+        for (status, n) in thread.join().unwrap() {
+            *statuses.entry(status).or_default() += n;
+        }
+    }
+    let elapsed = started.elapsed();
+    let received = token_reviews_received(cp) - received_before;
+    let exposition = client.get_from(Some(scraper), agent.addr, "/metrics", Some(&token)).unwrap().body;
+    let sent: f64 = ["allowed", "forbidden", "unauthenticated", "error"]
+        .iter()
+        .map(|r| value(&exposition, "neuron_agent_http_auth_reviews_total", &format!("result=\"{r}\"")))
+        .sum();
+    let throttled = value(&exposition, "neuron_agent_http_auth_refused_total", "reason=\"peer_rate\"");
+    let requests: u32 = statuses.values().sum();
+    println!(
+        "flood of {requests} bogus-token requests from 127.0.0.2 in {elapsed:?} ({:.0}/s): answers {statuses:?}; \
+         reviews sent by the agent {sent} ({:.1}/s), TokenReviews received by the API server {received}",
+        f64::from(requests) / elapsed.as_secs_f64(),
+        sent / elapsed.as_secs_f64()
+    );
+
+    assert_eq!(scraped.status, 200, "the new scraper during the flood: {}", scraped.body);
+    // The peer's budget over the flood, the scraper's one review, a second of slack for
+    // the clock.
+    let bound = PEER_BURST + elapsed.as_secs_f64().ceil() + 2.0;
+    assert!(sent <= bound, "reviews sent: {sent} > {bound}");
+    assert!(f64::from(requests) > 2.0 * bound, "a flood, not a trickle: {requests}");
+    assert!(throttled >= f64::from(requests) - bound, "429s counted: {throttled} of {requests}");
+    assert!(statuses.get(&429).copied().unwrap_or(0) > 0, "{statuses:?}");
+    // The API server counts every TokenReview, this test's other tests' too (a few).
+    assert!(received <= bound + 20.0, "TokenReviews received by the API server: {received}");
 }
