@@ -40,6 +40,22 @@ pub struct HttpFlags {
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, requires_if("true", "tls_cert_file"))]
     pub metrics_auth: bool,
 
+    /// Address of a second /metrics, over HTTPS with the certificate of
+    /// --tokenless-tls-cert-file and WITHOUT token checks, for a scraper that sends no
+    /// token (the CloudWatch Observability add-on). Only the network decides who reaches
+    /// it: admit the scraper alone (the chart's NetworkPolicy). Default: none.
+    #[arg(long, requires_all = ["tokenless_tls_cert_file", "tokenless_tls_key_file"])]
+    pub tokenless_listen: Option<SocketAddr>,
+
+    /// The certificate of --tokenless-listen (PEM, the chain after it), e.g. one that
+    /// chains to the CA the scraper trusts; re-read when it changes.
+    #[arg(long, requires = "tokenless_listen")]
+    pub tokenless_tls_cert_file: Option<PathBuf>,
+
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, requires = "tokenless_listen")]
+    pub tokenless_tls_key_file: Option<PathBuf>,
+
     /// Audiences a /metrics token must be meant for (comma-separated). Default: the API
     /// server's own, as for any ServiceAccount token.
     #[arg(long, value_delimiter = ',')]
@@ -88,13 +104,16 @@ pub struct Flavor {
 }
 
 /// The ids of the shared flags (their field names).
-const SHARED: [&str; 11] = [
+const SHARED: [&str; 14] = [
     "listen",
     "probe_listen",
     "tls_cert_file",
     "tls_key_file",
     "metrics_auth",
     "metrics_auth_audiences",
+    "tokenless_listen",
+    "tokenless_tls_cert_file",
+    "tokenless_tls_key_file",
     "http_header_timeout",
     "http_max_connections",
     "http_max_connections_per_peer",
@@ -132,6 +151,10 @@ impl HttpFlags {
             listen: self.listen,
             probe_listen: self.probe_listen,
             tls: CertificateFiles::from_flags(self.tls_cert_file.as_ref(), self.tls_key_file.as_ref()),
+            tokenless: self.tokenless_listen.zip(CertificateFiles::from_flags(
+                self.tokenless_tls_cert_file.as_ref(),
+                self.tokenless_tls_key_file.as_ref(),
+            )),
             limits: Limits {
                 header_timeout: self.http_header_timeout,
                 max_connections: self.http_max_connections,

@@ -5,6 +5,10 @@
 //!   probe port ([`Settings::probe_listen`]) that one serves `/healthz` and `/readyz`
 //!   alone, in plain HTTP, for the kubelet, and `/metrics` stays behind HTTPS and the
 //!   token checks ([`crate::auth`]) of the main port.
+//! - **A token-free port, when asked** ([`Settings::tokenless`]): `/metrics` alone, over
+//!   HTTPS with a certificate of its own and no token checks, for a scraper that sends no
+//!   token (the CloudWatch Observability add-on); who reaches it is the network's to
+//!   decide (the chart's NetworkPolicy).
 //! - **TLS handshakes** run on the connection's own task, within the header timeout, and
 //!   count against the connection cap like any connection; failures and timeouts are
 //!   counted by reason.
@@ -103,7 +107,7 @@ impl Limits {
 }
 
 /// A refused connection: `port` (`main`: /metrics and the probes unless they have a port
-/// of their own; `probes`), `reason` (`connection_cap`: the port's cap; `peer_cap`: the
+/// of their own; `probes`; `tokenless`: the token-free /metrics), `reason` (`connection_cap`: the port's cap; `peer_cap`: the
 /// peer's share).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusalLabels {
@@ -177,6 +181,8 @@ pub struct Settings {
     pub probe_listen: Option<SocketAddr>,
     /// HTTPS on the main port with this certificate.
     pub tls: Option<CertificateFiles>,
+    /// The token-free port: `/metrics` over HTTPS with this certificate, no token checks.
+    pub tokenless: Option<(SocketAddr, CertificateFiles)>,
     pub limits: Limits,
 }
 
@@ -196,10 +202,16 @@ pub async fn start(
     shutdown: CancellationToken,
 ) -> anyhow::Result<JoinHandle<()>> {
     let tls = match &settings.tls {
-        Some(files) => {
-            let tls = Tls::load(files.clone()).await.context("loading the TLS certificate of the metrics port")?;
-            tokio::spawn(tls.clone().keep_current(metrics.tls_reloads.clone(), shutdown.clone()));
-            Some(tls)
+        Some(files) => Some(load_tls(files, "the metrics port", &metrics, &shutdown).await?),
+        None => None,
+    };
+    let tokenless = match &settings.tokenless {
+        Some((addr, files)) => {
+            let tls = load_tls(files, "the token-free metrics port", &metrics, &shutdown).await?;
+            info!(listen = %addr, "serving /metrics without token checks over HTTPS: the network decides who reaches it");
+            let server =
+                Server { port: "tokenless", limits: settings.limits, tls: Some(tls), metrics: metrics.clone() };
+            Some(tokio::spawn(server.serve(bind(*addr).await?, routes.metrics.clone(), shutdown.clone())))
         }
         None => None,
     };
@@ -230,12 +242,24 @@ pub async fn start(
         tokio::spawn(server.serve(l, routes.probes, shutdown))
     });
     Ok(tokio::spawn(async move {
-        for server in std::iter::once(main).chain(probes) {
+        for server in std::iter::once(main).chain(probes).chain(tokenless) {
             if let Err(e) = server.await {
                 warn!(error = %e, "an HTTP server task failed");
             }
         }
     }))
+}
+
+/// The certificate of `what`, kept current until `shutdown`.
+async fn load_tls(
+    files: &CertificateFiles,
+    what: &str,
+    metrics: &ConnectionMetrics,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Tls> {
+    let tls = Tls::load(files.clone()).await.with_context(|| format!("loading the TLS certificate of {what}"))?;
+    tokio::spawn(tls.clone().keep_current(metrics.tls_reloads.clone(), shutdown.clone()));
+    Ok(tls)
 }
 
 async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {

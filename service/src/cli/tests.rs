@@ -67,6 +67,18 @@ fn flags_build_the_settings_and_keep_their_rules() {
     assert!(parse(&["test", "--tls-cert-file=c"]).is_err());
     assert!(parse(&["test", "--http-max-connections=0"]).is_err());
     assert!(parse(&["test", "--http-max-connections-per-peer=0"]).is_err());
+    // The token-free port needs its certificate and key, and they need it.
+    assert!(parse(&["test", "--tokenless-listen=127.0.0.1:2"]).is_err());
+    assert!(parse(&["test", "--tokenless-tls-cert-file=c", "--tokenless-tls-key-file=k"]).is_err());
+    let tokenless =
+        parse(&["test", "--tokenless-listen=127.0.0.1:2", "--tokenless-tls-cert-file=c", "--tokenless-tls-key-file=k"])
+            .expect("the token-free port");
+    let (addr, files) = tokenless.http.settings().tokenless.expect("a token-free port");
+    assert_eq!(
+        (addr, files.cert.as_path(), files.key.as_path()),
+        ("127.0.0.1:2".parse().unwrap(), "c".as_ref(), "k".as_ref())
+    );
+    assert!(flags.http.settings().tokenless.is_none(), "none unless asked");
     assert!(parse(&["test", "--log-format=xml"]).is_err());
 }
 

@@ -595,7 +595,7 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
 
 #[tokio::test]
 async fn wrong_values_are_refused_naming_the_field() {
-    let cases: [(&[&str], &str); 15] = [
+    let cases: [(&[&str], &str); 17] = [
         (&["--set", "operator.replicas=two"], "/operator/replicas"),
         (&["--set", "agent.deviceAccess=root"], "/agent/deviceAccess"),
         (&["--set", "agent.neuronMonitor.source=usr"], "/agent/neuronMonitor/source"),
@@ -614,6 +614,18 @@ async fn wrong_values_are_refused_naming_the_field() {
         (
             &["--set", "metricsEndpoint.networkPolicy.prometheusNamespace="],
             "metricsEndpoint.networkPolicy.prometheusNamespace",
+        ),
+        (&["--set", "cloudwatchAddon.enabled=true"], "cloudwatchAddon.secretName"),
+        (
+            &[
+                "--set",
+                "cloudwatchAddon.enabled=true",
+                "--set",
+                "cloudwatchAddon.secretName=x",
+                "--set",
+                "metricsEndpoint.networkPolicy.enabled=false",
+            ],
+            "metricsEndpoint.networkPolicy.enabled",
         ),
     ];
     let chart = chart_dir().display().to_string();
