@@ -149,6 +149,7 @@ mod tests {
         };
         assert_eq!(args.http.listen.to_string(), "0.0.0.0:8080");
         assert_eq!(args.http.http_max_connections, 64);
+        assert_eq!(args.http.http_max_connections_per_peer, 16);
         assert_eq!(FLAVOR.env_name("listen"), "NEURON_OPERATOR_LISTEN");
     }
 }
