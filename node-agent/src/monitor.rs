@@ -1,7 +1,10 @@
 //! Runs neuron-monitor as a child process and keeps it running: restarts it with capped
-//! exponential backoff when it exits, is killed, or stays silent too long, and at once
-//! when its launch spec changes. Nothing the child does can stop the agent. The child
-//! leads a process group of its own, stopped as a whole (see [`group`]).
+//! exponential backoff when it exits, is killed, or stays silent too long, and when its
+//! launch spec changes: at once, unless changes come faster than [`CONFIG_RESTARTS`]
+//! allows (a tenant editing its config in a loop must not stop every tenant's reports on
+//! the node), then at the pace's next slot with the newest spec. Nothing the child does
+//! can stop the agent. The child leads a process group of its own, stopped as a whole
+//! (see [`group`]).
 
 pub mod group;
 pub mod lines;
@@ -29,6 +32,11 @@ use crate::{
 };
 use group::Group;
 use lines::{Frame, LineReader};
+
+/// Restarts for a new configuration: a burst of 3, then one every 10 s. A restart costs
+/// every config on the node about one report; at this pace a config changed without end
+/// costs them at most one report in ten seconds, and a few edits in a row still apply at once.
+pub const CONFIG_RESTARTS: (u32, Duration) = (3, Duration::from_secs(30));
 
 /// How to start neuron-monitor. A new value sent on the watch channel restarts it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,11 +86,13 @@ pub struct Supervisor {
 
 impl Supervisor {
     /// Runs until `shutdown` is cancelled, then stops the child and returns.
-    pub async fn run(self, mut spec: watch::Receiver<LaunchSpec>, shutdown: CancellationToken) {
+    pub async fn run(self, spec: watch::Receiver<LaunchSpec>, shutdown: CancellationToken) {
         group::adopt_orphans();
         let mut backoff = Backoff::new(self.config.backoff_initial, self.config.backoff_max);
+        let (burst, per) = CONFIG_RESTARTS;
+        let mut spec = SpecChanges { specs: spec, pace: RateLimit::new(burst, per), metrics: self.metrics.clone() };
         loop {
-            let current = spec.borrow_and_update().clone();
+            let current = spec.specs.borrow_and_update().clone();
             let started = Instant::now();
             let (end, reports) = self.run_once(&current, &mut spec, &shutdown).await;
             self.metrics.monitor_up.set(0);
@@ -124,7 +134,7 @@ impl Supervisor {
             }
             tokio::select! {
                 _ = sleep(delay) => {}
-                _ = changed(&mut spec) => {}
+                _ = changed(&mut spec.specs) => {}
                 _ = shutdown.cancelled() => return,
             }
             self.metrics.monitor_backoff_seconds.set(0.0);
@@ -135,7 +145,7 @@ impl Supervisor {
     async fn run_once(
         &self,
         spec: &LaunchSpec,
-        spec_changes: &mut watch::Receiver<LaunchSpec>,
+        spec_changes: &mut SpecChanges,
         shutdown: &CancellationToken,
     ) -> (RunEnd, u64) {
         let mut child = match spawn(spec) {
@@ -162,17 +172,21 @@ impl Supervisor {
         child: &mut Child,
         stdout: impl AsyncRead + Unpin,
         spec: &LaunchSpec,
-        spec_changes: &mut watch::Receiver<LaunchSpec>,
+        spec_changes: &mut SpecChanges,
         shutdown: &CancellationToken,
     ) -> (RunEnd, u64) {
         let mut lines = LineReader::new(stdout, self.config.max_line_bytes);
         let mut reports = 0u64;
         let mut deadline = Instant::now() + spec.silence_limit;
+        // Pinned across the loop: a change seen while its restart waits for the pace
+        // must not be forgotten when a report arrives meanwhile.
+        let restart = spec_changes.restart_due();
+        tokio::pin!(restart);
         let end = loop {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break RunEnd::Shutdown,
-                _ = changed(spec_changes) => break RunEnd::ConfigChanged,
+                _ = &mut restart => break RunEnd::ConfigChanged,
                 _ = sleep_until(deadline) => break RunEnd::Silent,
                 frame = lines.next() => match frame {
                     Ok(Some(Frame::Line(line))) => {
@@ -219,6 +233,33 @@ impl Supervisor {
                 "neuron-monitor's group outlived SIGTERM; killed it"
             );
         }
+    }
+}
+
+/// The launch specs of the configurations put in force, with the pace of the restarts
+/// they cause.
+struct SpecChanges {
+    specs: watch::Receiver<LaunchSpec>,
+    pace: RateLimit,
+    metrics: AgentMetrics,
+}
+
+impl SpecChanges {
+    /// Resolves when the running child should make way for a new spec: at once while the
+    /// pace allows, else at its next slot. Specs sent meanwhile are coalesced: the
+    /// newest is the one started.
+    async fn restart_due(&mut self) {
+        changed(&mut self.specs).await;
+        let wait = self.pace.wait();
+        if !wait.is_zero() {
+            self.metrics.monitor_restarts_paced.inc();
+            info!(
+                wait_ms = wait.as_millis() as u64,
+                "configuration changes come fast; neuron-monitor restarts when the pace allows"
+            );
+            sleep(wait).await;
+        }
+        self.pace.check();
     }
 }
 

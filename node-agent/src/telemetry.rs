@@ -45,6 +45,7 @@ pub struct ConfigLabels {
 #[derive(Clone)]
 pub struct AgentMetrics {
     pub monitor_restarts: Family<ReasonLabel, Counter>,
+    pub monitor_restarts_paced: Counter,
     pub monitor_up: Gauge,
     pub monitor_orphans: Counter,
     pub monitor_kills: Counter,
@@ -72,6 +73,7 @@ impl AgentMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = AgentMetrics {
             monitor_restarts: Family::default(),
+            monitor_restarts_paced: Counter::default(),
             monitor_up: Gauge::default(),
             monitor_orphans: Counter::default(),
             monitor_kills: Counter::default(),
@@ -100,6 +102,11 @@ impl AgentMetrics {
             "monitor_restarts",
             "Restarts of neuron-monitor by reason (exited, silent, spawn_failed, config_changed)",
             metrics.monitor_restarts.clone(),
+        );
+        r.register(
+            "monitor_restarts_paced",
+            "Restarts of neuron-monitor for a new configuration that waited for the restart pace (configuration changes coming faster than 3 at once, then one per 10 s)",
+            metrics.monitor_restarts_paced.clone(),
         );
         r.register("monitor_up", "1 while a neuron-monitor process runs", metrics.monitor_up.clone());
         r.register(

@@ -87,6 +87,71 @@ fn documents_route_by_tag_filter_and_an_edit_reloads_without_restart() {
     assert_eq!(hash_of(&agent.metrics()), Some(edited_hash));
 }
 
+/// The neuron-monitor configuration file the running child was started with.
+fn running_monitor_config(agent: &Agent) -> Option<String> {
+    let pid = *agent.children().first()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let args: Vec<String> = cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    args.iter().position(|a| a == "-c").and_then(|i| args.get(i + 1)).cloned()
+}
+
+/// The neuron-monitor configuration the agent last wrote (the one in force).
+fn latest_monitor_config(agent: &Agent) -> Option<String> {
+    let entries = std::fs::read_dir(agent.state_dir.path()).ok()?;
+    entries
+        .filter_map(Result::ok)
+        .map(|e| e.path().display().to_string())
+        .find(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with("neuron-monitor-") && n.ends_with(".json")))
+}
+
+/// A change of sinks alone does not restart neuron-monitor; changes of what it collects,
+/// made in a loop, restart it at the pace (3 at once, then one per 10 s), and it ends up
+/// running the newest.
+#[test]
+fn a_config_edited_in_a_loop_restarts_neuron_monitor_at_a_pace_and_ends_on_the_newest() {
+    let dir = TempDir::new("standalone-thrash");
+    let file = dir.0.join("neuron-monitor.yaml");
+    write(&file, &config_doc("serving", "^serve-", "a"));
+    let agent = Agent::start(&APPS, &["--config", file.to_str().expect("path")]);
+    wait_for_teams(&agent, &[("serve-1", "a")], Duration::from_secs(20));
+    let restarts =
+        |m: &support::Metrics| m.value("neuron_agent_monitor_restarts_total", &[("reason", "config_changed")]);
+    let base = restarts(&agent.metrics()).unwrap_or(0.0);
+
+    // Only the label of the series changes: the same neuron-monitor keeps running.
+    let pid = agent.children();
+    write(&file, &config_doc("serving", "^serve-", "b"));
+    wait_for_teams(&agent, &[("serve-1", "b")], Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(restarts(&agent.metrics()).unwrap_or(0.0), base, "a change of labels restarted neuron-monitor");
+    assert_eq!(agent.children(), pid);
+
+    // Twelve edits of what neuron-monitor collects (its runtimes' filter), each seen by
+    // the file's follower (polled every 250 ms).
+    let started = Instant::now();
+    for i in 0..12 {
+        write(&file, &config_doc("serving", &format!("^serve-|^edit-{i}$"), &format!("t{i}")));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    wait_for_teams(&agent, &[("serve-1", "t11")], Duration::from_secs(10));
+    agent.wait_until("neuron-monitor runs the newest configuration", Duration::from_secs(25), |a| {
+        let running = running_monitor_config(a);
+        running.is_some() && running == latest_monitor_config(a)
+    });
+    let took = started.elapsed();
+    let metrics = agent.metrics();
+    let restarted = restarts(&metrics).unwrap_or(0.0) - base;
+    let allowed = 3.0 + (took.as_secs_f64() / 10.0).ceil();
+    eprintln!("12 edits: {restarted} restarts, the newest running after {took:?}");
+    assert!(restarted >= 1.0 && restarted <= allowed, "{restarted} restarts in {took:?} (allowed {allowed})");
+    assert!(metrics.value("neuron_agent_monitor_restarts_paced_total", &[]) >= Some(1.0), "no restart waited");
+    // And reports go on under the newest configuration.
+    let reports = metrics.value("neuron_agent_reports_total", &[]).unwrap_or(0.0);
+    agent.wait_for("reports after the edits", Duration::from_secs(10), |m| {
+        m.value("neuron_agent_reports_total", &[]).filter(|n| *n >= reports + 2.0)
+    });
+}
+
 /// Runs the agent on `yaml` and returns its exit status and stderr (it must not start).
 fn refused(yaml: &str) -> (std::process::ExitStatus, String, String) {
     let dir = TempDir::new("standalone-bad");

@@ -43,6 +43,7 @@ use tracing::{debug, info, warn};
 
 mod accepted;
 mod admission;
+mod pace;
 mod pending;
 mod policy;
 mod status;
@@ -135,6 +136,8 @@ pub struct Controller {
     writes_in_flight: usize,
     /// ConfigMaps written that the cache may not show yet.
     pending: pending::PendingWrites,
+    /// How fast each namespace's config changes are adopted.
+    pace: pace::ChangePace,
 }
 
 /// Which watches have completed their first listing. Kept here rather than asked of the
@@ -262,6 +265,7 @@ impl Controller {
             listed,
             writes_in_flight: options.writes_in_flight.max(1),
             pending: Default::default(),
+            pace: Default::default(),
         })
     }
 
@@ -336,27 +340,30 @@ impl Controller {
             tokio::select! {
                 _ = self.changed.notified() => tokio::time::sleep(DEBOUNCE).await,
                 _ = leading.changed() => {}
-                _ = tokio::time::sleep(self.resync()) => {}
+                _ = tokio::time::sleep(self.next_pass()) => {}
                 _ = shutdown.cancelled() => return,
             }
         }
     }
 
-    fn resync(&self) -> Duration {
-        if self.reads_headers.load(std::sync::atomic::Ordering::Relaxed) {
-            HEADERS_RESYNC
-        } else {
-            RESYNC
-        }
+    /// When the next pass is due without a change: at the resync, or at the next slot of
+    /// a namespace whose changes wait.
+    fn next_pass(&self) -> Duration {
+        let resync =
+            if self.reads_headers.load(std::sync::atomic::Ordering::Relaxed) { HEADERS_RESYNC } else { RESYNC };
+        self.pace.next_slot().map_or(resync, |slot| slot.min(resync))
     }
 
     /// One full pass.
     pub async fn reconcile(&self) -> Result<(), Error> {
         let started = Instant::now();
-        let configs = self.configs.state();
+        let all = self.configs.state();
+        self.metrics.configs.set(all.len() as i64);
+        let paced = self.pace.pace(all, &self.namespace);
+        self.metrics.namespaces_held.set(self.pace.held_namespaces() as i64);
+        let configs = paced.configs;
         let nodes: Vec<Arc<Node>> =
             self.nodes.state().into_iter().filter(|n| self.policy.is_monitored_node(n)).collect();
-        self.metrics.configs.set(configs.len() as i64);
         self.metrics.nodes.set(nodes.len() as i64);
 
         let policy = self.tenancy.current(&self.metrics, &self.recorder).await;
@@ -379,7 +386,7 @@ impl Controller {
         let headers = self.mirror_headers(&admission.usable, &rendering, &mut failures).await;
 
         // Verdicts: refused by validation, else by the room on its nodes.
-        let verdicts: Vec<Verdict> = admission
+        let mut verdicts: Vec<Verdict> = admission
             .verdicts
             .into_iter()
             .map(|(config, verdict)| {
@@ -388,6 +395,8 @@ impl Controller {
             })
             .collect();
         self.count_refusals(&verdicts);
+        // A config whose newest version waits is told nothing until it is adopted.
+        verdicts.retain(|(config, _)| config.uid().is_none_or(|uid| !paced.held.contains(&uid)));
 
         self.report_statuses(verdicts, &rendering, &written, &headers, &admission.costs, &mut failures).await;
         self.metrics.reconciles.inc();

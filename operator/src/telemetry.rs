@@ -35,6 +35,8 @@ pub struct OperatorMetrics {
     pub configs: Gauge,
     pub invalid_configs: Gauge,
     pub nodes: Gauge,
+    /// Namespaces whose config changes wait for their pace's next slot.
+    pub namespaces_held: Gauge,
     /// 1 while the tenancy policy in force is the one its ConfigMap holds.
     pub tenancy_policy_valid: Gauge,
     /// The HTTP server's connections (`neuron_operator_http_*`).
@@ -57,6 +59,7 @@ impl OperatorMetrics {
             configs: Gauge::default(),
             invalid_configs: Gauge::default(),
             nodes: Gauge::default(),
+            namespaces_held: Gauge::default(),
             tenancy_policy_valid: Gauge::default(),
             http: ConnectionMetrics::register(registry, "neuron_operator_http"),
         };
@@ -96,6 +99,12 @@ impl OperatorMetrics {
             "neuron_nodes",
             "Nodes the configs apply to: Neuron nodes, and NVIDIA GPU nodes with --gpu-nodes",
             m.nodes.clone(),
+        );
+        registry.register(
+            "namespaces_held",
+            "Namespaces whose config changes come faster than the pace (5 at once, then one per 10 s) and wait \
+             for its next slot; their nodes keep the versions adopted before",
+            m.namespaces_held.clone(),
         );
         registry.register(
             "tenancy_policy_valid",

@@ -1,6 +1,8 @@
 //! Token buckets: [`RateLimit`] for log lines (a child that floods stderr, a stream of
-//! garbage or a flood of connections must not flood the binaries' own logs), and the
-//! [`TokenBucket`] under it, which also bounds the token reviews sent to the API server.
+//! garbage or a flood of connections must not flood the binaries' own logs) and for
+//! actions one party could repeat at everyone's cost (restarts, a namespace's config
+//! changes), and the [`TokenBucket`] under it, which also bounds the token reviews sent
+//! to the API server.
 
 use std::time::{Duration, Instant};
 
@@ -89,6 +91,16 @@ impl RateLimit {
             Decision::Suppress
         }
     }
+
+    /// How long until an event would be allowed (zero when one would be now).
+    pub fn wait(&self) -> Duration {
+        self.wait_at(Instant::now())
+    }
+
+    fn wait_at(&self, now: Instant) -> Duration {
+        // A copy: looking refills nothing of the real bucket.
+        self.bucket.clone().wait(now)
+    }
 }
 
 #[cfg(test)]
@@ -121,5 +133,18 @@ mod tests {
         assert!(bucket.is_full(t0 + Duration::from_secs(3)));
         // A clock read earlier than the last one takes nothing back.
         assert!(bucket.ready(t0));
+    }
+
+    #[test]
+    fn says_how_long_until_the_next_event_is_allowed() {
+        let mut limit = RateLimit::new(2, Duration::from_secs(20));
+        let t0 = limit.bucket.last;
+        assert_eq!(limit.wait_at(t0), Duration::ZERO);
+        limit.check_at(t0);
+        limit.check_at(t0);
+        // One token every 10 s; 4 s of it have passed.
+        let wait = limit.wait_at(t0 + Duration::from_secs(4));
+        assert!(wait > Duration::from_millis(5_990) && wait < Duration::from_millis(6_010), "{wait:?}");
+        assert_eq!(limit.wait_at(t0 + Duration::from_secs(10)), Duration::ZERO);
     }
 }

@@ -230,7 +230,12 @@ impl Activator {
     ) -> Result<(), ActivationError> {
         let spec = self.launcher.prepare(monitor).await?;
         self.routing.replace(routing);
-        self.launch.send_replace(spec);
+        // Only a new spec restarts neuron-monitor: a change of routes or sinks alone does not.
+        self.launch.send_if_modified(|current| {
+            let changed = *current != spec;
+            *current = spec;
+            changed
+        });
         let settings = self.health_defaults.resolve(health);
         // Only a change wakes the followers (a new route alone is not one for them).
         self.health.send_if_modified(|current| {
