@@ -52,7 +52,7 @@ async fn metrics(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Res
         tokio::task::spawn_blocking(move || state.exposition.render(format)).await
     };
     match rendered {
-        Ok(Ok(body)) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
+        Ok(Ok(page)) => ([(header::CONTENT_TYPE, format.content_type())], page.into_body()).into_response(),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "could not encode metrics\n").into_response(),
     }
 }

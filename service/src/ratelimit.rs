@@ -97,8 +97,13 @@ impl RateLimit {
         self.wait_at(Instant::now())
     }
 
-    fn wait_at(&self, now: Instant) -> Duration {
+    /// Whether the bucket is full again: forgetting it now changes nothing.
+    pub fn is_full(&self) -> bool {
         // A copy: looking refills nothing of the real bucket.
+        self.bucket.clone().is_full(Instant::now())
+    }
+
+    fn wait_at(&self, now: Instant) -> Duration {
         self.bucket.clone().wait(now)
     }
 }

@@ -1,7 +1,9 @@
 // Command controlplane runs a real, minimal Kubernetes control plane in one
 // process for tests: embedded etcd, kube-apiserver and (optionally) the
 // garbage-collector, namespace and service-account controllers of
-// kube-controller-manager. No kubelet and no scheduler: pods never run.
+// kube-controller-manager. No kubelet and no scheduler: pods never run,
+// unless --node-name is given: then it serves a real node (tests/realnode.sh),
+// with what that node's pods need (see nodeMode).
 //
 // It prints one JSON line on stdout once the API server answers /readyz and
 // runs until SIGTERM/SIGINT, then shuts everything down and exits 0.
@@ -49,7 +51,14 @@ type options struct {
 	logFile       string
 	verbosity     int
 	readyTimeout  time.Duration
+	// A real node (both set, or neither): its name and the address its pods
+	// reach the API server at.
+	nodeName string
+	nodeIP   net.IP
 }
+
+// nodeMode says whether a real node will run against this control plane.
+func (o *options) nodeMode() bool { return o.nodeName != "" }
 
 // stderr is the process's original standard error; fd 2 itself is pointed
 // at the log file so that klog, etcd and panics land there by default.
@@ -64,13 +73,43 @@ func main() {
 	flag.StringVar(&o.logFile, "log-file", "", `log file (default: <state-dir>/controlplane.log; "-": stderr)`)
 	flag.IntVar(&o.verbosity, "v", 0, "klog verbosity")
 	flag.DurationVar(&o.readyTimeout, "ready-timeout", 2*time.Minute, "give up if not ready within this time")
+	flag.StringVar(&o.nodeName, "node-name", "", "serve a real node of this name: ServiceAccount admission, the controllers pods need, a kubelet kubeconfig (needs --node-ip)")
+	nodeIP := flag.String("node-ip", "", "with --node-name: the host address the API server listens on, which pods reach through the kubernetes Service")
 	flag.Parse()
+	if err := o.parseNode(*nodeIP); err != nil {
+		fmt.Fprintln(stderr, "controlplane:", err)
+		os.Exit(2)
+	}
 
 	if err := run(&o); err != nil {
 		fmt.Fprintln(stderr, "controlplane:", err)
 		printLogTail(o.logFile, 40)
 		os.Exit(1)
 	}
+}
+
+func (o *options) parseNode(ip string) error {
+	if (o.nodeName == "") != (ip == "") {
+		return errors.New("--node-name and --node-ip go together")
+	}
+	if ip == "" {
+		return nil
+	}
+	if o.nodeIP = net.ParseIP(ip); o.nodeIP == nil || o.nodeIP.IsLoopback() {
+		// Pods cannot reach the host's loopback, and the kubernetes
+		// Service's endpoints may not be one.
+		return fmt.Errorf("--node-ip %q: not a non-loopback IP address", ip)
+	}
+	return nil
+}
+
+// listenIP is where the API server listens: the loopback, or the node's
+// address that its pods can reach.
+func (o *options) listenIP() string {
+	if o.nodeMode() {
+		return o.nodeIP.String()
+	}
+	return "127.0.0.1"
 }
 
 // printLogTail copies the end of the log to the original stderr, so a test
@@ -121,12 +160,12 @@ func run(o *options) (err error) {
 		}
 	}
 
-	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", o.port))
+	ln, err := net.Listen("tcp", net.JoinHostPort(o.listenIP(), fmt.Sprint(o.port)))
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
 
-	pki, err := writePKI(filepath.Join(o.stateDir, "pki"))
+	pki, err := writePKI(filepath.Join(o.stateDir, "pki"), o.nodeIP, o.nodeName)
 	if err != nil {
 		return err
 	}
@@ -149,11 +188,18 @@ func run(o *options) (err error) {
 	if err := writeKubeconfig(o.kubeconfigOut, server, pki); err != nil {
 		return err
 	}
+	kubeletKubeconfig := ""
+	if o.nodeMode() {
+		kubeletKubeconfig = filepath.Join(o.stateDir, "kubelet.kubeconfig")
+		if err := writeClientKubeconfig(kubeletKubeconfig, server, pki, "system:node:"+o.nodeName, pki.kubeletCertPEM, pki.kubeletKeyPEM); err != nil {
+			return err
+		}
+	}
 
 	apiCtx, apiCancel := context.WithCancel(context.Background())
 	defer apiCancel()
 	apiDone := make(chan error, 1)
-	go func() { apiDone <- runAPIServer(apiCtx, ln, etcdURL, pki, o.verbosity) }()
+	go func() { apiDone <- runAPIServer(apiCtx, o, ln, etcdURL, pki) }()
 
 	kcmCtx, kcmCancel := context.WithCancel(context.Background())
 	defer kcmCancel()
@@ -186,7 +232,7 @@ func run(o *options) (err error) {
 
 	if o.controllers {
 		kcmDone = make(chan error, 1)
-		go func() { kcmDone <- runControllers(kcmCtx, o.kubeconfigOut, pki, o.verbosity) }()
+		go func() { kcmDone <- runControllers(kcmCtx, o, pki) }()
 		// The service-account controller creating "default" in "default"
 		// shows the controllers are running.
 		if err := waitDefaultServiceAccount(readyCtx, client, kcmDone); err != nil {
@@ -198,14 +244,17 @@ func run(o *options) (err error) {
 	}
 
 	line, _ := json.Marshal(map[string]any{
-		"kubeconfig":    o.kubeconfigOut,
-		"server":        server,
-		"ca":            pki.caFile,
-		"etcd":          etcdURL,
-		"state_dir":     o.stateDir,
-		"log":           o.logFile,
-		"controllers":   o.controllers,
-		"ready_seconds": time.Since(start).Round(time.Millisecond).Seconds(),
+		"kubeconfig":  o.kubeconfigOut,
+		"server":      server,
+		"ca":          pki.caFile,
+		"etcd":        etcdURL,
+		"state_dir":   o.stateDir,
+		"log":         o.logFile,
+		"controllers": o.controllers,
+		"node":        o.nodeName,
+		// with a node: the kubelet's kubeconfig (system:node:<node>)
+		"kubelet_kubeconfig": kubeletKubeconfig,
+		"ready_seconds":      time.Since(start).Round(time.Millisecond).Seconds(),
 		// API server answering /readyz, before the controllers' wait
 		"apiserver_ready_seconds": apiReady.Round(time.Millisecond).Seconds(),
 	})
@@ -316,12 +365,12 @@ func parseFlags(sets cliflag.NamedFlagSets, args []string) error {
 	return fs.Parse(args)
 }
 
-func runAPIServer(ctx context.Context, ln net.Listener, etcdURL string, pki *pkiFiles, v int) error {
+func runAPIServer(ctx context.Context, o *options, ln net.Listener, etcdURL string, pki *pkiFiles) error {
 	s := apiserveroptions.NewServerRunOptions()
 	args := []string{
 		"--etcd-servers=" + etcdURL,
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
+		"--bind-address=" + o.listenIP(),
+		"--advertise-address=" + o.listenIP(),
 		fmt.Sprintf("--secure-port=%d", ln.Addr().(*net.TCPAddr).Port),
 		"--tls-cert-file=" + pki.servingCert,
 		"--tls-private-key-file=" + pki.servingKey,
@@ -332,21 +381,16 @@ func runAPIServer(ctx context.Context, ln net.Listener, etcdURL string, pki *pki
 		"--api-audiences=https://kubernetes.default.svc.cluster.local",
 		"--authorization-mode=Node,RBAC",
 		"--service-cluster-ip-range=" + serviceCIDR,
-		// No token controller or kubelet: do not make pods depend on a
-		// ServiceAccount object existing.
-		"--disable-admission-plugins=ServiceAccount",
-		// The kubernetes Service would point at 127.0.0.1, which Endpoints
-		// validation rejects; nothing needs it.
-		"--endpoint-reconciler-type=none",
 		// As real clusters: the node agent's DaemonSet is privileged.
 		"--allow-privileged=true",
 		"--profiling=false",
 	}
+	args = append(args, admissionArgs(o)...)
 	if err := parseFlags(s.Flags(), args); err != nil {
 		return err
 	}
 	s.SecureServing.Listener = ln
-	s.Logs.Verbosity = logsapi.VerbosityLevel(v)
+	s.Logs.Verbosity = logsapi.VerbosityLevel(o.verbosity)
 	if err := s.GenericServerRunOptions.ComponentGlobalsRegistry.Set(); err != nil {
 		return err
 	}
@@ -363,14 +407,46 @@ func runAPIServer(ctx context.Context, ln net.Listener, etcdURL string, pki *pki
 	return apiserver.Run(ctx, completed)
 }
 
-func runControllers(ctx context.Context, kubeconfig string, pki *pkiFiles, v int) error {
+// admissionArgs: without a node, pods are only stored, so they need no
+// ServiceAccount object and the kubernetes Service no endpoints (127.0.0.1,
+// which Endpoints validation rejects). With a node, pods run as on a real
+// cluster: ServiceAccount admission mounts bound tokens (carrying the node's
+// name), NodeRestriction holds the kubelet to its own node, and the kubernetes
+// Service points at the node address.
+func admissionArgs(o *options) []string {
+	if !o.nodeMode() {
+		return []string{
+			"--disable-admission-plugins=ServiceAccount",
+			"--endpoint-reconciler-type=none",
+		}
+	}
+	return []string{
+		"--enable-admission-plugins=NodeRestriction",
+		"--endpoint-reconciler-type=lease",
+	}
+}
+
+// controllerList: the GC, namespace and service-account controllers; with a
+// node also what makes its workloads run: Deployments, ReplicaSets,
+// DaemonSets, EndpointSlices of Services, the node lifecycle (it lifts the
+// not-ready taint the kubelet registers with), pod GC, and the root CA
+// publisher (kube-root-ca.crt, which every service-account token volume mounts).
+func controllerList(o *options) string {
+	list := "garbagecollector,namespace,serviceaccount-token,serviceaccount"
+	if o.nodeMode() {
+		list += ",deployment,replicaset,daemonset,endpointslice,nodelifecycle,podgc,root-ca-cert-publisher"
+	}
+	return list
+}
+
+func runControllers(ctx context.Context, o *options, pki *pkiFiles) error {
 	s, err := kcmoptions.NewKubeControllerManagerOptions()
 	if err != nil {
 		return err
 	}
 	args := []string{
-		"--kubeconfig=" + kubeconfig,
-		"--controllers=garbagecollector,namespace,serviceaccount-token,serviceaccount",
+		"--kubeconfig=" + o.kubeconfigOut,
+		"--controllers=" + controllerList(o),
 		"--use-service-account-credentials=false",
 		"--leader-elect=false",
 		"--secure-port=0",

@@ -22,12 +22,17 @@ import (
 type pkiFiles struct {
 	caFile, servingCert, servingKey, adminCert, adminKey, saKey, saPub string
 	caPEM, adminCertPEM, adminKeyPEM                                   []byte
+	// With a node: its kubelet's client certificate (CN system:node:NAME,
+	// O system:nodes), what the Node authorizer recognises.
+	kubeletCertPEM, kubeletKeyPEM []byte
 }
 
 // writePKI generates, with ECDSA P-256 keys (fast to make): a CA, a serving
 // certificate for 127.0.0.1/localhost, an admin client certificate
-// (CN=admin, O=system:masters) and a service-account signing key pair.
-func writePKI(dir string) (*pkiFiles, error) {
+// (CN=admin, O=system:masters) and a service-account signing key pair. With a
+// node name: the serving certificate also names nodeIP (where pods reach the
+// API server) and a client certificate for that node's kubelet is made.
+func writePKI(dir string, nodeIP net.IP, nodeName string) (*pkiFiles, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -70,6 +75,9 @@ func writePKI(dir string) (*pkiFiles, error) {
 	serving.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	serving.DNSNames = []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
 	serving.IPAddresses = []net.IP{net.ParseIP("127.0.0.1"), net.IPv6loopback, net.ParseIP("10.0.0.1")}
+	if nodeIP != nil {
+		serving.IPAddresses = append(serving.IPAddresses, nodeIP)
+	}
 	servingKey, servingKeyPEM, err := newKey()
 	if err != nil {
 		return nil, err
@@ -90,6 +98,19 @@ func writePKI(dir string) (*pkiFiles, error) {
 		return nil, err
 	}
 	p.adminCertPEM, p.adminKeyPEM = adminPEM, adminKeyPEM
+
+	if nodeName != "" {
+		kubelet := tmpl("system:node:"+nodeName, "system:nodes")
+		kubelet.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+		key, keyPEM, err := newKey()
+		if err != nil {
+			return nil, err
+		}
+		if p.kubeletCertPEM, err = sign(kubelet, caCert, key.Public(), caKey); err != nil {
+			return nil, err
+		}
+		p.kubeletKeyPEM = keyPEM
+	}
 
 	saKey, saKeyPEM, err := newKey()
 	if err != nil {
@@ -145,10 +166,16 @@ func mustDecode(pemData []byte) []byte {
 // writeKubeconfig writes a self-contained admin kubeconfig (certificates
 // embedded), so it stays valid wherever it is copied.
 func writeKubeconfig(path, server string, p *pkiFiles) error {
+	return writeClientKubeconfig(path, server, p, "admin", p.adminCertPEM, p.adminKeyPEM)
+}
+
+// writeClientKubeconfig writes a self-contained kubeconfig for one client
+// certificate.
+func writeClientKubeconfig(path, server string, p *pkiFiles, user string, certPEM, keyPEM []byte) error {
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["controlplane"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: p.caPEM}
-	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: p.adminCertPEM, ClientKeyData: p.adminKeyPEM}
-	cfg.Contexts["controlplane"] = &clientcmdapi.Context{Cluster: "controlplane", AuthInfo: "admin", Namespace: "default"}
+	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
+	cfg.Contexts["controlplane"] = &clientcmdapi.Context{Cluster: "controlplane", AuthInfo: user, Namespace: "default"}
 	cfg.CurrentContext = "controlplane"
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err

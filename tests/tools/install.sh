@@ -14,6 +14,12 @@
 #                 OTLP tests push to; Debian's 2.x keeps serving the scrape tests
 #   systemd-analyze        Debian's `systemd` package (on PATH, /usr/bin), for the unit of
 #                          deploy/ec2 (tests/e2e/tests/deploy.rs); nothing is started
+#   the real node of tests/realnode.sh:
+#     Debian's containerd, runc, containernetworking-plugins (/usr/lib/cni), umoci (the
+#     images), iptables and conntrack (kube-proxy); nothing is started
+#     kubelet, kube-scheduler, kube-proxy  go build from tests/controlplane's module: the
+#                 same Kubernetes version and replace block as the control plane
+#     pause       tests/controlplane/pause, static: the pod sandbox image's program
 # Idempotent: each step is skipped when its stamp (pinned version or source hash)
 # matches. Each step prints one line; a warm run takes a few seconds.
 # Go caches stay at their defaults (~/.cache/go-build, ~/go/pkg/mod).
@@ -179,20 +185,27 @@ as_root() {
     if [[ $(id -u) == 0 ]]; then "$@"; else sudo -n "$@"; fi
 }
 
+# apt_install LOG PACKAGE...: installs Debian packages without starting their services
+# (invoke-rc.d asks policy-rc.d, which says no while it runs).
+apt_install() {
+    local log=$1 policy=/usr/sbin/policy-rc.d added_policy=
+    shift
+    if [[ ! -e $policy ]]; then
+        as_root sh -c "printf '#!/bin/sh\nexit 101\n' >$policy && chmod 755 $policy"
+        added_policy=1
+    fi
+    quiet "$log" as_root apt-get update
+    quiet "$log" as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"
+    [[ -z $added_policy ]] || as_root rm -f "$policy"
+}
+
 install_prometheus() {
     if command -v promtool >/dev/null && command -v prometheus >/dev/null; then
         step prometheus "cached ($(prometheus --version 2>&1 | awk 'NR == 1 { print $3; exit }'), Debian package)"
         return
     fi
-    local t=$SECONDS policy=/usr/sbin/policy-rc.d added_policy=
-    # Keep the package from starting its service: invoke-rc.d asks policy-rc.d.
-    if [[ ! -e $policy ]]; then
-        as_root sh -c "printf '#!/bin/sh\nexit 101\n' >$policy && chmod 755 $policy"
-        added_policy=1
-    fi
-    quiet prometheus as_root apt-get update
-    quiet prometheus as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
-    [[ -z $added_policy ]] || as_root rm -f "$policy"
+    local t=$SECONDS
+    apt_install prometheus prometheus
     # Where systemd runs the service anyway, stop and disable it.
     if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
         as_root systemctl disable --now prometheus >/dev/null 2>&1 || true
@@ -229,6 +242,46 @@ install_systemd_analyze() {
     step systemd "installed $(systemd-analyze --version | awk 'NR == 1 { print $2; exit }') (Debian package) in $((SECONDS - t))s"
 }
 
+# The real node's runtime: Debian packages, checked by the commands they bring.
+NODE_PACKAGES=(containerd runc containernetworking-plugins umoci iptables conntrack)
+install_node_packages() {
+    if command -v containerd >/dev/null && command -v runc >/dev/null && command -v ctr >/dev/null &&
+        command -v umoci >/dev/null && command -v iptables >/dev/null && command -v conntrack >/dev/null &&
+        [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]]; then
+        step node-runtime "cached (containerd $(containerd --version | awk '{ print $3 }'), Debian packages)"
+        return
+    fi
+    local t=$SECONDS
+    apt_install node-runtime "${NODE_PACKAGES[@]}"
+    step node-runtime "installed ${NODE_PACKAGES[*]} (Debian packages) in $((SECONDS - t))s"
+}
+
+# kubelet, kube-scheduler and kube-proxy from the control plane's module (its go.mod
+# lists them as tools, so go.sum covers them), and the static pause program.
+install_node_binaries() {
+    local src=$repo/tests/controlplane
+    local k8s_version hash
+    k8s_version=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$src/go.mod")
+    hash=$( (cd "$src" && cat go.mod go.sum pause/*.go && go env GOVERSION) | sha256sum | cut -c1-16)
+    if stamped node "$hash" "$bin/kubelet" "$bin/kube-scheduler" "$bin/kube-proxy" "$bin/pause"; then
+        step node "cached (k8s $k8s_version, source $hash)"
+        return
+    fi
+    local t=$SECONDS major minor tmp=$tools/node.tmp
+    IFS=. read -r major minor _ <<<"${k8s_version#v}"
+    local pkg=k8s.io/component-base/version
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    (cd "$src" && quiet node go build -trimpath \
+        -ldflags "-s -w -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean" \
+        -o "$tmp/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy)
+    (cd "$src" && quiet node env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/pause" ./pause)
+    mv "$tmp"/* "$bin/"
+    rm -rf "$tmp"
+    echo "$hash" >"$stamps/node"
+    step node "built kubelet, kube-scheduler, kube-proxy, pause in $((SECONDS - t))s (k8s $k8s_version, source $hash)"
+}
+
 install_controlplane
 install_helm
 install_localstack
@@ -236,4 +289,6 @@ install_localstack_logs
 install_prometheus
 install_prometheus3
 install_systemd_analyze
+install_node_packages
+install_node_binaries
 echo "tools ready in $tools/bin ($((SECONDS - started))s)"

@@ -11,7 +11,9 @@
 //! The node state is encoded on each scrape by a [`Collector`], so a series that left
 //! the state (a runtime that exited) leaves the exposition at once, with no bookkeeping.
 //! prometheus-client writes OpenMetrics; [`Exposition::render`] converts it to the
-//! classic text format unless the scraper asked for OpenMetrics.
+//! classic text format unless the scraper asked for OpenMetrics. Both texts are written
+//! into buffers the renders reuse ([`Buffers`]): a page of half a megabyte built afresh
+//! on each scrape cost a megabyte of new memory and ~245 page faults every time.
 
 use std::{
     collections::BTreeMap,
@@ -70,6 +72,73 @@ pub struct Exposition {
     /// Renders at once: each holds a whole exposition in memory, so a burst of scrapes
     /// waits here rather than multiplying the agent's memory.
     renders: tokio::sync::Semaphore,
+    buffers: Arc<Buffers>,
+}
+
+/// The text buffers of the renders, kept between scrapes: two per render slot (the
+/// OpenMetrics text and its classic conversion).
+#[derive(Default)]
+struct Buffers(Mutex<Vec<String>>);
+
+/// A buffer is kept only up to this size: a page that grew once (a burst of runtimes)
+/// must not hold its memory for good.
+const MAX_KEPT_BUFFER: usize = 4 * 1024 * 1024;
+
+impl Buffers {
+    fn take(&self) -> String {
+        let kept = self.0.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        kept.unwrap_or_else(|| String::with_capacity(64 * 1024))
+    }
+
+    fn give(&self, mut text: String) {
+        if text.capacity() > MAX_KEPT_BUFFER {
+            return;
+        }
+        text.clear();
+        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() < 2 * CONCURRENT_RENDERS {
+            kept.push(text);
+        }
+    }
+}
+
+/// A rendered page: its text, whose buffer goes back to the renders once the page is
+/// dropped (for `/metrics`, once the response is sent).
+pub struct Rendered {
+    text: String,
+    buffers: Arc<Buffers>,
+}
+
+impl Rendered {
+    /// The page as a response body, sent without a copy.
+    pub fn into_body(self) -> bytes::Bytes {
+        bytes::Bytes::from_owner(self)
+    }
+}
+
+impl std::ops::Deref for Rendered {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.text
+    }
+}
+
+impl fmt::Display for Rendered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl AsRef<[u8]> for Rendered {
+    fn as_ref(&self) -> &[u8] {
+        self.text.as_bytes()
+    }
+}
+
+impl Drop for Rendered {
+    fn drop(&mut self) {
+        self.buffers.give(std::mem::take(&mut self.text));
+    }
 }
 
 /// Concurrent renders of [`Exposition`]: Prometheus scrapes a target one at a time;
@@ -85,7 +154,7 @@ impl Exposition {
         routing: SharedRouting,
     ) -> Self {
         registry.register_collector(Box::new(NodeCollector { state, processes, routing }));
-        Exposition { registry, renders: tokio::sync::Semaphore::new(CONCURRENT_RENDERS) }
+        Exposition { registry, renders: tokio::sync::Semaphore::new(CONCURRENT_RENDERS), buffers: Arc::default() }
     }
 
     /// Waits for one of the [`CONCURRENT_RENDERS`] render slots; hold it while rendering.
@@ -98,12 +167,17 @@ impl Exposition {
         }
     }
 
-    pub fn render(&self, format: Format) -> Result<String, fmt::Error> {
-        let mut open = String::with_capacity(64 * 1024);
-        text::encode(&mut open, &self.registry)?;
+    pub fn render(&self, format: Format) -> Result<Rendered, fmt::Error> {
+        let rendered = |text| Rendered { text, buffers: self.buffers.clone() };
+        let mut open = rendered(self.buffers.take());
+        text::encode(&mut open.text, &self.registry)?;
         Ok(match format {
             Format::OpenMetrics => open,
-            Format::Classic => openmetrics_to_classic(&open),
+            Format::Classic => {
+                let mut classic = rendered(self.buffers.take());
+                write_classic(&open, &mut classic.text);
+                classic
+            }
         })
     }
 }
@@ -632,6 +706,12 @@ fn per_runtime<'r>(
 /// `# UNIT` and `# EOF` go away. Sample lines are the same in both formats.
 pub fn openmetrics_to_classic(open: &str) -> String {
     let mut out = String::with_capacity(open.len());
+    write_classic(open, &mut out);
+    out
+}
+
+/// Appends the classic text of the OpenMetrics `open` to `out`.
+fn write_classic(open: &str, out: &mut String) {
     let mut pending_help: Option<(&str, &str)> = None;
     for line in open.lines() {
         if let Some(rest) = line.strip_prefix("# HELP ") {
@@ -657,7 +737,6 @@ pub fn openmetrics_to_classic(open: &str) -> String {
             out.push('\n');
         }
     }
-    out
 }
 
 #[cfg(test)]

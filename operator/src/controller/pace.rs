@@ -52,8 +52,10 @@ impl ChangePace {
         let State { adopted, namespaces, held } = &mut *state;
         let live: HashSet<String> = configs.iter().filter_map(|c| c.uid()).collect();
         adopted.retain(|uid, _| live.contains(uid));
+        // A namespace left without configs keeps its pace until it is full again: deleting
+        // and creating a config in a loop is held like editing it.
         let present: HashSet<String> = configs.iter().filter_map(|c| c.namespace()).collect();
-        namespaces.retain(|ns, _| present.contains(ns));
+        namespaces.retain(|ns, limit| present.contains(ns) || !limit.is_full());
 
         let changing: HashSet<String> = configs
             .iter()
@@ -157,6 +159,22 @@ mod tests {
         assert_eq!(paced.held, HashSet::from(["team/new".to_owned()]));
         assert!(pace.pace(vec![], "ops").held.is_empty());
         assert_eq!(pace.next_slot(), None);
+    }
+
+    #[test]
+    fn deleting_and_creating_a_config_in_a_loop_is_held_too() {
+        let pace = ChangePace::default();
+        let (burst, _) = NAMESPACE_CHANGES;
+        for round in 0..=burst {
+            // Each round, a new object (a new uid) after the namespace was left empty.
+            let mut created = NeuronMonitorConfig::new("a", Default::default());
+            created.metadata.namespace = Some("team".to_owned());
+            created.metadata.uid = Some(format!("uid-{round}"));
+            created.metadata.generation = Some(1);
+            let paced = pace.pace(vec![Arc::new(created)], "ops");
+            assert_eq!(paced.held.is_empty(), round < burst, "round {round}");
+            pace.pace(vec![], "ops");
+        }
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //! - [`prometheus`]: a real Prometheus (scraping, or Prometheus 3 receiving OTLP);
 //!   [`otlp`]: a test OTLP receiver that records what it is sent; [`dashboard`]: the
 //!   chart dashboard's queries.
+//! - [`real_node`]: a real one-node cluster (kubelet, containerd) from `tests/realnode.sh`,
+//!   stopped and the machine restored when dropped.
 //!
 //! - the common test support (fixtures, [`TempDir`], [`http_get`]), re-exported from
 //!   `neuron-test-support` (tests/support).
@@ -26,6 +28,7 @@ pub mod fleet;
 pub mod https;
 pub mod otlp;
 pub mod prometheus;
+pub mod real_node;
 
 // The workspace's common test support, for the tests built on this crate.
 pub use neuron_test_support::{fixture_path, free_port, http_get, random_u32, TempDir, PROMETHEUS_OPERATOR_CRDS};

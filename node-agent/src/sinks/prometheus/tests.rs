@@ -392,3 +392,31 @@ fn the_otlp_cost_estimate_counts_every_family_served() {
         }
     }
 }
+
+/// A scrape writes into the buffers of the scrapes before it: the page of the 32-runtime
+/// node is half a megabyte, which built afresh each time cost ~245 page faults.
+#[test]
+fn a_render_reuses_the_buffers_of_the_renders_before_it() {
+    let exposition = exposition(&[fixture(TRN1N_32)]);
+    let buffers = exposition.buffers.clone();
+    let first = exposition.render(Format::Classic).unwrap();
+    let page = first.to_string();
+    drop(first);
+    // The OpenMetrics text and its classic conversion, both kept.
+    let kept: Vec<(*const u8, usize)> = buffers.0.lock().unwrap().iter().map(|b| (b.as_ptr(), b.capacity())).collect();
+    assert_eq!(kept.len(), 2);
+    let second = exposition.render(Format::Classic).unwrap();
+    assert_eq!(&*second, page, "the same state renders the same page");
+    assert!(
+        kept.contains(&(second.as_ptr(), second.text.capacity())),
+        "the page was written into a kept buffer, unchanged in size"
+    );
+    // Two pages alive at once have their own buffers: three renders, two buffers in all.
+    let third = exposition.render(Format::OpenMetrics).unwrap();
+    assert_ne!(third.as_ptr(), second.as_ptr());
+    drop((second, third));
+    assert_eq!(buffers.0.lock().unwrap().len(), 2);
+    // A buffer that grew past the limit is not kept.
+    buffers.give(String::with_capacity(MAX_KEPT_BUFFER + 1));
+    assert!(buffers.0.lock().unwrap().iter().all(|b| b.capacity() <= MAX_KEPT_BUFFER));
+}

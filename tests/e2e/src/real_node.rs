@@ -1,0 +1,264 @@
+//! A real one-node cluster (`tests/realnode.sh`: the test control plane, containerd, a
+//! kubelet, kube-scheduler, kube-proxy and the product's images), started for a test and
+//! stopped when dropped, even when the test panics; and what the machine looked like
+//! before, to check that stopping it restored the machine.
+//!
+//! One node per machine (the kubelet's device-plugin socket is a fixed host path): a
+//! test holds an exclusive lock on [`LOCK`] while its node runs, so tests of several
+//! binaries (or people) wait for each other instead of failing.
+
+use std::{
+    fs::File,
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context};
+use kube::{
+    config::{KubeConfigOptions, Kubeconfig},
+    Client, Config,
+};
+use serde::Deserialize;
+
+use crate::{chart, random_u32, repo_root, workspace_bin};
+
+/// The kubelet's root directory (tests/realnode.sh's, where the chart's hostPaths point).
+pub const KUBELET_ROOT: &str = "/var/lib/kubelet";
+/// The lock a node's test holds while its node runs.
+pub const LOCK: &str = "/run/neuron-realnode.lock";
+/// The longest a test waits for another test's node to go.
+const LOCK_WAIT: Duration = Duration::from_secs(900);
+/// Bounds of `up` (each of its own waits is bounded too) and `down`.
+const UP_LIMIT: &str = "300";
+const DOWN_LIMIT: &str = "120";
+/// Sysctls the node changes (the kubelet's kernel tunables, the bridge's forwarding):
+/// equal before `up` and after `down`.
+pub const SYSCTLS: [&str; 6] = [
+    "vm/overcommit_memory",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "net/ipv4/ip_forward",
+    "vm/panic_on_oom",
+    "net/ipv4/conf/all/route_localnet",
+];
+
+/// What `tests/realnode.sh up` prints as its last line.
+#[derive(Debug, Clone, Deserialize)]
+pub struct NodeInfo {
+    pub kubeconfig: PathBuf,
+    /// Helm values pointing the chart at the local images (and the simulator's needs).
+    pub values: PathBuf,
+    pub images: Images,
+    pub node: String,
+    pub node_ip: String,
+    pub kubelet_root: PathBuf,
+    pub bridge: String,
+    pub logs: PathBuf,
+    pub timings: Timings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Images {
+    pub agent: String,
+    pub operator: String,
+    pub pause: String,
+}
+
+/// Seconds of each part of `up`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Timings {
+    pub controlplane_s: f64,
+    pub images_s: f64,
+    pub node_ready_s: f64,
+    pub total_s: f64,
+}
+
+/// A running node; dropping it runs `down`.
+pub struct RealNode {
+    pub dir: PathBuf,
+    pub info: NodeInfo,
+    /// The machine before `up`.
+    pub before: HostState,
+    stopped: bool,
+    _lock: File,
+}
+
+impl RealNode {
+    /// Starts a node, after any other node of this machine went.
+    pub fn up() -> anyhow::Result<RealNode> {
+        let lock = lock_machine()?;
+        let before = HostState::read();
+        let dir = std::env::temp_dir().join(format!("neuron-realnode-{}-{:08x}", std::process::id(), random_u32()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let (ok, stdout, stderr) = realnode(UP_LIMIT, "up", &dir);
+        let info = stdout.lines().last().and_then(|l| serde_json::from_str::<NodeInfo>(l).ok());
+        match info {
+            Some(info) if ok => Ok(RealNode { dir, info, before, stopped: false, _lock: lock }),
+            _ => {
+                // `up` restores the machine when it fails; a timeout may have cut it short.
+                let (_, down_out, down_err) = realnode(DOWN_LIMIT, "down", &dir);
+                bail!("tests/realnode.sh up failed:\n{stderr}\n(down: {down_out}{down_err})")
+            }
+        }
+    }
+
+    /// An admin client of the node's control plane.
+    pub async fn client(&self) -> Client {
+        let kubeconfig = Kubeconfig::read_from(&self.info.kubeconfig).expect("the node's kubeconfig");
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("a client configuration");
+        Client::try_from(config).expect("a client")
+    }
+
+    /// `helm ARGS… --kubeconfig <the node's>`.
+    pub fn helm(&self, args: &[&str]) -> (bool, String, String) {
+        let kubeconfig = self.info.kubeconfig.display().to_string();
+        let mut all = args.to_vec();
+        all.extend(["--kubeconfig", &kubeconfig]);
+        chart::helm(&all)
+    }
+
+    /// The PIDs `up` started (control plane, containerd, kubelet, scheduler, kube-proxy).
+    pub fn pids(&self) -> Vec<u32> {
+        let Ok(entries) = std::fs::read_dir(self.dir.join("pids")) else { return Vec::new() };
+        entries
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .filter_map(|s| s.trim().parse().ok())
+            .collect()
+    }
+
+    /// The last lines of the node's logs, for a failed assertion's message.
+    pub fn diagnostics(&self) -> String {
+        let mut out = String::new();
+        for name in ["kubelet.log", "containerd.log", "kube-scheduler.log", "kube-proxy.log"] {
+            let text = std::fs::read_to_string(self.info.logs.join(name)).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out += &format!("--- {name} (last lines)\n{}\n", lines[lines.len().saturating_sub(15)..].join("\n"));
+        }
+        out
+    }
+
+    /// Stops the node and restores the machine; returns how long it took.
+    pub fn down(&mut self) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        self.stopped = true;
+        let (ok, stdout, stderr) = realnode(DOWN_LIMIT, "down", &self.dir);
+        if !ok {
+            bail!("tests/realnode.sh down failed (state kept in {}):\n{stdout}{stderr}", self.dir.display());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        Ok(started.elapsed())
+    }
+}
+
+impl Drop for RealNode {
+    fn drop(&mut self) {
+        if !self.stopped {
+            if let Err(e) = self.down() {
+                eprintln!("{e:#}");
+            }
+        }
+    }
+}
+
+/// `timeout LIMIT tests/realnode.sh VERB DIR`: (success, stdout, stderr). The images are
+/// made of the binaries of this test's own target directory.
+fn realnode(limit: &str, verb: &str, dir: &Path) -> (bool, String, String) {
+    let bin_dir = workspace_bin("neuron-node-agent").parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut command = Command::new("timeout");
+    command
+        .args(["--kill-after=10", limit])
+        .arg(repo_root().join("tests/realnode.sh"))
+        .arg(verb)
+        .arg(dir)
+        .env("REALNODE_BIN_DIR", bin_dir);
+    chart::run(command)
+}
+
+/// Waits for the machine's node lock; the lock goes with the returned file.
+fn lock_machine() -> anyhow::Result<File> {
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(LOCK)
+        .with_context(|| format!("opening {LOCK}"))?;
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        // SAFETY: flock on a descriptor this function owns; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(file);
+        }
+        if Instant::now() >= deadline {
+            bail!("another real node held {LOCK} for {LOCK_WAIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// What of the machine a node changes, read before `up` and after `down`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct HostState {
+    pub sysctls: Vec<(String, String)>,
+    pub kubelet_root_exists: bool,
+}
+
+impl HostState {
+    pub fn read() -> HostState {
+        let sysctls = SYSCTLS
+            .iter()
+            .map(|s| {
+                let value = std::fs::read_to_string(Path::new("/proc/sys").join(s)).unwrap_or_default();
+                ((*s).to_owned(), value.trim().to_owned())
+            })
+            .collect();
+        HostState { sysctls, kubelet_root_exists: Path::new(KUBELET_ROOT).exists() }
+    }
+}
+
+/// What a stopped node left behind, one line each: its processes, mounts under the
+/// kubelet's root, DIR or /run/netns, its bridge, KUBE-* iptables chains, kubepods
+/// cgroups.
+pub fn leftovers(info: &NodeInfo, dir: &Path, pids: &[u32]) -> Vec<String> {
+    let mut left = Vec::new();
+    for pid in pids {
+        // A zombie has exited; init reaps it a moment later.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+        if state.is_some_and(|s| s != 'Z') {
+            left.push(format!("process {pid}"));
+        }
+    }
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for mount in mountinfo.lines().filter_map(|l| l.split(' ').nth(4)) {
+        let ours =
+            [info.kubelet_root.as_path(), dir, Path::new("/run/netns")].iter().any(|p| Path::new(mount).starts_with(p));
+        if ours {
+            left.push(format!("mount {mount}"));
+        }
+    }
+    if Path::new("/sys/class/net").join(&info.bridge).exists() {
+        left.push(format!("bridge {}", info.bridge));
+    }
+    for save in ["iptables-save", "ip6tables-save"] {
+        let (_, rules, _) = chart::run({
+            let mut c = Command::new(save);
+            c.arg("-c");
+            c
+        });
+        left.extend(rules.lines().filter(|l| l.contains("KUBE-")).map(|l| format!("{save}: {l}")));
+    }
+    for entry in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+        for name in ["kubepods", "kubepods.slice", "k8s.io"] {
+            let path = entry.path().join(name);
+            if path.exists() {
+                left.push(format!("cgroup {}", path.display()));
+            }
+        }
+    }
+    left
+}

@@ -1,0 +1,328 @@
+//! The product as deployed: the chart installed with `helm install --wait` on a real
+//! node (tests/realnode.sh: a kubelet, containerd and runc, kube-proxy, the scheduler),
+//! with the images built from this workspace's binaries, and checked as a cluster
+//! operator would: every pod Ready through the kubelet's own probes, the agent's
+//! container held to the security context the chart sets, /metrics over HTTPS only for
+//! a ServiceAccount token with the chart's metrics-reader role, the node's ConfigMap
+//! rendered by the operator and followed by the agent (with its pod's bound token,
+//! through the chart's admission policy). Then the node is stopped and the machine must
+//! be as it was.
+//!
+//! One test function: one node per machine (the kubelet's device-plugin socket is a
+//! fixed path), and starting a node costs about a minute.
+
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use api::{
+    crd::NeuronMonitorConfig,
+    node_config::{configmap_name, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION},
+};
+use k8s_openapi::api::{
+    apps::v1::{DaemonSet, Deployment},
+    core::v1::{ConfigMap, Container, Pod, PodSpec, ServiceAccount},
+    rbac::v1::{ClusterRoleBinding, RoleRef, Subject},
+};
+use kube::{
+    api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams},
+    Api, Client,
+};
+use neuron_e2e::{
+    chart::chart_dir,
+    https,
+    real_node::{leftovers, HostState, RealNode},
+    wait_for,
+};
+use serde_json::json;
+
+const RELEASE: &str = "neuron-monitor";
+const NAMESPACE: &str = "neuron-monitor";
+/// Where the test's Prometheus-like clients live.
+const SCRAPERS: &str = "scrapers";
+const AGENT_PORT: u16 = 9010;
+const OPERATOR_PORT: u16 = 8080;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_runs_on_a_real_node_and_stopping_the_node_restores_the_machine() {
+    let started = Instant::now();
+    let mut node = RealNode::up().expect("a real node");
+    let t = &node.info.timings;
+    eprintln!(
+        "node up in {:.1}s (control plane {:.1}s, images {:.1}s, kubelet to Ready node {:.1}s)",
+        t.total_s, t.controlplane_s, t.images_s, t.node_ready_s
+    );
+    let client = node.client().await;
+
+    let install = Instant::now();
+    let chart = chart_dir().display().to_string();
+    let values = node.info.values.display().to_string();
+    let (ok, stdout, stderr) = node.helm(&[
+        "install",
+        RELEASE,
+        &chart,
+        "--namespace",
+        NAMESPACE,
+        "--create-namespace",
+        "--values",
+        &values,
+        "--wait",
+        "--timeout",
+        "180s",
+    ]);
+    assert!(ok, "helm install --wait failed:\n{stdout}\n{stderr}\n{}", node.diagnostics());
+    eprintln!("helm install --wait: {:.1}s", install.elapsed().as_secs_f64());
+
+    let waited = Instant::now();
+    let pods = every_pod_ready(&client).await;
+    eprintln!("every pod Ready {:.1}s after helm returned", waited.elapsed().as_secs_f64());
+    containers_hold_the_charts_security_context(&client, &pods).await;
+    metrics_answer_only_a_token_with_the_reader_role(&client, &pods).await;
+    the_agent_follows_its_nodes_configmap(&client, &node.info.node).await;
+
+    let pids = node.pids();
+    let took = node.down().expect("tests/realnode.sh down");
+    eprintln!("down in {:.1}s; the whole test {:.1}s", took.as_secs_f64(), started.elapsed().as_secs_f64());
+    assert_eq!(HostState::read(), node.before, "the machine's sysctls or kubelet root differ from before the node");
+    let left = leftovers(&node.info, &node.dir, &pids);
+    assert!(left.is_empty(), "the stopped node left behind:\n{}", left.join("\n"));
+}
+
+/// Every pod of the release Ready (its readiness probe passed, run by the kubelet), never
+/// restarted (no liveness probe failed), as many as the chart asks for: one agent on the
+/// node, the operator's replicas. Waited for: `helm install --wait` counts a DaemonSet
+/// ready with `maxUnavailable` of its pods unready, which on one node is the agent.
+async fn every_pod_ready(client: &Client) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let _ = wait_for(Duration::from_secs(120), || {
+        let pods = pods.clone();
+        async move {
+            pods.list(&ListParams::default()).await.ok().filter(|l| !l.items.is_empty() && l.items.iter().all(ready))
+        }
+    })
+    .await;
+    assert_all_ready(client).await
+}
+
+async fn assert_all_ready(client: &Client) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let deployment = Api::<Deployment>::namespaced(client.clone(), NAMESPACE)
+        .get(&format!("{RELEASE}-operator"))
+        .await
+        .expect("the operator's Deployment");
+    let replicas = deployment.spec.and_then(|s| s.replicas).unwrap_or(1) as usize;
+    let list = pods.list(&ListParams::default()).await.expect("the release's pods").items;
+    let of = |component: &str| list.iter().filter(|p| component_of(p) == component).count();
+    assert_eq!((of("node-agent"), of("operator")), (1, replicas), "pods: {:?}", names(&list));
+    for pod in &list {
+        let status = pod.status.as_ref().expect("a pod status");
+        assert!(ready(pod), "{} not Ready: {:?}", name(pod), status.conditions);
+        for container in status.container_statuses.iter().flatten() {
+            assert!(container.ready, "{}/{} not ready", name(pod), container.name);
+            assert_eq!(container.restart_count, 0, "{}/{} restarted", name(pod), container.name);
+        }
+    }
+    list
+}
+
+/// Each container's processes, seen from the host, run as the chart's security context
+/// says: its user, no capabilities when it drops them all, no privilege escalation, a
+/// read-only root file system.
+async fn containers_hold_the_charts_security_context(client: &Client, pods: &[Pod]) {
+    let agent = Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
+        .get(&format!("{RELEASE}-node-agent"))
+        .await
+        .expect("the agent's DaemonSet");
+    let operator = Api::<Deployment>::namespaced(client.clone(), NAMESPACE)
+        .get(&format!("{RELEASE}-operator"))
+        .await
+        .expect("the operator's Deployment");
+    let templates = [
+        ("node-agent", agent.spec.and_then(|s| s.template.spec).expect("the agent's pod template")),
+        ("operator", operator.spec.and_then(|s| s.template.spec).expect("the operator's pod template")),
+    ];
+    for (component, template) in &templates {
+        let pod = pods.iter().find(|p| component_of(p) == *component).expect("a pod of the component");
+        for container in &template.containers {
+            let processes = container_processes(pod, &container.name);
+            assert!(!processes.is_empty(), "no process of {}/{} found on the host", name(pod), container.name);
+            for pid in processes {
+                process_holds(pid, template, container, &format!("{}/{}", name(pod), container.name));
+            }
+        }
+    }
+}
+
+fn process_holds(pid: u32, pod: &PodSpec, container: &Container, what: &str) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let context = container.security_context.clone().unwrap_or_default();
+    let user = context.run_as_user.or_else(|| pod.security_context.as_ref().and_then(|c| c.run_as_user));
+    if let Some(user) = user {
+        assert_eq!(field("Uid:").get(1).copied(), Some(user.to_string().as_str()), "{what} ({pid}): effective UID");
+    }
+    let drops_all = context.capabilities.and_then(|c| c.drop).is_some_and(|d| d.iter().any(|c| c == "ALL"));
+    if drops_all {
+        assert_eq!(field("CapEff:"), ["0000000000000000"], "{what} ({pid}): capabilities");
+    }
+    if context.allow_privilege_escalation == Some(false) {
+        assert_eq!(field("NoNewPrivs:"), ["1"], "{what} ({pid}): no_new_privs");
+    }
+    if context.read_only_root_filesystem == Some(true) {
+        let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+        let root = mounts.lines().map(|l| l.split(' ').collect::<Vec<_>>()).find(|f| f.get(4) == Some(&"/"));
+        let options = root.and_then(|f| f.get(5).map(|o| o.to_string())).unwrap_or_default();
+        assert!(options.split(',').any(|o| o == "ro"), "{what} ({pid}): root file system mounted {options}");
+    }
+}
+
+/// The host PIDs of a container: those whose cgroup path ends in its container ID.
+fn container_processes(pod: &Pod, container: &str) -> Vec<u32> {
+    let id = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|all| all.iter().find(|c| c.name == container))
+        .and_then(|c| c.container_id.as_deref())
+        .and_then(|id| id.strip_prefix("containerd://"))
+        .expect("a containerd container ID")
+        .to_owned();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let cgroup = std::fs::read_to_string(entry.path().join("cgroup")).unwrap_or_default();
+        if cgroup.lines().any(|l| l.ends_with(&id)) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// /metrics of the agent and of an operator replica, over HTTPS (the chart's CA, the
+/// Service's name): 401 without a token, 403 with the token of a ServiceAccount the
+/// metrics-reader ClusterRole is not bound to, the series with one it is bound to.
+async fn metrics_answer_only_a_token_with_the_reader_role(client: &Client, pods: &[Pod]) {
+    let ca = Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE)
+        .get(&format!("{RELEASE}-metrics-ca"))
+        .await
+        .expect("the metrics CA ConfigMap")
+        .data
+        .and_then(|d| d.get("ca.crt").cloned())
+        .expect("ca.crt");
+    let reader = service_account_token(client, "prometheus", Some(&format!("{RELEASE}-metrics-reader"))).await;
+    let stranger = service_account_token(client, "stranger", None).await;
+    for (component, port, series) in
+        [("node-agent", AGENT_PORT, "neuroncore_utilization_ratio"), ("operator", OPERATOR_PORT, "# TYPE")]
+    {
+        let pod = pods.iter().find(|p| component_of(p) == component).expect("a pod of the component");
+        let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("a pod IP");
+        let addr: SocketAddr = format!("{ip}:{port}").parse().expect("an address");
+        let https =
+            https::Client::new(ca.as_bytes(), &format!("{RELEASE}-{component}.{NAMESPACE}.svc")).expect("a client");
+        let get = |token: Option<&str>| https.get(addr, "/metrics", token).expect("an answer from /metrics");
+        assert_eq!(get(None).status, 401, "{component} without a token");
+        assert_eq!(get(Some(&stranger)).status, 403, "{component} with a token without the role");
+        let answer = get(Some(&reader));
+        assert_eq!(answer.status, 200, "{component} with the reader's token: {}", answer.body);
+        assert!(answer.body.contains(series), "{component}'s /metrics lacks {series}:\n{}", answer.body);
+    }
+}
+
+/// A bound token (TokenRequest) of ServiceAccount SCRAPERS/name, bound to `role` when given.
+async fn service_account_token(client: &Client, name: &str, role: Option<&str>) -> String {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let namespace = k8s_openapi::api::core::v1::Namespace {
+        metadata: ObjectMeta { name: Some(SCRAPERS.to_owned()), ..Default::default() },
+        ..Default::default()
+    };
+    let _ = namespaces.create(&PostParams::default(), &namespace).await;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), SCRAPERS);
+    let account = ServiceAccount {
+        metadata: ObjectMeta { name: Some(name.to_owned()), ..Default::default() },
+        ..Default::default()
+    };
+    accounts.create(&PostParams::default(), &account).await.expect("a ServiceAccount");
+    if let Some(role) = role {
+        let binding = ClusterRoleBinding {
+            metadata: ObjectMeta { name: Some(format!("{SCRAPERS}-{name}")), ..Default::default() },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: role.into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: name.into(),
+                namespace: Some(SCRAPERS.into()),
+                ..Default::default()
+            }]),
+        };
+        Api::<ClusterRoleBinding>::all(client.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .expect("the ClusterRoleBinding");
+    }
+    let request = k8s_openapi::api::authentication::v1::TokenRequest {
+        spec: k8s_openapi::api::authentication::v1::TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let issued = accounts.create_token_request(name, &PostParams::default(), &request).await.expect("a TokenRequest");
+    issued.status.expect("the TokenRequest's status").token
+}
+
+/// The operator renders the node's ConfigMap and the agent acknowledges it (its pod's
+/// token, bound to the node, is what the chart's admission policy lets write there);
+/// after a change of the default config, the agent follows the new version too.
+async fn the_agent_follows_its_nodes_configmap(client: &Client, node: &str) {
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
+    let name = configmap_name(node);
+    let applied = |configmaps: Api<ConfigMap>, name: String| async move {
+        let cm = configmaps.get_opt(&name).await.ok().flatten()?;
+        let annotations = cm.metadata.annotations?;
+        let hash = annotations.get(CONFIG_HASH_ANNOTATION)?;
+        (annotations.get(APPLIED_HASH_ANNOTATION) == Some(hash)).then(|| hash.clone())
+    };
+    let first = wait_for(Duration::from_secs(60), || applied(configmaps.clone(), name.clone()))
+        .await
+        .unwrap_or_else(|| panic!("the agent never applied its ConfigMap {name}"));
+
+    Api::<NeuronMonitorConfig>::namespaced(client.clone(), NAMESPACE)
+        .patch("default", &PatchParams::default(), &Patch::Merge(json!({ "spec": { "period": "7s" } })))
+        .await
+        .expect("changing the default config's period");
+    let changed = wait_for(Duration::from_secs(60), || {
+        let configmaps = configmaps.clone();
+        let name = name.clone();
+        let first = first.clone();
+        async move { applied(configmaps, name).await.filter(|h| *h != first) }
+    })
+    .await;
+    assert!(changed.is_some(), "the agent never applied the changed config (first version {first})");
+}
+
+fn ready(pod: &Pod) -> bool {
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.into_iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+fn component_of(pod: &Pod) -> &str {
+    pod.metadata.labels.as_ref().and_then(|l| l.get("app.kubernetes.io/component")).map_or("", String::as_str)
+}
+
+fn name(pod: &Pod) -> &str {
+    pod.metadata.name.as_deref().unwrap_or("")
+}
+
+fn names(pods: &[Pod]) -> Vec<&str> {
+    pods.iter().map(name).collect()
+}
