@@ -88,13 +88,14 @@ fn setup() -> Bench {
         assert!(ok, "{out}{err}");
 
         let shutdown = CancellationToken::new();
-        let limits = Limits { header_timeout: Duration::from_secs(5), max_connections: 64 };
+        let limits =
+            Limits { header_timeout: Duration::from_secs(5), max_connections: 64, max_connections_per_peer: 64 };
         let loopback = |port: u16| -> SocketAddr { ([127, 0, 0, 1], port).into() };
         let (plain, https) = (loopback(neuron_e2e::free_port()), loopback(neuron_e2e::free_port()));
-        let plain_settings = Settings { listen: plain, probe_listen: None, tls: None, limits };
+        let plain_settings = Settings { listen: plain, probe_listen: None, tls: None, tokenless: None, limits };
         let tls =
             CertificateFiles { cert: format!("{TESTDATA}/a.crt").into(), key: format!("{TESTDATA}/a.key").into() };
-        let https_settings = Settings { listen: https, probe_listen: None, tls: Some(tls), limits };
+        let https_settings = Settings { listen: https, probe_listen: None, tls: Some(tls), tokenless: None, limits };
         let auth = MetricsAuth::new(cp.client().await, AuthOptions::default(), AuthMetrics::default());
         let routes = || http::routes(http_state.clone());
         service::http::start(plain_settings, routes(), None, ConnectionMetrics::default(), shutdown.clone())

@@ -26,7 +26,12 @@ use neuron_node_agent::{
 use service::cli::{parse_duration, Flavor, HttpFlags, LogFlags};
 
 /// The agent's flavor of the shared flags.
-const FLAVOR: Flavor = Flavor { env_prefix: "NEURON_AGENT", listen: "0.0.0.0:9010", max_connections: "256" };
+const FLAVOR: Flavor = Flavor {
+    env_prefix: "NEURON_AGENT",
+    listen: "0.0.0.0:9010",
+    max_connections: "256",
+    max_connections_per_peer: "32",
+};
 
 /// The flags and their environment variables (exits with clap's message on an error).
 pub fn parse() -> Args {

@@ -1,6 +1,7 @@
 //! The real agent binary under connections that never finish a request: they are closed
 //! after the header timeout, `/healthz` keeps answering, connections beyond the cap are
-//! refused and counted, and thousands of them leave the agent's memory bounded.
+//! refused and counted, one peer holding connections denies no other peer, and thousands
+//! of them leave the agent's memory bounded.
 //!
 //! The limits are set through the environment, so that a binary without them still starts
 //! (and fails these tests on its behaviour, not on an unknown flag).
@@ -8,12 +9,17 @@
 mod support;
 
 use std::{
+    collections::VecDeque,
     io::Write,
-    net::{SocketAddr, TcpStream},
+    net::{IpAddr, SocketAddr, TcpStream},
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
-use neuron_e2e::closed_by_server;
+use neuron_e2e::{closed_by_server, connect_from, free_port, http_get_from};
 use support::{sim, Agent};
 
 /// The agent's default time limit for a request head.
@@ -49,8 +55,9 @@ fn rss_kib(pid: u32) -> u64 {
 
 #[test]
 fn half_sent_requests_are_closed_after_the_header_timeout_while_healthz_answers() {
-    // A cap above the 500 held here: this test is about the timeout alone.
-    let agent = start(&[("NEURON_AGENT_HTTP_MAX_CONNECTIONS", "1000")]);
+    // Caps above the 500 held here: this test is about the timeout alone.
+    let agent =
+        start(&[("NEURON_AGENT_HTTP_MAX_CONNECTIONS", "1000"), ("NEURON_AGENT_HTTP_MAX_CONNECTIONS_PER_PEER", "1000")]);
     let opened = Instant::now();
     let held = hold_half_requests(agent.addr, 500);
     assert_eq!(held.len(), 500, "every connection opens");
@@ -147,4 +154,91 @@ fn an_h2c_prior_knowledge_request_is_not_served_as_http2() {
     assert!(!http2_settings, "answered as HTTP/2: {answer:?}");
     assert!(answer.is_empty() || answer.starts_with(b"HTTP/1.1 "), "not HTTP/1.1: {answer:?}");
     assert_eq!(agent.get("/healthz").map(|r| r.0), Some(200), "and serves HTTP/1.1 on");
+}
+
+/// One client that keeps opening connections from `source` to each of `ports` (about
+/// `per_second` new ones to each) and holds each half-sent for 6 s, longer than the
+/// header timeout, as the attack did (256 held, ~51 new a second). Stops on drop.
+struct Holder {
+    stop: Arc<AtomicBool>,
+    opened: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Holder {
+    fn start(source: IpAddr, ports: Vec<SocketAddr>, initial: usize, per_second: u32) -> Holder {
+        let (stop, opened) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
+        let open = move |addr: SocketAddr| {
+            let mut stream = connect_from(source, addr).ok()?;
+            let _ = stream.write_all(b"GET /metr");
+            Some((Instant::now(), stream))
+        };
+        let mut held: VecDeque<(Instant, TcpStream)> =
+            ports.iter().flat_map(|addr| (0..initial).filter_map(move |_| open(*addr))).collect();
+        opened.store(held.len(), Ordering::Relaxed);
+        let thread = {
+            let (stop, opened) = (stop.clone(), opened.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    for addr in &ports {
+                        held.extend(open(*addr));
+                        opened.fetch_add(1, Ordering::Relaxed);
+                    }
+                    while held.front().is_some_and(|(at, _)| at.elapsed() > Duration::from_secs(6)) {
+                        held.pop_front();
+                    }
+                    std::thread::sleep(Duration::from_secs(1) / per_second);
+                }
+            })
+        };
+        Holder { stop, opened, thread: Some(thread) }
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The attack report's fault 3: one client holding 256 connections failed every
+/// legitimate scrape and made `/healthz` on the probe port answer 503 (the kubelet would
+/// restart the agent). Here one peer (127.0.0.2) holds more than every slot of both
+/// ports, re-opening as they time out; another (127.0.0.1: Prometheus, the kubelet) is
+/// served every time, and the refusals are counted by port and reason.
+#[test]
+fn one_peer_holding_connections_denies_no_scrape_or_probe_to_another() {
+    let probes: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let agent = Agent::start_with_env(sim(), &[], &["--period", "1s", "--probe-listen", &probes.to_string()], &[]);
+    agent.wait_until("a first report", Duration::from_secs(20), |a| a.get("/readyz").map(|r| r.0) == Some(200));
+    let (attacker, legitimate): (IpAddr, IpAddr) = ("127.0.0.2".parse().unwrap(), "127.0.0.1".parse().unwrap());
+
+    // Over the agent's default cap (256) on each port at once, then ~50 new a second.
+    let holder = Holder::start(attacker, vec![agent.addr, probes], 300, 50);
+    let (tries, started) = (20, Instant::now());
+    let mut scrapes = 0;
+    let mut probed = 0;
+    for _ in 0..tries {
+        scrapes += usize::from(http_get_from(legitimate, agent.addr, "/metrics").map(|r| r.0) == Some(200));
+        probed += usize::from(http_get_from(legitimate, probes, "/healthz").map(|r| r.0) == Some(200));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let opened = holder.opened.load(Ordering::Relaxed);
+    let metrics = agent.metrics();
+    drop(holder);
+    eprintln!(
+        "while 127.0.0.2 opened {opened} connections: {scrapes}/{tries} scrapes and {probed}/{tries} probes from \
+         127.0.0.1 answered 200 in {:?}",
+        started.elapsed()
+    );
+    assert_eq!((scrapes, probed), (tries, tries), "every scrape and probe of the other peer is served");
+    let refused = |port: &str, reason: &str| {
+        metrics.sum("neuron_agent_http_connections_refused_total", &[("port", port), ("reason", reason)])
+    };
+    assert!(refused("main", "peer_cap") >= 300.0 - 32.0, "main: {}", refused("main", "peer_cap"));
+    assert!(refused("probes", "peer_cap") >= 300.0 - 4.0, "probes: {}", refused("probes", "peer_cap"));
+    assert_eq!(refused("main", "connection_cap") + refused("probes", "connection_cap"), 0.0, "the caps never reached");
 }

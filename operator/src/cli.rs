@@ -5,7 +5,12 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use service::cli::{Flavor, HttpFlags, LogFlags};
 
 /// The operator's flavor of the shared flags.
-const FLAVOR: Flavor = Flavor { env_prefix: "NEURON_OPERATOR", listen: "0.0.0.0:8080", max_connections: "64" };
+const FLAVOR: Flavor = Flavor {
+    env_prefix: "NEURON_OPERATOR",
+    listen: "0.0.0.0:8080",
+    max_connections: "64",
+    max_connections_per_peer: "16",
+};
 
 /// The command line and the environment (exits with clap's message on an error).
 /// `neuron-operator` alone, or with flags only, means `run`.
@@ -144,6 +149,7 @@ mod tests {
         };
         assert_eq!(args.http.listen.to_string(), "0.0.0.0:8080");
         assert_eq!(args.http.http_max_connections, 64);
+        assert_eq!(args.http.http_max_connections_per_peer, 16);
         assert_eq!(FLAVOR.env_name("listen"), "NEURON_OPERATOR_LISTEN");
     }
 }

@@ -14,19 +14,23 @@
 //! - **Bounds.** Tokens of at most [`MAX_TOKEN_BYTES`]; at most [`MAX_CONCURRENT_REVIEWS`]
 //!   reviews in flight, later requests waiting up to [`REVIEW_TIMEOUT`] for a turn; each
 //!   review (both requests) bounded by [`REVIEW_TIMEOUT`].
+//! - **Rate.** Reviews are sent at a bounded rate per peer and overall ([`budget`]); a
+//!   request over it is answered 429 with `Retry-After`, without a review, and counted.
 //!
 //! Tokens are never logged.
 
+pub mod budget;
 mod cache;
 
 use std::{
     collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use axum::{
-    extract::{Request, State},
+    extract::{ConnectInfo, Request, State},
     http::{header, HeaderMap, HeaderValue, StatusCode},
     middleware::Next,
     response::{IntoResponse, Response},
@@ -43,6 +47,7 @@ use prometheus_client::{
 use tokio::sync::Semaphore;
 use tracing::warn;
 
+use budget::{ReviewBudget, Throttled};
 pub use cache::{Decision, ReviewCache};
 
 use crate::{
@@ -85,7 +90,8 @@ pub struct AuthMetrics {
     pub reviews: Family<ResultLabel, Counter>,
     /// Decisions taken from the cache, by result: allowed, forbidden, unauthenticated.
     pub cache_hits: Family<ResultLabel, Counter>,
-    /// Requests refused before any review, by reason: no_token, malformed, too_long, busy.
+    /// Requests refused before any review, by reason: no_token, malformed, too_long, busy,
+    /// peer_rate, review_rate.
     pub refused: Family<ReasonLabel, Counter>,
 }
 
@@ -106,7 +112,8 @@ impl AuthMetrics {
         );
         registry.register(
             "auth_refused",
-            "/metrics requests refused before any review, by reason (no_token, malformed, too_long, busy)",
+            "/metrics requests refused before any review, by reason (no_token, malformed, too_long, busy; peer_rate, \
+             review_rate: the reviews of the source address, or all reviews, over their rate)",
             metrics.refused.clone(),
         );
         metrics
@@ -119,8 +126,10 @@ pub struct MetricsAuth {
     options: AuthOptions,
     cache: Mutex<ReviewCache>,
     reviews: Semaphore,
+    budget: Mutex<ReviewBudget>,
     metrics: AuthMetrics,
     errors_logged: Mutex<RateLimit>,
+    throttles_logged: Mutex<RateLimit>,
 }
 
 /// Why a request is not served.
@@ -132,6 +141,8 @@ pub enum Refusal {
     Forbidden { user: String },
     /// 503: no decision could be had.
     Unavailable { why: String },
+    /// 429: no review now, the review rate is spent.
+    Throttled(Throttled),
 }
 
 impl MetricsAuth {
@@ -141,13 +152,15 @@ impl MetricsAuth {
             options,
             cache: Mutex::new(ReviewCache::new(ALLOWED_ENTRIES, DENIED_ENTRIES)),
             reviews: Semaphore::new(MAX_CONCURRENT_REVIEWS),
+            budget: Mutex::new(ReviewBudget::new(Instant::now())),
             metrics,
             errors_logged: Mutex::new(RateLimit::new(1, Duration::from_secs(10))),
+            throttles_logged: Mutex::new(RateLimit::new(1, Duration::from_secs(10))),
         }
     }
 
-    /// Whether the request with these headers may read /metrics.
-    pub async fn check(&self, headers: &HeaderMap) -> Result<(), Refusal> {
+    /// Whether the request with these headers, from `peer` (if known), may read /metrics.
+    pub async fn check(&self, headers: &HeaderMap, peer: Option<IpAddr>) -> Result<(), Refusal> {
         let token = match bearer_token(headers) {
             Ok(token) => token,
             Err(reason) => {
@@ -171,11 +184,19 @@ impl MetricsAuth {
             self.metrics.cache_hits.get_or_create(&ResultLabel { result: decision.result() }).inc();
             return decision.into_result();
         }
+        self.admit(&key, peer)?;
         match tokio::time::timeout(REVIEW_TIMEOUT, self.review(token)).await {
             Ok(Ok(decision)) => {
                 self.metrics.reviews.get_or_create(&ResultLabel { result: decision.result() }).inc();
+                let now = Instant::now();
+                if let Ok(mut budget) = self.budget.lock() {
+                    match decision {
+                        Decision::Allowed => budget.allowed(key, now),
+                        _ => budget.refused(&key),
+                    }
+                }
                 if let Ok(mut cache) = self.cache.lock() {
-                    cache.insert(key, decision.clone(), Instant::now(), ttl(&decision));
+                    cache.insert(key, decision.clone(), now, ttl(&decision));
                 }
                 decision.into_result()
             }
@@ -191,6 +212,29 @@ impl MetricsAuth {
                 Err(Refusal::Unavailable { why })
             }
         }
+    }
+
+    /// Takes a review from the budget, or refuses the request (counted, logged throttled).
+    fn admit(&self, key: &cache::Key, peer: Option<IpAddr>) -> Result<(), Refusal> {
+        let Ok(mut budget) = self.budget.lock() else {
+            return Ok(());
+        };
+        let throttled = match budget.admit(key, peer, Instant::now()) {
+            Ok(()) => return Ok(()),
+            Err(throttled) => throttled,
+        };
+        drop(budget);
+        let reason = throttled.reason();
+        self.metrics.refused.get_or_create(&ReasonLabel { reason }).inc();
+        let logged = self.throttles_logged.lock().ok().and_then(|mut l| match l.check() {
+            LogDecision::Allow { suppressed_before } => Some(suppressed_before + 1),
+            LogDecision::Suppress => None,
+        });
+        if let Some(count) = logged {
+            let peer = peer.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
+            warn!(reason, peer, count, "token reviews over their rate: /metrics requests answered 429");
+        }
+        Err(Refusal::Throttled(throttled))
     }
 
     fn cached(&self, key: &cache::Key) -> Option<Decision> {
@@ -328,13 +372,20 @@ impl IntoResponse for Refusal {
             Refusal::Unavailable { why } => {
                 (StatusCode::SERVICE_UNAVAILABLE, format!("cannot check the bearer token now: {why}\n")).into_response()
             }
+            Refusal::Throttled(throttled) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, HeaderValue::from(throttled.retry_after_secs()))],
+                "too many new bearer tokens to review: retry later\n",
+            )
+                .into_response(),
         }
     }
 }
 
 /// The axum middleware of the metrics route: the request goes on only when allowed.
 pub async fn require(State(auth): State<Arc<MetricsAuth>>, request: Request, next: Next) -> Response {
-    match auth.check(request.headers()).await {
+    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+    match auth.check(request.headers(), peer).await {
         Ok(()) => next.run(request).await,
         Err(refusal) => refusal.into_response(),
     }

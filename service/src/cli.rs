@@ -40,6 +40,22 @@ pub struct HttpFlags {
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, requires_if("true", "tls_cert_file"))]
     pub metrics_auth: bool,
 
+    /// Address of a second /metrics, over HTTPS with the certificate of
+    /// --tokenless-tls-cert-file and WITHOUT token checks, for a scraper that sends no
+    /// token (the CloudWatch Observability add-on). Only the network decides who reaches
+    /// it: admit the scraper alone (the chart's NetworkPolicy). Default: none.
+    #[arg(long, requires_all = ["tokenless_tls_cert_file", "tokenless_tls_key_file"])]
+    pub tokenless_listen: Option<SocketAddr>,
+
+    /// The certificate of --tokenless-listen (PEM, the chain after it), e.g. one that
+    /// chains to the CA the scraper trusts; re-read when it changes.
+    #[arg(long, requires = "tokenless_listen")]
+    pub tokenless_tls_cert_file: Option<PathBuf>,
+
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, requires = "tokenless_listen")]
+    pub tokenless_tls_key_file: Option<PathBuf>,
+
     /// Audiences a /metrics token must be meant for (comma-separated). Default: the API
     /// server's own, as for any ServiceAccount token.
     #[arg(long, value_delimiter = ',')]
@@ -54,6 +70,12 @@ pub struct HttpFlags {
     /// HTTP connections served at once (per port); more are refused (503) and counted.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub http_max_connections: u32,
+
+    /// HTTP connections served at once from one source address (an IPv6 /64), per port;
+    /// more are refused (503) and counted, so that no single client takes every slot.
+    /// The probe port allows at most 4 per address whatever this says.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub http_max_connections_per_peer: u32,
 }
 
 /// The process's own logs.
@@ -77,18 +99,24 @@ pub struct Flavor {
     pub listen: &'static str,
     /// Default of --http-max-connections.
     pub max_connections: &'static str,
+    /// Default of --http-max-connections-per-peer.
+    pub max_connections_per_peer: &'static str,
 }
 
 /// The ids of the shared flags (their field names).
-const SHARED: [&str; 10] = [
+const SHARED: [&str; 14] = [
     "listen",
     "probe_listen",
     "tls_cert_file",
     "tls_key_file",
     "metrics_auth",
     "metrics_auth_audiences",
+    "tokenless_listen",
+    "tokenless_tls_cert_file",
+    "tokenless_tls_key_file",
     "http_header_timeout",
     "http_max_connections",
+    "http_max_connections_per_peer",
     "log_format",
     "log",
 ];
@@ -110,6 +138,9 @@ impl Flavor {
         command
             .mut_arg("listen", |arg| arg.default_value(self.listen).required(false))
             .mut_arg("http_max_connections", |arg| arg.default_value(self.max_connections).required(false))
+            .mut_arg("http_max_connections_per_peer", |arg| {
+                arg.default_value(self.max_connections_per_peer).required(false)
+            })
     }
 }
 
@@ -120,7 +151,15 @@ impl HttpFlags {
             listen: self.listen,
             probe_listen: self.probe_listen,
             tls: CertificateFiles::from_flags(self.tls_cert_file.as_ref(), self.tls_key_file.as_ref()),
-            limits: Limits { header_timeout: self.http_header_timeout, max_connections: self.http_max_connections },
+            tokenless: self.tokenless_listen.zip(CertificateFiles::from_flags(
+                self.tokenless_tls_cert_file.as_ref(),
+                self.tokenless_tls_key_file.as_ref(),
+            )),
+            limits: Limits {
+                header_timeout: self.http_header_timeout,
+                max_connections: self.http_max_connections,
+                max_connections_per_peer: self.http_max_connections_per_peer,
+            },
         }
     }
 

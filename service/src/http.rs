@@ -5,6 +5,10 @@
 //!   probe port ([`Settings::probe_listen`]) that one serves `/healthz` and `/readyz`
 //!   alone, in plain HTTP, for the kubelet, and `/metrics` stays behind HTTPS and the
 //!   token checks ([`crate::auth`]) of the main port.
+//! - **A token-free port, when asked** ([`Settings::tokenless`]): `/metrics` alone, over
+//!   HTTPS with a certificate of its own and no token checks, for a scraper that sends no
+//!   token (the CloudWatch Observability add-on); who reaches it is the network's to
+//!   decide (the chart's NetworkPolicy).
 //! - **TLS handshakes** run on the connection's own task, within the header timeout, and
 //!   count against the connection cap like any connection; failures and timeouts are
 //!   counted by reason.
@@ -16,13 +20,21 @@
 //! - **Connection cap.** Each connection holds one of [`Limits::max_connections`] permits;
 //!   at the cap a new connection gets a best-effort 503 and is closed at once (counted),
 //!   so that memory and file descriptors stay bounded whatever clients do.
+//! - **Per-peer cap.** One source address holds at most
+//!   [`Limits::max_connections_per_peer`] of them ([`peers`]): a client that opens
+//!   connections and never finishes them fills its own share, not the port. The probe
+//!   port has its own permits and a small per-peer cap ([`Limits::for_probes`]), so
+//!   neither the metrics port's clients nor one client of the probe port starve the
+//!   kubelet. Refusals are counted by port and reason.
 //! - **Request heads** are read into a buffer of at most [`MAX_HEAD_BYTES`]; a longer head
 //!   is answered 431 (the endpoints need a few hundred bytes).
 //!
 //! Each binary registers the [`ConnectionMetrics`] under its own prefix.
 
+pub mod peers;
+
 use std::{
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
@@ -44,6 +56,8 @@ use prometheus_client::{
 use tokio::{net::TcpListener, sync::Semaphore, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+
+use self::peers::Peers;
 
 use crate::{
     auth::{self, AuthMetrics, MetricsAuth},
@@ -69,6 +83,10 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 const REFUSAL: &[u8] =
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 21\r\n\r\ntoo many connections\n";
 
+/// Connections one peer may hold on the probe port: the kubelet opens one per probe
+/// (liveness, readiness, startup) and closes it.
+pub const PROBE_MAX_CONNECTIONS_PER_PEER: u32 = 4;
+
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     /// Time to send a complete request head, from the connection's start or the end of
@@ -76,6 +94,25 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// Connections served at once; more are refused.
     pub max_connections: u32,
+    /// Connections served at once from one peer ([`peers::peer_key`]); more are refused.
+    pub max_connections_per_peer: u32,
+}
+
+impl Limits {
+    /// The probe port's: its own permits (as many), and at most
+    /// [`PROBE_MAX_CONNECTIONS_PER_PEER`] per peer.
+    pub fn for_probes(self) -> Limits {
+        Limits { max_connections_per_peer: self.max_connections_per_peer.min(PROBE_MAX_CONNECTIONS_PER_PEER), ..self }
+    }
+}
+
+/// A refused connection: `port` (`main`: /metrics and the probes unless they have a port
+/// of their own; `probes`; `tokenless`: the token-free /metrics), `reason` (`connection_cap`: the port's cap; `peer_cap`: the
+/// peer's share).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    pub port: &'static str,
+    pub reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -90,7 +127,7 @@ pub struct PhaseLabel {
 pub struct ConnectionMetrics {
     pub open: Gauge,
     pub accepted: Counter,
-    pub refused: Counter,
+    pub refused: Family<RefusalLabels, Counter>,
     pub timed_out: Family<PhaseLabel, Counter>,
     pub tls_handshake_failures: Family<ReasonLabel, Counter>,
     pub tls_reloads: Family<ResultLabel, Counter>,
@@ -109,7 +146,8 @@ impl ConnectionMetrics {
         registry.register("connections_accepted", "HTTP connections accepted", metrics.accepted.clone());
         registry.register(
             "connections_refused",
-            "HTTP connections refused because the connection cap was reached",
+            "HTTP connections refused, by port (main, probes) and reason (connection_cap: the port's cap was reached; \
+             peer_cap: the source address held its share)",
             metrics.refused.clone(),
         );
         registry.register(
@@ -143,6 +181,8 @@ pub struct Settings {
     pub probe_listen: Option<SocketAddr>,
     /// HTTPS on the main port with this certificate.
     pub tls: Option<CertificateFiles>,
+    /// The token-free port: `/metrics` over HTTPS with this certificate, no token checks.
+    pub tokenless: Option<(SocketAddr, CertificateFiles)>,
     pub limits: Limits,
 }
 
@@ -162,10 +202,16 @@ pub async fn start(
     shutdown: CancellationToken,
 ) -> anyhow::Result<JoinHandle<()>> {
     let tls = match &settings.tls {
-        Some(files) => {
-            let tls = Tls::load(files.clone()).await.context("loading the TLS certificate of the metrics port")?;
-            tokio::spawn(tls.clone().keep_current(metrics.tls_reloads.clone(), shutdown.clone()));
-            Some(tls)
+        Some(files) => Some(load_tls(files, "the metrics port", &metrics, &shutdown).await?),
+        None => None,
+    };
+    let tokenless = match &settings.tokenless {
+        Some((addr, files)) => {
+            let tls = load_tls(files, "the token-free metrics port", &metrics, &shutdown).await?;
+            info!(listen = %addr, "serving /metrics without token checks over HTTPS: the network decides who reaches it");
+            let server =
+                Server { port: "tokenless", limits: settings.limits, tls: Some(tls), metrics: metrics.clone() };
+            Some(tokio::spawn(server.serve(bind(*addr).await?, routes.metrics.clone(), shutdown.clone())))
         }
         None => None,
     };
@@ -186,10 +232,17 @@ pub async fn start(
         "serving /metrics, /healthz and /readyz"
     );
     let limits = settings.limits;
-    let main = tokio::spawn(serve_with(listener, main, limits, tls, metrics.clone(), shutdown.clone()));
-    let probes = probe_listener.map(|l| tokio::spawn(serve(l, routes.probes, limits, metrics, shutdown)));
+    let main = tokio::spawn(Server { port: "main", limits, tls, metrics: metrics.clone() }.serve(
+        listener,
+        main,
+        shutdown.clone(),
+    ));
+    let probes = probe_listener.map(|l| {
+        let server = Server { port: "probes", limits: limits.for_probes(), tls: None, metrics };
+        tokio::spawn(server.serve(l, routes.probes, shutdown))
+    });
     Ok(tokio::spawn(async move {
-        for server in std::iter::once(main).chain(probes) {
+        for server in std::iter::once(main).chain(probes).chain(tokenless) {
             if let Err(e) = server.await {
                 warn!(error = %e, "an HTTP server task failed");
             }
@@ -197,106 +250,136 @@ pub async fn start(
     }))
 }
 
+/// The certificate of `what`, kept current until `shutdown`.
+async fn load_tls(
+    files: &CertificateFiles,
+    what: &str,
+    metrics: &ConnectionMetrics,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Tls> {
+    let tls = Tls::load(files.clone()).await.with_context(|| format!("loading the TLS certificate of {what}"))?;
+    tokio::spawn(tls.clone().keep_current(metrics.tls_reloads.clone(), shutdown.clone()));
+    Ok(tls)
+}
+
 async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))
 }
 
-/// Serves `router` on `listener` in plain HTTP until `shutdown` is cancelled, then gives
-/// the open connections up to [`SHUTDOWN_GRACE`] to finish their request.
-pub async fn serve(
-    listener: TcpListener,
-    router: axum::Router,
-    limits: Limits,
-    metrics: ConnectionMetrics,
-    shutdown: CancellationToken,
-) {
-    serve_with(listener, router, limits, None, metrics, shutdown).await
-}
-
-/// As [`serve`], over TLS with `tls`.
-async fn serve_with(
-    listener: TcpListener,
-    router: axum::Router,
+/// One port's server: its name in the refusal counts, limits, TLS and metrics.
+struct Server {
+    port: &'static str,
     limits: Limits,
     tls: Option<Tls>,
     metrics: ConnectionMetrics,
-    shutdown: CancellationToken,
-) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections as usize));
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_buf_size(MAX_HEAD_BYTES);
-    let logs = Arc::new(Logs { timeouts: Mutex::new(log_limit()), handshakes: Mutex::new(log_limit()) });
-    let mut refusals = log_limit();
-    let mut accept_errors = log_limit();
-    loop {
-        let stream = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    if let Some(count) = logged(&mut accept_errors) {
-                        warn!(error = %e, count, "accepting HTTP connections fails");
+}
+
+impl Server {
+    /// Serves `router` on `listener` until `shutdown` is cancelled, then gives the open
+    /// connections up to [`SHUTDOWN_GRACE`] to finish their request.
+    async fn serve(self, listener: TcpListener, router: axum::Router, shutdown: CancellationToken) {
+        let limits = self.limits;
+        let permits = Arc::new(Semaphore::new(limits.max_connections as usize));
+        let peers = Peers::new(limits.max_connections_per_peer);
+        let mut http = http1::Builder::new();
+        http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_buf_size(MAX_HEAD_BYTES);
+        let logs = Arc::new(Logs { timeouts: Mutex::new(log_limit()), handshakes: Mutex::new(log_limit()) });
+        let mut refusals = log_limit();
+        let mut accept_errors = log_limit();
+        loop {
+            let (stream, peer) = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        if let Some(count) = logged(&mut accept_errors) {
+                            warn!(error = %e, count, "accepting HTTP connections fails");
+                        }
+                        tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                        continue;
                     }
-                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                },
+            };
+            // The peer's share first: a peer at its limit must not take the port's last permits.
+            let slots = match peers.try_take(peer.ip()) {
+                Some(slot) => {
+                    permits.clone().try_acquire_owned().map(|permit| (slot, permit)).map_err(|_| "connection_cap")
+                }
+                None => Err("peer_cap"),
+            };
+            let (slot, permit) = match slots {
+                Ok(slots) => slots,
+                Err(reason) => {
+                    self.refuse(stream, peer.ip(), reason, &mut refusals);
                     continue;
                 }
-            },
-        };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            metrics.refused.inc();
-            // A fresh socket's send buffer is empty: this never blocks (on a TLS port the
-            // client reads it as a failed handshake, which is a refusal too).
-            let _ = stream.try_write(REFUSAL);
-            drop(stream);
-            if let Some(count) = logged(&mut refusals) {
-                warn!(
-                    max_connections = limits.max_connections,
-                    count, "HTTP connection cap reached: connections refused"
-                );
-            }
-            continue;
-        };
-        metrics.accepted.inc();
-        metrics.open.inc();
-        let served = Arc::new(AtomicBool::new(false));
-        let service = {
-            let served = served.clone();
-            let router = TowerToHyperService::new(router.clone());
-            hyper::service::service_fn(move |request| {
-                served.store(true, Ordering::Relaxed);
-                hyper::service::Service::call(&router, request)
-            })
-        };
-        let (http, acceptor) = (http.clone(), tls.as_ref().map(Tls::acceptor));
-        let (metrics, shutdown, logs) = (metrics.clone(), shutdown.clone(), logs.clone());
-        tokio::spawn(async move {
-            let result = match acceptor {
-                None => Some(drive(http.serve_connection(TokioIo::new(stream), service), &shutdown).await),
-                Some(acceptor) => {
-                    let handshake = tokio::time::timeout(limits.header_timeout, acceptor.accept(stream));
-                    let stream = tokio::select! {
-                        done = handshake => handshake_result(done, &metrics, &logs),
-                        _ = shutdown.cancelled() => None,
-                    };
-                    match stream {
-                        Some(stream) => {
-                            Some(drive(http.serve_connection(TokioIo::new(stream), service), &shutdown).await)
-                        }
-                        None => None,
-                    }
-                }
             };
-            if let Some(result) = result {
-                record_end(result, served.load(Ordering::Relaxed), &metrics, &logs.timeouts);
-            }
-            metrics.open.dec();
-            drop(permit);
-        });
+            self.metrics.accepted.inc();
+            self.metrics.open.inc();
+            let served = Arc::new(AtomicBool::new(false));
+            let service = {
+                let served = served.clone();
+                let router = TowerToHyperService::new(router.clone());
+                hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+                    served.store(true, Ordering::Relaxed);
+                    // Who asks, for the token checks' per-peer budget (axum's ConnectInfo).
+                    request.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+                    hyper::service::Service::call(&router, request)
+                })
+            };
+            let (http, acceptor) = (http.clone(), self.tls.as_ref().map(Tls::acceptor));
+            let (metrics, shutdown, logs) = (self.metrics.clone(), shutdown.clone(), logs.clone());
+            tokio::spawn(async move {
+                let result = match acceptor {
+                    None => Some(drive(http.serve_connection(TokioIo::new(stream), service), &shutdown).await),
+                    Some(acceptor) => {
+                        let handshake = tokio::time::timeout(limits.header_timeout, acceptor.accept(stream));
+                        let stream = tokio::select! {
+                            done = handshake => handshake_result(done, &metrics, &logs),
+                            _ = shutdown.cancelled() => None,
+                        };
+                        match stream {
+                            Some(stream) => {
+                                Some(drive(http.serve_connection(TokioIo::new(stream), service), &shutdown).await)
+                            }
+                            None => None,
+                        }
+                    }
+                };
+                if let Some(result) = result {
+                    record_end(result, served.load(Ordering::Relaxed), &metrics, &logs.timeouts);
+                }
+                metrics.open.dec();
+                drop((permit, slot));
+            });
+        }
+        drop(listener);
+        // Every permit back means every connection has ended.
+        if tokio::time::timeout(SHUTDOWN_GRACE, permits.acquire_many(limits.max_connections)).await.is_err() {
+            warn!(port = self.port, "HTTP connections still open after the shutdown grace period");
+        }
     }
-    drop(listener);
-    // Every permit back means every connection has ended.
-    if tokio::time::timeout(SHUTDOWN_GRACE, permits.acquire_many(limits.max_connections)).await.is_err() {
-        warn!("HTTP connections still open after the shutdown grace period");
+
+    /// Answers a refused connection a best-effort 503 and closes it; counted, logged
+    /// (throttled).
+    fn refuse(&self, stream: tokio::net::TcpStream, peer: IpAddr, reason: &'static str, log: &mut RateLimit) {
+        self.metrics.refused.get_or_create(&RefusalLabels { port: self.port, reason }).inc();
+        // A fresh socket's send buffer is empty: this never blocks (on a TLS port the
+        // client reads it as a failed handshake, which is a refusal too).
+        let _ = stream.try_write(REFUSAL);
+        drop(stream);
+        if let Some(count) = logged(log) {
+            let limits = self.limits;
+            warn!(
+                port = self.port,
+                reason,
+                %peer,
+                max_connections = limits.max_connections,
+                max_connections_per_peer = limits.max_connections_per_peer,
+                count,
+                "HTTP connections refused (the peer is the latest one)"
+            );
+        }
     }
 }
 

@@ -266,3 +266,57 @@ authorization:
     verbs: ["create"]
 {{- end }}
 {{- end }}
+
+{{/*
+The CloudWatch Observability add-on's port on the agent (values cloudwatchAddon): /metrics
+over HTTPS with the add-on's certificate and no token checks; the NetworkPolicy is what
+keeps it to the node's own scraper, so the chart refuses it without one.
+*/}}
+{{- define "neuron-monitor.cloudwatchAddon.dir" -}}/etc/neuron-monitor/cloudwatch-addon-tls{{- end }}
+
+{{- define "neuron-monitor.cloudwatchAddon.check" -}}
+{{- $addon := .Values.cloudwatchAddon -}}
+{{- if $addon.enabled -}}
+{{- if not $addon.secretName -}}
+{{- fail "cloudwatchAddon.secretName: name the kubernetes.io/tls Secret (in the release namespace) with the add-on's certificate for neuron-monitor-service.<cloudwatchAddon.namespace>.svc" -}}
+{{- end -}}
+{{- if not .Values.metricsEndpoint.networkPolicy.enabled -}}
+{{- fail "cloudwatchAddon.enabled needs metricsEndpoint.networkPolicy.enabled: the add-on's port checks no token, only the NetworkPolicy keeps other pods off it" -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{- define "neuron-monitor.cloudwatchAddon.args" -}}
+{{- include "neuron-monitor.cloudwatchAddon.check" . -}}
+{{- if .Values.cloudwatchAddon.enabled -}}
+# /metrics without token checks for the CloudWatch Observability add-on (NetworkPolicy: the node only).
+- --tokenless-listen=0.0.0.0:{{ .Values.cloudwatchAddon.port }}
+- --tokenless-tls-cert-file={{ include "neuron-monitor.cloudwatchAddon.dir" . }}/tls.crt
+- --tokenless-tls-key-file={{ include "neuron-monitor.cloudwatchAddon.dir" . }}/tls.key
+{{- end -}}
+{{- end }}
+
+{{- define "neuron-monitor.cloudwatchAddon.port" -}}
+{{- if .Values.cloudwatchAddon.enabled -}}
+- name: cloudwatch
+  containerPort: {{ .Values.cloudwatchAddon.port }}
+  protocol: TCP
+{{- end -}}
+{{- end }}
+
+{{- define "neuron-monitor.cloudwatchAddon.volumeMount" -}}
+{{- if .Values.cloudwatchAddon.enabled -}}
+- name: cloudwatch-addon-tls
+  mountPath: {{ include "neuron-monitor.cloudwatchAddon.dir" . }}
+  readOnly: true
+{{- end -}}
+{{- end }}
+
+{{- define "neuron-monitor.cloudwatchAddon.volume" -}}
+{{- if .Values.cloudwatchAddon.enabled -}}
+- name: cloudwatch-addon-tls
+  secret:
+    secretName: {{ .Values.cloudwatchAddon.secretName }}
+    defaultMode: 0440
+{{- end -}}
+{{- end }}

@@ -42,7 +42,7 @@ fn anything_else_is_refused_with_its_reason() {
 }
 
 #[test]
-fn refusals_answer_401_with_a_challenge_403_and_503() {
+fn refusals_answer_401_with_a_challenge_403_503_and_429() {
     let no_token = Refusal::Unauthenticated { reason: "no_token" }.into_response();
     assert_eq!(no_token.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(no_token.headers()[header::WWW_AUTHENTICATE], "Bearer realm=\"neuron-monitor\"");
@@ -55,6 +55,9 @@ fn refusals_answer_401_with_a_challenge_403_and_503() {
     assert!(forbidden.headers().get(header::WWW_AUTHENTICATE).is_none());
     let unavailable = Refusal::Unavailable { why: "down".to_owned() }.into_response();
     assert_eq!(unavailable.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let throttled = Refusal::Throttled(Throttled::Peer { wait: Duration::from_millis(1500) }).into_response();
+    assert_eq!(throttled.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(throttled.headers()[header::RETRY_AFTER], "2");
 }
 
 #[test]

@@ -10,7 +10,12 @@ struct Flags {
     log: LogFlags,
 }
 
-const TEST: Flavor = Flavor { env_prefix: "NEURON_CLI_TEST", listen: "0.0.0.0:9999", max_connections: "7" };
+const TEST: Flavor = Flavor {
+    env_prefix: "NEURON_CLI_TEST",
+    listen: "0.0.0.0:9999",
+    max_connections: "7",
+    max_connections_per_peer: "3",
+};
 
 fn parse(args: &[&str]) -> Result<Flags, clap::Error> {
     let command = TEST.apply(Flags::command());
@@ -23,6 +28,7 @@ fn the_flavor_gives_the_defaults_and_every_shared_flag_its_variable() {
     let flags = parse(&["test"]).expect("defaults");
     assert_eq!(flags.http.listen, "0.0.0.0:9999".parse().unwrap());
     assert_eq!(flags.http.http_max_connections, 7);
+    assert_eq!(flags.http.http_max_connections_per_peer, 3);
     assert_eq!(flags.http.http_header_timeout, Duration::from_secs(5));
     assert_eq!(flags.log.log, "info");
     assert!(flags.http.auth_options().is_none());
@@ -42,6 +48,7 @@ fn flags_build_the_settings_and_keep_their_rules() {
         "test",
         "--listen=127.0.0.1:1",
         "--http-header-timeout=200ms",
+        "--http-max-connections-per-peer=2",
         "--tls-cert-file=c",
         "--tls-key-file=k",
         "--metrics-auth=true",
@@ -51,12 +58,27 @@ fn flags_build_the_settings_and_keep_their_rules() {
     let settings = flags.http.settings();
     assert_eq!(settings.listen, "127.0.0.1:1".parse().unwrap());
     assert_eq!(settings.limits.header_timeout, Duration::from_millis(200));
+    assert_eq!((settings.limits.max_connections, settings.limits.max_connections_per_peer), (7, 2));
+    assert_eq!(settings.limits.for_probes().max_connections_per_peer, 2, "the smaller of the two");
     assert!(settings.tls.is_some());
     assert_eq!(flags.http.auth_options().expect("auth").audiences, ["a", "b"]);
     // Token checks need HTTPS; a certificate needs its key.
     assert!(parse(&["test", "--metrics-auth=true"]).is_err());
     assert!(parse(&["test", "--tls-cert-file=c"]).is_err());
     assert!(parse(&["test", "--http-max-connections=0"]).is_err());
+    assert!(parse(&["test", "--http-max-connections-per-peer=0"]).is_err());
+    // The token-free port needs its certificate and key, and they need it.
+    assert!(parse(&["test", "--tokenless-listen=127.0.0.1:2"]).is_err());
+    assert!(parse(&["test", "--tokenless-tls-cert-file=c", "--tokenless-tls-key-file=k"]).is_err());
+    let tokenless =
+        parse(&["test", "--tokenless-listen=127.0.0.1:2", "--tokenless-tls-cert-file=c", "--tokenless-tls-key-file=k"])
+            .expect("the token-free port");
+    let (addr, files) = tokenless.http.settings().tokenless.expect("a token-free port");
+    assert_eq!(
+        (addr, files.cert.as_path(), files.key.as_path()),
+        ("127.0.0.1:2".parse().unwrap(), "c".as_ref(), "k".as_ref())
+    );
+    assert!(flags.http.settings().tokenless.is_none(), "none unless asked");
     assert!(parse(&["test", "--log-format=xml"]).is_err());
 }
 

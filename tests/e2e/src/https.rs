@@ -67,7 +67,18 @@ impl Client {
 
     /// `GET path` with `Authorization: Bearer <token>` when given.
     pub fn get(&self, addr: SocketAddr, path: &str, token: Option<&str>) -> anyhow::Result<Answer> {
-        let (tls, tcp) = self.connect(addr)?;
+        self.get_from(None, addr, path, token)
+    }
+
+    /// As [`Client::get`], from the loopback address `source` when given.
+    pub fn get_from(
+        &self,
+        source: Option<std::net::IpAddr>,
+        addr: SocketAddr,
+        path: &str,
+        token: Option<&str>,
+    ) -> anyhow::Result<Answer> {
+        let (tls, tcp) = self.connect_from(source, addr)?;
         let mut stream = rustls::StreamOwned::new(tls, tcp);
         let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
         write!(stream, "GET {path} HTTP/1.1\r\nHost: {}\r\n{auth}Connection: close\r\n\r\n", self.host())
@@ -101,8 +112,19 @@ impl Client {
     }
 
     fn connect(&self, addr: SocketAddr) -> anyhow::Result<(rustls::ClientConnection, TcpStream)> {
-        let tcp =
-            TcpStream::connect_timeout(&addr, Duration::from_secs(2)).with_context(|| format!("connecting {addr}"))?;
+        self.connect_from(None, addr)
+    }
+
+    fn connect_from(
+        &self,
+        source: Option<std::net::IpAddr>,
+        addr: SocketAddr,
+    ) -> anyhow::Result<(rustls::ClientConnection, TcpStream)> {
+        let tcp = match source {
+            Some(source) => crate::connect_from(source, addr),
+            None => TcpStream::connect_timeout(&addr, Duration::from_secs(2)),
+        }
+        .with_context(|| format!("connecting {addr}"))?;
         tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
         tcp.set_write_timeout(Some(Duration::from_secs(10)))?;
         let tls = rustls::ClientConnection::new(self.config.clone(), self.server_name.clone())?;

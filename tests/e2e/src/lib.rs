@@ -468,3 +468,18 @@ pub fn closed_by_server(mut stream: &std::net::TcpStream, deadline: std::time::I
         }
     }
 }
+
+/// A TCP connection to `addr` from the loopback address `source` (any of 127.0.0.0/8 on
+/// Linux), so that one test can be several peers to a server.
+pub fn connect_from(source: std::net::IpAddr, addr: std::net::SocketAddr) -> std::io::Result<std::net::TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.bind(&std::net::SocketAddr::new(source, 0).into())?;
+    socket.connect_timeout(&addr.into(), Duration::from_secs(2))?;
+    Ok(socket.into())
+}
+
+/// [`http_get`] from the loopback address `source`.
+pub fn http_get_from(source: std::net::IpAddr, addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    neuron_test_support::http_get_on(connect_from(source, addr).ok()?, addr, path)
+}

@@ -458,7 +458,18 @@ fn templates_render_the_metrics_endpoints_behind_https_and_tokens() {
         assert_eq!(endpoint["tlsConfig"]["ca"]["configMap"]["name"].as_str(), Some("nm-neuron-monitor-metrics-ca"));
         assert!(endpoint["bearerTokenFile"].as_str().is_some_and(|f| f.ends_with("serviceaccount/token")));
     }
-    assert!(find(&docs, "NetworkPolicy").is_empty(), "off by default");
+    // On by default (issue 24, fault 3): the metrics ports admit the monitoring
+    // namespace only, the probe ports no pod at all.
+    let policies = find(&docs, "NetworkPolicy");
+    assert_eq!(policies.len(), 2, "on by default, one per component");
+    for policy in policies {
+        let ingress = policy["spec"]["ingress"].as_sequence().unwrap();
+        assert_eq!(ingress.len(), 1, "the metrics port only: {ingress:?}");
+        let from = ingress[0]["from"].as_sequence().unwrap();
+        assert_eq!(from.len(), 1, "{from:?}");
+        let namespace = &from[0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"];
+        assert_eq!(namespace.as_str(), Some("monitoring"));
+    }
 
     // PodMonitors: the chart's scraper ServiceAccount and its token Secret, bound to the reader role.
     let pm = documents(&template("ns", Some(&chart_dir().join("ci/podmonitor-values.yaml")), &api));
@@ -584,7 +595,7 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
 
 #[tokio::test]
 async fn wrong_values_are_refused_naming_the_field() {
-    let cases: [(&[&str], &str); 15] = [
+    let cases: [(&[&str], &str); 17] = [
         (&["--set", "operator.replicas=two"], "/operator/replicas"),
         (&["--set", "agent.deviceAccess=root"], "/agent/deviceAccess"),
         (&["--set", "agent.neuronMonitor.source=usr"], "/agent/neuronMonitor/source"),
@@ -600,7 +611,22 @@ async fn wrong_values_are_refused_naming_the_field() {
         (&["--set", "monitoring.podMonitor.enabled=true"], "monitoring.podMonitor.enabled"),
         (&["--set", "metricsEndpoint.tls.source=vault"], "/metricsEndpoint/tls/source"),
         (&["--set", "metricsEndpoint.tls.enabled=false"], "metricsEndpoint.authorization.enabled"),
-        (&["--set", "metricsEndpoint.networkPolicy.enabled=true"], "metricsEndpoint.networkPolicy.prometheusNamespace"),
+        (
+            &["--set", "metricsEndpoint.networkPolicy.prometheusNamespace="],
+            "metricsEndpoint.networkPolicy.prometheusNamespace",
+        ),
+        (&["--set", "cloudwatchAddon.enabled=true"], "cloudwatchAddon.secretName"),
+        (
+            &[
+                "--set",
+                "cloudwatchAddon.enabled=true",
+                "--set",
+                "cloudwatchAddon.secretName=x",
+                "--set",
+                "metricsEndpoint.networkPolicy.enabled=false",
+            ],
+            "metricsEndpoint.networkPolicy.enabled",
+        ),
     ];
     let chart = chart_dir().display().to_string();
     for (set, field) in cases {

@@ -24,6 +24,8 @@ use serde_norway::Value;
 const PROMETHEUS_SA: &str = "prometheus";
 /// Room for a loaded two-core machine.
 const LIMIT: Duration = Duration::from_secs(60);
+/// The reviews one address may cause at once (docs/security.md); then 1 a second.
+const PEER_BURST: f64 = 5.0;
 
 /// The chart rendered as release `ns` in namespace `ns` (cluster-scoped names derive from
 /// the release), with the monitors and the test's Prometheus ServiceAccount bound.
@@ -373,4 +375,227 @@ fn the_tls_port_offers_http1_only_and_bounds_handshakes() {
         value(&exposition, "neuron_agent_http_tls_handshake_failures_total", "reason=\"error\"") >= 1.0,
         "the h2 refusal"
     );
+}
+
+/// TokenReviews the API server has received (its `apiserver_request_total` for the
+/// resource `tokenreviews`, every verb and code).
+fn token_reviews_received(cp: &ControlPlane) -> f64 {
+    let (ok, out, err) = kubectl(cp, &["get", "--raw", "/metrics"], None);
+    assert!(ok, "the API server's metrics: {err}");
+    out.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("resource=\"tokenreviews\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The attack report's fault 6: one agent sent ~1,180 TokenReviews a second for a flood
+/// of bogus tokens (35,527 in 30 s). Now a flood from one address (127.0.0.2) gets the
+/// reviews of its peer's budget (a burst of 5, then 1 a second) and 429s beyond, counted,
+/// while a new valid token from another address (127.0.0.1) is reviewed and served
+/// during the flood.
+#[test]
+fn a_flood_of_bogus_tokens_from_one_address_gets_a_bounded_review_rate_and_a_new_scraper_gets_in() {
+    const FLOOD: Duration = Duration::from_secs(10);
+    const THREADS: usize = 4;
+    let cp = ControlPlane::shared();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let ns = runtime.block_on(async {
+        cp.install_crds().await;
+        cp.namespace("nm-flood").await
+    });
+    let docs = render(&ns);
+    apply_rbac(cp, &docs);
+    let dir = TempDir::new("auth-flood");
+    std::fs::create_dir_all(dir.0.join("proc")).unwrap();
+    let (crt, key, ca) = certificate(&docs);
+    let volume = https::SecretVolume::new(dir.0.join("tls"), &[("tls.crt", &crt), ("tls.key", &key)]).unwrap();
+    let agent = start_agent(cp, &docs, &dir.0, &volume, true);
+    let client = https::Client::new(&ca, &server_name(&docs, "node-agent")).unwrap();
+    let token = runtime.block_on(cp.service_account_token(&ns, PROMETHEUS_SA, &[]));
+    let (attacker, scraper): (std::net::IpAddr, std::net::IpAddr) =
+        ("127.0.0.2".parse().unwrap(), "127.0.0.1".parse().unwrap());
+
+    let received_before = token_reviews_received(cp);
+    let started = Instant::now();
+    let flood: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (client, addr) = (client.clone(), agent.addr);
+            std::thread::spawn(move || {
+                let mut statuses = std::collections::BTreeMap::<u16, u32>::new();
+                let mut i = 0u64;
+                while started.elapsed() < FLOOD {
+                    i += 1;
+                    let bogus = format!("bogus-{t}-{i}-{:08x}", random_u32());
+                    if let Ok(answer) = client.get_from(Some(attacker), addr, "/metrics", Some(&bogus)) {
+                        *statuses.entry(answer.status).or_default() += 1;
+                    }
+                }
+                statuses
+            })
+        })
+        .collect();
+    // A scraper whose token the agent has never seen, in the middle of the flood.
+    std::thread::sleep(FLOOD / 2);
+    let scraped = client.get_from(Some(scraper), agent.addr, "/metrics", Some(&token)).unwrap();
+    let mut statuses = std::collections::BTreeMap::<u16, u32>::new();
+    for thread in flood {
+        for (status, n) in thread.join().unwrap() {
+            *statuses.entry(status).or_default() += n;
+        }
+    }
+    let elapsed = started.elapsed();
+    let received = token_reviews_received(cp) - received_before;
+    let exposition = client.get_from(Some(scraper), agent.addr, "/metrics", Some(&token)).unwrap().body;
+    let sent: f64 = ["allowed", "forbidden", "unauthenticated", "error"]
+        .iter()
+        .map(|r| value(&exposition, "neuron_agent_http_auth_reviews_total", &format!("result=\"{r}\"")))
+        .sum();
+    let throttled = value(&exposition, "neuron_agent_http_auth_refused_total", "reason=\"peer_rate\"");
+    let requests: u32 = statuses.values().sum();
+    println!(
+        "flood of {requests} bogus-token requests from 127.0.0.2 in {elapsed:?} ({:.0}/s): answers {statuses:?}; \
+         reviews sent by the agent {sent} ({:.1}/s), TokenReviews received by the API server {received}",
+        f64::from(requests) / elapsed.as_secs_f64(),
+        sent / elapsed.as_secs_f64()
+    );
+
+    assert_eq!(scraped.status, 200, "the new scraper during the flood: {}", scraped.body);
+    // The peer's budget over the flood, the scraper's one review, a second of slack for
+    // the clock.
+    let bound = PEER_BURST + elapsed.as_secs_f64().ceil() + 2.0;
+    assert!(sent <= bound, "reviews sent: {sent} > {bound}");
+    assert!(f64::from(requests) > 2.0 * bound, "a flood, not a trickle: {requests}");
+    assert!(throttled >= f64::from(requests) - bound, "429s counted: {throttled} of {requests}");
+    assert!(statuses.get(&429).copied().unwrap_or(0) > 0, "{statuses:?}");
+    // The API server counts every TokenReview, this test's other tests' too (a few).
+    assert!(received <= bound + 20.0, "TokenReviews received by the API server: {received}");
+}
+
+/// A CA and a certificate it signs for `names` (what the CloudWatch Observability add-on
+/// makes: Secret amazon-cloudwatch-observability-agent-cert), by the openssl command:
+/// (ca.crt, tls.crt, tls.key) in `dir`.
+fn openssl_ca_and_certificate(dir: &Path, names: &[&str]) -> (PathBuf, PathBuf, PathBuf) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+    run(&[&["req", "-x509"][..], &ec, &["-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=agent-ca", "-days", "2"]]
+        .concat());
+    run(&[&["req"][..], &ec, &["-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=agent"]].concat());
+    let sans: Vec<String> = names.iter().map(|n| format!("DNS:{n}")).collect();
+    std::fs::write(dir.join("san.ext"), format!("subjectAltName={}\n", sans.join(","))).unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "tls.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "tls.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    ]);
+    (dir.join("ca.crt"), dir.join("tls.crt"), dir.join("tls.key"))
+}
+
+/// The issue's "scraper that sends no token": the CloudWatch Observability add-on scrapes
+/// `https://neuron-monitor-service.amazon-cloudwatch.svc:8000/metrics` with its own CA
+/// and no token. The chart's `cloudwatchAddon` serves it on a port of its own with the
+/// add-on's certificate; a real Prometheus with the add-on's scrape configuration (HTTPS,
+/// `ca_file`, no credentials, its metric filter) scrapes the agent, while the main port
+/// still refuses a request without a token.
+#[test]
+fn the_cloudwatch_addon_scrape_configuration_scrapes_the_token_free_port() {
+    const SERVICE: &str = "neuron-monitor-service.amazon-cloudwatch.svc";
+    let cp = ControlPlane::shared();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let ns = runtime.block_on(async {
+        cp.install_crds().await;
+        cp.namespace("nm-cwaddon").await
+    });
+    let set = ["cloudwatchAddon.enabled=true".to_owned(), "cloudwatchAddon.secretName=addon-cert".to_owned()];
+    let args = ["--set", &set[0], "--set", &set[1], "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"];
+    let docs = documents(&template_as(&ns, &ns, None, &args));
+    apply_rbac(cp, &docs);
+    let services = find(&docs, "Service");
+    let discovered = services
+        .iter()
+        .find(|s| s["metadata"]["name"] == "neuron-monitor-service")
+        .expect("the Service the add-on discovers");
+    assert_eq!(discovered["metadata"]["namespace"].as_str(), Some("amazon-cloudwatch"));
+    assert_eq!(discovered["metadata"]["labels"]["k8s-app"].as_str(), Some("neuron-monitor-service"));
+    assert_eq!(discovered["spec"]["ports"][0]["port"].as_i64(), Some(8000));
+
+    let dir = TempDir::new("cw-addon");
+    std::fs::create_dir_all(dir.0.join("proc")).unwrap();
+    let (crt, key, ca) = certificate(&docs);
+    let volume = https::SecretVolume::new(dir.0.join("tls"), &[("tls.crt", &crt), ("tls.key", &key)]).unwrap();
+    let addon_dir = dir.0.join("addon");
+    std::fs::create_dir_all(&addon_dir).unwrap();
+    let (addon_ca, addon_crt, addon_key) = openssl_ca_and_certificate(&addon_dir, &["neuron-monitor-service", SERVICE]);
+    let tokenless = loopback();
+    // The chart's DaemonSet with the add-on's port, certificate paths on this machine.
+    let container = &one(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
+    let args = strings_of(&container["args"]);
+    assert!(args.iter().any(|a| a == "--tokenless-listen=0.0.0.0:8000"), "{args:?}");
+    let mut docs = docs.clone();
+    let args = &mut docs.iter_mut().find(|d| kind(d) == "DaemonSet").unwrap()["spec"]["template"]["spec"]["containers"]
+        [0]["args"];
+    for arg in args.as_sequence_mut().unwrap() {
+        let text = arg.as_str().unwrap().to_owned();
+        let replaced = if text.starts_with("--tokenless-listen=") {
+            format!("--tokenless-listen={tokenless}")
+        } else if text.starts_with("--tokenless-tls-cert-file=") {
+            format!("--tokenless-tls-cert-file={}", addon_crt.display())
+        } else if text.starts_with("--tokenless-tls-key-file=") {
+            format!("--tokenless-tls-key-file={}", addon_key.display())
+        } else {
+            text
+        };
+        *arg = Value::String(replaced);
+    }
+    let agent = start_agent(cp, &docs, &dir.0, &volume, true);
+
+    // The add-on's scrape configuration (amazon-cloudwatch-agent's Neuron scraper):
+    // HTTPS, its CA file, no credentials, its metric filter. It reaches the Service by
+    // name; here the certificate is checked for that name (server_name) on the loopback.
+    let scrape = format!(
+        "  - job_name: containerInsightsNeuronMonitorScraper\n    scheme: https\n    metrics_path: /metrics\n    \
+         tls_config:\n      ca_file: {}\n      server_name: {SERVICE}\n      insecure_skip_verify: false\n    \
+         static_configs:\n      - targets: ['{tokenless}']\n    metric_relabel_configs:\n      - source_labels: \
+         [__name__]\n        regex: 'neuron.*|system_.*|execution_.*|hardware_ecc_.*'\n        action: keep\n",
+        addon_ca.display()
+    );
+    let prometheus = Prometheus::start(&scrape).expect("prometheus");
+    prometheus
+        .wait_for("up{job=\"containerInsightsNeuronMonitorScraper\"}", LIMIT, |r| {
+            (r.first().map(|s| s.1) == Some(1.0)).then_some(())
+        })
+        .unwrap_or_else(|e| panic!("the add-on's configuration scrapes the agent: {e:#}"));
+    let series = prometheus
+        .wait_for("count({job=\"containerInsightsNeuronMonitorScraper\",__name__=~\"neuron.*\"})", LIMIT, |r| {
+            r.first().map(|s| s.1).filter(|n| *n > 0.0)
+        })
+        .unwrap_or_else(|e| panic!("the add-on's series: {e:#}"));
+    println!("the add-on's scrape configuration took {series} neuron* series from the token-free port");
+
+    // The token-free port: /metrics alone, with the add-on's certificate; the main port
+    // still wants a token.
+    let addon = https::Client::new(&std::fs::read(&addon_ca).unwrap(), SERVICE).unwrap();
+    assert_eq!(addon.get(tokenless, "/metrics", None).unwrap().status, 200);
+    assert_eq!(addon.get(tokenless, "/healthz", None).unwrap().status, 404, "nothing but /metrics");
+    let main = https::Client::new(&ca, &server_name(&docs, "node-agent")).unwrap();
+    assert_eq!(main.get(agent.addr, "/metrics", None).unwrap().status, 401, "the main port without a token");
+    drop(prometheus);
+}
+
+fn strings_of(value: &Value) -> Vec<String> {
+    value.as_sequence().into_iter().flatten().filter_map(|v| v.as_str().map(str::to_owned)).collect()
 }

@@ -36,8 +36,12 @@ fn half_sent_requests_are_closed_after_the_header_timeout_while_healthz_answers(
     });
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let args = vec!["--namespace".to_owned(), namespace, "--listen".to_owned(), addr.to_string()];
-    // A cap above the connections held here: this test is about the timeout alone.
-    let env = [("NEURON_OPERATOR_LOG", "info".to_owned()), ("NEURON_OPERATOR_HTTP_MAX_CONNECTIONS", "1000".to_owned())];
+    // Caps above the connections held here: this test is about the timeout alone.
+    let env = [
+        ("NEURON_OPERATOR_LOG", "info".to_owned()),
+        ("NEURON_OPERATOR_HTTP_MAX_CONNECTIONS", "1000".to_owned()),
+        ("NEURON_OPERATOR_HTTP_MAX_CONNECTIONS_PER_PEER", "1000".to_owned()),
+    ];
     let _operator = Process::start("neuron-operator", &args, &env, cp);
     let start = Instant::now();
     while http_get(addr, "/healthz").map(|r| r.0) != Some(200) {

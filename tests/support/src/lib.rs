@@ -106,7 +106,12 @@ pub fn free_port() -> u16 {
 /// A minimal HTTP/1.1 GET on loopback, enough for the project's endpoints, LocalStack's
 /// and Prometheus': (status, body, de-chunked), or `None` when nothing answers.
 pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    http_get_on(stream, addr, path)
+}
+
+/// As [`http_get`], on a connection already open to `addr`.
+pub fn http_get_on(mut stream: TcpStream, addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
     let mut raw = Vec::new();
