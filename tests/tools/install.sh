@@ -14,6 +14,7 @@
 #                 OTLP tests push to; Debian's 2.x keeps serving the scrape tests
 #   systemd-analyze        Debian's `systemd` package (on PATH, /usr/bin), for the unit of
 #                          deploy/ec2 (tests/e2e/tests/deploy.rs); nothing is started
+#   openssl       Debian's package: the CloudWatch add-on test's certificates
 #   the real node of tests/realnode.sh:
 #     Debian's containerd, runc, containernetworking-plugins (/usr/lib/cni), umoci (the
 #     images), iptables and conntrack (kube-proxy); nothing is started
@@ -242,6 +243,18 @@ install_systemd_analyze() {
     step systemd "installed $(systemd-analyze --version | awk 'NR == 1 { print $2; exit }') (Debian package) in $((SECONDS - t))s"
 }
 
+# The openssl command: the CloudWatch add-on test makes its certificates as the add-on's
+# chart does.
+install_openssl() {
+    if command -v openssl >/dev/null; then
+        step openssl "cached ($(openssl version | awk '{ print $2 }'), Debian package)"
+        return
+    fi
+    local t=$SECONDS
+    apt_install openssl openssl
+    step openssl "installed $(openssl version | awk '{ print $2 }') (Debian package) in $((SECONDS - t))s"
+}
+
 # The real node's runtime: Debian packages, checked by the commands they bring.
 NODE_PACKAGES=(containerd runc containernetworking-plugins umoci iptables conntrack)
 install_node_packages() {
@@ -289,6 +302,7 @@ install_localstack_logs
 install_prometheus
 install_prometheus3
 install_systemd_analyze
+install_openssl
 install_node_packages
 install_node_binaries
 echo "tools ready in $tools/bin ($((SECONDS - started))s)"
