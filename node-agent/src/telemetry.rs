@@ -68,8 +68,7 @@ pub struct AgentMetrics {
 }
 
 impl AgentMetrics {
-    /// Creates the metrics and registers them, with the build info, in `registry`. One
-    /// registration per metric: long, but flat, and read as the table of the agent's metrics.
+    /// Creates the metrics and registers them, with the build info, in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = AgentMetrics {
             monitor_restarts: Family::default(),
@@ -98,6 +97,16 @@ impl AgentMetrics {
         };
         // Names below are under `neuron_agent_`.
         let r = registry.sub_registry_with_prefix("neuron_agent");
+        metrics.register_supervision(r);
+        metrics.register_reports(r);
+        r.register("build", "Version of the agent", Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]));
+        metrics
+    }
+
+    /// neuron-monitor's supervision and the node configuration it runs on: one
+    /// registration per metric, read as a table.
+    fn register_supervision(&self, r: &mut Registry) {
+        let metrics = self;
         r.register(
             "monitor_restarts",
             "Restarts of neuron-monitor by reason (exited, silent, spawn_failed, config_changed)",
@@ -139,6 +148,11 @@ impl AgentMetrics {
             "Delay before the next neuron-monitor start; 0 while it runs healthy",
             metrics.monitor_backoff_seconds.clone(),
         );
+    }
+
+    /// The reports and what was refused of them, and the configuration in force.
+    fn register_reports(&self, r: &mut Registry) {
+        let metrics = self;
         r.register("reports", "Reports parsed and applied", metrics.reports.clone());
         r.register(
             "lines_rejected",
@@ -189,8 +203,6 @@ impl AgentMetrics {
              node's distinct tag filters over 16 MiB compiled), tag_filter_cost (one filter over 256 KiB)",
             metrics.routes_refused.clone(),
         );
-        r.register("build", "Version of the agent", Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]));
-        metrics
     }
 
     /// Records the configuration now in force.

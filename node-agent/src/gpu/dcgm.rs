@@ -14,7 +14,7 @@ use std::fmt;
 
 use prometheus_client::metrics::MetricType;
 
-use super::{holdings, Gpu, GpuHolders, GpuSnapshot};
+use super::{holdings, Gpu, GpuHolders, GpuIdentity, GpuSnapshot};
 use crate::{
     series::{Family, FamilyEncoder, Labels, Scope},
     state::{InstanceLabels, PodRef},
@@ -214,19 +214,24 @@ pub const FIELDS: &[Field] = &[
     },
 ];
 
-/// The identity labels of one GPU's series (and its pod's replica), as dcgm-exporter
-/// names them.
-pub fn identity_labels(gpu: &Gpu, hostname: &str, driver: &str, replica: Option<u32>) -> Vec<(&'static str, String)> {
-    let id = &gpu.identity;
-    let mut labels = vec![
+/// The labels that name one GPU, as dcgm-exporter names them (the health series carry
+/// these alone).
+pub fn gpu_labels(id: &GpuIdentity, hostname: &str) -> Vec<(&'static str, String)> {
+    vec![
         ("gpu", id.index.to_string()),
         ("UUID", id.uuid.clone()),
         ("pci_bus_id", id.pci_bus_id.clone()),
         ("device", id.device.clone()),
         ("modelName", id.model.clone()),
         ("Hostname", hostname.to_owned()),
-        ("DCGM_FI_DRIVER_VERSION", driver.to_owned()),
-    ];
+    ]
+}
+
+/// The identity labels of one GPU's series (and its pod's replica), as dcgm-exporter
+/// names them.
+pub fn identity_labels(gpu: &Gpu, hostname: &str, driver: &str, replica: Option<u32>) -> Vec<(&'static str, String)> {
+    let mut labels = gpu_labels(&gpu.identity, hostname);
+    labels.push(("DCGM_FI_DRIVER_VERSION", driver.to_owned()));
     if let Some(replica) = replica {
         labels.push(("vgpu", replica.to_string()));
     }

@@ -7,23 +7,11 @@ use std::fmt;
 use prometheus_client::metrics::MetricType;
 
 use crate::{
-    gpu::GpuIdentity,
+    gpu::dcgm::gpu_labels,
     health::model::{GpuHealthModel, State},
     series::{Family, FamilyEncoder, Labels},
     state::InstanceLabels,
 };
-
-/// dcgm-exporter's identity labels of a GPU (those the health model knows).
-fn identity(id: &GpuIdentity, hostname: &str) -> Vec<(&'static str, String)> {
-    vec![
-        ("gpu", id.index.to_string()),
-        ("UUID", id.uuid.clone()),
-        ("pci_bus_id", id.pci_bus_id.clone()),
-        ("device", id.device.clone()),
-        ("modelName", id.model.clone()),
-        ("Hostname", hostname.to_owned()),
-    ]
-}
 
 pub fn encode(
     model: &GpuHealthModel,
@@ -32,7 +20,7 @@ pub fn encode(
     encoder: &mut dyn FamilyEncoder,
 ) -> Result<(), fmt::Error> {
     let labels: Vec<(u32, Vec<(&'static str, String)>)> =
-        model.gpus.iter().map(|(i, g)| (*i, identity(&g.identity, hostname))).collect();
+        model.gpus.iter().map(|(i, g)| (*i, gpu_labels(&g.identity, hostname))).collect();
     let mut f = Family::new(
         "gpu_health_state",
         "1 for the NVIDIA GPU's current health state (healthy, unhealthy, unknown), 0 for the two others",
