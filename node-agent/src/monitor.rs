@@ -91,10 +91,18 @@ impl Supervisor {
         let mut backoff = Backoff::new(self.config.backoff_initial, self.config.backoff_max);
         let (burst, per) = CONFIG_RESTARTS;
         let mut spec = SpecChanges { specs: spec, pace: RateLimit::new(burst, per), metrics: self.metrics.clone() };
+        let forker = match Forker::start() {
+            Ok(forker) => forker,
+            Err(e) => {
+                // The supervisor ends: a critical task, so the agent exits and is restarted.
+                warn!(error = %e, "could not start the thread neuron-monitor is forked from");
+                return;
+            }
+        };
         loop {
             let current = spec.specs.borrow_and_update().clone();
             let started = Instant::now();
-            let (end, reports) = self.run_once(&current, &mut spec, &shutdown).await;
+            let (end, reports) = self.run_once(&forker, &current, &mut spec, &shutdown).await;
             self.metrics.monitor_up.set(0);
             if matches!(end, RunEnd::Shutdown) {
                 return;
@@ -144,11 +152,12 @@ impl Supervisor {
     /// One life of the child. Returns why it ended and how many reports it delivered.
     async fn run_once(
         &self,
+        forker: &Forker,
         spec: &LaunchSpec,
         spec_changes: &mut SpecChanges,
         shutdown: &CancellationToken,
     ) -> (RunEnd, u64) {
-        let mut child = match spawn(spec) {
+        let mut child = match forker.spawn(spec).await {
             Ok(child) => child,
             Err(e) => return (RunEnd::SpawnFailed(e), 0),
         };
@@ -270,7 +279,39 @@ async fn changed(spec: &mut watch::Receiver<LaunchSpec>) {
     }
 }
 
-fn spawn(spec: &LaunchSpec) -> std::io::Result<Child> {
+type ForkRequest = (Command, tokio::sync::oneshot::Sender<std::io::Result<Child>>);
+
+/// The thread neuron-monitor is forked from, alive as long as the supervisor.
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child ends, not the
+/// process, and the runtime's threads come and go: a worker that ran `block_in_place`
+/// (every report) later retires as an idle blocking thread, and neuron-monitor was
+/// SIGKILLed with it, tens of seconds after a quiet spell.
+struct Forker(std::sync::mpsc::Sender<ForkRequest>);
+
+impl Forker {
+    /// Starts the thread; it ends when the forker is dropped.
+    fn start() -> std::io::Result<Forker> {
+        let (tx, rx) = std::sync::mpsc::channel::<ForkRequest>();
+        // Spawned children need the runtime's reactor (pipes, exit notification).
+        let runtime = tokio::runtime::Handle::current();
+        std::thread::Builder::new().name("monitor-forker".into()).spawn(move || {
+            let _runtime = runtime.enter();
+            for (mut command, reply) in rx {
+                let _ = reply.send(command.spawn());
+            }
+        })?;
+        Ok(Forker(tx))
+    }
+
+    async fn spawn(&self, spec: &LaunchSpec) -> std::io::Result<Child> {
+        let gone = || std::io::Error::other("the thread neuron-monitor is forked from is gone");
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.0.send((command(spec), reply)).map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+}
+
+fn command(spec: &LaunchSpec) -> Command {
     let mut command = Command::new(&spec.program);
     command.args(&spec.args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     // A group of its own: whatever it forks is signalled with it.
@@ -286,7 +327,7 @@ fn spawn(spec: &LaunchSpec) -> std::io::Result<Child> {
             Ok(())
         });
     }
-    command.spawn()
+    command
 }
 
 /// SIGTERM, then SIGKILL after `grace`; always reaps the child. For a child whose group

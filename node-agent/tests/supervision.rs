@@ -291,3 +291,25 @@ fn a_critical_task_that_dies_makes_the_agent_exit_non_zero_naming_it() {
     // neuron-monitor was stopped on the way out, not left behind.
     assert!(!log.contains("did not stop in time"), "log:\n{log}");
 }
+
+/// neuron-monitor outlives the runtime's threads: it was forked by whichever thread ran
+/// the supervisor, with `PR_SET_PDEATHSIG`, which fires when that *thread* ends; a worker
+/// that ran `block_in_place` for a report later retires as an idle blocking thread (10 s
+/// unused), and neuron-monitor was SIGKILLed with it during a quiet spell.
+#[test]
+fn a_quiet_monitor_is_not_killed_when_the_runtimes_threads_retire() {
+    let sim = ["--instance-type=trn1.2xlarge", "--app=tag=train,cores=0,util=80,rps=20", "--hang-after=6"];
+    let agent = Agent::start(&sim, &["--period", "1s", "--silence-timeout", "1h"]);
+    agent.wait_for("six reports", Duration::from_secs(30), |m| {
+        m.value("neuron_agent_reports_total", &[]).filter(|n| *n >= 6.0)
+    });
+    let monitor = agent.children();
+    // Past the blocking pool's keep-alive (10 s) twice over, scraped meanwhile.
+    for _ in 0..30 {
+        std::thread::sleep(Duration::from_secs(1));
+        agent.metrics();
+    }
+    let restarts = agent.metrics().sum("neuron_agent_monitor_restarts_total", &[]);
+    assert_eq!(restarts, 0.0, "neuron-monitor was restarted while it was quiet");
+    assert_eq!(agent.children(), monitor);
+}
