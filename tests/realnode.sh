@@ -37,8 +37,9 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 NODE_NAME=neuron-realnode
 # A Neuron instance type, so that the chart's agent DaemonSet (node affinity on
-# node.kubernetes.io/instance-type) and the operator take the node as a Neuron node.
-INSTANCE_TYPE=trn1.2xlarge
+# node.kubernetes.io/instance-type) and the operator take the node as a Neuron node; the
+# simulator and the test device plugin simulate its devices, cores and EFA devices.
+INSTANCE_TYPE=${REALNODE_INSTANCE_TYPE:-trn1.32xlarge}
 POD_CIDR=10.244.0.0/24
 BRIDGE=nmrealnode0
 KUBELET_ROOT=/var/lib/kubelet
@@ -65,7 +66,8 @@ NEEDED=(controlplane:install.sh kubelet:install.sh kube-scheduler:install.sh
     kube-proxy:install.sh pause:install.sh containerd:install.sh
     containerd-shim-runc-v2:install.sh runc:install.sh ctr:install.sh umoci:install.sh
     iptables:install.sh ip6tables:install.sh ip:iproute2 curl:curl setsid:util-linux
-    findmnt:util-linux strip:binutils ldd:libc-bin ss:iproute2 sysctl:procps)
+    findmnt:util-linux strip:binutils ldd:libc-bin ss:iproute2 sysctl:procps
+    neuron-sim-deviceplugin:install.sh)
 
 die() {
     echo "realnode: $*" >&2
@@ -160,10 +162,15 @@ kube_chains() {
     done
 }
 
+# free_port: a port nobody listens on, below the kernel's ephemeral range (where ports
+# bound to 0 and outgoing connections come from, and a port found free can be taken
+# before the kubelet binds it).
 free_port() {
-    local p
+    local p low
+    low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range)
+    ((low > 21000)) || low=61000
     while :; do
-        p=$((20000 + RANDOM % 30000))
+        p=$((20000 + RANDOM % (low - 20000)))
         [[ -z $(ss -Hltn "sport = :$p") ]] && { echo "$p"; return; }
     done
 }
@@ -200,6 +207,7 @@ up() {
     start_kube_proxy
     start_scheduler
     wait_node_ready
+    start_device_plugin
     local node_s
     node_s=$(since "$t")
     write_values
@@ -468,6 +476,19 @@ wait_node_ready() {
     alive kube-scheduler || fail "kube-scheduler exited (log: $dir/logs/kube-scheduler.log)"
 }
 
+# start_device_plugin: the test device plugin, for the simulated instance's hardware as
+# the simulator describes it, registered once the kubelet's socket exists; waits until
+# the Node advertises NeuronCores.
+start_device_plugin() {
+    "$(workspace_bin)/neuron-monitor-sim" hardware --instance-type "$INSTANCE_TYPE" >"$dir/host/hardware.json" ||
+        fail "the simulator does not know the instance type $INSTANCE_TYPE"
+    start deviceplugin neuron-sim-deviceplugin --hardware "$dir/host/hardware.json" \
+        --socket-dir "$KUBELET_ROOT/device-plugins"
+    wait_until deviceplugin "aws.amazon.com/neuroncore on the Node" node_has_neuroncores
+}
+
+node_has_neuroncores() { [[ $(api "/api/v1/nodes/$NODE_NAME") == *'"allocatable":{'*'"aws.amazon.com/neuroncore":"'* ]]; }
+
 write_values() {
     # Only what this node needs: the local images (never pulled) and the simulator's
     # device access (no Neuron device to open).
@@ -482,6 +503,13 @@ agent:
   image:
     tag: $IMAGE_TAG
   deviceAccess: none
+  # The simulator as neuron-monitor: the node's instance type, and the applications of
+  # the workload pods (neuron-monitor-sim app), found through the host's PID namespace.
+  extraEnv:
+    - name: NEURON_SIM_INSTANCE_TYPE
+      value: $INSTANCE_TYPE
+    - name: NEURON_SIM_DISCOVER_APPS
+      value: "true"
 EOF
 }
 
@@ -744,7 +772,7 @@ down() {
     [[ -d $dir/host ]] || { echo "realnode: no node state in $dir"; return 0; }
     steps=()
     # The kubelet first (it would restart what is killed), then the pods, then the rest.
-    timed stop kubelet
+    timed stop kubelet deviceplugin
     timed kill_pods
     timed stop kube-proxy kube-scheduler containerd controlplane
     timed kill_pods

@@ -11,7 +11,8 @@ use api::duration::Period;
 use api::monitor_config::{RuntimeGroup, SystemGroup};
 
 use crate::hardware::HostDocuments;
-use crate::scenario::{App, GroupName, Scenario};
+use crate::pod_app::Discovery;
+use crate::scenario::{place, App, AppSpec, GroupName, Scenario};
 use crate::schedule::{GroupKey, Plan};
 use crate::wire::*;
 use api::hash::fnv1a;
@@ -32,6 +33,9 @@ pub struct Refresh {
 /// were refreshed (for `--ecc-every`).
 pub struct Generator {
     scenario: Scenario,
+    /// The apps of the command line: the first this many of `scenario.apps`; the rest
+    /// were discovered (`--discover-apps`) and are replaced at each scan.
+    given_apps: usize,
     plan: Plan,
     hw_refreshes: u64,
     instance_info: InstanceInfo,
@@ -43,6 +47,7 @@ impl Generator {
         Generator {
             instance_info: scenario.instance.instance_info(&scenario.region),
             hardware_info: scenario.instance.hardware_info(),
+            given_apps: scenario.apps.len(),
             scenario,
             plan,
             hw_refreshes: 0,
@@ -51,6 +56,19 @@ impl Generator {
 
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+
+    /// Replaces the discovered apps with those of the last scan; one that cannot run
+    /// beside the others (a core held twice, a core the host lacks) is said and left out.
+    pub fn set_discovered(&mut self, specs: Vec<AppSpec>, discovery: &mut Discovery) {
+        self.scenario.apps.truncate(self.given_apps);
+        for spec in specs {
+            let pid = spec.pid.unwrap_or_default();
+            match place(&self.scenario.instance, &self.scenario.apps, spec, pid) {
+                Ok(app) => self.scenario.apps.push(app),
+                Err(e) => discovery.say(pid, &format!("{e:#}")),
+            }
+        }
     }
 
     /// The document of one tick, carrying exactly the refreshed groups.

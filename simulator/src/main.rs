@@ -14,12 +14,18 @@
 //!   faults on a schedule or a control file.
 //! - [`efa`]: fake EFA devices in the same sysfs tree, their counters following the
 //!   applications' activity.
+//! - [`pod_app`]: `neuron-monitor-sim app`, an application for a workload pod, and
+//!   `--discover-apps`, which reports those running on the host.
+//!
+//! `neuron-monitor-sim hardware --instance-type T` prints the simulated instance's
+//! devices, cores and EFA device names as one JSON line (for a test device plugin).
 
 mod document;
 mod driver;
 mod efa;
 mod faults;
 mod hardware;
+mod pod_app;
 mod replay;
 mod scenario;
 mod schedule;
@@ -28,7 +34,7 @@ mod wire;
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
@@ -40,6 +46,7 @@ use clap::Parser;
 
 use crate::document::{Generator, Refresh};
 use crate::faults::{Emitter, Faults, Next};
+use crate::pod_app::Discovery;
 use crate::scenario::{parse_app_spec, GroupName, Scenario, DEFAULT_APP};
 use crate::schedule::Plan;
 
@@ -81,7 +88,14 @@ neuron_hw_counters, neuron_k8s_info (system groups). A failing group carries `er
 no data.
 
 Exit codes: 0 on --max-documents or a closed stdout, 1 on a startup or write error,
-2 on a bad command line, 3 on --exit-after.";
+2 on a bad command line, 3 on --exit-after.
+
+Subcommands:
+  neuron-monitor-sim app --tag NAME --util PERCENT [--rps N] [--cores LIST]
+            a simulated application for a workload pod (cores: NEURON_RT_VISIBLE_CORES),
+            reported by a simulator with --discover-apps on the same host
+  neuron-monitor-sim hardware [--instance-type T]
+            the instance's devices, cores and EFA device names, as one JSON line";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -219,6 +233,42 @@ struct Args {
     /// 50 ms: the way to trigger a fault at a chosen moment.
     #[arg(long, value_name = "FILE", env = "NEURON_SIM_HEALTH_CONTROL")]
     health_control: Option<PathBuf>,
+
+    /// Also report the applications started as `neuron-monitor-sim app` on this host
+    /// (read from /proc before each document; the host's PID namespace is needed to see
+    /// other containers' processes). Without --app, those are the only applications.
+    #[arg(long, env = "NEURON_SIM_DISCOVER_APPS")]
+    discover_apps: bool,
+}
+
+/// The first argument of `neuron-monitor-sim hardware`.
+const HARDWARE: &str = "hardware";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "neuron-monitor-sim hardware",
+    about = "Prints the simulated instance's Neuron devices, NeuronCores and EFA device names as one JSON line."
+)]
+struct HardwareArgs {
+    #[arg(long, env = "NEURON_SIM_INSTANCE_TYPE", default_value = "trn1.2xlarge")]
+    instance_type: String,
+}
+
+/// `neuron-monitor-sim hardware ...`: what a device plugin advertises on the simulated
+/// host, from the same table the reports come from.
+fn describe_hardware(args: impl Iterator<Item = std::ffi::OsString>) -> Result<ExitCode> {
+    let args = HardwareArgs::parse_from(std::iter::once("neuron-monitor-sim hardware".into()).chain(args));
+    let instance = hardware::lookup(&args.instance_type)?;
+    let efa: Vec<String> = (0..instance.efa_devices() as usize).map(efa::device_name).collect();
+    let description = serde_json::json!({
+        "instance_type": instance.name,
+        "devices": instance.devices,
+        "cores_per_device": instance.cores_per_device,
+        "neuroncores": instance.cores(),
+        "efa_devices": efa,
+    });
+    println!("{description}");
+    Ok(ExitCode::SUCCESS)
 }
 
 fn parse_scheduled_fault(spec: &str) -> Result<(Duration, driver::Fault), String> {
@@ -261,7 +311,7 @@ impl Args {
         for (i, spec) in self.apps.iter().filter(|s| !s.trim().is_empty()).enumerate() {
             specs.push(parse_app_spec(spec).with_context(|| format!("--app #{}", i + 1))?);
         }
-        if specs.is_empty() {
+        if specs.is_empty() && !self.discover_apps {
             specs.push(parse_app_spec(DEFAULT_APP)?);
         }
         Scenario::new(instance, self.region.clone(), specs, self.group_error.clone(), self.ecc_every)
@@ -276,8 +326,13 @@ fn main() -> ExitCode {
             std::env::remove_var(name);
         }
     }
-    let args = Args::parse();
-    match run(&args) {
+    let mut argv = std::env::args_os().skip(1);
+    let outcome = match argv.next() {
+        Some(first) if first == pod_app::SUBCOMMAND => pod_app::run(argv),
+        Some(first) if first == HARDWARE => describe_hardware(argv),
+        _ => run(&Args::parse()),
+    };
+    match outcome {
         Ok(code) => code,
         Err(e) => {
             eprintln!("neuron-monitor-sim: error: {e:#}");
@@ -338,7 +393,7 @@ fn run(args: &Args) -> Result<ExitCode> {
         return Ok(code);
     }
     match source {
-        Source::Generated(generator) => generate(*generator, emitter),
+        Source::Generated(generator) => generate(*generator, emitter, args.discover_apps.then(Discovery::default)),
         Source::Replay(lines, interval) => replay_loop(&lines, interval, emitter),
     }
 }
@@ -348,8 +403,13 @@ enum Source {
     Replay(Vec<String>, Period),
 }
 
-/// Writes documents whenever groups are due, on the real clock.
-fn generate(mut generator: Generator, mut emitter: Emitter<impl Write>) -> Result<ExitCode> {
+/// Writes documents whenever groups are due, on the real clock; with a discovery, the
+/// host's applications are read again before each document.
+fn generate(
+    mut generator: Generator,
+    mut emitter: Emitter<impl Write>,
+    mut discovery: Option<Discovery>,
+) -> Result<ExitCode> {
     let start = Instant::now();
     let mut last_refresh = HashMap::new();
     let mut t_ms = 0;
@@ -360,6 +420,10 @@ fn generate(mut generator: Generator, mut emitter: Emitter<impl Write>) -> Resul
             hang();
         };
         sleep_until(start + Duration::from_millis(next));
+        if let Some(discovery) = &mut discovery {
+            let found = discovery.scan(Path::new("/proc"));
+            generator.set_discovered(found, discovery);
+        }
         let now = Instant::now();
         let refreshes: Vec<Refresh> = generator
             .plan()
@@ -530,7 +594,7 @@ mod tests {
         .unwrap();
         let generator = Generator::new(args.scenario().unwrap(), Plan::new(&config).unwrap());
         let mut out = Vec::new();
-        let code = generate(generator, Emitter::new(&mut out, args.faults())).unwrap();
+        let code = generate(generator, Emitter::new(&mut out, args.faults()), None).unwrap();
         assert_eq!(code, ExitCode::SUCCESS);
         let text = String::from_utf8(out).unwrap();
         let lines: Vec<&str> = text.lines().collect();

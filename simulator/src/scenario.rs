@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use api::monitor_config::{RuntimeGroup, SystemGroup};
 
 use crate::hardware::InstanceType;
@@ -117,35 +117,11 @@ impl Scenario {
         group_errors: Vec<GroupName>,
         ecc_every: Option<u64>,
     ) -> Result<Scenario> {
-        let host_cores = instance.cores();
         let mut apps: Vec<App> = Vec::with_capacity(specs.len());
         for (i, spec) in specs.into_iter().enumerate() {
-            let n = i + 1;
-            let pid = spec.pid.unwrap_or(1000 + i as u32);
-            if let Some(other) = apps.iter().position(|a| a.pid == pid) {
-                bail!("app {n}: pid {pid} is already used by app {}", other + 1);
-            }
-            for &core in &spec.cores {
-                if core >= host_cores {
-                    bail!("app {n}: core {core} does not exist on {} (cores 0-{})", instance.name, host_cores - 1);
-                }
-                if let Some(other) = apps.iter().position(|a| a.cores.contains(&core)) {
-                    bail!("app {n}: core {core} is already held by app {}", other + 1);
-                }
-            }
-            let tag = if spec.tag.is_empty() { pid.to_string() } else { spec.tag };
-            let host_mem = spec.host_mem.unwrap_or(512 * MIB + 64 * MIB * spec.cores.len() as u64);
-            apps.push(App {
-                pid,
-                tag,
-                cores: spec.cores,
-                util: spec.util,
-                rps: spec.rps,
-                errors: spec.errors,
-                error_type: spec.error_type.unwrap_or_else(|| "generic".to_owned()),
-                host_mem,
-                pod: spec.pod,
-            });
+            let pid = 1000 + i as u32;
+            let app = place(&instance, &apps, spec, pid).map_err(|e| anyhow!("app {}: {e}", i + 1))?;
+            apps.push(app);
         }
         Ok(Scenario { instance, region, apps, group_errors, ecc_every })
     }
@@ -153,6 +129,38 @@ impl Scenario {
     pub fn group_fails(&self, group: GroupName) -> bool {
         self.group_errors.contains(&group)
     }
+}
+
+/// The app a spec describes on the host beside `others`: its pid (`default_pid` when
+/// the spec has none), tag and host memory, its cores checked against the hardware and
+/// the other apps.
+pub fn place(instance: &InstanceType, others: &[App], spec: AppSpec, default_pid: u32) -> Result<App> {
+    let pid = spec.pid.unwrap_or(default_pid);
+    if let Some(other) = others.iter().position(|a| a.pid == pid) {
+        bail!("pid {pid} is already used by app {}", other + 1);
+    }
+    let host_cores = instance.cores();
+    for &core in &spec.cores {
+        if core >= host_cores {
+            bail!("core {core} does not exist on {} (cores 0-{})", instance.name, host_cores - 1);
+        }
+        if let Some(other) = others.iter().position(|a| a.cores.contains(&core)) {
+            bail!("core {core} is already held by app {}", other + 1);
+        }
+    }
+    let tag = if spec.tag.is_empty() { pid.to_string() } else { spec.tag };
+    let host_mem = spec.host_mem.unwrap_or(512 * MIB + 64 * MIB * spec.cores.len() as u64);
+    Ok(App {
+        pid,
+        tag,
+        cores: spec.cores,
+        util: spec.util,
+        rps: spec.rps,
+        errors: spec.errors,
+        error_type: spec.error_type.unwrap_or_else(|| "generic".to_owned()),
+        host_mem,
+        pod: spec.pod,
+    })
 }
 
 /// Parses `tag=NAME,cores=0-3|0,2,5,util=NN[,rps=NN][,pid=NN][,errors=NN][,error_type=NAME]
@@ -259,9 +267,15 @@ pub fn parse_app_spec(spec: &str) -> Result<AppSpec> {
 }
 
 /// `3` or `0-3`.
+/// Core indices at most: above any instance type's count (128 on trn2 with LNC=1), and
+/// the bound of a range before it is expanded.
+const MAX_CORE_INDEX: u32 = 1023;
+
 fn parse_cores(item: &str) -> Result<Vec<u32>> {
-    let index = |s: &str| {
-        s.trim().parse::<u32>().map_err(|_| anyhow::anyhow!("cores: {item:?} is not a core index or range like 0-3"))
+    let index = |s: &str| match s.trim().parse::<u32>() {
+        Ok(i) if i <= MAX_CORE_INDEX => Ok(i),
+        Ok(_) => bail!("cores: {item:?} names a core above {MAX_CORE_INDEX}"),
+        Err(_) => bail!("cores: {item:?} is not a core index or range like 0-3"),
     };
     match item.split_once('-') {
         None => Ok(vec![index(item)?]),
@@ -273,6 +287,21 @@ fn parse_cores(item: &str) -> Result<Vec<u32>> {
             Ok((first..=last).collect())
         }
     }
+}
+
+/// A list of core indices and ranges, like `0-3,8` (`NEURON_RT_VISIBLE_CORES`'s form),
+/// each core once.
+pub fn parse_core_list(list: &str) -> Result<Vec<u32>> {
+    let mut cores: Vec<u32> = Vec::new();
+    for item in list.split(',') {
+        for core in parse_cores(item)? {
+            if cores.contains(&core) {
+                bail!("cores: core {core} is listed twice in {list:?}");
+            }
+            cores.push(core);
+        }
+    }
+    Ok(cores)
 }
 
 fn parse_number(key: &str, value: &str) -> Result<f64> {

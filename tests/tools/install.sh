@@ -21,6 +21,8 @@
 #     kubelet, kube-scheduler, kube-proxy  go build from tests/controlplane's module: the
 #                 same Kubernetes version and replace block as the control plane
 #     pause       tests/controlplane/pause, static: the pod sandbox image's program
+#     neuron-sim-deviceplugin  tests/controlplane/deviceplugin: the test device plugin
+#                 (Neuron devices, NeuronCores, EFA of the simulated instance type)
 # Idempotent: each step is skipped when its stamp (pinned version or source hash)
 # matches. Each step prints one line; a warm run takes a few seconds.
 # Go caches stay at their defaults (~/.cache/go-build, ~/go/pkg/mod).
@@ -295,6 +297,22 @@ install_node_binaries() {
     step node "built kubelet, kube-scheduler, kube-proxy, pause in $((SECONDS - t))s (k8s $k8s_version, source $hash)"
 }
 
+# The test device plugin (tests/controlplane/deviceplugin), apart from the node's
+# binaries: a change to it does not rebuild the kubelet.
+install_deviceplugin() {
+    local src=$repo/tests/controlplane hash
+    hash=$( (cd "$src" && cat go.mod go.sum deviceplugin/*.go && go env GOVERSION) | sha256sum | cut -c1-16)
+    if stamped deviceplugin "$hash" "$bin/neuron-sim-deviceplugin"; then
+        step deviceplugin "cached (source $hash)"
+        return
+    fi
+    local t=$SECONDS
+    (cd "$src" && quiet deviceplugin go build -trimpath -ldflags "-s -w" -o "$bin/neuron-sim-deviceplugin.tmp" ./deviceplugin)
+    mv "$bin/neuron-sim-deviceplugin.tmp" "$bin/neuron-sim-deviceplugin"
+    echo "$hash" >"$stamps/deviceplugin"
+    step deviceplugin "built neuron-sim-deviceplugin in $((SECONDS - t))s (source $hash)"
+}
+
 install_controlplane
 install_helm
 install_localstack
@@ -305,4 +323,5 @@ install_systemd_analyze
 install_openssl
 install_node_packages
 install_node_binaries
+install_deviceplugin
 echo "tools ready in $tools/bin ($((SECONDS - started))s)"

@@ -12,6 +12,7 @@
 //! fixed path), and starting a node costs about a minute.
 
 use std::{
+    collections::{BTreeMap, BTreeSet},
     net::SocketAddr,
     time::{Duration, Instant},
 };
@@ -35,6 +36,7 @@ use neuron_e2e::{
     real_node::{leftovers, HostState, RealNode},
     wait_for,
 };
+use neuron_node_agent::attribution::podresources::{self, Unit};
 use serde_json::json;
 
 const RELEASE: &str = "neuron-monitor";
@@ -78,8 +80,9 @@ async fn the_chart_runs_on_a_real_node_and_stopping_the_node_restores_the_machin
     let pods = every_pod_ready(&client).await;
     eprintln!("every pod Ready {:.1}s after helm returned", waited.elapsed().as_secs_f64());
     containers_hold_the_charts_security_context(&client, &pods).await;
-    metrics_answer_only_a_token_with_the_reader_role(&client, &pods).await;
+    let scraper = metrics_answer_only_a_token_with_the_reader_role(&client, &pods).await;
     the_agent_follows_its_nodes_configmap(&client, &node.info.node).await;
+    a_workload_pods_runtime_is_attributed_through_the_kubelet(&client, &node, &scraper, &pods).await;
 
     let pids = node.pids();
     let took = node.down().expect("tests/realnode.sh down");
@@ -205,10 +208,28 @@ fn container_processes(pod: &Pod, container: &str) -> Vec<u32> {
     pids
 }
 
+/// What Prometheus would scrape with: the chart's CA and a token of a ServiceAccount the
+/// metrics-reader ClusterRole is bound to.
+struct Scraper {
+    ca: String,
+    token: String,
+}
+
+impl Scraper {
+    /// `GET /metrics` of a pod of `component` on `port`, over HTTPS (the Service's name).
+    fn metrics(&self, pod: &Pod, component: &str, port: u16, token: Option<&str>) -> https::Answer {
+        let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("a pod IP");
+        let addr: SocketAddr = format!("{ip}:{port}").parse().expect("an address");
+        let https = https::Client::new(self.ca.as_bytes(), &format!("{RELEASE}-{component}.{NAMESPACE}.svc"))
+            .expect("a client");
+        https.get(addr, "/metrics", token).expect("an answer from /metrics")
+    }
+}
+
 /// /metrics of the agent and of an operator replica, over HTTPS (the chart's CA, the
 /// Service's name): 401 without a token, 403 with the token of a ServiceAccount the
 /// metrics-reader ClusterRole is not bound to, the series with one it is bound to.
-async fn metrics_answer_only_a_token_with_the_reader_role(client: &Client, pods: &[Pod]) {
+async fn metrics_answer_only_a_token_with_the_reader_role(client: &Client, pods: &[Pod]) -> Scraper {
     let ca = Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE)
         .get(&format!("{RELEASE}-metrics-ca"))
         .await
@@ -218,21 +239,147 @@ async fn metrics_answer_only_a_token_with_the_reader_role(client: &Client, pods:
         .expect("ca.crt");
     let reader = service_account_token(client, "prometheus", Some(&format!("{RELEASE}-metrics-reader"))).await;
     let stranger = service_account_token(client, "stranger", None).await;
+    let scraper = Scraper { ca, token: reader };
     for (component, port, series) in
-        [("node-agent", AGENT_PORT, "neuroncore_utilization_ratio"), ("operator", OPERATOR_PORT, "# TYPE")]
+        [("node-agent", AGENT_PORT, "neuron_agent_"), ("operator", OPERATOR_PORT, "# TYPE")]
     {
         let pod = pods.iter().find(|p| component_of(p) == component).expect("a pod of the component");
-        let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("a pod IP");
-        let addr: SocketAddr = format!("{ip}:{port}").parse().expect("an address");
-        let https =
-            https::Client::new(ca.as_bytes(), &format!("{RELEASE}-{component}.{NAMESPACE}.svc")).expect("a client");
-        let get = |token: Option<&str>| https.get(addr, "/metrics", token).expect("an answer from /metrics");
+        let get = |token: Option<&str>| scraper.metrics(pod, component, port, token);
         assert_eq!(get(None).status, 401, "{component} without a token");
         assert_eq!(get(Some(&stranger)).status, 403, "{component} with a token without the role");
-        let answer = get(Some(&reader));
+        let answer = get(Some(&scraper.token));
         assert_eq!(answer.status, 200, "{component} with the reader's token: {}", answer.body);
         assert!(answer.body.contains(series), "{component}'s /metrics lacks {series}:\n{}", answer.body);
     }
+    scraper
+}
+
+/// A workload pod holding NeuronCores of the test device plugin runs the simulated
+/// application (`neuron-monitor-sim app`, cores from NEURON_RT_VISIBLE_CORES); the
+/// agent's /metrics shows its runtime on exactly the cores the kubelet's pod-resources
+/// API says the container holds, with its namespace, pod and container: attribution
+/// through the real kubelet and the real `/proc/<pid>/cgroup` of a real container.
+async fn a_workload_pods_runtime_is_attributed_through_the_kubelet(
+    client: &Client,
+    node: &RealNode,
+    scraper: &Scraper,
+    pods: &[Pod],
+) {
+    const TEAM: &str = "team-train";
+    const TAG: &str = "realnode-train";
+    let started = Instant::now();
+    workload_pod(client, TEAM, "trainer", &node.info.images.agent, TAG, 3).await;
+    let socket = node.info.kubelet_root.join("pod-resources/kubelet.sock");
+    let answer = podresources::list(&socket).await.expect("the kubelet's pod-resources answer");
+    let held: BTreeSet<String> = podresources::allocations(&answer)
+        .0
+        .into_iter()
+        .filter(|a| (a.namespace.as_str(), a.pod.as_str(), a.unit) == (TEAM, "trainer", Unit::Core))
+        .map(|a| a.id.to_string())
+        .collect();
+    assert_eq!(held.len(), 3, "the kubelet's allocation of 3 NeuronCores: {held:?}");
+
+    let agent = pods.iter().find(|p| component_of(p) == "node-agent").expect("the agent's pod");
+    let expected: BTreeSet<(String, String, String, String)> =
+        held.iter().map(|core| (core.clone(), TEAM.into(), "trainer".into(), "app".into())).collect();
+    let seen = wait_for(Duration::from_secs(60), || {
+        let answer = scraper.metrics(agent, "node-agent", AGENT_PORT, Some(&scraper.token));
+        let cores = runtime_cores(&answer.body, TAG);
+        std::future::ready((cores == expected).then_some(cores))
+    })
+    .await;
+    let last = runtime_cores(&scraper.metrics(agent, "node-agent", AGENT_PORT, Some(&scraper.token)).body, TAG);
+    assert!(seen.is_some(), "{TAG}'s cores on /metrics {last:?}, the kubelet's allocation {expected:?}");
+    // Both ways agree: the process's own cgroup placed the runtime, the kubelet's
+    // pod-resources answer placed its cores.
+    let page = scraper.metrics(agent, "node-agent", AGENT_PORT, Some(&scraper.token)).body;
+    for (series, value) in [
+        ("neuron_agent_runtimes_attributed{source=\"process\"}", "1"),
+        ("neuron_agent_device_source{source=\"kubelet\"}", "1"),
+        ("neuron_agent_attribution_disagreements_total", "0"),
+    ] {
+        let line = page.lines().find(|l| l.starts_with(series)).unwrap_or_default();
+        assert_eq!(line.split(' ').nth(1), Some(value), "{series} on the agent's page: {line:?}");
+    }
+    eprintln!(
+        "a workload pod's runtime attributed on /metrics {:.1}s after it was created",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Creates pod `namespace/name` (its namespace too) holding `cores` NeuronCores and
+/// running the simulated application tagged `tag` in container `app`; waits until it runs.
+async fn workload_pod(client: &Client, namespace: &str, name: &str, image: &str, tag: &str, cores: u32) -> Pod {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = serde_json::from_value(json!({ "metadata": { "name": namespace } })).expect("a Namespace");
+    let _ = namespaces.create(&PostParams::default(), &ns).await;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{
+                "name": "app",
+                "image": image,
+                "imagePullPolicy": "Never",
+                "command": ["neuron-monitor-sim", "app", "--tag", tag, "--util", "70"],
+                "resources": { "limits": { "aws.amazon.com/neuroncore": cores.to_string() } },
+                "securityContext": { "runAsNonRoot": true, "allowPrivilegeEscalation": false,
+                                     "readOnlyRootFilesystem": true, "capabilities": { "drop": ["ALL"] } },
+            }],
+        },
+    }))
+    .expect("a Pod");
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    api.create(&PostParams::default(), &pod).await.expect("creating the workload pod");
+    let running = wait_for(Duration::from_secs(90), || {
+        let api = api.clone();
+        async move {
+            let pod = api.get(name).await.ok()?;
+            let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+            (phase.as_deref() == Some("Running")).then_some(pod)
+        }
+    })
+    .await;
+    let last = api.get(name).await.ok().and_then(|p| p.status);
+    running.unwrap_or_else(|| panic!("workload pod {namespace}/{name} never ran: {last:?}"))
+}
+
+/// The `neuroncore_utilization_ratio` series of runtime `tag` on a /metrics page, as
+/// (neuroncore, namespace, pod, container).
+fn runtime_cores(page: &str, tag: &str) -> BTreeSet<(String, String, String, String)> {
+    page.lines()
+        .filter_map(|line| line.strip_prefix("neuroncore_utilization_ratio{"))
+        .filter_map(|rest| rest.split_once('}').map(|(labels, _)| labels_of(labels)))
+        .filter(|labels| labels.get("runtime_tag").map(String::as_str) == Some(tag))
+        .map(|l| {
+            let get = |k: &str| l.get(k).cloned().unwrap_or_default();
+            (get("neuroncore"), get("namespace"), get("pod"), get("container"))
+        })
+        .collect()
+}
+
+/// `key="value",...` of an exposition line (values with `\"` and `\\` escapes).
+fn labels_of(text: &str) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    let mut rest = text;
+    while let Some((key, after)) = rest.split_once("=\"") {
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = after.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => value.extend(chars.next().map(|(_, c)| if c == 'n' { '\n' } else { c })),
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        labels.insert(key.trim_start_matches(',').to_owned(), value);
+        rest = &after[end..];
+    }
+    labels
 }
 
 /// A bound token (TokenRequest) of ServiceAccount SCRAPERS/name, bound to `role` when given.

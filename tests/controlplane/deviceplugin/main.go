@@ -1,0 +1,225 @@
+// Command deviceplugin stands in, on the tests' real node, for AWS's Neuron device
+// plugin and the EFA device plugin, which cannot run without the hardware. It serves
+// the kubelet's device-plugin API (v1beta1) for three extended resources of the
+// simulated instance type:
+//
+//	aws.amazon.com/neuron      ids: device indices  -> AWS_NEURON_VISIBLE_DEVICES,
+//	                                                   NEURON_RT_VISIBLE_CORES (their cores),
+//	                                                   /dev/neuron<N>
+//	aws.amazon.com/neuroncore  ids: core indices    -> NEURON_RT_VISIBLE_CORES,
+//	                                                   /dev/neuron<N> of their devices
+//	vpc.amazonaws.com/efa      ids: device names    -> /dev/infiniband/uverbs<K>
+//
+// The hardware comes from `neuron-monitor-sim hardware` (the same table the simulated
+// reports come from), as the JSON file given with --hardware. No Neuron or EFA device
+// node exists here: each device node the container sees is --device-node (/dev/null).
+// The plugin runs until SIGTERM; it registers each resource with the kubelet once.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// hardware is what `neuron-monitor-sim hardware` prints.
+type hardware struct {
+	InstanceType   string   `json:"instance_type"`
+	Devices        int      `json:"devices"`
+	CoresPerDevice int      `json:"cores_per_device"`
+	EfaDevices     []string `json:"efa_devices"`
+}
+
+// resource is one extended resource: its ids and what a container holding some gets.
+type resource struct {
+	api.UnimplementedDevicePluginServer
+	name     string
+	socket   string
+	ids      []string
+	allocate func(ids []string) *api.ContainerAllocateResponse
+}
+
+func main() {
+	hardwareFile := flag.String("hardware", "", "JSON of `neuron-monitor-sim hardware` (required)")
+	dir := flag.String("socket-dir", api.DevicePluginPath, "the kubelet's device-plugin directory")
+	deviceNode := flag.String("device-node", "/dev/null", "host device node behind every simulated device node")
+	flag.Parse()
+	hw, err := readHardware(*hardwareFile)
+	if err != nil {
+		log.Fatalf("deviceplugin: %v", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	for _, r := range resources(hw, *deviceNode) {
+		if err := r.serve(ctx, *dir); err != nil {
+			log.Fatalf("deviceplugin: %s: %v", r.name, err)
+		}
+		log.Printf("deviceplugin: %s: %d devices registered", r.name, len(r.ids))
+	}
+	<-ctx.Done()
+}
+
+func readHardware(path string) (hardware, error) {
+	var hw hardware
+	text, err := os.ReadFile(path)
+	if err != nil {
+		return hw, err
+	}
+	if err := json.Unmarshal(text, &hw); err != nil {
+		return hw, fmt.Errorf("%s: %v", path, err)
+	}
+	// Bounds before the lists are built: the largest instance has 16 devices of 8 cores.
+	if hw.Devices < 1 || hw.Devices > 64 || hw.CoresPerDevice < 1 || hw.CoresPerDevice > 16 || len(hw.EfaDevices) > 64 {
+		return hw, fmt.Errorf("%s: implausible hardware %+v", path, hw)
+	}
+	return hw, nil
+}
+
+func resources(hw hardware, deviceNode string) []*resource {
+	neuronNode := func(device int) *api.DeviceSpec {
+		return &api.DeviceSpec{ContainerPath: fmt.Sprintf("/dev/neuron%d", device), HostPath: deviceNode, Permissions: "rw"}
+	}
+	devices, cores := indices(hw.Devices), indices(hw.Devices*hw.CoresPerDevice)
+	neuron := func(ids []string) *api.ContainerAllocateResponse {
+		var held []int
+		out := &api.ContainerAllocateResponse{}
+		for _, d := range numbers(ids) {
+			out.Devices = append(out.Devices, neuronNode(d))
+			for c := d * hw.CoresPerDevice; c < (d+1)*hw.CoresPerDevice; c++ {
+				held = append(held, c)
+			}
+		}
+		out.Envs = map[string]string{"AWS_NEURON_VISIBLE_DEVICES": strings.Join(ids, ","), "NEURON_RT_VISIBLE_CORES": list(held)}
+		return out
+	}
+	neuroncore := func(ids []string) *api.ContainerAllocateResponse {
+		held := numbers(ids)
+		out := &api.ContainerAllocateResponse{Envs: map[string]string{"NEURON_RT_VISIBLE_CORES": list(held)}}
+		seen := map[int]bool{}
+		for _, c := range held {
+			if d := c / hw.CoresPerDevice; !seen[d] {
+				seen[d] = true
+				out.Devices = append(out.Devices, neuronNode(d))
+			}
+		}
+		return out
+	}
+	efa := func(ids []string) *api.ContainerAllocateResponse {
+		out := &api.ContainerAllocateResponse{}
+		for _, id := range ids {
+			for k, name := range hw.EfaDevices {
+				if name == id {
+					out.Devices = append(out.Devices, &api.DeviceSpec{ContainerPath: fmt.Sprintf("/dev/infiniband/uverbs%d", k), HostPath: deviceNode, Permissions: "rw"})
+				}
+			}
+		}
+		return out
+	}
+	all := []*resource{
+		{name: "aws.amazon.com/neuron", socket: "neuron-sim-neuron.sock", ids: devices, allocate: neuron},
+		{name: "aws.amazon.com/neuroncore", socket: "neuron-sim-neuroncore.sock", ids: cores, allocate: neuroncore},
+	}
+	if len(hw.EfaDevices) > 0 {
+		all = append(all, &resource{name: "vpc.amazonaws.com/efa", socket: "neuron-sim-efa.sock", ids: hw.EfaDevices, allocate: efa})
+	}
+	return all
+}
+
+// serve starts the resource's gRPC server on its socket and registers it with the kubelet.
+func (r *resource) serve(ctx context.Context, dir string) error {
+	path := filepath.Join(dir, r.socket)
+	_ = os.Remove(path)
+	listener, err := net.Listen("unix", path)
+	if err != nil {
+		return err
+	}
+	server := grpc.NewServer()
+	api.RegisterDevicePluginServer(server, r)
+	go func() { _ = server.Serve(listener) }()
+	go func() { <-ctx.Done(); server.Stop(); _ = os.Remove(path) }()
+
+	dial, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "kubelet.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_, err = api.NewRegistrationClient(conn).Register(dial, &api.RegisterRequest{
+		Version: api.Version, Endpoint: r.socket, ResourceName: r.name, Options: &api.DevicePluginOptions{},
+	})
+	return err
+}
+
+func (r *resource) GetDevicePluginOptions(context.Context, *api.Empty) (*api.DevicePluginOptions, error) {
+	return &api.DevicePluginOptions{}, nil
+}
+
+// ListAndWatch sends the devices, all healthy, and holds the stream open.
+func (r *resource) ListAndWatch(_ *api.Empty, stream grpc.ServerStreamingServer[api.ListAndWatchResponse]) error {
+	response := &api.ListAndWatchResponse{}
+	for _, id := range r.ids {
+		response.Devices = append(response.Devices, &api.Device{ID: id, Health: api.Healthy})
+	}
+	if err := stream.Send(response); err != nil {
+		return err
+	}
+	<-stream.Context().Done()
+	return nil
+}
+
+func (r *resource) Allocate(_ context.Context, request *api.AllocateRequest) (*api.AllocateResponse, error) {
+	out := &api.AllocateResponse{}
+	for _, container := range request.ContainerRequests {
+		log.Printf("deviceplugin: %s: allocating %v", r.name, container.DevicesIds)
+		out.ContainerResponses = append(out.ContainerResponses, r.allocate(container.DevicesIds))
+	}
+	return out, nil
+}
+
+func (r *resource) PreStartContainer(context.Context, *api.PreStartContainerRequest) (*api.PreStartContainerResponse, error) {
+	return &api.PreStartContainerResponse{}, nil
+}
+
+func indices(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = strconv.Itoa(i)
+	}
+	return out
+}
+
+// numbers are the ids as indices, sorted; the kubelet passes only ids this plugin listed.
+func numbers(ids []string) []int {
+	var out []int
+	for _, id := range ids {
+		if n, err := strconv.Atoi(id); err == nil {
+			out = append(out, n)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+func list(cores []int) string {
+	parts := make([]string, len(cores))
+	for i, c := range cores {
+		parts[i] = strconv.Itoa(c)
+	}
+	return strings.Join(parts, ",")
+}
