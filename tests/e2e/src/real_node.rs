@@ -113,6 +113,16 @@ impl RealNode {
         Client::try_from(config).expect("a client")
     }
 
+    /// A client of the node's API server that authenticates with `token` alone.
+    pub async fn client_with_token(&self, token: &str) -> Client {
+        let kubeconfig = Kubeconfig::read_from(&self.info.kubeconfig).expect("the node's kubeconfig");
+        let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("a client configuration");
+        config.auth_info = kube::config::AuthInfo { token: Some(token.to_owned().into()), ..Default::default() };
+        Client::try_from(config).expect("a client")
+    }
+
     /// `helm ARGS… --kubeconfig <the node's>`.
     pub fn helm(&self, args: &[&str]) -> (bool, String, String) {
         let kubeconfig = self.info.kubeconfig.display().to_string();

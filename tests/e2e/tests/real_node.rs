@@ -27,8 +27,8 @@ use k8s_openapi::api::{
     rbac::v1::{ClusterRoleBinding, RoleRef, Subject},
 };
 use kube::{
-    api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams},
-    Api, Client,
+    api::{DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams},
+    Api, Client, ResourceExt,
 };
 use neuron_e2e::{
     chart::chart_dir,
@@ -83,6 +83,8 @@ async fn the_chart_runs_on_a_real_node_and_stopping_the_node_restores_the_machin
     let scraper = metrics_answer_only_a_token_with_the_reader_role(&client, &pods).await;
     the_agent_follows_its_nodes_configmap(&client, &node.info.node).await;
     a_workload_pods_runtime_is_attributed_through_the_kubelet(&client, &node, &scraper, &pods).await;
+    the_agents_own_token_cannot_write_another_nodes_configmap(&client, &node, &pods).await;
+    uninstalling_leaves_only_what_the_chart_readme_says_it_keeps(&client, &node).await;
 
     let pids = node.pids();
     let took = node.down().expect("tests/realnode.sh down");
@@ -455,6 +457,102 @@ async fn the_agent_follows_its_nodes_configmap(client: &Client, node: &str) {
     })
     .await;
     assert!(changed.is_some(), "the agent never applied the changed config (first version {first})");
+}
+
+/// The agent's pod token (bound to its pod and node, read where the kubelet mounted it)
+/// writes its own node's ConfigMap, and the chart's admission policy refuses it another
+/// node's: what holds a compromised agent to its node.
+async fn the_agents_own_token_cannot_write_another_nodes_configmap(client: &Client, node: &RealNode, pods: &[Pod]) {
+    let agent = pods.iter().find(|p| component_of(p) == "node-agent").expect("the agent's pod");
+    let uid = agent.metadata.uid.as_deref().expect("the agent pod's UID");
+    let volumes = node.info.kubelet_root.join(format!("pods/{uid}/volumes/kubernetes.io~projected"));
+    let token = std::fs::read_dir(&volumes)
+        .expect("the agent pod's projected volumes")
+        .flatten()
+        .find_map(|v| std::fs::read_to_string(v.path().join("token")).ok())
+        .expect("the agent pod's ServiceAccount token");
+    let as_agent = node.client_with_token(token.trim()).await;
+
+    let admin: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
+    let other = configmap_name("another-node");
+    let configmap =
+        ConfigMap { metadata: ObjectMeta { name: Some(other.clone()), ..Default::default() }, ..Default::default() };
+    admin.create(&PostParams::default(), &configmap).await.expect("another node's ConfigMap, as admin");
+    let agents: Api<ConfigMap> = Api::namespaced(as_agent, NAMESPACE);
+    let acknowledge =
+        |hash: &str| Patch::Merge(json!({ "metadata": { "annotations": { APPLIED_HASH_ANNOTATION: hash } } }));
+
+    let own = configmap_name(&node.info.node);
+    let current = admin.get(&own).await.expect("the node's ConfigMap").metadata.annotations.unwrap_or_default();
+    let hash = current.get(APPLIED_HASH_ANNOTATION).cloned().unwrap_or_default();
+    agents
+        .patch(&own, &PatchParams::default(), &acknowledge(&hash))
+        .await
+        .expect("the agent acknowledging its own ConfigMap");
+    match agents.patch(&other, &PatchParams::default(), &acknowledge("forged")).await {
+        Err(kube::Error::Api(refusal)) => {
+            assert_eq!(refusal.code, 403, "{refusal:?}");
+            assert!(refusal.message.contains("neuron-monitor:"), "refused, but not by the chart's policy: {refusal:?}");
+        }
+        other => panic!("the agent's token wrote another node's ConfigMap: {other:?}"),
+    }
+    admin.delete(&other, &Default::default()).await.expect("removing the other node's ConfigMap");
+}
+
+/// `helm uninstall --wait` leaves, of every kind the API server serves, only what the
+/// chart's README says it keeps: the CRD, the node ConfigMaps, the operator's Lease (the
+/// operator makes it, Helm does not own it). Nothing else labelled with
+/// the release anywhere, nothing else in the release's namespace but what Kubernetes puts
+/// in every namespace.
+async fn uninstalling_leaves_only_what_the_chart_readme_says_it_keeps(client: &Client, node: &RealNode) {
+    let (ok, stdout, stderr) =
+        node.helm(&["uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "120s"]);
+    assert!(ok, "helm uninstall failed:\n{stdout}\n{stderr}");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let gone = wait_for(Duration::from_secs(90), || {
+        let pods = pods.clone();
+        async move { pods.list(&ListParams::default()).await.ok().filter(|l| l.items.is_empty()) }
+    })
+    .await;
+    assert!(gone.is_some(), "the release's pods outlived helm uninstall");
+
+    let discovery = kube::Discovery::new(client.clone()).run().await.expect("the API server's discovery");
+    let release = ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}"));
+    let mut left = Vec::new();
+    for group in discovery.groups() {
+        for (resource, caps) in group.recommended_resources() {
+            if !caps.supports_operation(kube::discovery::verbs::LIST) || resource.plural == "events" {
+                continue;
+            }
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+            for object in api.list(&release).await.map(|l| l.items).unwrap_or_default() {
+                left.push(format!("{} {}", resource.kind, object.name_any()));
+            }
+            if caps.scope == kube::discovery::Scope::Namespaced {
+                let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, &resource);
+                for object in api.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default() {
+                    if !kept_in_the_namespace(&resource.kind, &object) {
+                        left.push(format!("{} {NAMESPACE}/{}", resource.kind, object.name_any()));
+                    }
+                }
+            }
+        }
+    }
+    left.sort();
+    left.dedup();
+    assert!(left.is_empty(), "helm uninstall left behind: {left:#?}");
+}
+
+/// What the release's namespace may hold after an uninstall: the node ConfigMaps and the
+/// leader-election Lease (the chart README's list), and what Kubernetes gives every
+/// namespace.
+fn kept_in_the_namespace(kind: &str, object: &DynamicObject) -> bool {
+    let labels = object.metadata.labels.clone().unwrap_or_default();
+    match (kind, object.name_any().as_str()) {
+        ("ConfigMap", _) if labels.get("neuronmonitor.io/node-config").map(String::as_str) == Some("true") => true,
+        ("ConfigMap", "kube-root-ca.crt") | ("ServiceAccount", "default") | ("Lease", "neuron-operator") => true,
+        _ => false,
+    }
 }
 
 fn ready(pod: &Pod) -> bool {
