@@ -4,7 +4,9 @@
 #   tests/realnode.sh up DIR     start it (state, logs and images under DIR); the last line
 #                                of stdout is a JSON object: kubeconfig, values (a Helm
 #                                values file pointing the chart at the local images),
-#                                images {agent, operator, pause}, node, timings
+#                                images {agent, operator, pause}, node, health_control
+#                                (a line appended, like `hbm-ue:3`, injects that fault
+#                                into the simulated driver), timings
 #   tests/realnode.sh down DIR   stop everything `up` started and restore the machine
 #
 # What runs: the test control plane (tests/controlplane with --node-name: ServiceAccount
@@ -208,13 +210,14 @@ up() {
     start_scheduler
     wait_node_ready
     start_device_plugin
+    start_driver
     local node_s
     node_s=$(since "$t")
     write_values
     trap - EXIT
-    printf '{"kubeconfig":"%s","values":"%s","images":{"agent":"%s","operator":"%s","pause":"%s"},"node":"%s","node_ip":"%s","server":"%s","ca":"%s","kubelet_root":"%s","bridge":"%s","logs":"%s","timings":{"controlplane_s":%s,"images_s":%s,"node_ready_s":%s,"total_s":%s}}\n' \
+    printf '{"kubeconfig":"%s","values":"%s","images":{"agent":"%s","operator":"%s","pause":"%s"},"node":"%s","node_ip":"%s","server":"%s","ca":"%s","kubelet_root":"%s","bridge":"%s","logs":"%s","health_control":"%s","timings":{"controlplane_s":%s,"images_s":%s,"node_ready_s":%s,"total_s":%s}}\n' \
         "$dir/cp/admin.kubeconfig" "$dir/values.yaml" "$AGENT_IMAGE" "$OPERATOR_IMAGE" "$PAUSE_IMAGE" \
-        "$NODE_NAME" "$(<"$dir/host/node-ip")" "$(server)" "$dir/cp/pki/ca.crt" "$KUBELET_ROOT" "$BRIDGE" "$dir/logs" \
+        "$NODE_NAME" "$(<"$dir/host/node-ip")" "$(server)" "$dir/cp/pki/ca.crt" "$KUBELET_ROOT" "$BRIDGE" "$dir/logs" "$dir/health-control" \
         "$cp_s" "$images_s" "$node_s" "$(since "$t0")"
 }
 
@@ -487,6 +490,16 @@ start_device_plugin() {
     wait_until deviceplugin "aws.amazon.com/neuroncore on the Node" node_has_neuroncores
 }
 
+# start_driver: the simulator as the node's Neuron driver only (no report written): its
+# sysfs tree (devices, EFA devices) under DIR/node-sys, which the agent mounts as the
+# node's sysfs, and faults injected by appending lines to DIR/health-control.
+start_driver() {
+    touch "$dir/health-control"
+    start driver "$(workspace_bin)/neuron-monitor-sim" --instance-type "$INSTANCE_TYPE" --hang-after 0 \
+        --sysfs-root "$dir/node-sys" --health-control "$dir/health-control"
+    wait_until driver "a driver tree" test -f "$dir/node-sys/module/neuron/version"
+}
+
 node_has_neuroncores() { [[ $(api "/api/v1/nodes/$NODE_NAME") == *'"allocatable":{'*'"aws.amazon.com/neuroncore":"'* ]]; }
 
 write_values() {
@@ -503,6 +516,8 @@ agent:
   image:
     tag: $IMAGE_TAG
   deviceAccess: none
+  # The simulated driver's tree (tests/realnode.sh's start_driver) as the node's sysfs.
+  sysfsHostPath: $dir/node-sys
   # The simulator as neuron-monitor: the node's instance type, and the applications of
   # the workload pods (neuron-monitor-sim app), found through the host's PID namespace.
   extraEnv:
@@ -772,7 +787,7 @@ down() {
     [[ -d $dir/host ]] || { echo "realnode: no node state in $dir"; return 0; }
     steps=()
     # The kubelet first (it would restart what is killed), then the pods, then the rest.
-    timed stop kubelet deviceplugin
+    timed stop kubelet deviceplugin driver
     timed kill_pods
     timed stop kube-proxy kube-scheduler containerd controlplane
     timed kill_pods

@@ -56,6 +56,9 @@ pub struct NodeInfo {
     pub kubelet_root: PathBuf,
     pub bridge: String,
     pub logs: PathBuf,
+    /// Appending a fault (`KIND[:DEVICE[:ARG]]`, a line) injects it into the node's
+    /// simulated Neuron driver.
+    pub health_control: PathBuf,
     pub timings: Timings,
 }
 

@@ -83,6 +83,7 @@ async fn the_chart_runs_on_a_real_node_and_stopping_the_node_restores_the_machin
     let scraper = metrics_answer_only_a_token_with_the_reader_role(&client, &pods).await;
     the_agent_follows_its_nodes_configmap(&client, &node.info.node).await;
     a_workload_pods_runtime_is_attributed_through_the_kubelet(&client, &node, &scraper, &pods).await;
+    a_device_fault_reaches_the_node_condition_an_event_and_metrics(&client, &node, &scraper, &pods).await;
     the_agents_own_token_cannot_write_another_nodes_configmap(&client, &node, &pods).await;
     uninstalling_leaves_only_what_the_chart_readme_says_it_keeps(&client, &node).await;
 
@@ -457,6 +458,84 @@ async fn the_agent_follows_its_nodes_configmap(client: &Client, node: &str) {
     })
     .await;
     assert!(changed.is_some(), "the agent never applied the changed config (first version {first})");
+}
+
+/// An uncorrectable HBM error injected into the node's simulated driver, on the device
+/// the workload pod holds, reaches, from inside the agent's container (the driver's tree
+/// through the chart's sysfs mount): the device's health on /metrics, the Node's
+/// `NeuronHealth` condition, and an Event on the Node naming the pod.
+async fn a_device_fault_reaches_the_node_condition_an_event_and_metrics(
+    client: &Client,
+    node: &RealNode,
+    scraper: &Scraper,
+    pods: &[Pod],
+) {
+    let agent = pods.iter().find(|p| component_of(p) == "node-agent").expect("the agent's pod");
+    let page = || scraper.metrics(agent, "node-agent", AGENT_PORT, Some(&scraper.token)).body;
+    let held = wait_for(Duration::from_secs(60), || {
+        let device = health_series(&page()).into_iter().find(|(_, state, pods, v)| {
+            state == "healthy" && pods.split(',').any(|p| p == "team-train/trainer") && *v == 1.0
+        });
+        std::future::ready(device.map(|(device, ..)| device))
+    })
+    .await;
+    let device = held
+        .unwrap_or_else(|| panic!("no healthy device held by the workload on /metrics:\n{:?}", health_series(&page())));
+
+    let injected = Instant::now();
+    let mut control =
+        std::fs::OpenOptions::new().append(true).open(&node.info.health_control).expect("the control file");
+    std::io::Write::write_all(&mut control, format!("hbm-ue:{device}\n").as_bytes()).expect("injecting the fault");
+    let unhealthy = wait_for(Duration::from_secs(30), || {
+        let series = health_series(&page());
+        std::future::ready(
+            series.iter().any(|(d, state, _, v)| *d == device && state == "unhealthy" && *v == 1.0).then_some(()),
+        )
+    })
+    .await;
+    assert!(unhealthy.is_some(), "device {device} never unhealthy on /metrics: {:?}", health_series(&page()));
+    eprintln!("an injected fault on /metrics {:.1}s later", injected.elapsed().as_secs_f64());
+
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let condition = wait_for(Duration::from_secs(30), || {
+        let nodes = nodes.clone();
+        let name = node.info.node.clone();
+        async move {
+            let status = nodes.get_status(&name).await.ok()?.status?;
+            status.conditions?.into_iter().find(|c| c.type_ == "NeuronHealth" && c.status == "True")
+        }
+    })
+    .await
+    .expect("the Node's NeuronHealth condition True");
+    assert_eq!(condition.reason.as_deref(), Some("NeuronHasError_HBM_UNCORRECTABLE_ERROR"), "{condition:?}");
+
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let event = wait_for(Duration::from_secs(30), || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?.items;
+            list.into_iter().find(|e| e.reason.as_deref() == Some("NeuronHasError_HBM_UNCORRECTABLE_ERROR"))
+        }
+    })
+    .await
+    .expect("an Event of the fault");
+    let note = event.note.clone().unwrap_or_default();
+    assert_eq!(event.type_.as_deref(), Some("Warning"), "{event:?}");
+    assert!(note.contains("team-train/trainer"), "the Event names no pod holding the device: {note}");
+    eprintln!("the Node condition and the Event {:.1}s after the fault", injected.elapsed().as_secs_f64());
+}
+
+/// `neuron_device_health_state` series of a /metrics page as (device, state, pods, value).
+fn health_series(page: &str) -> Vec<(String, String, String, f64)> {
+    page.lines()
+        .filter_map(|line| line.strip_prefix("neuron_device_health_state{"))
+        .filter_map(|rest| rest.split_once("} "))
+        .map(|(labels, value)| {
+            let l = labels_of(labels);
+            let get = |k: &str| l.get(k).cloned().unwrap_or_default();
+            (get("neuron_device_index"), get("state"), get("pods"), value.trim().parse().unwrap_or(f64::NAN))
+        })
+        .collect()
 }
 
 /// The agent's pod token (bound to its pod and node, read where the kubelet mounted it)
