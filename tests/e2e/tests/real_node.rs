@@ -85,6 +85,7 @@ async fn the_chart_runs_on_a_real_node_and_stopping_the_node_restores_the_machin
     a_workload_pods_runtime_is_attributed_through_the_kubelet(&client, &node, &scraper, &pods).await;
     a_device_fault_reaches_the_node_condition_an_event_and_metrics(&client, &node, &scraper, &pods).await;
     the_agents_own_token_cannot_write_another_nodes_configmap(&client, &node, &pods).await;
+    helm_upgrade_rolls_the_agent_without_a_gap_longer_than_a_scrape_interval(&client, &node, &scraper, &pods).await;
     uninstalling_leaves_only_what_the_chart_readme_says_it_keeps(&client, &node).await;
 
     let pids = node.pids();
@@ -220,12 +221,22 @@ struct Scraper {
 
 impl Scraper {
     /// `GET /metrics` of a pod of `component` on `port`, over HTTPS (the Service's name).
+    fn answer(&self, pod: &Pod, component: &str, port: u16, token: Option<&str>) -> anyhow::Result<https::Answer> {
+        let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).ok_or_else(|| anyhow::anyhow!("no pod IP"))?;
+        let addr: SocketAddr = format!("{ip}:{port}").parse()?;
+        let https = https::Client::new(self.ca.as_bytes(), &format!("{RELEASE}-{component}.{NAMESPACE}.svc"))?;
+        https.get(addr, "/metrics", token)
+    }
+
     fn metrics(&self, pod: &Pod, component: &str, port: u16, token: Option<&str>) -> https::Answer {
-        let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("a pod IP");
-        let addr: SocketAddr = format!("{ip}:{port}").parse().expect("an address");
-        let https = https::Client::new(self.ca.as_bytes(), &format!("{RELEASE}-{component}.{NAMESPACE}.svc"))
-            .expect("a client");
-        https.get(addr, "/metrics", token).expect("an answer from /metrics")
+        self.answer(pod, component, port, token).expect("an answer from /metrics")
+    }
+
+    /// The page with the reader's token, when the pod answers 200 (a pod going away may
+    /// not answer at all).
+    fn metrics_if_served(&self, pod: &Pod, component: &str, port: u16) -> Option<String> {
+        let answer = self.answer(pod, component, port, Some(&self.token)).ok()?;
+        (answer.status == 200).then_some(answer.body)
     }
 }
 
@@ -536,6 +547,62 @@ fn health_series(page: &str) -> Vec<(String, String, String, f64)> {
             (get("neuron_device_index"), get("state"), get("pods"), value.trim().parse().unwrap_or(f64::NAN))
         })
         .collect()
+}
+
+/// `helm upgrade` with a changed value replaces the agent's pod; scraped every second
+/// meanwhile (whichever agent pod answers), the workload's series are never missing for
+/// longer than the chart's scrape interval, so Prometheus misses at most one scrape.
+async fn helm_upgrade_rolls_the_agent_without_a_gap_longer_than_a_scrape_interval(
+    client: &Client,
+    node: &RealNode,
+    scraper: &Scraper,
+    pods: &[Pod],
+) {
+    const SCRAPE_INTERVAL: Duration = Duration::from_secs(30);
+    let before = pods.iter().find(|p| component_of(p) == "node-agent").and_then(|p| p.metadata.uid.clone());
+    let kubeconfig = node.info.kubeconfig.display().to_string();
+    let values = node.info.values.display().to_string();
+    let chart = chart_dir().display().to_string();
+    let upgrade = tokio::task::spawn_blocking(move || {
+        neuron_e2e::chart::helm(&[
+            "upgrade",
+            RELEASE,
+            &chart,
+            "--namespace",
+            NAMESPACE,
+            "--values",
+            &values,
+            "--set",
+            "agent.logLevel=debug",
+            "--wait",
+            "--timeout",
+            "180s",
+            "--kubeconfig",
+            &kubeconfig,
+        ])
+    });
+    let agents: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let agent_pods = ListParams::default().labels("app.kubernetes.io/component=node-agent");
+    let started = Instant::now();
+    let (mut last_seen, mut longest, mut served_by_new) = (Instant::now(), Duration::ZERO, false);
+    while started.elapsed() < Duration::from_secs(180) && !(upgrade.is_finished() && served_by_new) {
+        let listed = agents.list(&agent_pods).await.map(|l| l.items).unwrap_or_default();
+        for pod in listed.iter().filter(|p| p.status.as_ref().is_some_and(|s| s.pod_ip.is_some())) {
+            let answer = scraper.metrics_if_served(pod, "node-agent", AGENT_PORT);
+            if answer.is_some_and(|page| !runtime_cores(&page, "realnode-train").is_empty()) {
+                longest = longest.max(last_seen.elapsed());
+                last_seen = Instant::now();
+                served_by_new |= pod.metadata.uid != before;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    longest = longest.max(last_seen.elapsed());
+    let (ok, stdout, stderr) = upgrade.await.expect("helm upgrade's task");
+    assert!(ok, "helm upgrade failed:\n{stdout}\n{stderr}");
+    assert!(served_by_new, "no new agent pod served the workload's series after helm upgrade");
+    eprintln!("helm upgrade: the longest gap of the workload's series {:.1}s", longest.as_secs_f64());
+    assert!(longest <= SCRAPE_INTERVAL, "the workload's series were missing for {longest:?} during helm upgrade");
 }
 
 /// The agent's pod token (bound to its pod and node, read where the kubelet mounted it)
