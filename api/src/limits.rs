@@ -27,6 +27,13 @@ pub const MAX_PHYSICAL_PER_LOGICAL: u32 = 8;
 /// node runs at most a few hundred Neuron applications (one per core at most, 128).
 pub const MAX_RUNTIMES_PER_REPORT: usize = 1024;
 
+/// Per-core values (a runtime's held core in one per-core group: utilization, FLOPS,
+/// physical cores, core memory) kept from one report, over all its runtimes; later ones
+/// are ignored and counted. A core is held by one runtime, so a real report has at most
+/// 4 × its cores (512 on a trn2 with LNC=1); without this bound an 8 MiB line of 1,024
+/// runtimes each claiming hundreds of cores made ~200,000 series and a 100 MB page.
+pub const MAX_CORE_ENTRIES_PER_REPORT: usize = 4096;
+
 /// Names beyond the documented ones that one object of named numbers may add
 /// (`error_summary`, `execution_summary`, a latency's percentiles), and that one
 /// runtime's running sums keep: newer neuron-monitor releases add a few; a report with

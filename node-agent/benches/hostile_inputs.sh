@@ -3,6 +3,8 @@
 #   hardware  neuron_device_count = neuroncore_per_device_count = 65535 (item 2)
 #   region    a 2 MB instance_region on the 32-runtime fixture (item 3)
 #   runtimes  80,000 runtime entries in one report (item 5)
+#   cores     1,024 runtimes each claiming 190 busy cores: 7.8 MB, under the default
+#             8 MiB line limit (194,560 per-core values; 4,096 kept)
 #   labels    60 configurations × 16 extra labels matching all 32 runtimes (item 10)
 # Each case runs the release agent on a fake neuron-monitor that prints the report every
 # 500 ms; after 5 reports it prints the agent's VmRSS, one scrape's time and size, and
@@ -39,6 +41,14 @@ doc["neuron_runtime_data"] = [
         "error": "", "neuroncores_in_use": {str(i % 32): {"neuroncore_utilization": 12.5}}}}}
     for i in range(1, 80001)]
 write("runtimes", doc)
+doc = json.loads(json.dumps(base))
+doc["neuron_hardware_info"].update(neuron_device_count=32, neuroncore_per_device_count=16)
+doc["neuron_runtime_data"] = [
+    {"pid": 10000 + i, "neuron_runtime_tag": f"t{i:04}-" + "x" * 249, "error": "", "report": {"neuroncore_counters": {
+        "period": 1.0, "error": "", "neuroncores_in_use": {
+            str((i * 7 + c) % 512): {"neuroncore_utilization": 12.5} for c in range(190)}}}}
+    for i in range(1024)]
+write("cores", doc)
 write("labels", base)
 routes = [{"config": f"team/config-{c:02}", "runtimes": [{"groups": ["neuroncore_counters", "memory_used",
            "neuron_runtime_vcpu_usage", "execution_stats"]}],
@@ -50,7 +60,7 @@ EOF
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 printf '%-9s %9s %10s %12s %12s %10s\n' case "line kB" "RSS MiB" "scrape ms" "scrape kB" "healthz ms"
-for case in baseline hardware region runtimes labels; do
+for case in baseline hardware region runtimes cores labels; do
   line="$work/$case.ndjson"
   cat >"$work/monitor-$case" <<EOF
 #!/bin/sh

@@ -154,6 +154,7 @@ impl Pipeline {
             warn!(
                 runtimes_skipped = refusals.runtimes,
                 core_indices = refusals.core_indices,
+                core_entries = refusals.core_entries,
                 device_indices = refusals.device_indices,
                 label_values = refusals.label_values,
                 value_names = refusals.value_names,

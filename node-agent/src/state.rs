@@ -265,6 +265,8 @@ pub struct Refusals {
     pub runtimes: u64,
     /// Core entries with an index at or above [`MAX_NEURONCORES`], ignored.
     pub core_indices: u64,
+    /// Per-core values beyond [`api::limits::MAX_CORE_ENTRIES_PER_REPORT`], ignored.
+    pub core_entries: u64,
     /// Device entries with an index at or above [`MAX_NEURON_DEVICES`], ignored.
     pub device_indices: u64,
     /// `neuron_hardware_info` groups whose counts exceed the limits, refused.
@@ -285,9 +287,10 @@ pub struct Refusals {
 }
 
 impl Refusals {
-    pub const KINDS: [&'static str; 8] = [
+    pub const KINDS: [&'static str; 9] = [
         "runtime",
         "neuroncore_index",
+        "neuroncore_entry",
         "neuron_device_index",
         "hardware_counts",
         "label_value",
@@ -297,10 +300,11 @@ impl Refusals {
     ];
 
     /// Counts in the order of [`Refusals::KINDS`].
-    pub fn counts(&self) -> [u64; 8] {
+    pub fn counts(&self) -> [u64; 9] {
         [
             self.runtimes,
             self.core_indices,
+            self.core_entries,
             self.device_indices,
             self.hardware_counts,
             self.label_values,

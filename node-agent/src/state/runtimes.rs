@@ -5,7 +5,7 @@
 use std::{collections::HashMap, sync::Arc};
 
 use api::{
-    limits::{MAX_LOADED_MODELS_PER_RUNTIME, MAX_MODEL_INFO_PER_RUNTIME, MAX_NEURONCORES},
+    limits::{MAX_CORE_ENTRIES_PER_REPORT, MAX_LOADED_MODELS_PER_RUNTIME, MAX_MODEL_INFO_PER_RUNTIME, MAX_NEURONCORES},
     report::{Capped, Group, Item, LoadedModel, MemoryUsed, Report, RuntimeEntry, RuntimeGroups},
 };
 use serde_json::value::RawValue;
@@ -40,6 +40,7 @@ impl NodeState {
             })
             .collect();
         let tags = runtime_tags(&entries, &mut self.refusals.label_values);
+        let mut budget = CoreEntries { left: MAX_CORE_ENTRIES_PER_REPORT, refused: 0 };
         let mut current = Vec::with_capacity(entries.len());
         for (entry, tag) in entries.into_iter().zip(tags) {
             let mut state = match previous.get_mut(&tag).and_then(Vec::pop) {
@@ -57,34 +58,35 @@ impl NodeState {
                 self.note("neuron_runtime", &state.labels.runtime_tag, &problem);
             }
             if let Some(groups) = &entry.report {
-                self.apply_runtime_groups(&mut state, groups);
+                self.apply_runtime_groups(&mut state, groups, &mut budget);
             }
             state.compute_cores();
             current.push(state);
         }
         current.sort_by(|a, b| a.labels.runtime_tag.cmp(&b.labels.runtime_tag));
         self.runtimes = current;
+        self.refusals.core_entries = budget.refused;
     }
 
     /// The groups of one runtime's report into its state; a group missing from the report
     /// keeps its last values.
-    fn apply_runtime_groups(&mut self, state: &mut RuntimeState, groups: &RuntimeGroups<'_>) {
+    fn apply_runtime_groups(&mut self, state: &mut RuntimeState, groups: &RuntimeGroups<'_>, budget: &mut CoreEntries) {
         let tag = state.labels.runtime_tag.clone();
         if let Some(g) = &groups.neuroncore_counters {
             self.note("neuroncore_counters", &tag, g);
             let refused = &mut self.refusals.core_indices;
             state.utilization = g.ok().map(|c| {
                 let cores = c.neuroncores_in_use.iter().flat_map(|m| m.iter());
-                by_core(cores, refused, |c| c.neuroncore_utilization.filter(|u| *u != 0.0))
+                by_core(cores, refused, budget, |c| c.neuroncore_utilization.filter(|u| *u != 0.0))
             });
             // The same cores again: their refusals are counted once, above.
             let cores = || g.ok().into_iter().flat_map(|c| c.neuroncores_in_use.iter().flat_map(|m| m.iter()));
             let finite = |v: Option<f64>| v.filter(|f| f.is_finite() && *f >= 0.0);
-            state.flops = by_core(cores(), &mut 0, |c| {
+            state.flops = by_core(cores(), &mut 0, budget, |c| {
                 let flops = [finite(c.flops), finite(c.effective_flops)];
                 flops.iter().any(Option::is_some).then_some(flops)
             });
-            state.physical = by_core(cores(), &mut 0, |c| {
+            state.physical = by_core(cores(), &mut 0, budget, |c| {
                 let mut physical: PhysicalCores = Default::default();
                 for (n, p) in c.v3d.as_ref()?.nc_v3.as_ref()?.iter() {
                     if let Some(slot) = physical.get_mut(n as usize) {
@@ -112,7 +114,7 @@ impl NodeState {
                     .and_then(|b| b.neuroncore_memory_usage.as_ref())
                     .into_iter()
                     .flat_map(|m| m.iter());
-                by_core(cores, refused, |c| c.is_held().then_some(*c))
+                by_core(cores, refused, budget, |c| c.is_held().then_some(*c))
             });
         }
         if let Some(g) = &groups.neuron_runtime_vcpu_usage {
@@ -291,12 +293,22 @@ fn runtime_tags(entries: &[&RuntimeEntry<'_>], refused: &mut u64) -> Vec<String>
         .collect()
 }
 
+/// The per-core values one report may still keep, over all its runtimes and per-core
+/// groups, and those refused: what bounds the per-core series of a report within the
+/// accepted line length (each runtime lists every core of the host; only the held ones
+/// have values).
+struct CoreEntries {
+    left: usize,
+    refused: u64,
+}
+
 /// Per-core values of one runtime: entries whose index is a possible core (others are
 /// counted in `refused`) and whose `value` is `Some`, sorted by core, the first entry of
-/// a core kept (as a lookup in document order would).
+/// a core kept (as a lookup in document order would), while the report's `budget` lasts.
 fn by_core<'r, C: 'r, T>(
     entries: impl Iterator<Item = (u32, &'r C)>,
     refused: &mut u64,
+    budget: &mut CoreEntries,
     value: impl Fn(&C) -> Option<T>,
 ) -> Vec<(u32, T)> {
     let mut cores: Vec<(u32, T)> = entries
@@ -309,5 +321,9 @@ fn by_core<'r, C: 'r, T>(
         .collect();
     cores.sort_by_key(|(index, _)| *index); // stable: the first of a core stays first
     cores.dedup_by_key(|(index, _)| *index);
+    let kept = cores.len().min(budget.left);
+    budget.refused += (cores.len() - kept) as u64;
+    budget.left -= kept;
+    cores.truncate(kept);
     cores
 }

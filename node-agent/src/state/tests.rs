@@ -266,6 +266,39 @@ fn runtimes_beyond_the_cap_are_counted_and_the_first_kept() {
 }
 
 #[test]
+fn per_core_values_beyond_the_reports_budget_are_counted_and_the_first_kept() {
+    use api::limits::MAX_CORE_ENTRIES_PER_REPORT;
+    // 100 runtimes each claiming 64 busy cores: 6,400 per-core values in one report.
+    let runtimes: Vec<String> = (0..100)
+        .map(|r| {
+            let cores: Vec<String> = (0..64).map(|c| format!(r#""{c}":{{"neuroncore_utilization":5}}"#)).collect();
+            format!(
+                r#"{{"pid":{},"neuron_runtime_tag":"r{r:03}","error":"","report":{{"neuroncore_counters":
+                   {{"period":1,"error":"","neuroncores_in_use":{{{}}}}}}}}}"#,
+                r + 1,
+                cores.join(",")
+            )
+        })
+        .collect();
+    let line = format!(
+        r#"{{"neuron_runtime_data":[{}],"system_data":{{}},
+            "instance_info":{{"instance_id":"i","instance_type":"trn1.32xlarge","error":""}},
+            "neuron_hardware_info":{{"neuron_device_count":16,"neuroncore_per_device_count":4,"error":""}}}}"#,
+        runtimes.join(",")
+    );
+    let mut state = NodeState::default();
+    apply(&mut state, &line);
+    let kept: Vec<usize> = state.runtimes.iter().map(|r| r.utilization.as_ref().map_or(0, Vec::len)).collect();
+    assert_eq!(kept.iter().sum::<usize>(), MAX_CORE_ENTRIES_PER_REPORT);
+    assert_eq!(state.refusals.core_entries, (6400 - MAX_CORE_ENTRIES_PER_REPORT) as u64);
+    // Document order: the first 64 runtimes whole, the 65th none.
+    assert_eq!((kept[0], kept[63], kept[64], kept[99]), (64, 64, 0, 0));
+    // The next report has a budget of its own.
+    apply(&mut state, &report(&[("a", 1, 0, 50.0, 1)], "i"));
+    assert_eq!(state.refusals.core_entries, 0);
+}
+
+#[test]
 fn many_runtimes_sharing_tags_keep_their_state_across_reports() {
     // Linear bookkeeping gives what the pairwise scans gave: the lowest PID keeps the bare
     // tag, the others get `@pid`, and each keeps its running sums from report to report.

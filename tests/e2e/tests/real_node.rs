@@ -86,6 +86,7 @@ async fn the_chart_runs_on_a_real_node_and_stopping_the_node_restores_the_machin
     a_device_fault_reaches_the_node_condition_an_event_and_metrics(&client, &node, &scraper, &pods).await;
     the_agents_own_token_cannot_write_another_nodes_configmap(&client, &node, &pods).await;
     helm_upgrade_rolls_the_agent_without_a_gap_longer_than_a_scrape_interval(&client, &node, &scraper, &pods).await;
+    the_agent_holds_its_memory_limit_on_the_worst_accepted_report(&client, &node, &scraper).await;
     uninstalling_leaves_only_what_the_chart_readme_says_it_keeps(&client, &node).await;
 
     let pids = node.pids();
@@ -603,6 +604,119 @@ async fn helm_upgrade_rolls_the_agent_without_a_gap_longer_than_a_scrape_interva
     assert!(served_by_new, "no new agent pod served the workload's series after helm upgrade");
     eprintln!("helm upgrade: the longest gap of the workload's series {:.1}s", longest.as_secs_f64());
     assert!(longest <= SCRAPE_INTERVAL, "the workload's series were missing for {longest:?} during helm upgrade");
+}
+
+/// The agent, fed every second the densest report it accepts (just under its 8 MiB line
+/// limit: 1,024 runtimes with 255-byte tags, each claiming 190 busy cores), applies it
+/// in its container without reaching the chart's memory limit: the container's cgroup
+/// peak stays below it and the container is never OOM-killed or restarted.
+async fn the_agent_holds_its_memory_limit_on_the_worst_accepted_report(
+    client: &Client,
+    node: &RealNode,
+    scraper: &Scraper,
+) {
+    // Where the agent's container sees it: the chart mounts the node's sysfs (here the
+    // simulated driver's tree) at /host/sys.
+    let report = densest_report();
+    assert!(report.len() < 8 << 20, "the report must be accepted: {} bytes", report.len());
+    let sysfs = node.info.health_control.parent().expect("the node's directory").join("node-sys");
+    std::fs::write(sysfs.join("worst-report.ndjson"), format!("{report}\n")).expect("writing the report");
+    let values = node.dir.join("worst-report-values.yaml");
+    let replay = "agent:\n  extraEnv:\n    - name: NEURON_SIM_REPLAY\n      value: /host/sys/worst-report.ndjson\n";
+    std::fs::write(&values, replay).expect("the values of the worst report");
+    let (chart, node_values, extra) =
+        (chart_dir().display().to_string(), node.info.values.display().to_string(), values.display().to_string());
+    let (ok, stdout, stderr) = node.helm(&[
+        "upgrade",
+        RELEASE,
+        &chart,
+        "--namespace",
+        NAMESPACE,
+        "--values",
+        &node_values,
+        "--values",
+        &extra,
+        "--wait",
+        "--timeout",
+        "180s",
+    ]);
+    assert!(ok, "helm upgrade to the worst report failed:\n{stdout}\n{stderr}");
+
+    let agents: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let agent_pods = ListParams::default().labels("app.kubernetes.io/component=node-agent");
+    let refused = |page: &str| {
+        page.lines()
+            .find_map(|l| l.strip_prefix("neuron_agent_report_values_refused_total{what=\"neuroncore_entry\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // 20 reports applied (each refuses 190,464 per-core values beyond the budget).
+    let applied = wait_for(Duration::from_secs(120), || {
+        let agents = agents.clone();
+        let agent_pods = agent_pods.clone();
+        async move {
+            let pod = agents.list(&agent_pods).await.ok()?.items.into_iter().find(ready)?;
+            let page = scraper.metrics_if_served(&pod, "node-agent", AGENT_PORT)?;
+            (refused(&page) >= 20.0 * 190_464.0).then_some(pod)
+        }
+    })
+    .await
+    .expect("the agent applying 20 of the worst reports");
+    let pod = agents.get(&applied.name_any()).await.expect("the agent's pod");
+    let status = pod.status.as_ref().and_then(|s| s.container_statuses.as_ref()).and_then(|c| c.first().cloned());
+    let status = status.expect("the agent container's status");
+    assert_eq!(status.restart_count, 0, "the agent's container restarted: {:?}", status.last_state);
+    let (peak, limit) = container_memory(&pod, &status.name);
+    eprintln!(
+        "the worst accepted report ({:.1} MB): the agent's container peaked at {:.1} MiB of its {:.0} MiB limit",
+        report.len() as f64 / 1e6,
+        peak as f64 / 1048576.0,
+        limit as f64 / 1048576.0
+    );
+    assert!(peak < limit, "the agent's container reached its memory limit: {peak} of {limit} bytes");
+}
+
+/// The densest report the agent accepts (hostile_inputs.sh's `cores` case).
+fn densest_report() -> String {
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&neuron_test_support::fixture("neuron-monitor/trn1n.32xlarge-32runtimes.json"))
+            .expect("the 32-runtime fixture");
+    doc["neuron_hardware_info"]["neuron_device_count"] = json!(32);
+    doc["neuron_hardware_info"]["neuroncore_per_device_count"] = json!(16);
+    let runtimes: Vec<serde_json::Value> = (0..1024u32)
+        .map(|i| {
+            let cores: serde_json::Map<String, serde_json::Value> = (0..190u32)
+                .map(|c| (((i * 7 + c) % 512).to_string(), json!({ "neuroncore_utilization": 12.5 })))
+                .collect();
+            json!({ "pid": 10_000 + i, "neuron_runtime_tag": format!("t{i:04}-{}", "x".repeat(249)), "error": "",
+                    "report": { "neuroncore_counters": { "period": 1.0, "error": "", "neuroncores_in_use": cores } } })
+        })
+        .collect();
+    doc["neuron_runtime_data"] = json!(runtimes);
+    doc.to_string()
+}
+
+/// A container's peak memory and limit, from its memory cgroup (v1 or v2) on the host.
+fn container_memory(pod: &Pod, container: &str) -> (u64, u64) {
+    let pid = container_processes(pod, container).into_iter().next().expect("a process of the container");
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("the process's cgroups");
+    let read = |path: std::path::PathBuf| -> u64 {
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        text.trim().parse().unwrap_or_else(|_| panic!("{}: {text:?}", path.display()))
+    };
+    for line in cgroups.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next(), fields.next().unwrap_or(""), fields.next().unwrap_or(""));
+        if controllers.split(',').any(|c| c == "memory") {
+            let dir = std::path::Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+            return (read(dir.join("memory.max_usage_in_bytes")), read(dir.join("memory.limit_in_bytes")));
+        }
+        if controllers.is_empty() {
+            let dir = std::path::Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+            return (read(dir.join("memory.peak")), read(dir.join("memory.max")));
+        }
+    }
+    panic!("no memory cgroup in {cgroups}");
 }
 
 /// The agent's pod token (bound to its pod and node, read where the kubelet mounted it)
