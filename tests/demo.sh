@@ -10,6 +10,13 @@
 #
 #   tests/demo.sh                  (ports: agents 9010/9011, operator 8080, Prometheus 9090)
 #   PORT_BASE=19000 tests/demo.sh  (agents 19010/19011, operator 19080, Prometheus 19090)
+#   DEMO_REAL_NODE=1 tests/demo.sh (as root: the same product on a real node, see below)
+#
+# With DEMO_REAL_NODE=1 the product runs as deployed instead: tests/realnode.sh starts a
+# real one-node cluster (kubelet, containerd, the test device plugin), the chart is
+# installed with helm, and two workload pods run simulated Neuron applications on the
+# NeuronCores the kubelet gave them. Ctrl-C uninstalls and stops the node, leaving the
+# machine as it was.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${PORT_BASE:-}
@@ -24,6 +31,9 @@ tests/tools/install.sh
 echo "building the workspace binaries..."
 cargo build --quiet --workspace --bins
 bin=${CARGO_TARGET_DIR:-target}/debug
+if [ -n "${DEMO_REAL_NODE:-}" ]; then
+  exec tests/demo-real-node.sh
+fi
 run=$(mktemp -d -t neuron-demo.XXXXXX)
 pids=()
 cleanup() {

@@ -52,6 +52,8 @@ type resource struct {
 	socket   string
 	ids      []string
 	allocate func(ids []string) *api.ContainerAllocateResponse
+	// The ids are indices the kubelet should allocate in contiguous runs.
+	contiguous bool
 }
 
 func main() {
@@ -131,8 +133,8 @@ func resources(hw hardware, deviceNode string) []*resource {
 		return out
 	}
 	all := []*resource{
-		{name: "aws.amazon.com/neuron", socket: "neuron-sim-neuron.sock", ids: devices, allocate: neuron},
-		{name: "aws.amazon.com/neuroncore", socket: "neuron-sim-neuroncore.sock", ids: cores, allocate: neuroncore},
+		{name: "aws.amazon.com/neuron", socket: "neuron-sim-neuron.sock", ids: devices, allocate: neuron, contiguous: true},
+		{name: "aws.amazon.com/neuroncore", socket: "neuron-sim-neuroncore.sock", ids: cores, allocate: neuroncore, contiguous: true},
 	}
 	if len(hw.EfaDevices) > 0 {
 		all = append(all, &resource{name: "vpc.amazonaws.com/efa", socket: "neuron-sim-efa.sock", ids: hw.EfaDevices, allocate: efa})
@@ -161,13 +163,53 @@ func (r *resource) serve(ctx context.Context, dir string) error {
 	}
 	defer conn.Close()
 	_, err = api.NewRegistrationClient(conn).Register(dial, &api.RegisterRequest{
-		Version: api.Version, Endpoint: r.socket, ResourceName: r.name, Options: &api.DevicePluginOptions{},
+		Version: api.Version, Endpoint: r.socket, ResourceName: r.name,
+		Options: &api.DevicePluginOptions{GetPreferredAllocationAvailable: r.contiguous},
 	})
 	return err
 }
 
 func (r *resource) GetDevicePluginOptions(context.Context, *api.Empty) (*api.DevicePluginOptions, error) {
-	return &api.DevicePluginOptions{}, nil
+	return &api.DevicePluginOptions{GetPreferredAllocationAvailable: r.contiguous}, nil
+}
+
+// GetPreferredAllocation prefers, as AWS's plugin does, a contiguous run of indices
+// (the Neuron runtime's NEURON_RT_VISIBLE_CORES is a range): the lowest run of free ids
+// holding the ones the kubelet must include, else the kubelet's own choice.
+func (r *resource) GetPreferredAllocation(_ context.Context, request *api.PreferredAllocationRequest) (*api.PreferredAllocationResponse, error) {
+	out := &api.PreferredAllocationResponse{}
+	for _, c := range request.ContainerRequests {
+		out.ContainerResponses = append(out.ContainerResponses, &api.ContainerPreferredAllocationResponse{
+			DeviceIDs: contiguous(numbers(c.AvailableDeviceIDs), numbers(c.MustIncludeDeviceIDs), int(c.AllocationSize)),
+		})
+	}
+	return out, nil
+}
+
+// contiguous is the first run of `size` consecutive free indices containing every one of
+// `must`; none when there is no such run (the kubelet then chooses).
+func contiguous(free, must []int, size int) []string {
+	isFree := map[int]bool{}
+	for _, f := range free {
+		isFree[f] = true
+	}
+	for _, start := range free {
+		run := true
+		for i := start; i < start+size && run; i++ {
+			run = isFree[i]
+		}
+		for _, m := range must {
+			run = run && m >= start && m < start+size
+		}
+		if run {
+			ids := make([]int, size)
+			for i := range ids {
+				ids[i] = start + i
+			}
+			return strings.Split(list(ids), ",")
+		}
+	}
+	return nil
 }
 
 // ListAndWatch sends the devices, all healthy, and holds the stream open.
