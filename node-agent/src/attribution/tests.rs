@@ -53,7 +53,7 @@ fn pod(n: u8, ns: &str, name: &str, phase: &str, containers: &[(&str, u8)]) -> P
 }
 
 fn core(ns: &str, pod: &str, container: &str, unit: Unit, id: u32) -> Allocation {
-    Allocation { namespace: ns.into(), pod: pod.into(), container: container.into(), unit, id }
+    Allocation { namespace: ns.into(), pod: pod.into(), container: container.into(), unit, id, claim: None }
 }
 
 /// A report of a host with 2 devices × 2 cores; runtimes as (tag, pid, cores).
