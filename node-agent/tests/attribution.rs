@@ -521,17 +521,9 @@ fn dra_claims_resolved_through_the_nodes_resource_slices_attribute_runtimes_and_
 
     let dir = TempDir::new("kubelet-dra");
     let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
-    kubelet.set(vec![
-        claiming(
-            &ns,
-            "dra-train",
-            "main",
-            "neurons",
-            ("neuron.aws.com", &node),
-            &["neurondevice1", "neurondevice6", "neurondevice9"],
-        ),
-        holding(&other, "serve", "srv", NEURONCORE, &[4, 5]),
-    ]);
+    // At first the device plugin's pod alone (the claim is allocated once the agent runs).
+    let serve = || holding(&other, "serve", "srv", NEURONCORE, &[4, 5]);
+    kubelet.set(vec![serve()]);
     let args = [
         "--period",
         "500ms",
@@ -558,12 +550,32 @@ fn dra_claims_resolved_through_the_nodes_resource_slices_attribute_runtimes_and_
             .find(|s| !s.labels.contains_key("runtime_tag"))?;
         sample.labels.get(key).cloned()
     };
+    agent.wait_for("the device plugin's pod attributed", Duration::from_secs(30), |m| {
+        (label(m, "neuroncore_utilization_ratio", "serve", "namespace") == Some(other.as_str())).then_some(())
+    });
+    // The kubelet lists the claim: the agent starts watching the slices, and resolves it.
+    let claimed = std::time::Instant::now();
+    kubelet.set(vec![
+        claiming(
+            &ns,
+            "dra-train",
+            "main",
+            "neurons",
+            ("neuron.aws.com", &node),
+            &["neurondevice1", "neurondevice6", "neurondevice9"],
+        ),
+        serve(),
+    ]);
     let m = agent.wait_for("the DRA claim's runtime and cores attributed", Duration::from_secs(30), |m| {
         let done = label(m, "neuroncore_utilization_ratio", "dra", "namespace") == Some(ns.as_str())
             && idle_claim(m, "12", CLAIM_NAME_LABEL).as_deref() == Some("neurons")
             && label(m, "neuroncore_utilization_ratio", "serve", "namespace") == Some(other.as_str());
         done.then(|| m.clone())
     });
+    // From the kubelet's first answer with the claim to labelled series on /metrics (the
+    // slice watch starts then): at most a pod-resources interval (300 ms here), the
+    // listing, a report period (500 ms) and a scrape (`wait_for` polls every 50 ms).
+    println!("DRA claim listed -> labelled series: {:?}", claimed.elapsed());
     for name in ["neuroncore_utilization_ratio", "neuron_runtime_memory_used_bytes", "execution_status_total"] {
         assert_eq!(label(&m, name, "dra", "pod"), Some("dra-train"), "{name}");
         assert_eq!(label(&m, name, "dra", "container"), Some("main"), "{name}");
