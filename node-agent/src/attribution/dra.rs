@@ -248,10 +248,19 @@ impl UnresolvedLog {
     }
 }
 
+/// Claimed devices named one by one in the log per answer or slice change; the rest are
+/// counted and summed up in one line.
+const MAX_LOGGED_UNRESOLVED: usize = 16;
+
 /// Counts and logs claimed devices newly found unresolvable.
 pub fn report_unresolved(fresh: &[Unresolvable], metrics: &AttributionMetrics) {
     for u in fresh {
         metrics.dra_unresolved.get_or_create(&ReasonLabel { reason: u.reason.as_str() }).inc();
+    }
+    if fresh.len() > MAX_LOGGED_UNRESOLVED {
+        warn!(count = fresh.len(), "DRA claims' Neuron devices name no device of this node's ResourceSlices");
+    }
+    for u in fresh.iter().take(MAX_LOGGED_UNRESOLVED) {
         warn!(claim = %format!("{}/{}", u.claim.namespace, u.claim.name), pool = %u.pool, device = %u.device,
               reason = u.reason.as_str(),
               "a DRA claim's Neuron device names no device of this node's ResourceSlices; its series keep the \

@@ -357,11 +357,6 @@ impl DeviceOwnership {
         self.merge()
     }
 
-    /// Whether the kubelet's last answer lists DRA claims of Neuron devices.
-    pub fn has_claims(&self) -> bool {
-        self.kubelet.as_ref().is_some_and(|k| !k.claimed.is_empty())
-    }
-
     /// Rebuilds the kubelet's allocations; returns the claimed devices newly found
     /// unresolvable. Until the ResourceSlices are listed no claimed device is resolved,
     /// and none is said to be unresolvable.
