@@ -14,6 +14,17 @@ pub const NEURON_RESOURCES: [&str; 3] = [NEURONCORE_RESOURCE, NEURONDEVICE_RESOU
 /// EFA scraper also reads them.
 pub const EFA_RESOURCE: &str = "vpc.amazonaws.com/efa";
 
+/// AWS's Neuron DRA driver: its name (that of its DeviceClass too), the attribute of each
+/// device it publishes in a ResourceSlice that holds the Neuron device's index (an
+/// integer, in the driver's own domain: `deviceId` or `neuron.aws.com/deviceId`), and the
+/// attribute that tells a device (`neuron_device`) from an UltraServer node entry
+/// (`neuron_node`). Facts of the driver's attribute reference (Neuron SDK docs,
+/// `deploy/eks/dra`).
+pub const NEURON_DRA_DRIVER: &str = "neuron.aws.com";
+pub const NEURON_DRA_DEVICE_ID: &str = "deviceId";
+pub const NEURON_DRA_RESOURCE_TYPE: &str = "resourceType";
+pub const NEURON_DRA_DEVICE_TYPE: &str = "neuron_device";
+
 /// The NVIDIA device plugin's extended resources: whole GPUs (and MIG instances under
 /// the `single` MIG strategy), GPUs shared by time-slicing or MPS when the plugin renames
 /// them, and the prefix of MIG profiles under the `mixed` strategy

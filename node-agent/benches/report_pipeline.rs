@@ -118,6 +118,7 @@ fn populated_attribution(state: &NodeState, proc_root: &Path) -> Attribution {
                 container: "main".to_owned(),
                 unit: Unit::Core,
                 id: core.index,
+                claim: None,
             });
         }
     }

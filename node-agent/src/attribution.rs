@@ -4,7 +4,8 @@
 //! - the process: `/proc/<pid>/cgroup` ([`cgroup`]) gives pod UID and container ID, the
 //!   pod watch ([`pods`]) gives their names; read once per PID and cached;
 //! - the devices: the kubelet's pod-resources API ([`podresources`]) says which
-//!   container holds which cores; while the kubelet has not answered (its socket not
+//!   container holds which cores, through the device plugin or through DRA claims
+//!   ([`dra`], resolved by this node's ResourceSlices); while the kubelet has not answered (its socket not
 //!   mounted, some managed set-ups), neuron-monitor's own `neuron_k8s_info` group says
 //!   it, with the same rules and counters;
 //! - without Kubernetes, on ECS: a process in a Docker container takes the ECS task and
@@ -19,6 +20,7 @@
 //! [`sources`] sets it up on a node: the caches, and the tasks that feed them.
 
 pub mod cgroup;
+pub mod dra;
 pub mod ecs;
 pub mod gpus;
 pub mod podresources;
@@ -123,6 +125,9 @@ pub struct AttributionMetrics {
     pub ecs_containers: Gauge,
     pub ecs_label_values_changed: Gauge,
     pub gpu_ids_unresolved: Family<ReasonLabel, Counter>,
+    pub dra_unresolved: Family<ReasonLabel, Counter>,
+    pub dra_devices: Gauge,
+    pub slice_watch_errors: Counter,
 }
 
 impl AttributionMetrics {
@@ -191,6 +196,23 @@ impl AttributionMetrics {
              the kubelet lists it, by reason (malformed, unknown_gpu, too_many)",
             m.gpu_ids_unresolved.clone(),
         );
+        r.register(
+            "dra_devices_unresolved",
+            "Neuron devices of the kubelet's DRA claims that name no device of this node's ResourceSlices, each \
+             counted once while the kubelet lists it, by reason (malformed, unknown_device, no_device_id); their \
+             series keep the device, without the pod",
+            m.dra_unresolved.clone(),
+        );
+        r.register(
+            "dra_devices",
+            "Neuron devices this node's ResourceSlices publish (watched once the kubelet lists a DRA claim)",
+            m.dra_devices.clone(),
+        );
+        r.register(
+            "resourceslice_watch_errors",
+            "Errors of the watch of this node's ResourceSlices",
+            m.slice_watch_errors.clone(),
+        );
         m
     }
 }
@@ -242,11 +264,18 @@ struct PidEntry {
 struct CoreOwners {
     key: Option<(u64, u64, Option<u32>)>,
     by_core: Vec<Option<Arc<PodRef>>>,
+    /// Each core's holder as the series of the core name it: its owner, with the claim
+    /// through which it holds the core where that is a DRA claim.
+    held: Vec<Option<Arc<PodRef>>>,
 }
 
 impl CoreOwners {
     fn get(&self, core: u32) -> Option<&Arc<PodRef>> {
         self.by_core.get(core as usize).and_then(Option::as_ref)
+    }
+
+    fn holder(&self, core: u32) -> Option<&Arc<PodRef>> {
+        self.held.get(core as usize).and_then(Option::as_ref)
     }
 
     /// Rebuilds the owners when the pods, the device allocations or the cores per device
@@ -257,19 +286,33 @@ impl CoreOwners {
             return;
         }
         let mut by_core: Vec<Option<Arc<PodRef>>> = Vec::new();
+        let mut held: Vec<Option<Arc<PodRef>>> = Vec::new();
+        // One holder per (container, claim), shared by the claim's cores.
+        let mut claim_holders: HashMap<(*const PodRef, Arc<dra::Claim>), Arc<PodRef>> = HashMap::new();
         for allocation in devices.allocations() {
             let Some(owner) = pods.container(&allocation.namespace, &allocation.pod, &allocation.container) else {
                 continue; // finished, deleted, or not listed yet: not credited
+            };
+            let holder = match &allocation.claim {
+                None => owner.clone(),
+                Some(claim) => claim_holders
+                    .entry((Arc::as_ptr(owner), claim.clone()))
+                    .or_insert_with(|| Arc::new(dra::claim_holder(owner, claim)))
+                    .clone(),
             };
             for core in allocation.cores(cores_per_device).take_while(|c| *c < MAX_CORES) {
                 let core = core as usize;
                 if by_core.len() <= core {
                     by_core.resize(core + 1, None);
+                    held.resize(core + 1, None);
                 }
-                by_core[core].get_or_insert_with(|| owner.clone());
+                if by_core[core].is_none() {
+                    by_core[core] = Some(owner.clone());
+                    held[core] = Some(holder.clone());
+                }
             }
         }
-        *self = CoreOwners { key, by_core };
+        *self = CoreOwners { key, by_core, held };
     }
 }
 
@@ -392,7 +435,7 @@ impl Attribution {
             }
         }
         for idle in &mut state.idle_cores {
-            let owner = cache.owners.get(idle.index);
+            let owner = cache.owners.holder(idle.index);
             if idle.pod.as_ref() != owner {
                 idle.pod = owner.cloned();
             }

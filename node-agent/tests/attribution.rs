@@ -14,7 +14,8 @@ use neuron_e2e::{random_u32, ControlPlane};
 use neuron_node_agent::attribution::podresources::{self, NEURONCORE, NEURONDEVICE};
 use support::{
     kubelet::{
-        container_id, containerd_cgroup, holding, holding_ids, running_pod, stat_line, FakeProc, PodResourcesServer,
+        claiming, container_id, containerd_cgroup, holding, holding_ids, running_pod, stat_line, FakeProc,
+        PodResourcesServer,
     },
     Agent, Metrics, Prometheus, TempDir,
 };
@@ -319,6 +320,7 @@ fn the_last_known_mapping_outlives_the_kubelet_for_a_bounded_time() {
         keep_for: Duration::from_millis(1500),
         devices: devices.clone(),
         gpus: GpuHolding::new(Arc::new(RwLock::new(pods)), metrics.clone()),
+        dra_wanted: tokio::sync::watch::Sender::new(false),
         metrics: metrics.clone(),
     };
     let (_collections, snapshot) = tokio::sync::watch::channel(Arc::new(GpuSnapshot::default()));
@@ -468,4 +470,143 @@ fn the_pods_holding_each_gpu_and_running_each_gpu_process() {
     agent.wait_for("share-0's replica released", Duration::from_secs(20), |m| {
         (util(m, "1") == vec![("share-1".into(), "main".into(), "1".into())]).then_some(())
     });
+}
+
+/// A node whose Neuron devices are allocated through DRA (and one pod still through the
+/// device plugin, as during a migration): the kubelet lists `dra-train`'s claim
+/// `neurons` of devices `neurondevice1` and `neurondevice6`, which a ResourceSlice of the
+/// node on the real API server publishes with `deviceId` 1 and 6, and `neurondevice9`,
+/// which no slice publishes. `dra-train`'s process (PID 4109) cannot be placed from
+/// `/proc`, so its runtime on cores 2-3 (device 1) is attributed through the claim; the
+/// claim's idle cores (device 6: 12, 13) carry the pod and the claim; `serve` keeps its
+/// device-plugin cores; the devices nobody claims keep reporting, without a pod.
+#[test]
+fn dra_claims_resolved_through_the_nodes_resource_slices_attribute_runtimes_and_cores() {
+    use kube::{
+        api::{ApiResource, DynamicObject, GroupVersionKind, PostParams},
+        ResourceExt,
+    };
+    use neuron_node_agent::attribution::dra::{CLAIM_NAMESPACE_LABEL, CLAIM_NAME_LABEL};
+
+    let rt = runtime();
+    let cp = ControlPlane::shared();
+    let node = format!("neuron-dra-{:08x}", random_u32());
+    let (ns, other) = rt.block_on(async { (cp.namespace("attr-dra").await, cp.namespace("attr-plugin").await) });
+    let client = rt.block_on(cp.client());
+    let (cid, cid_serve) = (container_id(0xd1), container_id(0xd2));
+    rt.block_on(running_pod(&client, &ns, "dra-train", &node, "main", &cid));
+    let uid_serve = rt.block_on(running_pod(&client, &other, "serve", &node, "srv", &cid_serve));
+    let proc = FakeProc::new();
+    proc.process(4102, &containerd_cgroup(&uid_serve, &cid_serve));
+
+    // The node's ResourceSlice, as the Neuron DRA driver publishes it (pool: the node).
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
+    let slices: Api<DynamicObject> =
+        Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, "resourceslices"));
+    let device = |i: u32| {
+        serde_json::json!({"name": format!("neurondevice{i}"), "attributes": {
+            "deviceId": {"int": i}, "instanceType": {"string": "trn1.32xlarge"},
+            "resourceType": {"string": "neuron_device"}}})
+    };
+    let slice: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": format!("{node}-neuron")},
+        "spec": {"driver": "neuron.aws.com", "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "devices": (0..16).filter(|i| *i != 9).map(device).collect::<Vec<_>>()}
+    }))
+    .expect("a ResourceSlice");
+    let created =
+        rt.block_on(slices.create(&PostParams::default(), &slice)).expect("the API server serves resource.k8s.io/v1");
+
+    let dir = TempDir::new("kubelet-dra");
+    let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
+    // At first the device plugin's pod alone (the claim is allocated once the agent runs).
+    let serve = || holding(&other, "serve", "srv", NEURONCORE, &[4, 5]);
+    kubelet.set(vec![serve()]);
+    let args = [
+        "--period",
+        "500ms",
+        "--node-name",
+        &node,
+        "--proc-root",
+        proc.root().to_str().expect("utf-8 path"),
+        "--pod-resources-socket",
+        kubelet.socket.to_str().expect("utf-8 path"),
+        "--pod-resources-interval",
+        "300ms",
+    ];
+    let apps = [
+        "--instance-type=trn1.32xlarge",
+        "--app=tag=dra,cores=2-3,util=60,pid=4109",
+        "--app=tag=serve,cores=4,util=50,pid=4102",
+    ];
+    let agent = Agent::start_with_env(support::sim(), &apps, &args, &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))]);
+
+    let idle_claim = |m: &Metrics, core: &str, key: &str| -> Option<String> {
+        let sample = m
+            .find("neuroncore_utilization_ratio", &[("neuroncore", core)])
+            .into_iter()
+            .find(|s| !s.labels.contains_key("runtime_tag"))?;
+        sample.labels.get(key).cloned()
+    };
+    agent.wait_for("the device plugin's pod attributed", Duration::from_secs(30), |m| {
+        (label(m, "neuroncore_utilization_ratio", "serve", "namespace") == Some(other.as_str())).then_some(())
+    });
+    // The kubelet lists the claim: the agent starts watching the slices, and resolves it.
+    let claimed = std::time::Instant::now();
+    kubelet.set(vec![
+        claiming(
+            &ns,
+            "dra-train",
+            "main",
+            "neurons",
+            ("neuron.aws.com", &node),
+            &["neurondevice1", "neurondevice6", "neurondevice9"],
+        ),
+        serve(),
+    ]);
+    let m = agent.wait_for("the DRA claim's runtime and cores attributed", Duration::from_secs(30), |m| {
+        let done = label(m, "neuroncore_utilization_ratio", "dra", "namespace") == Some(ns.as_str())
+            && idle_claim(m, "12", CLAIM_NAME_LABEL).as_deref() == Some("neurons")
+            && label(m, "neuroncore_utilization_ratio", "serve", "namespace") == Some(other.as_str());
+        done.then(|| m.clone())
+    });
+    // From the kubelet's first answer with the claim to labelled series on /metrics (the
+    // slice watch starts then): at most a pod-resources interval (300 ms here), the
+    // listing, a report period (500 ms) and a scrape (`wait_for` polls every 50 ms).
+    println!("DRA claim listed -> labelled series: {:?}", claimed.elapsed());
+    for name in ["neuroncore_utilization_ratio", "neuron_runtime_memory_used_bytes", "execution_status_total"] {
+        assert_eq!(label(&m, name, "dra", "pod"), Some("dra-train"), "{name}");
+        assert_eq!(label(&m, name, "dra", "container"), Some("main"), "{name}");
+    }
+    assert_eq!(cores(&m, Some("dra")).into_keys().collect::<Vec<_>>(), vec![2, 3]);
+    assert_eq!(m.value("neuron_agent_runtimes_attributed", &[("source", "devices")]), Some(1.0));
+    // The claim's idle cores name the pod and the claim; the device plugin's do not.
+    for core in ["12", "13"] {
+        assert_eq!(idle_claim(&m, core, "pod").as_deref(), Some("dra-train"), "core {core}");
+        assert_eq!(idle_claim(&m, core, CLAIM_NAMESPACE_LABEL).as_deref(), Some(ns.as_str()), "core {core}");
+    }
+    assert_eq!(idle_claim(&m, "5", "pod").as_deref(), Some("serve"));
+    assert_eq!(idle_claim(&m, "5", CLAIM_NAME_LABEL), None);
+    // Devices nobody claims keep reporting, without a pod (device 9, claimed but
+    // unpublished, among them).
+    let idle = cores(&m, None);
+    assert_eq!(idle.len(), 32 - 3);
+    assert_eq!(idle.values().filter(|ns| ns.is_empty()).count(), 32 - 3 - 3, "{idle:?}");
+    assert_eq!(idle.get(&18).map(String::as_str), Some(""), "device 9 keeps its series, without the pod");
+    assert_eq!(m.value("neuron_agent_dra_devices_unresolved_total", &[("reason", "unknown_device")]), Some(1.0));
+    assert_eq!(m.value("neuron_agent_dra_devices", &[]), Some(15.0));
+    promtool_accepts(&m.text);
+
+    // The claimed device 9 is published later: it resolves, and is told no more.
+    let mut slice = created;
+    slice.data["spec"]["devices"] = serde_json::Value::Array((0..16).map(device).collect());
+    rt.block_on(slices.replace(&slice.name_any(), &PostParams::default(), &slice)).expect("replace the slice");
+    let m = agent.wait_for("device 9 resolved", Duration::from_secs(20), |m| {
+        (idle_claim(m, "18", CLAIM_NAME_LABEL).as_deref() == Some("neurons")).then(|| m.clone())
+    });
+    assert_eq!(idle_claim(&m, "19", "container").as_deref(), Some("main"));
+    assert_eq!(m.value("neuron_agent_dra_devices_unresolved_total", &[("reason", "unknown_device")]), Some(1.0));
+    rt.block_on(slices.delete(&slice.name_any(), &DeleteParams::default())).expect("delete the slice");
 }

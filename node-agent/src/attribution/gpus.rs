@@ -530,6 +530,7 @@ mod tests {
             name: pod.into(),
             namespace: ns.into(),
             containers: vec![ContainerResources {
+                dynamic_resources: Vec::new(),
                 name: container.into(),
                 devices: vec![ContainerDevices {
                     resource_name: resource.into(),

@@ -4,7 +4,8 @@
 //! The call is made with tonic over the unix socket. The messages are a subset of the
 //! upstream `k8s.io/kubelet/pkg/apis/podresources/v1/api.proto` written as prost structs
 //! (only the fields read here; prost skips the others): generating them would need
-//! `protoc` at build time, which the build machines do not have, for five small messages.
+//! `protoc` at build time, which the build machines do not have, for a few small
+//! messages.
 //!
 //! The mapping is refreshed in the background; a kubelet that stops answering leaves
 //! the last known mapping in place for a bounded time, and says so in the metrics.
@@ -23,7 +24,11 @@ use tonic::transport::Endpoint;
 use tonic_prost::ProstCodec;
 use tracing::{debug, info, warn};
 
-use super::{gpus::GpuHolding, AttributionMetrics, DeviceSource};
+use super::{
+    dra::{self, Claim, ClaimedDevice, DeviceTable, Unresolvable, UnresolvedLog},
+    gpus::GpuHolding,
+    AttributionMetrics, DeviceSource,
+};
 use crate::state::K8sOwners;
 
 /// The messages of `k8s.io/kubelet/pkg/apis/podresources/v1/api.proto` the agent uses.
@@ -56,6 +61,33 @@ pub mod proto {
         pub name: String,
         #[prost(message, repeated, tag = "2")]
         pub devices: Vec<ContainerDevices>,
+        /// The DRA claims' devices (kubelets with `KubeletPodResourcesDynamicResource`:
+        /// beta and on from 1.34).
+        #[prost(message, repeated, tag = "5")]
+        pub dynamic_resources: Vec<DynamicResource>,
+    }
+
+    /// One ResourceClaim of a container (tag 1, the claim's class, was removed in 1.31).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct DynamicResource {
+        #[prost(string, tag = "2")]
+        pub claim_name: String,
+        #[prost(string, tag = "3")]
+        pub claim_namespace: String,
+        #[prost(message, repeated, tag = "4")]
+        pub claim_resources: Vec<ClaimResource>,
+    }
+
+    /// One device allocated to a claim: the DRA device's name in its driver's pool, not
+    /// a hardware index (its CDI devices, tag 1, and share id, tag 5, are not read).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ClaimResource {
+        #[prost(string, tag = "2")]
+        pub driver_name: String,
+        #[prost(string, tag = "3")]
+        pub pool_name: String,
+        #[prost(string, tag = "4")]
+        pub device_name: String,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -129,6 +161,9 @@ pub struct Allocation {
     pub container: String,
     pub unit: Unit,
     pub id: u32,
+    /// The DRA claim it was allocated to; `None`: the device plugin's (or neuron-monitor's
+    /// account).
+    pub claim: Option<Arc<Claim>>,
 }
 
 impl Allocation {
@@ -145,7 +180,8 @@ impl Allocation {
     }
 }
 
-/// The Neuron allocations of a `List` answer, and the device ids that are not indices.
+/// The device plugin's Neuron allocations of a `List` answer, and the device ids that are
+/// not indices (the DRA claims' are [`dra::claimed_devices`]).
 pub fn allocations(response: &proto::ListPodResourcesResponse) -> (Vec<Allocation>, Vec<String>) {
     let mut out = Vec::new();
     let mut unreadable = Vec::new();
@@ -165,6 +201,7 @@ pub fn allocations(response: &proto::ListPodResourcesResponse) -> (Vec<Allocatio
                             container: container.name.clone(),
                             unit,
                             id,
+                            claim: None,
                         }),
                         Err(_) => unreadable.push(format!("{}={id}", devices.resource_name)),
                     }
@@ -236,6 +273,7 @@ pub fn monitor_allocations(owners: &K8sOwners) -> Vec<Allocation> {
                     container: container.to_owned(),
                     unit,
                     id: *id,
+                    claim: None,
                 });
             }
         }
@@ -244,12 +282,17 @@ pub fn monitor_allocations(owners: &K8sOwners) -> Vec<Allocation> {
 }
 
 /// Who holds which device, as the report path reads it: the kubelet's allocations
-/// whenever it has answered (and its answer has not expired), else those of
-/// neuron-monitor's `neuron_k8s_info`.
+/// (the device plugin's, and the DRA claims' devices resolved through this node's
+/// ResourceSlices) whenever it has answered (and its answer has not expired), else those
+/// of neuron-monitor's `neuron_k8s_info`.
 #[derive(Debug, Default)]
 pub struct DeviceOwnership {
     /// `None`: the kubelet never answered, or its last answer is too old.
-    kubelet: Option<Vec<Allocation>>,
+    kubelet: Option<KubeletAnswer>,
+    /// The Neuron devices of this node's ResourceSlices; `None` until they are listed.
+    dra_devices: Option<DeviceTable>,
+    /// The claimed devices that name none of them.
+    unresolved: UnresolvedLog,
     /// `None`: no `neuron_k8s_info` (not asked for, or in error).
     monitor: Option<Vec<Allocation>>,
     /// The EFA devices the kubelet says are held.
@@ -257,11 +300,22 @@ pub struct DeviceOwnership {
     generation: u64,
 }
 
+/// What the kubelet's last answer says.
+#[derive(Debug, Default)]
+struct KubeletAnswer {
+    /// The device plugin's allocations.
+    plugin: Vec<Allocation>,
+    /// The DRA claims' Neuron devices, by name.
+    claimed: Vec<ClaimedDevice>,
+    /// Both: the device plugin's and the resolved claimed devices.
+    merged: Vec<Allocation>,
+}
+
 pub type SharedDevices = Arc<RwLock<DeviceOwnership>>;
 
 impl DeviceOwnership {
     pub fn allocations(&self) -> &[Allocation] {
-        self.kubelet.as_deref().or(self.monitor.as_deref()).unwrap_or_default()
+        self.kubelet.as_ref().map(|k| &k.merged[..]).or(self.monitor.as_deref()).unwrap_or_default()
     }
 
     /// Whose allocations [`DeviceOwnership::allocations`] are, if anyone's.
@@ -278,17 +332,53 @@ impl DeviceOwnership {
         self.generation
     }
 
-    /// The kubelet's answer.
+    /// The kubelet's answer, without DRA claims.
     pub fn set(&mut self, allocations: Vec<Allocation>) {
-        if self.kubelet.as_ref() != Some(&allocations) {
-            self.kubelet = Some(allocations);
-            self.generation += 1;
+        self.set_kubelet(allocations, Vec::new());
+    }
+
+    /// The kubelet's answer: the device plugin's allocations and the claimed devices.
+    /// Returns the claimed devices newly found unresolvable.
+    pub fn set_kubelet(&mut self, plugin: Vec<Allocation>, claimed: Vec<ClaimedDevice>) -> Vec<Unresolvable> {
+        if self.kubelet.as_ref().is_some_and(|k| k.plugin == plugin && k.claimed == claimed) {
+            return Vec::new();
         }
+        self.kubelet = Some(KubeletAnswer { plugin, claimed, merged: Vec::new() });
+        self.merge()
+    }
+
+    /// The Neuron devices of this node's ResourceSlices. Returns the claimed devices newly
+    /// found unresolvable.
+    pub fn set_dra_devices(&mut self, table: DeviceTable) -> Vec<Unresolvable> {
+        if self.dra_devices.as_ref() == Some(&table) {
+            return Vec::new();
+        }
+        self.dra_devices = Some(table);
+        self.merge()
+    }
+
+    /// Rebuilds the kubelet's allocations; returns the claimed devices newly found
+    /// unresolvable. Until the ResourceSlices are listed no claimed device is resolved,
+    /// and none is said to be unresolvable.
+    fn merge(&mut self) -> Vec<Unresolvable> {
+        self.generation += 1;
+        let Some(kubelet) = &mut self.kubelet else { return Vec::new() };
+        let mut merged = kubelet.plugin.clone();
+        let mut fresh = Vec::new();
+        if let Some(table) = &self.dra_devices {
+            let (resolved, unresolvable) = dra::resolve(&kubelet.claimed, table);
+            merged.extend(resolved);
+            fresh = self.unresolved.fresh(unresolvable);
+        }
+        merged.sort_by_key(|a| (a.unit == Unit::Device, a.id));
+        kubelet.merged = merged;
+        fresh
     }
 
     /// The kubelet's last answer is too old to be used.
     pub fn forget_kubelet(&mut self) {
         if self.kubelet.take().is_some() {
+            self.unresolved.clear();
             self.generation += 1;
         }
     }
@@ -324,6 +414,9 @@ pub struct KubeletPoller {
     pub devices: SharedDevices,
     /// Who holds each NVIDIA GPU, by the same answers.
     pub gpus: GpuHolding,
+    /// Set once an answer lists DRA claims of Neuron devices: this node's ResourceSlices
+    /// are then watched ([`dra::slices`]), and only then.
+    pub dra_wanted: tokio::sync::watch::Sender<bool>,
     pub metrics: AttributionMetrics,
 }
 
@@ -343,6 +436,7 @@ impl KubeletPoller {
             match result {
                 Ok(response) => {
                     let (allocations, mut unreadable) = allocations(&response);
+                    let claimed = dra::claimed_devices(&response);
                     let (efa, efa_unreadable) = efa_allocations(&response);
                     unreadable.extend(efa_unreadable);
                     // Said once per distinct set, not on every poll.
@@ -355,11 +449,15 @@ impl KubeletPoller {
                     }
                     failing = false;
                     last_success = Some(Instant::now());
-                    let count = allocations.len();
+                    let count = allocations.len() + claimed.len();
+                    if !claimed.is_empty() {
+                        self.dra_wanted.send_if_modified(|wanted| !std::mem::replace(wanted, true));
+                    }
                     let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
-                    devices.set(allocations);
+                    let unresolvable = devices.set_kubelet(allocations, claimed);
                     devices.set_efa(efa);
                     drop(devices);
+                    dra::report_unresolved(&unresolvable, &self.metrics);
                     self.gpus.refresh(&response, &mut reported_gpu_ids);
                     self.metrics.kubelet_requests.get_or_create(&super::ResultLabel { result: "ok" }).inc();
                     self.metrics.kubelet_up.set(1);
@@ -417,6 +515,7 @@ mod tests {
                     name: "train".into(),
                     namespace: "a".into(),
                     containers: vec![ContainerResources {
+                        dynamic_resources: Vec::new(),
                         name: "main".into(),
                         devices: vec![
                             devices(NEURONDEVICE, &["1"]),
@@ -429,6 +528,7 @@ mod tests {
                     name: "serve".into(),
                     namespace: "b".into(),
                     containers: vec![ContainerResources {
+                        dynamic_resources: Vec::new(),
                         name: "srv".into(),
                         devices: vec![devices(NEURONCORE, &["5", "4"])],
                     }],
@@ -454,6 +554,7 @@ mod tests {
                     name: "train".into(),
                     namespace: "a".into(),
                     containers: vec![ContainerResources {
+                        dynamic_resources: Vec::new(),
                         name: "main".into(),
                         devices: vec![devices(NEURONDEVICE, &["0"]), devices(EFA, &["rdmap32s27", "rdmap16s27"])],
                     }],
@@ -462,6 +563,7 @@ mod tests {
                     name: "x".into(),
                     namespace: "b".into(),
                     containers: vec![ContainerResources {
+                        dynamic_resources: Vec::new(),
                         name: "c".into(),
                         devices: vec![devices(EFA, &["../etc", &"é".repeat(100)])],
                     }],
@@ -482,8 +584,12 @@ mod tests {
     #[test]
     fn unknown_fields_of_newer_kubelets_are_skipped() {
         // ContainerResources.cpu_ids (3, packed int64) and a topology (3) in ContainerDevices.
-        let mut bytes =
-            ContainerResources { name: "c".into(), devices: vec![devices(NEURONCORE, &["0"])] }.encode_to_vec();
+        let mut bytes = ContainerResources {
+            dynamic_resources: Vec::new(),
+            name: "c".into(),
+            devices: vec![devices(NEURONCORE, &["0"])],
+        }
+        .encode_to_vec();
         bytes.extend_from_slice(&[0x1a, 0x02, 0x01, 0x02]);
         let decoded = ContainerResources::decode(&*bytes).unwrap();
         assert_eq!(decoded.devices[0].device_ids, vec!["0".to_owned()]);

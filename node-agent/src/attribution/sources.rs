@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    dra::slices::SliceWatcher,
     ecs::{self, EcsPoller, SharedEcs},
     gpus::{GpuHolding, GpuProcessAttribution},
     podresources::{DeviceOwnership, KubeletPoller, SharedDevices},
@@ -47,6 +48,8 @@ pub struct Sources {
     devices: SharedDevices,
     ecs: SharedEcs,
     gpus: GpuHolding,
+    /// Set once the kubelet lists DRA claims: the ResourceSlice watch starts then.
+    dra_wanted: watch::Sender<bool>,
     metrics: AttributionMetrics,
 }
 
@@ -60,6 +63,7 @@ impl Sources {
             pods,
             devices: Arc::new(RwLock::new(DeviceOwnership::default())),
             ecs: SharedEcs::default(),
+            dra_wanted: watch::Sender::new(false),
             metrics,
             settings,
         }
@@ -103,7 +107,8 @@ impl Sources {
         (holders, process_pods)
     }
 
-    /// Starts the pod watch of `node` and the kubelet poller among `tasks`, until `shutdown`.
+    /// Starts the pod watch of `node`, the kubelet poller and (once the kubelet lists DRA
+    /// claims) the ResourceSlice watch among `tasks`, until `shutdown`.
     pub fn spawn_feeds(
         &self,
         tasks: &mut CriticalTasks,
@@ -112,6 +117,15 @@ impl Sources {
         watch_timeout: Duration,
         shutdown: &CancellationToken,
     ) {
+        let slices = SliceWatcher {
+            client: client.clone(),
+            node: node.to_owned(),
+            devices: self.devices.clone(),
+            metrics: self.metrics.clone(),
+            watch_timeout,
+            wanted: self.dra_wanted.subscribe(),
+        };
+        tasks.spawn("ResourceSlice watch", slices.run(shutdown.clone()));
         let watcher = PodWatcher {
             client,
             node: node.to_owned(),
@@ -127,6 +141,7 @@ impl Sources {
             keep_for: self.settings.kubelet_keep,
             devices: self.devices.clone(),
             gpus: self.gpus.clone(),
+            dra_wanted: self.dra_wanted.clone(),
             metrics: self.metrics.clone(),
         };
         tasks.spawn("kubelet pod-resources poller", poller.run(shutdown.clone()));

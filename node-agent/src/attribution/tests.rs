@@ -53,7 +53,7 @@ fn pod(n: u8, ns: &str, name: &str, phase: &str, containers: &[(&str, u8)]) -> P
 }
 
 fn core(ns: &str, pod: &str, container: &str, unit: Unit, id: u32) -> Allocation {
-    Allocation { namespace: ns.into(), pod: pod.into(), container: container.into(), unit, id }
+    Allocation { namespace: ns.into(), pod: pod.into(), container: container.into(), unit, id, claim: None }
 }
 
 /// A report of a host with 2 devices × 2 cores; runtimes as (tag, pid, cores).
@@ -443,4 +443,40 @@ fn the_process_s_pod_wins_then_the_cores_holder_then_the_ecs_container() {
     assert_eq!(choose(Err(Unattributed::NoPid), None, None), Choice::Unattributed(Unattributed::NoPid));
     assert_eq!(Choice::Ecs(task.clone()).labels(), (None, Some(task)));
     assert_eq!(Choice::Devices(holder.clone()).labels(), (Some(holder), None));
+}
+
+/// Device 0 held through a DRA claim, device 1 through the device plugin: a runtime on
+/// device 0 whose process cannot be placed takes the claim's pod (its series carry no
+/// claim: they are not per device), the claim's idle core carries the pod and the claim,
+/// the device plugin's idle core the pod alone.
+#[test]
+fn a_dra_claims_device_attributes_its_runtime_and_names_the_claim_on_its_idle_cores() {
+    let mut f = Fixture::new();
+    f.pods(&[pod(1, "ml", "train", "Running", &[("main", 1)]), pod(2, "b", "serve", "Running", &[("srv", 2)])]);
+    let claim = Arc::new(dra::Claim { namespace: "ml".into(), name: "neurons".into() });
+    let claimed = Allocation { claim: Some(claim), ..core("ml", "train", "main", Unit::Device, 0) };
+    f.devices(vec![claimed, core("b", "serve", "srv", Unit::Device, 1)]);
+    f.report(&[("t", 4242, &[0])]);
+    assert_eq!(f.runtime("t"), names("ml", "train", "main"));
+    let rt = f.state.runtimes.iter().find(|r| r.labels.runtime_tag == "t").unwrap();
+    let rt_labels = &rt.labels.pod.as_ref().unwrap().labels;
+    assert!(!rt_labels.iter().any(|(k, _)| k.starts_with("dra_")), "{rt_labels:?}");
+    let idle_labels = |index: u32| {
+        let core = f.state.idle_cores.iter().find(|c| c.index == index).unwrap();
+        core.pod.as_ref().map(|p| (p.pod.clone(), p.labels.clone())).unwrap()
+    };
+    let app = |v: &str| ("label_app".to_owned(), v.to_owned());
+    assert_eq!(
+        idle_labels(1),
+        (
+            "train".to_owned(),
+            vec![
+                app("train"),
+                (dra::CLAIM_NAMESPACE_LABEL.to_owned(), "ml".to_owned()),
+                (dra::CLAIM_NAME_LABEL.to_owned(), "neurons".to_owned())
+            ]
+        )
+    );
+    assert_eq!(idle_labels(2), ("serve".to_owned(), vec![app("serve")]));
+    assert_eq!(idle_labels(3), ("serve".to_owned(), vec![app("serve")]));
 }

@@ -18,7 +18,8 @@ use std::{
 };
 
 use neuron_node_agent::attribution::podresources::proto::{
-    ContainerDevices, ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse, PodResources, LIST_PATH,
+    ClaimResource, ContainerDevices, ContainerResources, DynamicResource, ListPodResourcesRequest,
+    ListPodResourcesResponse, PodResources, LIST_PATH,
 };
 use tonic::{body::Body, server::NamedService, transport::Server};
 use tonic_prost::ProstCodec;
@@ -37,8 +38,42 @@ pub fn holding_ids(namespace: &str, pod: &str, container: &str, resource: &str, 
         name: pod.to_owned(),
         namespace: namespace.to_owned(),
         containers: vec![ContainerResources {
+            dynamic_resources: Vec::new(),
             name: container.to_owned(),
             devices: vec![ContainerDevices { resource_name: resource.to_owned(), device_ids: ids.to_vec() }],
+        }],
+    }
+}
+
+/// A pod whose container holds, through the ResourceClaim `claim` of its namespace, the
+/// DRA devices `devices` of `driver`'s `pool`, as a kubelet with DRA answers.
+pub fn claiming(
+    namespace: &str,
+    pod: &str,
+    container: &str,
+    claim: &str,
+    (driver, pool): (&str, &str),
+    devices: &[&str],
+) -> PodResources {
+    let claim_resources = devices
+        .iter()
+        .map(|d| ClaimResource {
+            driver_name: driver.to_owned(),
+            pool_name: pool.to_owned(),
+            device_name: d.to_string(),
+        })
+        .collect();
+    PodResources {
+        name: pod.to_owned(),
+        namespace: namespace.to_owned(),
+        containers: vec![ContainerResources {
+            name: container.to_owned(),
+            devices: Vec::new(),
+            dynamic_resources: vec![DynamicResource {
+                claim_name: claim.to_owned(),
+                claim_namespace: namespace.to_owned(),
+                claim_resources,
+            }],
         }],
     }
 }

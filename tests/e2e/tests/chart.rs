@@ -863,6 +863,9 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     let agent_cluster = [
         "/pods:list",
         "/pods:watch",
+        "resource.k8s.io/resourceslices:get",
+        "resource.k8s.io/resourceslices:list",
+        "resource.k8s.io/resourceslices:watch",
         "/nodes/status:get",
         "/nodes/status:patch",
         "/nodes:patch",

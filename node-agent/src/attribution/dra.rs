@@ -1,0 +1,280 @@
+//! Neuron devices allocated through Dynamic Resource Allocation (DRA).
+//!
+//! The kubelet's pod-resources answer names, per container, each claim's devices by
+//! driver, pool and DRA device name; the node's ResourceSlices ([`slices`]) say which
+//! Neuron device index each name stands for (the driver's `deviceId` attribute). Resolved,
+//! a claimed device is an [`Allocation`] of a whole device, as the device plugin's are,
+//! carrying its claim: both kinds of allocation feed one attribution, on one node too.
+//!
+//! A claimed device that cannot be resolved (malformed, listed by no ResourceSlice of
+//! this node, listed without an index) is left out of the allocations: its device keeps
+//! reporting, without the pod; it is counted and logged once while the kubelet lists it.
+
+pub mod slices;
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::Arc,
+};
+
+use api::{
+    hardware::{NEURON_DRA_DEVICE_ID, NEURON_DRA_DEVICE_TYPE, NEURON_DRA_DRIVER, NEURON_DRA_RESOURCE_TYPE},
+    limits::MAX_NEURON_DEVICES,
+};
+use tracing::warn;
+
+use super::{
+    podresources::{proto, Allocation, Unit},
+    AttributionMetrics,
+};
+use crate::{state::PodRef, telemetry::ReasonLabel};
+
+/// The labels that name a device's claim on the series of what the claim holds (idle
+/// cores); a series of something no claim holds has neither (an empty value, to
+/// Prometheus).
+pub const CLAIM_NAMESPACE_LABEL: &str = "dra_claim_namespace";
+pub const CLAIM_NAME_LABEL: &str = "dra_claim_name";
+
+/// Claimed devices kept from one answer (a node has at most 64 Neuron devices; a claim
+/// shared by many pods lists them once per container).
+pub const MAX_CLAIMED_DEVICES: usize = 1024;
+/// Bytes of a claim's namespace or name, a pool's or a device's name (the API's bound:
+/// a DNS subdomain); longer ones are malformed.
+const MAX_NAME_BYTES: usize = 253;
+
+/// A ResourceClaim's identity.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Claim {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// One Neuron device of a claim that a container holds, as the kubelet lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimedDevice {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    pub claim: Arc<Claim>,
+    pub pool: String,
+    pub device: String,
+    /// A name was empty or over [`MAX_NAME_BYTES`] (cut to it here).
+    pub malformed: bool,
+}
+
+/// Why a claimed device names no Neuron device index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Unresolved {
+    /// Empty or overlong names.
+    Malformed,
+    /// No ResourceSlice of this node lists the pool's device.
+    UnknownDevice,
+    /// Listed without a usable index (none, out of range, or not a device).
+    NoDeviceId,
+}
+
+impl Unresolved {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unresolved::Malformed => "malformed",
+            Unresolved::UnknownDevice => "unknown_device",
+            Unresolved::NoDeviceId => "no_device_id",
+        }
+    }
+}
+
+/// A claimed device that could not be resolved, and why.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Unresolvable {
+    pub claim: Arc<Claim>,
+    pub pool: String,
+    pub device: String,
+    pub reason: Unresolved,
+}
+
+/// `name` cut to [`MAX_NAME_BYTES`]; `true` where it was empty or cut.
+fn bounded(name: &str) -> (String, bool) {
+    let cut = &name[..name.floor_char_boundary(MAX_NAME_BYTES)];
+    (cut.to_owned(), name.is_empty() || cut.len() < name.len())
+}
+
+/// The Neuron devices the claims of a `List` answer hold (other drivers' are not read),
+/// in answer order, at most [`MAX_CLAIMED_DEVICES`].
+pub fn claimed_devices(response: &proto::ListPodResourcesResponse) -> Vec<ClaimedDevice> {
+    let mut out = Vec::new();
+    for pod in &response.pod_resources {
+        for container in &pod.containers {
+            for resource in &container.dynamic_resources {
+                let (namespace, bad_namespace) = bounded(&resource.claim_namespace);
+                let (name, bad_name) = bounded(&resource.claim_name);
+                let claim = Arc::new(Claim { namespace, name });
+                let neuron = resource.claim_resources.iter().filter(|r| r.driver_name == NEURON_DRA_DRIVER);
+                for device in neuron.take(MAX_CLAIMED_DEVICES.saturating_sub(out.len())) {
+                    let (pool, bad_pool) = bounded(&device.pool_name);
+                    let (device, bad_device) = bounded(&device.device_name);
+                    out.push(ClaimedDevice {
+                        namespace: pod.namespace.clone(),
+                        pod: pod.name.clone(),
+                        container: container.name.clone(),
+                        claim: claim.clone(),
+                        pool,
+                        device,
+                        malformed: bad_namespace || bad_name || bad_pool || bad_device,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What one ResourceSlice of the Neuron driver publishes: its pool, the pool's generation,
+/// and each device's name and index (`None`: no usable index).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Slice {
+    pub pool: String,
+    pub generation: i64,
+    pub devices: Vec<(String, Option<u32>)>,
+}
+
+/// A device's index from its attributes (name, integer value, string value): the driver's
+/// `deviceId` (bare or qualified by the driver's domain), below [`MAX_NEURON_DEVICES`], on
+/// a device whose `resourceType`, when given, is `neuron_device`.
+pub fn device_index<'a>(attributes: impl IntoIterator<Item = (&'a str, Option<i64>, Option<&'a str>)>) -> Option<u32> {
+    let ours = |key: &str, attribute: &str| {
+        key == attribute || key.strip_prefix(NEURON_DRA_DRIVER).and_then(|k| k.strip_prefix('/')) == Some(attribute)
+    };
+    let mut index = None;
+    let mut a_device = true;
+    for (key, int, string) in attributes {
+        if ours(key, NEURON_DRA_DEVICE_ID) {
+            index = int.and_then(|i| u32::try_from(i).ok()).filter(|i| *i < MAX_NEURON_DEVICES);
+        } else if ours(key, NEURON_DRA_RESOURCE_TYPE) {
+            a_device = string == Some(NEURON_DRA_DEVICE_TYPE);
+        }
+    }
+    index.filter(|_| a_device)
+}
+
+/// The Neuron devices of this node's ResourceSlices by (pool, device name).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceTable {
+    /// Pool → device name → index.
+    pools: HashMap<String, HashMap<String, Option<u32>>>,
+}
+
+impl DeviceTable {
+    /// The devices of the newest generation of each pool (a driver that updates a pool
+    /// publishes its new slices before it removes the old ones: those are ignored).
+    pub fn from_slices<'a>(slices: impl IntoIterator<Item = &'a Slice> + Clone) -> Self {
+        let mut newest: HashMap<&str, i64> = HashMap::new();
+        for s in slices.clone() {
+            let g = newest.entry(&s.pool).or_insert(s.generation);
+            *g = (*g).max(s.generation);
+        }
+        let mut pools: HashMap<String, HashMap<String, Option<u32>>> = HashMap::new();
+        for s in slices.into_iter().filter(|s| newest.get(s.pool.as_str()) == Some(&s.generation)) {
+            let devices = pools.entry(s.pool.clone()).or_default();
+            devices.extend(s.devices.iter().cloned());
+        }
+        DeviceTable { pools }
+    }
+
+    /// How many devices the slices list.
+    pub fn len(&self) -> usize {
+        self.pools.values().map(HashMap::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The index of `device` of `pool`.
+    pub fn index(&self, pool: &str, device: &str) -> Result<u32, Unresolved> {
+        match self.pools.get(pool).and_then(|devices| devices.get(device)) {
+            None => Err(Unresolved::UnknownDevice),
+            Some(None) => Err(Unresolved::NoDeviceId),
+            Some(Some(index)) => Ok(*index),
+        }
+    }
+}
+
+/// The claimed devices as whole-device allocations carrying their claims, and those
+/// that name no device of `table`. The cores of an allocation are all of its device's
+/// under the node's LNC ([`Allocation::cores`]); a claim's own LNC (its `NeuronConfig`)
+/// would ride on the allocation with its claim.
+pub fn resolve(claimed: &[ClaimedDevice], table: &DeviceTable) -> (Vec<Allocation>, Vec<Unresolvable>) {
+    let mut allocations = Vec::new();
+    let mut unresolvable = Vec::new();
+    for c in claimed {
+        let index = if c.malformed { Err(Unresolved::Malformed) } else { table.index(&c.pool, &c.device) };
+        match index {
+            Ok(id) => allocations.push(Allocation {
+                namespace: c.namespace.clone(),
+                pod: c.pod.clone(),
+                container: c.container.clone(),
+                unit: Unit::Device,
+                id,
+                claim: Some(c.claim.clone()),
+            }),
+            Err(reason) => unresolvable.push(Unresolvable {
+                claim: c.claim.clone(),
+                pool: c.pool.clone(),
+                device: c.device.clone(),
+                reason,
+            }),
+        }
+    }
+    (allocations, unresolvable)
+}
+
+/// The claimed devices that could not be resolved, each told once while it stays so.
+#[derive(Debug, Default)]
+pub struct UnresolvedLog {
+    current: BTreeSet<Unresolvable>,
+}
+
+impl UnresolvedLog {
+    /// Takes the latest unresolvable devices; returns those not in the previous ones.
+    pub fn fresh(&mut self, latest: Vec<Unresolvable>) -> Vec<Unresolvable> {
+        let latest: BTreeSet<Unresolvable> = latest.into_iter().collect();
+        let fresh = latest.difference(&self.current).cloned().collect();
+        self.current = latest;
+        fresh
+    }
+
+    pub fn clear(&mut self) {
+        self.current.clear();
+    }
+}
+
+/// Claimed devices named one by one in the log per answer or slice change; the rest are
+/// counted and summed up in one line.
+const MAX_LOGGED_UNRESOLVED: usize = 16;
+
+/// Counts and logs claimed devices newly found unresolvable.
+pub fn report_unresolved(fresh: &[Unresolvable], metrics: &AttributionMetrics) {
+    for u in fresh {
+        metrics.dra_unresolved.get_or_create(&ReasonLabel { reason: u.reason.as_str() }).inc();
+    }
+    if fresh.len() > MAX_LOGGED_UNRESOLVED {
+        warn!(count = fresh.len(), "DRA claims' Neuron devices name no device of this node's ResourceSlices");
+    }
+    for u in fresh.iter().take(MAX_LOGGED_UNRESOLVED) {
+        warn!(claim = %format!("{}/{}", u.claim.namespace, u.claim.name), pool = %u.pool, device = %u.device,
+              reason = u.reason.as_str(),
+              "a DRA claim's Neuron device names no device of this node's ResourceSlices; its series keep the \
+               device, without the pod");
+    }
+}
+
+/// `owner` holding a device through `claim`: its labels name the claim too.
+pub fn claim_holder(owner: &PodRef, claim: &Claim) -> PodRef {
+    let mut holder = owner.clone();
+    holder.labels.push((CLAIM_NAMESPACE_LABEL.to_owned(), claim.namespace.clone()));
+    holder.labels.push((CLAIM_NAME_LABEL.to_owned(), claim.name.clone()));
+    holder
+}
+
+#[cfg(test)]
+mod tests;
