@@ -5,8 +5,8 @@
 # both run at once, their scrapes alternating half a second apart, so that the machine's
 # load falls on both alike. Prints for each: scrape latency p50/p99, CPU per report
 # (agent, simulator, together: utime+stime over the window divided by the reports the
-# agent counted), parse + update per report (the agent's own histogram), RSS at the end
-# and its peak, threads, the /metrics page's bytes and samples; then new/baseline ratios.
+# agent counted), parse + update per report (the agent's own histogram, wall time), RSS
+# at the end (anonymous and file-backed: the binary's pages) and its peak, threads, the /metrics page's bytes and samples; then new/baseline ratios.
 #
 # Environment:
 #   DURATION=120        seconds measured (after WARMUP=10 s); 20 is enough for a CI run
@@ -15,7 +15,10 @@
 #   SYSFS=sim|none      sim (default): the simulator's driver tree and 16 EFA devices, so
 #                       the health and EFA collectors have work; none: no tree
 #   AGENT_ARGS="..."    extra flags for both agents (e.g. --config FILE)
-#   MAX_THREADS=N       fail when the new agent ends with more threads than N
+#   SIM_ARGS="..."      extra flags for both simulators (e.g. --efa-devices=0)
+#   INTERVAL=1s         time between reports (e.g. 1ms: as fast as the agent takes them)
+#   MAX_THREADS=16      fail when the new agent ends with more threads (its bound: 14,
+#                       16 with NVML; docs/performance.md); 0: no check
 # The baseline is built from a `git worktree` in a temporary directory, with a target
 # directory of its own under CARGO_TARGET_DIR (both removed afterwards). Loopback only;
 # everything it starts is stopped on exit.
@@ -71,9 +74,11 @@ start() {
         sysfs=(--sysfs-root "$dir/sys")
         monitor=(--monitor-arg=--instance-type=trn1n.32xlarge "--monitor-arg=--sysfs-root=$dir/sys")
     fi
+    local arg
+    for arg in ${SIM_ARGS:-}; do monitor+=("--monitor-arg=$arg"); done
     # shellcheck disable=SC2086 # AGENT_ARGS is a list of flags
     "$bin/neuron-node-agent" --monitor-command "$bin/neuron-monitor-sim" \
-        "--monitor-arg=--replay=$fixture" --monitor-arg=--interval=1s "${monitor[@]}" \
+        "--monitor-arg=--replay=$fixture" "--monitor-arg=--interval=${INTERVAL:-1s}" "${monitor[@]}" \
         --listen "127.0.0.1:$port" --state-dir "$dir/state" --period 1s --kmsg-path /dev/null "${sysfs[@]}" \
         --log warn ${AGENT_ARGS:-} >"$dir/agent.log" 2>&1 &
     pids+=($!)
@@ -121,7 +126,7 @@ snapshot() {
         echo "proc_sum $(metric neuron_agent_report_processing_seconds_sum <"$dir/$2.page")"
         echo "proc_count $(metric neuron_agent_report_processing_seconds_count <"$dir/$2.page")"
         echo "restarts $(metric neuron_agent_monitor_restarts_total <"$dir/$2.page")"
-        awk '/^(VmRSS|VmHWM|Threads):/ { print $1, $2 }' "/proc/$pid/status" | tr -d :
+        awk '/^(VmRSS|VmHWM|RssAnon|RssFile|Threads):/ { print $1, $2 }' "/proc/$pid/status" | tr -d :
     } >"$dir/$2"
 }
 
@@ -166,6 +171,9 @@ figures() {
     echo "scrape_p99_ms $(percentile "$dir/latency" 0.99)"
     echo "rss_end_mib $(awk "BEGIN { printf \"%.1f\", $(get "$dir/end" VmRSS) / 1024 }")"
     echo "rss_max_mib $(awk "BEGIN { printf \"%.1f\", $(get "$dir/end" VmHWM) / 1024 }")"
+    # The agent's own memory, and the pages of its binary (and libraries) mapped in.
+    echo "rss_anon_mib $(awk "BEGIN { printf \"%.1f\", $(get "$dir/end" RssAnon) / 1024 }")"
+    echo "rss_file_mib $(awk "BEGIN { printf \"%.1f\", $(get "$dir/end" RssFile) / 1024 }")"
     echo "threads $(get "$dir/end" Threads)"
     echo "page_bytes $(wc -c <"$dir/end.page")"
     echo "page_samples $(grep -cv '^#' "$dir/end.page")"
@@ -174,14 +182,15 @@ figures() {
 
 figures new >"$work/new.fig"
 figures base >"$work/base.fig"
-echo "agent-bench: ${DURATION}s, 1 report/s, 1 scrape/s each, SYSFS=$SYSFS, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "agent-bench: ${DURATION}s, a report every ${INTERVAL:-1s}, 1 scrape/s each, SYSFS=$SYSFS, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-26s %12s %12s %9s\n' figure new baseline new/base
 awk 'NR == FNR { b[$1] = $2; next } {
         ratio = (b[$1] + 0 != 0) ? sprintf("%.2f", $2 / b[$1]) : "-"
         printf "%-26s %12s %12s %9s\n", $1, $2, b[$1], ratio
     }' "$work/base.fig" "$work/new.fig"
 threads=$(get "$work/new.fig" threads)
-if [[ -n ${MAX_THREADS:-} && $threads -gt $MAX_THREADS ]]; then
+MAX_THREADS=${MAX_THREADS:-16}
+if [[ $MAX_THREADS -gt 0 && $threads -gt $MAX_THREADS ]]; then
     echo "agent-bench.sh: the agent ended with $threads threads, more than MAX_THREADS=$MAX_THREADS" >&2
     exit 1
 fi
