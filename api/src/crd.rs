@@ -291,6 +291,23 @@ pub struct PrometheusSinkSpec {
     #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-zA-Z_][a-zA-Z0-9_]{0,62}$') && !(k in ['job', 'instance', 'node', 'agent_pod', 'mode', 'instance_name', 'instance_id', 'instance_type', 'availability_zone', 'region', 'subnet_id', 'runtime_tag', 'namespace', 'pod', 'container', 'neuroncore', 'physical_neuroncore', 'memory_location', 'usage_type', 'error_type', 'status_type', 'percentile', 'event_type', 'neuron_device_index', 'ecs_task_arn', 'ecs_task_family', 'ecs_container']))").message("label names must be Prometheus label names and not one the metrics already use"))]
     #[x_kube(validation = Rule::new("self.all(k, size(self[k]) <= 128)").message("label values are at most 128 characters"))]
     pub extra_labels: Option<BTreeMap<String, String>>,
+
+    /// Also export `neuron_runtime_loaded_model_info`: a series for each model an
+    /// application has loaded (up to 32 per application), on `/metrics` and through the
+    /// OTLP sink. On a node of many applications this family is the larger part of the
+    /// page (half of a 32-application trn1n.32xlarge's). Default: false (the count of
+    /// models by state, `neuron_runtime_loaded_models`, is always exported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loaded_model_info: Option<bool>,
+}
+
+impl PrometheusSinkSpec {
+    /// Whether the config's applications get `neuron_runtime_loaded_model_info` on
+    /// `/metrics` and through the OTLP sink (which sends the families of `/metrics`):
+    /// asked for, and Prometheus not turned off.
+    pub fn exports_model_info(&self) -> bool {
+        self.enabled != Some(false) && self.loaded_model_info == Some(true)
+    }
 }
 
 /// A CloudWatch dimension the agent can fill in.

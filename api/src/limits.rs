@@ -48,8 +48,8 @@ pub const MAX_VALUE_NAME_BYTES: usize = 64;
 /// runtime loads a model per core it holds, or a few dozen at most.
 pub const MAX_LOADED_MODELS_PER_RUNTIME: usize = 256;
 
-/// Models of one runtime with an info series of their own (`neuron_runtime_loaded_model_info`);
-/// the count by state covers every model read. The runtimes of the recorded 32-runtime
+/// Models of one runtime with an info series of their own (`neuron_runtime_loaded_model_info`,
+/// for the configs that ask for it); the count by state covers every model read. The runtimes of the recorded 32-runtime
 /// trn1n.32xlarge report loaded 20 each.
 pub const MAX_MODEL_INFO_PER_RUNTIME: usize = 32;
 
@@ -106,8 +106,8 @@ pub const MAX_CONFIGS_PER_NODE: usize = 512;
 /// them on the largest Neuron node (trn2.48xlarge with one physical core per logical
 /// one: 128 NeuronCores, 16 devices) with one application per core. The agent builds,
 /// queues and sends each of them every flush, for each config: the default CloudWatch
-/// sink takes 2,688 there, the OTLP sink 6,144, a config with ten per-core roll-ups
-/// ~30,000 (30 PutMetricData requests per node and flush). Beyond it: `TooManySeries`,
+/// sink takes 2,688 there, the OTLP sink 6,016 (6,144 with `loadedModelInfo`), a config
+/// with ten per-core roll-ups ~30,000 (30 PutMetricData requests per node and flush). Beyond it: `TooManySeries`,
 /// naming the sink.
 pub const MAX_SERIES_PER_CONFIG_PER_NODE: u64 = 10_000;
 

@@ -210,6 +210,10 @@ pub struct RouteRuntimes {
 pub struct PrometheusRoute {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extra_labels: BTreeMap<String, String>,
+    /// `neuron_runtime_loaded_model_info` of the route's applications; absent from the
+    /// JSON when off, so routes without it keep their content hash.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub loaded_model_info: bool,
 }
 
 #[cfg(test)]

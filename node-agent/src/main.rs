@@ -55,9 +55,11 @@ fn main() -> anyhow::Result<()> {
     one_malloc_arena();
     let args = cli::parse();
     args.log.init()?;
-    // Two worker threads at most: the agent shares the node with the workloads it watches.
+    // A runtime sized for a DaemonSet, not for the host's cores: the agent shares the node
+    // with the workloads it watches (docs/performance.md counts its threads).
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(WORKER_THREADS)
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
@@ -81,6 +83,15 @@ fn one_malloc_arena() {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
 }
+
+/// Async worker threads.
+const WORKER_THREADS: usize = 2;
+
+/// Threads of the blocking pool: the health readers that live as long as the agent (3,
+/// 5 with NVML), and room beside them for the short jobs (a render of `/metrics`, a
+/// report being applied, the EFA and process reads, an OTLP snapshot, a GPU collection),
+/// which wait their turn beyond it. Tokio's default, 512, let the pool follow bursts.
+const MAX_BLOCKING_THREADS: usize = 8;
 
 /// What every phase shares: the flags, the registry, the agent's metrics, the critical
 /// tasks and the shutdown they all follow.

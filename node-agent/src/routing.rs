@@ -105,6 +105,9 @@ pub struct PrometheusView {
     pub extra_labels: BTreeMap<String, String>,
     /// Label names matching routes wanted beyond the cap, left off.
     pub dropped_labels: usize,
+    /// `neuron_runtime_loaded_model_info`: a route taking the runtime's `memory_used`
+    /// asked for it.
+    pub loaded_model_info: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -236,6 +239,7 @@ impl Routing {
             let Some(prometheus) = &compiled.route.prometheus else { continue };
             let Some(groups) = compiled.selection.groups(namespace, tag) else { continue };
             let v = view.get_or_insert_with(PrometheusView::default);
+            v.loaded_model_info |= prometheus.loaded_model_info && groups.contains(&RuntimeGroup::MemoryUsed);
             for g in groups {
                 if !v.groups.contains(&g) {
                     v.groups.push(g);
@@ -310,6 +314,7 @@ mod tests {
             system_groups: vec![],
             prometheus: Some(PrometheusRoute {
                 extra_labels: BTreeMap::from([("team".to_owned(), config.to_owned())]),
+                loaded_model_info: false,
             }),
             cloudwatch: None,
             otlp: None,
@@ -321,6 +326,24 @@ mod tests {
         let routing = Routing::default();
         assert_eq!(routing.prometheus_view(None, "x").unwrap().groups, RuntimeGroup::ALL.to_vec());
         assert!(routing.prometheus_system(SystemGroup::MemoryInfo));
+        assert!(!routing.prometheus_view(None, "x").unwrap().loaded_model_info, "every group, not every family");
+    }
+
+    /// A route asks for the loaded models' info series of what it takes `memory_used` of.
+    #[test]
+    fn loaded_model_info_where_a_route_taking_memory_used_asks_for_it() {
+        let mut models = route("a/models", Some("a"), Some("^serve"), &[RuntimeGroup::MemoryUsed]);
+        models.prometheus.as_mut().unwrap().loaded_model_info = true;
+        let mut counters = route("ops/counters", None, None, &[RuntimeGroup::NeuroncoreCounters]);
+        counters.prometheus.as_mut().unwrap().loaded_model_info = true;
+        let plain = route("ops/memory", None, None, &[RuntimeGroup::MemoryUsed]);
+        let config =
+            NodeConfig { monitor: Default::default(), routes: vec![models, counters, plain], health: None, gpu: None };
+        let routing = Routing::compile(&config).unwrap();
+        let info = |namespace, tag| routing.prometheus_view(namespace, tag).unwrap().loaded_model_info;
+        assert!(info(Some("a"), "serve-1"));
+        assert!(!info(Some("a"), "train-1"), "the route asking does not take it");
+        assert!(!info(Some("b"), "serve-1"), "nor another namespace's");
     }
 
     #[test]
@@ -377,7 +400,7 @@ mod tests {
             .map(|c| {
                 let mut r = route(&format!("team/c{c:02}"), None, None, &[RuntimeGroup::MemoryUsed]);
                 let labels = (0..16).map(|l| (format!("c{c:02}_l{l:02}"), "v".to_owned())).collect();
-                r.prometheus = Some(PrometheusRoute { extra_labels: labels });
+                r.prometheus = Some(PrometheusRoute { extra_labels: labels, loaded_model_info: false });
                 r
             })
             .collect();

@@ -43,6 +43,7 @@ impl Scope<'_> {
                 groups: selection.groups(namespace, tag)?,
                 extra_labels: route.prometheus.as_ref().map(|p| p.extra_labels.clone()).unwrap_or_default(),
                 dropped_labels: 0,
+                loaded_model_info: route.prometheus.as_ref().is_some_and(|p| p.loaded_model_info),
             }),
         }
     }

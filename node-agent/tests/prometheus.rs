@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{promtool_complaints, Agent, Prometheus, ACCEPTED_LINT};
+use support::{promtool_complaints, Agent, Prometheus, TempDir, ACCEPTED_LINT};
 
 const SCENARIO: &[&str] = &[
     "--instance-type=trn1.32xlarge",
@@ -127,7 +127,16 @@ fn a_trn3_node_exports_what_its_reports_say() {
         "--instance-type=trn3.48xlarge",
         "--app=tag=big,cores=0-39,util=60,rps=40,errors=4,error_type=memory_pressure",
     ];
-    let agent = Agent::start(&sim, &["--period", "500ms"]);
+    // A configuration taking everything, with the loaded models' info series (off by default).
+    let dir = TempDir::new("trn3-models");
+    let config = dir.0.join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: neuronmonitor.io/v1alpha1\nkind: NeuronMonitorConfig\nmetadata: { name: all, namespace: ops }\n\
+         spec:\n  period: 1s\n  sinks:\n    prometheus: { loadedModelInfo: true }\n",
+    )
+    .expect("write the config");
+    let agent = Agent::start(&sim, &["--config", config.to_str().expect("path")]);
     let m = agent.wait_for("the new series", Duration::from_secs(20), |m| {
         let errors = m.value("execution_errors_total", &[("runtime_tag", "big"), ("error_type", "memory_pressure")]);
         (errors.unwrap_or(0.0) > 0.0 && !m.find("neuron_runtime_loaded_model_info", &[]).is_empty()).then(|| m.clone())

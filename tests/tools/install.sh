@@ -56,6 +56,30 @@ flock 9
 # Never let `go` fetch another toolchain: there is none to fetch here.
 export GOTOOLCHAIN=local GOFLAGS=-mod=readonly
 
+# The Kubernetes version of the control plane and the real node: by default the one
+# tests/controlplane/go.mod pins; NEURON_K8S_VERSION=1.33 (or another directory of
+# tests/controlplane/k8s-versions) builds the same sources against that version's go.mod
+# and go.sum into $tools/k8s-v<version>/bin, which tests/tools/env.sh then puts first on
+# PATH.
+k8s_src=$repo/tests/controlplane
+k8s_bin=$bin
+k8s_stamp=
+if [[ -n ${NEURON_K8S_VERSION:-} ]]; then
+    versions=$repo/tests/controlplane/k8s-versions
+    if [[ ! -f $versions/v$NEURON_K8S_VERSION/go.mod ]]; then
+        echo "install.sh: NEURON_K8S_VERSION=$NEURON_K8S_VERSION: no $versions/v$NEURON_K8S_VERSION/go.mod (known: $(ls "$versions" | tr '\n' ' '))" >&2
+        exit 1
+    fi
+    k8s_src=$tools/k8s-v$NEURON_K8S_VERSION/src
+    k8s_bin=$tools/k8s-v$NEURON_K8S_VERSION/bin
+    k8s_stamp=-v$NEURON_K8S_VERSION
+    rm -rf "$k8s_src"
+    mkdir -p "$k8s_src" "$k8s_bin"
+    cp "$repo"/tests/controlplane/*.go "$k8s_src/"
+    cp -r "$repo/tests/controlplane/pause" "$k8s_src/"
+    cp "$versions/v$NEURON_K8S_VERSION"/go.{mod,sum} "$k8s_src/"
+fi
+
 step() { printf '%-13s %s\n' "$1:" "$2"; }
 
 # quiet NAME CMD...: runs CMD with its output in logs/NAME.log, shown only if it fails.
@@ -81,12 +105,12 @@ stamped() {
 }
 
 install_controlplane() {
-    local src=$repo/tests/controlplane
+    local src=$k8s_src bin=$k8s_bin
     local k8s_version
     k8s_version=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$src/go.mod")
     local hash
     hash=$( (cd "$src" && cat go.mod go.sum ./*.go && go env GOVERSION) | sha256sum | cut -c1-16)
-    if stamped controlplane "$hash" "$bin/controlplane"; then
+    if stamped "controlplane$k8s_stamp" "$hash" "$bin/controlplane"; then
         step controlplane "cached (k8s $k8s_version, source $hash)"
         return
     fi
@@ -98,7 +122,7 @@ install_controlplane() {
         -ldflags "-s -w -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean" \
         -o "$bin/controlplane.tmp" .)
     mv "$bin/controlplane.tmp" "$bin/controlplane"
-    echo "$hash" >"$stamps/controlplane"
+    echo "$hash" >"$stamps/controlplane$k8s_stamp"
     step controlplane "built in $((SECONDS - t))s (k8s $k8s_version, source $hash)"
 }
 
@@ -274,11 +298,11 @@ install_node_packages() {
 # kubelet, kube-scheduler and kube-proxy from the control plane's module (its go.mod
 # lists them as tools, so go.sum covers them), and the static pause program.
 install_node_binaries() {
-    local src=$repo/tests/controlplane
+    local src=$k8s_src bin=$k8s_bin
     local k8s_version hash
     k8s_version=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$src/go.mod")
     hash=$( (cd "$src" && cat go.mod go.sum pause/*.go && go env GOVERSION) | sha256sum | cut -c1-16)
-    if stamped node "$hash" "$bin/kubelet" "$bin/kube-scheduler" "$bin/kube-proxy" "$bin/pause"; then
+    if stamped "node$k8s_stamp" "$hash" "$bin/kubelet" "$bin/kube-scheduler" "$bin/kube-proxy" "$bin/pause"; then
         step node "cached (k8s $k8s_version, source $hash)"
         return
     fi
@@ -293,7 +317,7 @@ install_node_binaries() {
     (cd "$src" && quiet node env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/pause" ./pause)
     mv "$tmp"/* "$bin/"
     rm -rf "$tmp"
-    echo "$hash" >"$stamps/node"
+    echo "$hash" >"$stamps/node$k8s_stamp"
     step node "built kubelet, kube-scheduler, kube-proxy, pause in $((SECONDS - t))s (k8s $k8s_version, source $hash)"
 }
 

@@ -639,11 +639,11 @@ mod tests {
         assert_eq!((classic.series, classic.requests), (672, 43_200));
         assert_eq!(per_core.cheapest, Mode::Otlp);
         let otlp = &per_core.modes[2];
-        assert_eq!((otlp.series, otlp.requests), (1504, 0));
+        assert_eq!((otlp.series, otlp.requests), (1472, 0));
         assert!(otlp.monthly_usd < classic.monthly_usd / 5.0, "{per_core:?}");
         // Its own cost is its CloudWatch sink's; it has no OTLP sink.
         assert_eq!((per_core.own_usd(), per_core.otlp.is_none()), (classic.monthly_usd, true));
-        // Cluster-wide series only: 21 metrics beat 1,504 OTLP series.
+        // Cluster-wide series only: 21 metrics beat 1,472 OTLP series.
         let coarse =
             costs(&spec(sink(Some(vec![Dimension::ClusterName]))), false, &kinds(&[trn1_32()]), &prices).unwrap();
         assert_eq!((coarse.modes[0].series, coarse.cheapest), (21, Mode::Classic));

@@ -81,7 +81,7 @@ pub(super) fn prometheus_route(spec: Option<&PrometheusSinkSpec>) -> Result<Opti
             return Err(Invalid::new(field, format!("values are at most {MAX_LABEL_VALUE_CHARS} characters")));
         }
     }
-    Ok(Some(PrometheusRoute { extra_labels }))
+    Ok(Some(PrometheusRoute { extra_labels, loaded_model_info: spec.exports_model_info() }))
 }
 
 pub(super) fn check_cloudwatch(spec: &CloudWatchSinkSpec) -> Result<(), Invalid> {

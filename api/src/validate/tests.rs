@@ -312,6 +312,7 @@ fn sinks_are_copied_into_the_route_and_checked() {
     );
     let prometheus = v.route.prometheus.unwrap();
     assert_eq!(prometheus.extra_labels, labels(&[("team", "a"), ("cost_center", "42")]));
+    assert!(!prometheus.loaded_model_info, "the loaded models' info series are asked for, not a default");
     let cloudwatch = v.route.cloudwatch.unwrap();
     assert_eq!(cloudwatch.namespace, "TeamA/Neuron");
     assert_eq!(cloudwatch.storage_resolution, Some(1));
@@ -320,6 +321,11 @@ fn sinks_are_copied_into_the_route_and_checked() {
     assert_eq!(off.route.prometheus, None);
     let on = valid("team-a", json!({"sinks": {"prometheus": {"enabled": true}}}));
     assert_eq!(on.route.prometheus, Some(PrometheusRoute::default()));
+    let models = valid("team-a", json!({"sinks": {"prometheus": {"loadedModelInfo": true}}}));
+    assert!(models.route.prometheus.is_some_and(|p| p.loaded_model_info));
+    // Off, the route's JSON (and so its content hash) is what it was before the field.
+    let json = serde_json::to_string(&on.route).unwrap();
+    assert!(!json.contains("loadedModelInfo"), "{json}");
 
     let cases = [
         (json!({"prometheus": {"extraLabels": {"pod": "x"}}}), "spec.sinks.prometheus.extraLabels[\"pod\"]"),
@@ -560,7 +566,7 @@ fn prometheus_target_labels_and_the_metrics_own_are_refused_as_extra_labels() {
 
 #[test]
 fn a_sink_that_would_create_too_many_series_on_a_node_is_refused_naming_it() {
-    // The default sinks: 2,688 CloudWatch metrics, 6,144 OTLP series on the largest node.
+    // The default sinks: 2,688 CloudWatch metrics, 6,016 OTLP series on the largest node.
     assert!(validate(
         &nmc("team-a", "c", json!({"sinks": {"cloudwatch": {"namespace": "N"}, "otlp": {}}})),
         OPERATOR_NS

@@ -423,8 +423,8 @@ fn encode_execution(
     )
 }
 
-/// The models each runtime has loaded: a count by state, and an info series for each of
-/// the first few.
+/// The models each runtime has loaded: a count by state, and, where a configuration asks
+/// for them (half the page of a 32-runtime node), an info series for each of the first few.
 fn encode_models<'r>(
     encoder: &mut dyn FamilyEncoder,
     runtimes: impl Iterator<Item = &'r (&'r RuntimeState, PrometheusView)> + Clone,
@@ -453,7 +453,7 @@ fn encode_models<'r>(
          whether it runs",
         MetricType::Info,
     );
-    for (rt, view) in runtimes {
+    for (rt, view) in runtimes.filter(|(_, view)| view.loaded_model_info) {
         for model in readable(rt).into_iter().flat_map(|m| &m.info) {
             let running = match model.is_running {
                 Some(true) => "true",

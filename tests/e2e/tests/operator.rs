@@ -1267,7 +1267,7 @@ async fn a_cost_ceiling_refuses_the_newest_configs_and_status_prices_each_mode()
     let cost = first.estimated_cost.expect("every mode priced");
     assert_eq!((cost.classic.series, cost.classic.monthly_usd.as_str()), (672, "202.03"));
     assert_eq!(cost.classic.requests_per_month, Some(43_200));
-    assert_eq!(cost.otlp.series, 1504);
+    assert_eq!(cost.otlp.series, 1472);
     assert!(cost.otlp.bytes_per_month.unwrap_or(0) > 0 && cost.otlp.requests_per_month.is_none());
     assert_eq!(cost.cheapest_mode, "Otlp");
     let otlp_usd: f64 = cost.otlp.monthly_usd.parse().unwrap();

@@ -32,7 +32,7 @@
 //! [`RESOURCE_ATTRIBUTES`]. Label values the operator cannot know are taken at the
 //! lengths of [`INSTANCE_LABELS`] and [`RUNTIME_LABELS`] (typical EC2 and Kubernetes
 //! names); the config's extra labels, the metric's own labels and the core and device
-//! indices are counted exactly. The result is 756 bytes a point on average for a team's
+//! indices are counted exactly. The result is 754 bytes a point on average for a team's
 //! config on a trn1.32xlarge, of which 275 are resource attributes: if CloudWatch
 //! counted those once per request rather than per point, the bill would be ~36% lower.
 //! A unit test checks these sizes against a protobuf encoder (prost). The OTLP
@@ -42,8 +42,8 @@
 //! Series follow `/metrics` for the config's groups on a node with `C` cores and `D`
 //! devices, one application per core as in the classic estimate: per core the
 //! utilization, two FLOPS gauges and five memory gauges (and on trn2 the utilization of
-//! each physical core); per application 2 memory, 2 loaded-model, 2 vCPU, 7 process, 26 execution
-//! series; for a config of the operator's namespace also 4 ECC counters per device and
+//! each physical core); per application 2 memory, 1 loaded-model (2 with
+//! `loadedModelInfo`), 2 vCPU, 7 process, 26 execution series; for a config of the operator's namespace also 4 ECC counters per device and
 //! 9 node series.
 
 use std::collections::BTreeMap;
@@ -136,6 +136,10 @@ const fn family(
 const MEMORY_NONE: &[(&str, &[&str])] = &[("memory_location", &["None"])];
 const USER_SYSTEM: [&str; 2] = ["user", "system"];
 
+/// The family of one series per loaded model: exported only for configs that ask
+/// (`sinks.prometheus.loadedModelInfo`).
+const MODEL_INFO: &str = "neuron_runtime_loaded_model_info";
+
 /// The families of `/metrics` (node-agent/src/sinks/prometheus.rs), by group.
 const FAMILIES: [Family; 33] = {
     use Per::*;
@@ -164,11 +168,11 @@ const FAMILIES: [Family; 33] = {
             memory,
             &[("memory_location", &["host", "neuron_device"])],
         ),
-        // A runtime with one model, running: its count by state and its info series (the
-        // name at a typical length, a five-digit model_id).
+        // A runtime with one model, running: its count by state and (when the config asks)
+        // its info series (the name at a typical length, a five-digit model_id).
         family("neuron_runtime_loaded_models", false, Application, memory, &[("state", &["running"])]),
         family(
-            "neuron_runtime_loaded_model_info",
+            MODEL_INFO,
             false,
             Application,
             memory,
@@ -267,10 +271,13 @@ pub fn estimate(
     ModeCost { mode: Mode::Otlp, series, requests: 0, bytes, monthly_usd }
 }
 
-/// The families a config collects.
+/// The families a config collects; the loaded models' info series only when it asks
+/// for them.
 fn collected(spec: &NeuronMonitorConfigSpec, sees_node_level: bool) -> impl Iterator<Item = &'static Family> {
     let (runtime_groups, system_groups) = collected_groups(spec, sees_node_level);
+    let model_info = spec.sinks.as_ref().and_then(|s| s.prometheus.as_ref()).is_some_and(|p| p.exports_model_info());
     FAMILIES.iter().filter(move |f| match f.source {
+        _ if f.name == MODEL_INFO => model_info,
         Source::Runtime(g) => runtime_groups.contains(&g),
         Source::System(g) => system_groups.contains(&g),
         Source::NodeInfo => sees_node_level,
@@ -518,6 +525,7 @@ mod tests {
                 prometheus: Some(PrometheusSinkSpec {
                     enabled: None,
                     extra_labels: Some(extra_labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+                    loaded_model_info: None,
                 }),
                 ..Default::default()
             }),
@@ -529,16 +537,18 @@ mod tests {
     fn series_follow_the_groups_and_the_node() {
         let trn1 = NodeFacts::from_instance_type("trn1.32xlarge").unwrap();
         let config = otlp_config(&[]);
-        // Per core 1 + 2 + 5, per application 2 + 2 + 2 + 7 + 26.
-        assert_eq!(series(&config, false, &trn1), 32 * 8 + 32 * 39);
+        // Per core 1 + 2 + 5, per application 2 + 1 + 2 + 7 + 26.
+        assert_eq!(series(&config, false, &trn1), 32 * 8 + 32 * 38);
         // The operator's namespace adds 4 ECC counters per device, 9 node series and the
         // 5 documented peaks of a NeuronCore-v2.
         assert_eq!(series(&config, true, &trn1) - series(&config, false, &trn1), 4 * 16 + 9 + 5);
         // trn2 with logical cores (64, LNC=2): each physical core's utilization too.
         let trn2 = NodeFacts::from_instance_type("trn2.48xlarge").unwrap();
-        assert_eq!(series(&config, false, &trn2), 64 * (8 + 2) + 64 * 39);
-        // The largest node: the figure of limits::MAX_SERIES_PER_CONFIG_PER_NODE's doc.
-        assert_eq!(series(&config, false, &crate::cloudwatch::cost::largest_node()), 6_144);
+        assert_eq!(series(&config, false, &trn2), 64 * (8 + 2) + 64 * 38);
+        // The largest node: the figures of limits::MAX_SERIES_PER_CONFIG_PER_NODE's doc.
+        let largest = crate::cloudwatch::cost::largest_node();
+        assert_eq!(series(&config, false, &largest), 6_016);
+        assert_eq!(series(&with_model_info(&config, Some(true)), false, &largest), 6_144);
         // per_flush counts the same series.
         assert_eq!(per_flush(&config, true, &trn1).series, series(&config, true, &trn1));
         // Fewer groups, fewer series.
@@ -549,6 +559,29 @@ mod tests {
             metrics: vec![crate::crd::RuntimeMetricGroup { kind: RuntimeGroup::NeuroncoreCounters, period: None }],
         }]);
         assert_eq!(series(&counters, false, &trn1), 32 * 3);
+    }
+
+    fn with_model_info(config: &NeuronMonitorConfigSpec, on: Option<bool>) -> NeuronMonitorConfigSpec {
+        let mut config = config.clone();
+        let sinks = config.sinks.get_or_insert_with(Default::default);
+        sinks.prometheus.get_or_insert_with(Default::default).loaded_model_info = on;
+        config
+    }
+
+    /// One info series per application, counted only when the config asks for it and
+    /// Prometheus (whose families the OTLP sink sends) is on.
+    #[test]
+    fn the_loaded_models_info_series_count_only_when_asked_for() {
+        let trn1 = NodeFacts::from_instance_type("trn1.32xlarge").unwrap();
+        let off = otlp_config(&[]);
+        let on = with_model_info(&off, Some(true));
+        assert_eq!(series(&on, false, &trn1) - series(&off, false, &trn1), 32);
+        assert_eq!(series(&with_model_info(&off, Some(false)), false, &trn1), series(&off, false, &trn1));
+        let flush = |c: &NeuronMonitorConfigSpec| per_flush(c, false, &trn1);
+        assert!(flush(&on).bytes > flush(&off).bytes, "{:?} {:?}", flush(&on), flush(&off));
+        let mut disabled = on.clone();
+        disabled.sinks.as_mut().unwrap().prometheus.as_mut().unwrap().enabled = Some(false);
+        assert_eq!(series(&disabled, false, &trn1), series(&off, false, &trn1));
     }
 
     #[test]

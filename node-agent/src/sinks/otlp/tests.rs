@@ -43,6 +43,7 @@ fn route(config: &str, namespace: Option<&str>, extra: &[(&str, &str)]) -> Route
         system_groups: if namespace.is_none() { SystemGroup::ALL.to_vec() } else { vec![] },
         prometheus: Some(PrometheusRoute {
             extra_labels: extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            loaded_model_info: false,
         }),
         cloudwatch: None,
         otlp: Some(OtlpSinkSpec { endpoint: Some("http://127.0.0.1:4318".into()), ..Default::default() }),

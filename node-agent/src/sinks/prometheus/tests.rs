@@ -6,11 +6,32 @@ use crate::{
 use api::report::Report;
 
 fn exposition(lines: &[String]) -> Exposition {
+    exposition_with(lines, SharedRouting::default())
+}
+
+fn exposition_with(lines: &[String], routing: SharedRouting) -> Exposition {
     let mut state = NodeState::default();
     for line in lines {
         state.apply(&Report::parse(line).unwrap());
     }
-    Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), Default::default(), SharedRouting::default())
+    Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), Default::default(), routing)
+}
+
+/// One configuration taking everything, with the loaded models' info series.
+fn with_model_info() -> SharedRouting {
+    let config = api::node_config::NodeConfig {
+        routes: vec![api::node_config::Route {
+            config: "ops/all".into(),
+            runtimes: vec![api::node_config::RouteRuntimes { tag_filter: None, groups: RuntimeGroup::ALL.to_vec() }],
+            system_groups: SystemGroup::ALL.to_vec(),
+            prometheus: Some(api::node_config::PrometheusRoute { loaded_model_info: true, ..Default::default() }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let routing = SharedRouting::default();
+    routing.replace(Routing::compile(&config).unwrap());
+    routing
 }
 
 fn series<'t>(text: &'t str, name: &str) -> Vec<&'t str> {
@@ -147,6 +168,7 @@ fn pod_labels_go_on_runtime_series_and_on_idle_cores_a_pod_holds() {
             system_groups: vec![],
             prometheus: Some(api::node_config::PrometheusRoute {
                 extra_labels: BTreeMap::from([("team".to_owned(), "config".to_owned())]),
+                loaded_model_info: false,
             }),
             cloudwatch: None,
             otlp: None,
@@ -188,6 +210,7 @@ fn extra_labels_beyond_the_cap_are_left_off_and_counted() {
             system_groups: vec![],
             prometheus: Some(api::node_config::PrometheusRoute {
                 extra_labels: (0..16).map(|l| (format!("c{c:02}_l{l:02}"), "v".to_owned())).collect(),
+                loaded_model_info: false,
             }),
             cloudwatch: None,
             otlp: None,
@@ -325,7 +348,11 @@ fn loaded_models_a_count_by_state_and_an_info_series_each() {
           {"name":"bert.neff","uuid":"u1","model_id":10005,"is_running":true,"subgraphs":{}},
           {"name":"gpt.neff","model_id":10006,"is_running":false}]}}}],
         "instance_info":{"instance_id":"i-1","error":""}}"#;
-    let text = exposition(&[line.to_owned()]).render(Format::Classic).unwrap();
+    // The count by default, the info series when a configuration asks for them.
+    let default = exposition(&[line.to_owned()]).render(Format::Classic).unwrap();
+    assert_eq!(series(&default, "neuron_runtime_loaded_models").len(), 2);
+    assert!(series(&default, "neuron_runtime_loaded_model_info").is_empty(), "{default}");
+    let text = exposition_with(&[line.to_owned()], with_model_info()).render(Format::Classic).unwrap();
     let counts = series(&text, "neuron_runtime_loaded_models");
     assert_eq!(counts.len(), 2, "running and idle; no unknown while every model says: {counts:#?}");
     assert!(counts.iter().any(|l| l.contains(r#"state="running""#) && l.ends_with(" 1.0")), "{counts:#?}");
@@ -377,7 +404,7 @@ fn newer_hardware_fields_and_documented_peaks() {
 fn the_otlp_cost_estimate_counts_every_family_served() {
     let known: Vec<&str> = api::cloudwatch::cost::otlp::family_names().collect();
     for fixture_name in [TRN1N_32, TRN1_ERRORS, IDLE_INF1] {
-        let text = exposition(&[fixture(fixture_name)]).render(Format::Classic).unwrap();
+        let text = exposition_with(&[fixture(fixture_name)], with_model_info()).render(Format::Classic).unwrap();
         let served: Vec<&str> = text
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
