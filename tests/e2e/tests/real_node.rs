@@ -564,26 +564,9 @@ async fn helm_upgrade_rolls_the_agent_without_a_gap_longer_than_a_scrape_interva
 ) {
     const SCRAPE_INTERVAL: Duration = Duration::from_secs(30);
     let before = pods.iter().find(|p| component_of(p) == "node-agent").and_then(|p| p.metadata.uid.clone());
-    let kubeconfig = node.info.kubeconfig.display().to_string();
-    let values = node.info.values.display().to_string();
-    let chart = chart_dir().display().to_string();
+    let args = helm_upgrade(node, &["--set", "agent.logLevel=debug"]);
     let upgrade = tokio::task::spawn_blocking(move || {
-        neuron_e2e::chart::helm(&[
-            "upgrade",
-            RELEASE,
-            &chart,
-            "--namespace",
-            NAMESPACE,
-            "--values",
-            &values,
-            "--set",
-            "agent.logLevel=debug",
-            "--wait",
-            "--timeout",
-            "180s",
-            "--kubeconfig",
-            &kubeconfig,
-        ])
+        neuron_e2e::chart::helm(&args.iter().map(String::as_str).collect::<Vec<_>>())
     });
     let agents: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let agent_pods = ListParams::default().labels("app.kubernetes.io/component=node-agent");
@@ -627,22 +610,8 @@ async fn the_agent_holds_its_memory_limit_on_the_worst_accepted_report(
     let values = node.dir.join("worst-report-values.yaml");
     let replay = "agent:\n  extraEnv:\n    - name: NEURON_SIM_REPLAY\n      value: /host/sys/worst-report.ndjson\n";
     std::fs::write(&values, replay).expect("the values of the worst report");
-    let (chart, node_values, extra) =
-        (chart_dir().display().to_string(), node.info.values.display().to_string(), values.display().to_string());
-    let (ok, stdout, stderr) = node.helm(&[
-        "upgrade",
-        RELEASE,
-        &chart,
-        "--namespace",
-        NAMESPACE,
-        "--values",
-        &node_values,
-        "--values",
-        &extra,
-        "--wait",
-        "--timeout",
-        "180s",
-    ]);
+    let args = helm_upgrade(node, &["--values", &values.display().to_string()]);
+    let (ok, stdout, stderr) = neuron_e2e::chart::helm(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(ok, "helm upgrade to the worst report failed:\n{stdout}\n{stderr}");
 
     let agents: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
@@ -677,6 +646,21 @@ async fn the_agent_holds_its_memory_limit_on_the_worst_accepted_report(
         limit as f64 / 1048576.0
     );
     assert!(peak < limit, "the agent's container reached its memory limit: {peak} of {limit} bytes");
+}
+
+/// The arguments of a `helm upgrade --wait` of the release on the node, with its values
+/// file and then `extra`.
+fn helm_upgrade(node: &RealNode, extra: &[&str]) -> Vec<String> {
+    let (chart, values, kubeconfig) =
+        (chart_dir(), node.info.values.display().to_string(), node.info.kubeconfig.display().to_string());
+    let mut args: Vec<String> = ["upgrade", RELEASE, &chart.display().to_string(), "--namespace", NAMESPACE]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    args.extend(["--values".into(), values]);
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args.extend(["--wait", "--timeout", "180s", "--kubeconfig", &kubeconfig].map(str::to_owned));
+    args
 }
 
 /// The densest report the agent accepts (hostile_inputs.sh's `cores` case).
