@@ -56,6 +56,8 @@ async fn the_chart_runs_on_a_real_node_and_stopping_the_node_restores_the_machin
         t.total_s, t.controlplane_s, t.images_s, t.node_ready_s
     );
     let client = node.client().await;
+    let version = client.apiserver_version().await.expect("the API server's version");
+    eprintln!("Kubernetes {} (kubelet and control plane built from the same release)", version.git_version);
 
     let install = Instant::now();
     let chart = chart_dir().display().to_string();
