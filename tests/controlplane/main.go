@@ -461,11 +461,11 @@ func runControllers(ctx context.Context, o *options, pki *pkiFiles) error {
 	if err := s.ComponentGlobalsRegistry.Set(); err != nil {
 		return err
 	}
-	c, err := s.Config(ctx, kcm.KnownControllers(), kcm.ControllersDisabledByDefault(), kcm.ControllerAliases())
+	c, err := controllerManagerConfig(ctx, s)
 	if err != nil {
 		return err
 	}
-	return kcm.Run(ctx, c.Complete())
+	return kcm.Run(ctx, c)
 }
 
 func newClient(kubeconfig string) (*kubernetes.Clientset, error) {

@@ -77,7 +77,10 @@ if [[ -n ${NEURON_K8S_VERSION:-} ]]; then
     mkdir -p "$k8s_src" "$k8s_bin"
     cp "$repo"/tests/controlplane/*.go "$k8s_src/"
     cp -r "$repo/tests/controlplane/pause" "$k8s_src/"
+    # The version's go.mod and go.sum, and its own copy of any source file whose calls
+    # differ in that release.
     cp "$versions/v$NEURON_K8S_VERSION"/go.{mod,sum} "$k8s_src/"
+    cp "$versions/v$NEURON_K8S_VERSION"/*.go "$k8s_src/" 2>/dev/null || true
 fi
 
 step() { printf '%-13s %s\n' "$1:" "$2"; }
