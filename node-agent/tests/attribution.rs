@@ -91,21 +91,23 @@ fn start_agent(cp: &ControlPlane, scene: &Scene, socket: &Path) -> Agent {
 }
 
 fn start_agent_with(cp: &ControlPlane, scene: &Scene, socket: &Path, apps: &[&str]) -> Agent {
-    let args = [
-        "--period",
-        "500ms",
-        "--node-name",
-        &scene.node,
-        "--proc-root",
-        scene.proc.root().to_str().expect("utf-8 path"),
-        "--pod-resources-socket",
-        socket.to_str().expect("utf-8 path"),
-        "--pod-resources-interval",
-        "300ms",
-        "--pod-label",
-        "app",
-    ];
-    Agent::start_with_env(support::sim(), apps, &args, &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))])
+    let mut args = node_args(&scene.node, &scene.proc, socket);
+    args.extend(["--pod-label".to_owned(), "app".to_owned()]);
+    Agent::start_with_env(support::sim(), apps, &strs(&args), &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))])
+}
+
+/// The agent's flags on a node of these tests: fast reports, its Node, the fake `/proc`
+/// and the test kubelet polled every 300 ms.
+fn node_args(node: &str, proc: &FakeProc, socket: &Path) -> Vec<String> {
+    let path = |p: &Path| p.to_str().expect("utf-8 path").to_owned();
+    let mut args: Vec<String> = ["--period", "500ms", "--node-name", node].map(str::to_owned).to_vec();
+    args.extend(["--proc-root".to_owned(), path(proc.root()), "--pod-resources-socket".to_owned(), path(socket)]);
+    args.extend(["--pod-resources-interval", "300ms"].map(str::to_owned));
+    args
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
 }
 
 #[test]
@@ -386,20 +388,9 @@ fn the_pods_holding_each_gpu_and_running_each_gpu_process() {
     .expect("write the fake NVML configuration");
     let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
     let library = neuron_e2e::workspace_bin("libnvidia_ml_fake.so");
-    let args = [
-        "--period",
-        "500ms",
-        "--node-name",
-        &node,
-        "--proc-root",
-        proc.root().to_str().expect("utf-8 path"),
-        "--pod-resources-socket",
-        kubelet.socket.to_str().expect("utf-8 path"),
-        "--pod-resources-interval",
-        "300ms",
-        "--nvml-library",
-        library.to_str().expect("utf-8 path"),
-    ];
+    let mut args = node_args(&node, &proc, &kubelet.socket);
+    args.extend(["--nvml-library".to_owned(), library.to_str().expect("utf-8 path").to_owned()]);
+    let args = strs(&args);
     let env = [("KUBECONFIG", OsStr::new(&cp.kubeconfig)), ("FAKE_NVML_CONFIG", config.as_os_str())];
     // A GPU-only node: no neuron-monitor is started, so none is needed.
     let agent = Agent::start_with_env("/nonexistent/neuron-monitor", &[], &args, &env);
@@ -524,18 +515,8 @@ fn dra_claims_resolved_through_the_nodes_resource_slices_attribute_runtimes_and_
     // At first the device plugin's pod alone (the claim is allocated once the agent runs).
     let serve = || holding(&other, "serve", "srv", NEURONCORE, &[4, 5]);
     kubelet.set(vec![serve()]);
-    let args = [
-        "--period",
-        "500ms",
-        "--node-name",
-        &node,
-        "--proc-root",
-        proc.root().to_str().expect("utf-8 path"),
-        "--pod-resources-socket",
-        kubelet.socket.to_str().expect("utf-8 path"),
-        "--pod-resources-interval",
-        "300ms",
-    ];
+    let args = node_args(&node, &proc, &kubelet.socket);
+    let args = strs(&args);
     let apps = [
         "--instance-type=trn1.32xlarge",
         "--app=tag=dra,cores=2-3,util=60,pid=4109",
