@@ -23,6 +23,8 @@ pub struct Model {
     pub memory_temperature_c: Option<u32>,
     /// How many MIG devices the model can be split into; 0: no MIG.
     pub max_mig_devices: u32,
+    /// NVLinks of the SXM parts (H100: 18, A100: 12); the PCIe cards have none.
+    pub nvlinks: u32,
 }
 
 /// One instance type: its model and the PCI (bus, device) of each GPU, in NVML's index order.
@@ -47,6 +49,7 @@ const H100_SXM5_80GB: Model = Model {
     pci_subsystem_id: 0x16C1_10DE,
     memory_temperature_c: Some(30),
     max_mig_devices: 7,
+    nvlinks: 18,
 };
 
 const A100_SXM4_40GB: Model = Model {
@@ -63,6 +66,7 @@ const A100_SXM4_40GB: Model = Model {
     pci_subsystem_id: 0x134F_10DE,
     memory_temperature_c: Some(32),
     max_mig_devices: 7,
+    nvlinks: 12,
 };
 
 const A10G: Model = Model {
@@ -79,6 +83,7 @@ const A10G: Model = Model {
     pci_subsystem_id: 0x152F_10DE,
     memory_temperature_c: None,
     max_mig_devices: 0,
+    nvlinks: 0,
 };
 
 const L4: Model = Model {
@@ -95,6 +100,7 @@ const L4: Model = Model {
     pci_subsystem_id: 0x16CA_10DE,
     memory_temperature_c: None,
     max_mig_devices: 0,
+    nvlinks: 0,
 };
 
 /// Every instance type the fake knows, by its EC2 name.

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 use crate::catalogue::{self, InstanceType};
-use crate::machine::{uuid_from, Ecc, Gpu, Machine, MigInstance, Process, RemappedRows};
+use crate::machine::{uuid_from, Ecc, Gpu, Machine, MigInstance, NvLink, Process, RemappedRows};
 
 /// Larger files are refused before they are read.
 pub const MAX_FILE_BYTES: u64 = 1 << 20;
@@ -54,6 +54,7 @@ struct GpuEntry {
     throttle_reasons: Option<u64>,
     ecc: Option<EccEntry>,
     remapped_rows: Option<RemappedRowsEntry>,
+    nvlink: Option<NvLinkEntry>,
     #[serde(default)]
     lost: bool,
     #[serde(default)]
@@ -84,6 +85,27 @@ struct RemappedRowsEntry {
     #[serde(default)]
     failure: bool,
 }
+
+/// A GPU's NVLink traffic and error counts; refused on a model without NVLink.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NvLinkEntry {
+    #[serde(default)]
+    tx_kib_per_second: u64,
+    #[serde(default)]
+    rx_kib_per_second: u64,
+    #[serde(default)]
+    crc_flit_errors: u64,
+    #[serde(default)]
+    crc_data_errors: u64,
+    #[serde(default)]
+    replay_errors: u64,
+    #[serde(default)]
+    recovery_errors: u64,
+}
+
+/// NVLink 4's 18 links carry 900 GB/s together; more is a mistake in the file.
+const MAX_NVLINK_KIB_PER_SECOND: u64 = 1 << 30;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -172,6 +194,7 @@ fn default_gpu(kind: &InstanceType, seed: &str, index: usize) -> Gpu {
         throttle_reasons: 0x1,
         ecc: Ecc::default(),
         remapped_rows: RemappedRows::default(),
+        nvlink: NvLink { links: model.nvlinks, ..NvLink::default() },
         lost: false,
         xid: Vec::new(),
         max_mig_devices: model.max_mig_devices,
@@ -211,6 +234,7 @@ fn apply(gpu: &mut Gpu, entry: &GpuEntry, seed: &str) -> Result<(), String> {
         gpu.power_mw = (w * 1000.0).round() as u32;
     }
     apply_links(gpu, entry)?;
+    apply_nvlink(gpu, entry.nvlink.as_ref())?;
     apply_faults(gpu, entry)?;
     if let Some(mig) = &entry.mig {
         apply_mig(gpu, mig, seed)?;
@@ -226,6 +250,23 @@ fn apply_links(gpu: &mut Gpu, entry: &GpuEntry) -> Result<(), String> {
     gpu.pcie_rx_kbps = entry.pcie_rx_kbps.unwrap_or(gpu.pcie_rx_kbps);
     gpu.pcie_replay_counter = entry.pcie_replay_counter.unwrap_or(gpu.pcie_replay_counter);
     gpu.throttle_reasons = entry.throttle_reasons.unwrap_or(gpu.throttle_reasons);
+    Ok(())
+}
+
+fn apply_nvlink(gpu: &mut Gpu, entry: Option<&NvLinkEntry>) -> Result<(), String> {
+    let Some(e) = entry else { return Ok(()) };
+    if gpu.nvlink.links == 0 {
+        return Err(format!("nvlink: {} has no NVLink", gpu.name));
+    }
+    gpu.nvlink = NvLink {
+        links: gpu.nvlink.links,
+        tx_kib_per_second: at_most("nvlink.tx_kib_per_second", e.tx_kib_per_second, MAX_NVLINK_KIB_PER_SECOND)?,
+        rx_kib_per_second: at_most("nvlink.rx_kib_per_second", e.rx_kib_per_second, MAX_NVLINK_KIB_PER_SECOND)?,
+        crc_flit_errors: e.crc_flit_errors,
+        crc_data_errors: e.crc_data_errors,
+        replay_errors: e.replay_errors,
+        recovery_errors: e.recovery_errors,
+    };
     Ok(())
 }
 
@@ -346,6 +387,18 @@ mod tests {
     }
 
     #[test]
+    fn sxm_parts_have_their_nvlinks_and_pcie_cards_none() {
+        let p5 = parse(
+            "instance_type: p5.48xlarge\ngpus: [{index: 1, nvlink: {tx_kib_per_second: 5000, replay_errors: 3}}]",
+        )
+        .unwrap();
+        assert_eq!((p5.gpus[0].nvlink.links, p5.gpus[0].nvlink.tx_kib_per_second), (18, 0));
+        assert_eq!((p5.gpus[1].nvlink.tx_kib_per_second, p5.gpus[1].nvlink.replay_errors), (5000, 3));
+        assert_eq!(parse("instance_type: p4d.24xlarge").unwrap().gpus[0].nvlink.links, 12);
+        assert_eq!(parse("instance_type: g6.xlarge").unwrap().gpus[0].nvlink.links, 0);
+    }
+
+    #[test]
     fn overrides_touch_only_their_gpu() {
         let m = parse("instance_type: p5.48xlarge\ngpus:\n- {index: 2, utilization_gpu: 87, memory_used_mib: 4096, power_w: 412.5}")
             .unwrap();
@@ -363,6 +416,11 @@ mod tests {
             ("instance_type: g5.xlarge\ngpus: [{index: 0, memory_used_mib: 23029}]", "gpus[0].memory_used_mib"),
             ("instance_type: g5.xlarge\ngpus: [{index: 0}, {index: 0}]", "gpus[1].index 0 is given twice"),
             ("instance_type: g5.xlarge\ngpus: [{index: 0, mig: {enabled: true}}]", "has no MIG"),
+            ("instance_type: g5.xlarge\ngpus: [{index: 0, nvlink: {}}]", "gpus[0].nvlink: NVIDIA A10G has no NVLink"),
+            (
+                "instance_type: p5.48xlarge\ngpus: [{index: 0, nvlink: {tx_kib_per_second: 1099511627776}}]",
+                "gpus[0].nvlink.tx_kib_per_second",
+            ),
             ("instance_type: p5.48xlarge\ngpus: [{index: 0, mig: {enabled: true, instances: [{profile: big, gpu_instance_id: 1}]}}]", "profile"),
             ("instance_type: g5.xlarge\nprocesses: [{gpu: 1, pid: 1, used_memory_mib: 1}]", "processes[0].gpu 1"),
             ("instance_type: g5.xlarge\nprocesses: [{gpu: 0, pid: 1, used_memory_mib: 1, gpu_instance_id: 3}]", "gpu_instance_id 3"),

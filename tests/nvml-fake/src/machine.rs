@@ -37,6 +37,7 @@ pub struct Gpu {
     pub throttle_reasons: u64,
     pub ecc: Ecc,
     pub remapped_rows: RemappedRows,
+    pub nvlink: NvLink,
     pub lost: bool,
     pub xid: Vec<u64>,
     /// 0: the model has no MIG.
@@ -52,6 +53,19 @@ pub struct Ecc {
     pub uncorrected_volatile: u64,
     pub corrected_aggregate: u64,
     pub uncorrected_aggregate: u64,
+}
+
+/// NVLink of a GPU (all links together); `links` 0: none.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct NvLink {
+    pub links: u32,
+    /// The data counters grow at these rates since the first init.
+    pub tx_kib_per_second: u64,
+    pub rx_kib_per_second: u64,
+    pub crc_flit_errors: u64,
+    pub crc_data_errors: u64,
+    pub replay_errors: u64,
+    pub recovery_errors: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -33,7 +33,17 @@ pub const FI_DEV_REMAPPED_COR: c_uint = 142;
 pub const FI_DEV_REMAPPED_UNC: c_uint = 143;
 pub const FI_DEV_REMAPPED_PENDING: c_uint = 144;
 pub const FI_DEV_REMAPPED_FAILURE: c_uint = 145;
+// NVLink, all links together (the error totals cover links 0–5 in NVML's own counting;
+// the fake has one number per GPU).
+pub const FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: c_uint = 38;
+pub const FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: c_uint = 45;
+pub const FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: c_uint = 52;
+pub const FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: c_uint = 59;
+pub const FI_DEV_NVLINK_LINK_COUNT: c_uint = 91;
+pub const FI_DEV_NVLINK_THROUGHPUT_DATA_TX: c_uint = 138;
+pub const FI_DEV_NVLINK_THROUGHPUT_DATA_RX: c_uint = 139;
 pub const VALUE_TYPE_UNSIGNED_INT: c_uint = 1;
+pub const VALUE_TYPE_UNSIGNED_LONG_LONG: c_uint = 3;
 
 /// NVML's "no MIG instance" id in process and event records.
 pub const NO_INSTANCE: c_uint = 0xFFFF_FFFF;

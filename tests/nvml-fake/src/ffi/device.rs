@@ -286,6 +286,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     // SAFETY: NVML's contract: `values` is null or holds `values_count` entries.
     let out = unsafe { out_slice(values, count) };
     call(|lib| {
+        let uptime_ms = lib.uptime_ms();
         let t = physical(lib, device)?;
         let out = out.ok_or(ERROR_INVALID_ARGUMENT)?;
         let now_us = std::time::SystemTime::now()
@@ -294,10 +295,15 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
         for entry in out.iter_mut() {
             entry.timestamp = now_us;
             entry.latency_usec = 0;
-            match field_value(t.gpu(), entry.field_id) {
-                Some(v) => {
+            match field_value(t.gpu(), entry.field_id, uptime_ms) {
+                Some(Field::Uint(v)) => {
                     entry.value_type = VALUE_TYPE_UNSIGNED_INT;
                     entry.value = Value { ui_val: v };
+                    entry.nvml_return = SUCCESS;
+                }
+                Some(Field::Ulonglong(v)) => {
+                    entry.value_type = VALUE_TYPE_UNSIGNED_LONG_LONG;
+                    entry.value = Value { ull_val: v };
                     entry.nvml_return = SUCCESS;
                 }
                 None => entry.nvml_return = ERROR_NOT_SUPPORTED,
@@ -307,15 +313,33 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     })
 }
 
-/// The fields the fake knows, as unsigned ints.
-fn field_value(gpu: &Gpu, field_id: c_uint) -> Option<c_uint> {
+/// A field's value in the type NVML gives it.
+enum Field {
+    Uint(c_uint),
+    Ulonglong(u64),
+}
+
+/// The fields the fake knows. The NVLink ones only on a GPU with links; the data
+/// counters grow at their rates since the first init, as the energy counter does.
+fn field_value(gpu: &Gpu, field_id: c_uint, uptime_ms: u64) -> Option<Field> {
     let rows = gpu.remapped_rows;
+    let link = gpu.nvlink;
+    let links = |v: u64| (link.links > 0).then_some(Field::Ulonglong(v));
+    let grown = |per_second: u64| per_second.saturating_mul(uptime_ms) / 1000;
     match field_id {
-        FI_DEV_MEMORY_TEMP => gpu.memory_temperature_c,
-        FI_DEV_REMAPPED_COR => Some(rows.correctable),
-        FI_DEV_REMAPPED_UNC => Some(rows.uncorrectable),
-        FI_DEV_REMAPPED_PENDING => Some(c_uint::from(rows.pending)),
-        FI_DEV_REMAPPED_FAILURE => Some(c_uint::from(rows.failure)),
+        FI_DEV_MEMORY_TEMP => gpu.memory_temperature_c.map(Field::Uint),
+        FI_DEV_REMAPPED_COR => Some(Field::Uint(rows.correctable)),
+        FI_DEV_REMAPPED_UNC => Some(Field::Uint(rows.uncorrectable)),
+        FI_DEV_REMAPPED_PENDING => Some(Field::Uint(c_uint::from(rows.pending))),
+        FI_DEV_REMAPPED_FAILURE => Some(Field::Uint(c_uint::from(rows.failure))),
+        // NVML answers the link count on every GPU (0 on a PCIe card).
+        FI_DEV_NVLINK_LINK_COUNT => Some(Field::Uint(link.links)),
+        FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL => links(link.crc_flit_errors),
+        FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL => links(link.crc_data_errors),
+        FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL => links(link.replay_errors),
+        FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL => links(link.recovery_errors),
+        FI_DEV_NVLINK_THROUGHPUT_DATA_TX => links(grown(link.tx_kib_per_second)),
+        FI_DEV_NVLINK_THROUGHPUT_DATA_RX => links(grown(link.rx_kib_per_second)),
         _ => None,
     }
 }
