@@ -17,6 +17,7 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    gpu_groups::GpuGroup,
     limits::{
         MAX_CLOUDWATCH_NAMESPACE_BYTES, MAX_DATUM_DIMENSIONS, MAX_ERROR_NAME_BYTES, MAX_EXTRA_LABELS,
         MAX_LOG_GROUP_BYTES, MAX_OTLP_ENDPOINT_BYTES, MAX_ROLLUPS, MAX_RUNTIME_ENTRIES, MAX_SECRET_NAME_BYTES,
@@ -122,6 +123,13 @@ pub struct GpuSpec {
     #[schemars(length(max = 16), regex(pattern = PERIOD_PATTERN))]
     #[x_kube(validation = Rule::new(PERIOD_RULE).message(PERIOD_MESSAGE))]
     pub period: Option<String>,
+
+    /// The groups of values collected and exported (`utilization`, `memory`,
+    /// `temperature`, `power`, `clocks`, `pcie`, `ecc`, `nvlink`, `processes`). Default:
+    /// all of them. ECC is read for the GPUs' health whatever this says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 16))]
+    pub groups: Option<Vec<GpuGroup>>,
 }
 
 /// Node condition types the kubelet writes: the health condition must never replace one.

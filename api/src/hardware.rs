@@ -47,6 +47,9 @@ pub fn valid_efa_device_name(name: &str) -> bool {
 /// says so: the GPU Operator's feature discovery sets `nvidia.com/gpu.present=true`; EKS
 /// node groups of GPU instances carry `k8s.amazonaws.com/accelerator=nvidia-…`.
 pub const NVIDIA_GPU_PRESENT_LABEL: (&str, &str) = ("nvidia.com/gpu.present", "true");
+/// The GPU Operator's feature-discovery labels: the node's physical GPUs, and the replicas
+/// each is time-sliced into (its `nvidia.com/gpu` capacity is their product).
+pub const NVIDIA_GPU_COUNT_LABELS: (&str, &str) = ("nvidia.com/gpu.count", "nvidia.com/gpu.replicas");
 pub const EKS_ACCELERATOR_LABEL: (&str, &str) = ("k8s.amazonaws.com/accelerator", "nvidia");
 
 /// Instance-type prefixes of the EC2 families with NVIDIA GPUs (P and G families; not

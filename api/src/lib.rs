@@ -34,6 +34,7 @@ pub mod cloudwatch;
 #[cfg(feature = "crd")]
 pub mod crd;
 pub mod duration;
+pub mod gpu_groups;
 pub mod hardware;
 pub mod hash;
 pub mod limits;

@@ -15,6 +15,7 @@ pub use crate::hash::content_hash;
 use crate::{
     crd::{CloudWatchSinkSpec, OtlpSinkSpec},
     duration::Period,
+    gpu_groups::GpuGroups,
     monitor_config::{MonitorConfig, RuntimeGroup, SystemGroup},
 };
 
@@ -72,18 +73,22 @@ pub struct NodeGpu {
     pub enabled: bool,
     /// The collection's period.
     pub period: Period,
+    /// What is collected of each GPU; every group unless a config names fewer. Absent
+    /// from the JSON when every group, so configurations without it keep their hash.
+    #[serde(default, skip_serializing_if = "GpuGroups::is_all")]
+    pub groups: GpuGroups,
 }
 
 impl NodeGpu {
     /// Several configs' settings on one node: on when any of them is, at the shortest
     /// period of those that are on (as neuron-monitor's groups take the shortest period
-    /// any config asks for); off only when all of them are. The order does not matter.
-    /// `None` when none is given.
+    /// any config asks for), with every group any of those names; off only when all of
+    /// them are. The order does not matter. `None` when none is given.
     pub fn merge(settings: impl IntoIterator<Item = NodeGpu>) -> Option<NodeGpu> {
         settings.into_iter().reduce(|a, b| match (a.enabled, b.enabled) {
             (true, false) => a,
             (false, true) => b,
-            (both, _) => NodeGpu { enabled: both, period: a.period.min(b.period) },
+            (both, _) => NodeGpu { enabled: both, period: a.period.min(b.period), groups: a.groups.union(b.groups) },
         })
     }
 }
@@ -219,6 +224,7 @@ pub struct PrometheusRoute {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu_groups::GpuGroup;
 
     #[test]
     fn configmap_names_stay_valid() {
@@ -231,8 +237,8 @@ mod tests {
 
     #[test]
     fn gpu_settings_merge_on_when_any_is_at_the_shortest_period_of_those_on() {
-        let on = |s| NodeGpu { enabled: true, period: Period::from_secs(s) };
-        let off = |s| NodeGpu { enabled: false, period: Period::from_secs(s) };
+        let on = |s| NodeGpu { enabled: true, period: Period::from_secs(s), groups: GpuGroups::ALL };
+        let off = |s| NodeGpu { enabled: false, period: Period::from_secs(s), groups: GpuGroups::ALL };
         assert_eq!(NodeGpu::merge([]), None);
         assert_eq!(NodeGpu::merge([on(10), on(2), on(30)]), Some(on(2)));
         assert_eq!(NodeGpu::merge([off(1), on(10), off(2)]), Some(on(10)));
@@ -241,12 +247,32 @@ mod tests {
     }
 
     #[test]
+    fn gpu_groups_merge_as_the_union_of_the_configs_that_are_on() {
+        let with = |enabled, groups: &[GpuGroup]| NodeGpu {
+            enabled,
+            period: Period::from_secs(5),
+            groups: groups.iter().copied().collect(),
+        };
+        let merged = NodeGpu::merge([
+            with(true, &[GpuGroup::Utilization]),
+            with(false, &[GpuGroup::Nvlink]),
+            with(true, &[GpuGroup::Memory]),
+        ]);
+        assert_eq!(merged, Some(with(true, &[GpuGroup::Utilization, GpuGroup::Memory])));
+        // Named groups travel; every group (the default) is left out.
+        let json = serde_json::to_string(&with(true, &[GpuGroup::Pcie])).unwrap();
+        assert!(json.contains(r#""groups":["pcie"]"#), "{json}");
+        let all = serde_json::to_string(&with(true, &GpuGroup::ALL)).unwrap();
+        assert!(!all.contains("groups"), "{all}");
+    }
+
+    #[test]
     fn a_node_configuration_without_gpu_settings_has_no_gpu_key() {
         let json = serde_json::to_string(&NodeConfig::default()).unwrap();
         assert!(!json.contains("gpu"), "{json}");
         let with: NodeConfig =
             serde_json::from_str(r#"{"monitor":{},"routes":[],"gpu":{"enabled":false,"period":"30s"}}"#).unwrap();
-        assert_eq!(with.gpu, Some(NodeGpu { enabled: false, period: Period::from_secs(30) }));
+        assert_eq!(with.gpu, Some(NodeGpu { enabled: false, period: Period::from_secs(30), groups: GpuGroups::ALL }));
     }
 
     #[test]

@@ -13,6 +13,7 @@
 
 use std::path::PathBuf;
 
+use api::gpu_groups::GpuGroups;
 use criterion::{criterion_group, criterion_main, Criterion};
 use neuron_node_agent::{
     gpu::{dcgm::encode_gpus, nvml::NvmlReader, GpuHolders, GpuMetrics, GpuSnapshot},
@@ -71,7 +72,7 @@ fn gpu(c: &mut Criterion) {
     std::env::set_var("FAKE_NVML_CONFIG", &config);
     let reader =
         NvmlReader::open(Some(&fake_library()), GpuMetrics::register(&mut Registry::default())).expect("fake NVML");
-    let snapshot = reader.read();
+    let snapshot = reader.read(GpuGroups::ALL);
     assert_eq!(snapshot.gpus.len(), 8);
     assert_eq!(snapshot.gpus.iter().map(|g| g.processes.len()).sum::<usize>(), 4);
     assert!(snapshot.gpus.iter().all(|g| g.values.memory_total_bytes.is_some() && !g.lost));
@@ -81,7 +82,7 @@ fn gpu(c: &mut Criterion) {
     group.bench_function("baseline/index_8", |b| {
         b.iter(|| (0..8).filter_map(|i| nvml.device_by_index(i).ok()?.index().ok()).sum::<u32>())
     });
-    group.bench_function("read_8", |b| b.iter(|| reader.read()));
+    group.bench_function("read_8", |b| b.iter(|| reader.read(GpuGroups::ALL)));
 
     let mut registry = Registry::default();
     registry.register_collector(Box::new(Gpus(snapshot, Routing::default())));

@@ -8,6 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use api::gpu_groups::{GpuGroup, GpuGroups};
 use neuron_node_agent::gpu::{nvml::NvmlReader, GpuMetrics};
 use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor};
 
@@ -47,7 +48,11 @@ fn main() {
     };
     let nvml = reader.nvml();
     println!("driver {}, {} GPU(s), {ROUNDS} rounds each", reader.driver_version(), reader.gpu_count());
-    measure("collection (every GPU)", || !reader.read().gpus.is_empty());
+    measure("collection (every GPU)", || !reader.read(GpuGroups::ALL).gpus.is_empty());
+    let ecc_only: GpuGroups = [GpuGroup::Ecc].into_iter().collect();
+    measure("collection (ecc group only)", || !reader.read(ecc_only).gpus.is_empty());
+    let no_nvlink: GpuGroups = GpuGroup::ALL.into_iter().filter(|g| *g != GpuGroup::Nvlink).collect();
+    measure("collection (without nvlink)", || !reader.read(no_nvlink).gpus.is_empty());
     let Ok(device) = nvml.device_by_index(0) else {
         eprintln!("no GPU 0");
         std::process::exit(1);
@@ -73,4 +78,12 @@ fn main() {
     measure("mig_mode", || device.mig_mode().is_ok());
     let fields: Vec<_> = [82, 142, 143, 144, 145].map(nvml_wrapper::structs::device::FieldId).into();
     measure("field_values_for(5)", || device.field_values_for(&fields).is_ok());
+    // NVLink: link count, the four error totals, data TX/RX (KiB).
+    let nvlink: Vec<_> = [91, 38, 45, 52, 59, 138, 139].map(nvml_wrapper::structs::device::FieldId).into();
+    measure("field_values_for(nvlink 7)", || device.field_values_for(&nvlink).is_ok());
+    if let Ok(samples) = device.field_values_for(&nvlink) {
+        for (id, sample) in nvlink.iter().zip(samples) {
+            println!("field {:>3}: {:?}", id.0, sample.map(|s| s.value));
+        }
+    }
 }

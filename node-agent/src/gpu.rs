@@ -19,6 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use api::gpu_groups::{GpuGroup, GpuGroups};
 use prometheus_client::{
     collector::Collector,
     encoding::DescriptorEncoder,
@@ -46,6 +47,14 @@ pub const MAX_MIG_INSTANCES: u32 = 16;
 /// A collection still running after this long makes the GPUs `unknown`.
 pub const COLLECTION_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What the node configuration asks of the collector while it is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuCollection {
+    pub period: Duration,
+    /// What is read and exported of each GPU (ECC is read for health whatever it says).
+    pub groups: GpuGroups,
+}
+
 /// Who a GPU is: the labels every series of it carries.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GpuIdentity {
@@ -68,6 +77,19 @@ pub struct EccCounts {
     pub uncorrected_volatile: Option<u64>,
     pub corrected_aggregate: Option<u64>,
     pub uncorrected_aggregate: Option<u64>,
+}
+
+/// NVLink of a GPU with links, every link together (`None` where NVML does not say).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct NvLinkCounts {
+    /// TX and RX data together since the previous collection, in DCGM's unit: KiB/s
+    /// divided by 1000 ("MiB/s" in its field's help). None at the first collection and
+    /// after a counter reset.
+    pub bandwidth: Option<f64>,
+    pub crc_flit_errors: Option<u64>,
+    pub crc_data_errors: Option<u64>,
+    pub replay_errors: Option<u64>,
+    pub recovery_errors: Option<u64>,
 }
 
 /// Row remapping (Ampere and later).
@@ -107,6 +129,8 @@ pub struct GpuValues {
     pub pcie_replays: Option<u64>,
     pub ecc: EccCounts,
     pub remapped_rows: RemappedRows,
+    /// `None` on a GPU without NVLink.
+    pub nvlink: Option<NvLinkCounts>,
     /// NVML's clock throttle (event) reasons, a bit mask.
     pub throttle_reasons: Option<u64>,
 }
@@ -165,6 +189,8 @@ pub struct GpuSnapshot {
     pub stale: bool,
     /// The node configuration switched the collector off: no GPU is read.
     pub off: bool,
+    /// The groups this collection read: the only ones exported.
+    pub groups: GpuGroups,
 }
 
 impl GpuSnapshot {
@@ -354,30 +380,35 @@ impl GpuMetrics {
     }
 }
 
-/// Collects every GPU at start and each `period` until `shutdown`, publishing each
+/// Collects every GPU at start and each period until `shutdown`, publishing each
 /// snapshot on `tx`. A collection that does not return within [`COLLECTION_TIMEOUT`]
 /// marks the snapshot stale, and the next one starts only when it has returned. While
-/// the period is `None` (the node configuration switched the collector off) nothing is
-/// read and the snapshot is empty.
+/// the collection is `None` (the node configuration switched the collector off) nothing
+/// is read and the snapshot is empty.
 pub async fn follow(
     reader: Arc<nvml::NvmlReader>,
-    mut period: watch::Receiver<Option<Duration>>,
+    mut collection: watch::Receiver<Option<GpuCollection>>,
     tx: watch::Sender<Arc<GpuSnapshot>>,
     shutdown: CancellationToken,
 ) {
     let mut collections = 0u64;
     loop {
-        if period.borrow_and_update().is_none() {
-            info!("GPU collection off by the node configuration");
-            tx.send_replace(Arc::new(GpuSnapshot { off: true, ..GpuSnapshot::default() }));
-            if !wait_until_on(&mut period, &shutdown).await {
-                return;
+        let asked = *collection.borrow_and_update();
+        let groups = match asked {
+            Some(c) => c.groups,
+            None => {
+                info!("GPU collection off by the node configuration");
+                tx.send_replace(Arc::new(GpuSnapshot { off: true, ..GpuSnapshot::default() }));
+                if !wait_until_on(&mut collection, &shutdown).await {
+                    return;
+                }
+                continue;
             }
-        }
+        };
         let started = Instant::now();
         let read = {
             let reader = reader.clone();
-            tokio::task::spawn_blocking(move || reader.read())
+            tokio::task::spawn_blocking(move || reader.read(groups))
         };
         tokio::pin!(read);
         let reading = tokio::select! {
@@ -409,25 +440,25 @@ pub async fn follow(
                 reader.metrics.failed("other");
             }
         }
-        let Some(wait) = *period.borrow_and_update() else { continue };
+        let Some(wait) = collection.borrow_and_update().map(|c| c.period) else { continue };
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
-            // A new period applies at once; without a sender, the last one holds.
-            Ok(()) = period.changed() => {}
+            // A new period or groups apply at once; without a sender, the last ones hold.
+            Ok(()) = collection.changed() => {}
         }
     }
 }
 
 /// Waits while the collector is off; false when the agent stops meanwhile. Without a
 /// sender, the last setting (off) holds until then.
-async fn wait_until_on(period: &mut watch::Receiver<Option<Duration>>, shutdown: &CancellationToken) -> bool {
+async fn wait_until_on(collection: &mut watch::Receiver<Option<GpuCollection>>, shutdown: &CancellationToken) -> bool {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return false,
-            changed = period.changed() => if changed.is_err() { shutdown.cancelled().await; return false },
+            changed = collection.changed() => if changed.is_err() { shutdown.cancelled().await; return false },
         }
-        if period.borrow_and_update().is_some() {
+        if collection.borrow().is_some() {
             return true;
         }
     }

@@ -332,7 +332,7 @@ impl Agent {
         health_options.gpus = nvml.clone().map(|nvml| health::gpu_readers::GpuInputs {
             snapshots: gpu_snapshots.clone(),
             nvml,
-            period: activator.gpu_period(),
+            period: activator.gpu_collection(),
         });
         let health_metrics = HealthMetrics::register(&mut self.registry);
         let log_metrics = LogMetrics::register(&mut self.registry);
@@ -405,7 +405,7 @@ impl Agent {
         snapshot: watch::Receiver<Arc<GpuSnapshot>>,
     ) -> Option<GpuSource> {
         // The node configuration's GPU period, as its Neuron groups' are followed.
-        let period = activator.gpu_period();
+        let period = activator.gpu_collection();
         let hostname = self.args.source.node_name.clone().unwrap_or_else(host_name);
         let (holders, process_pods) = match &flow.attribution {
             Some(sources) => sources.gpus(snapshot.clone(), &mut self.tasks, &self.shutdown),

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use api::gpu_groups::GpuGroups;
 use neuron_node_agent::gpu::{nvml::NvmlReader, GpuMetrics, GpuSnapshot};
 use neuron_test_support::TempDir;
 
@@ -31,21 +32,21 @@ fn costly_values_are_read_once_per_refresh_the_others_every_collection() {
     // The default refresh: the energy counter (4 ms of CPU per read on a real driver) is
     // kept between collections, while utilization follows each one.
     let reader = open();
-    let first = reader.read();
+    let first = reader.read(GpuGroups::ALL);
     assert_eq!(utilization(&first), Some(10));
     assert!(energy(&first).is_some(), "{first:?}");
     // The fake's energy grows with time, and it takes a changed file within ~100 ms.
     std::thread::sleep(Duration::from_millis(300));
     write(20);
     std::thread::sleep(Duration::from_millis(300));
-    let second = reader.read();
+    let second = reader.read(GpuGroups::ALL);
     assert_eq!(utilization(&second), Some(20), "utilization is read every collection");
     assert_eq!(energy(&second), energy(&first), "the energy counter waits for its refresh");
 
     // With no refresh interval the costly values are read every collection too.
     let every_time = open().with_slow_refresh(Duration::ZERO);
-    let before = every_time.read();
+    let before = every_time.read(GpuGroups::ALL);
     std::thread::sleep(Duration::from_millis(300));
-    let after = every_time.read();
+    let after = every_time.read(GpuGroups::ALL);
     assert!(energy(&after) > energy(&before), "{:?} then {:?}", energy(&before), energy(&after));
 }

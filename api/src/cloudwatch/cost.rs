@@ -92,8 +92,11 @@ pub struct NodeFacts {
     /// Neuron devices: `aws.amazon.com/neurondevice` capacity, or the table. 0: unknown
     /// (then one device per core is assumed, the larger count).
     pub devices: u32,
-    /// NVIDIA GPUs: the node's `nvidia.com/gpu` capacity; 0: none (or unknown).
+    /// Physical NVIDIA GPUs (one per node-level GPU series); 0: none (or unknown).
     pub gpus: u32,
+    /// GPU allocations the node can hand out (time-sliced replicas, MIG devices): the
+    /// most pods that hold a share of its GPUs, one pod-level series each. 0: one per GPU.
+    pub gpu_shares: u32,
     /// Values of the node-level dimensions that nodes may share; `None`: unknown.
     pub instance_type: Option<String>,
     pub availability_zone: Option<String>,
@@ -107,6 +110,7 @@ impl NodeFacts {
             cores: devices * cores_per_device,
             devices,
             gpus: 0,
+            gpu_shares: 0,
             instance_type: Some(instance_type.to_owned()),
             availability_zone: None,
         })
@@ -133,6 +137,7 @@ pub fn largest_node() -> NodeFacts {
             cores: t.cores(),
             devices: t.devices,
             gpus: 0,
+            gpu_shares: 0,
             instance_type: Some(t.name.to_owned()),
             availability_zone: None,
         })
@@ -299,6 +304,12 @@ fn metrics_on(
 /// GPUs of all the nodes.
 fn gpus(nodes: &Kinds) -> u64 {
     nodes.iter().map(|&(n, count)| u64::from(n.gpus).saturating_mul(count)).fold(0u64, u64::saturating_add)
+}
+
+/// The most (GPU, pod) pairs of all the nodes: a shared or MIG GPU has one per share.
+fn gpu_shares(nodes: &Kinds) -> u64 {
+    let shares = |n: &NodeFacts| u64::from(n.gpu_shares.max(n.gpus));
+    nodes.iter().map(|&(n, count)| shares(n).saturating_mul(count)).fold(0u64, u64::saturating_add)
 }
 
 /// The ways CloudWatch can take a config's metrics.
@@ -535,15 +546,18 @@ fn insights_combinations(
 fn insights_gpu_combinations(set: &[insights::Dimension], nodes: &Kinds, sees_node_level: bool) -> u64 {
     use insights::Dimension as D;
     let gpus = gpus(nodes);
+    let shares = gpu_shares(nodes);
     let has = |d: D| set.contains(&d);
-    if has(D::GpuDevice) || has(D::PodName) || has(D::FullPodName) || has(D::ContainerName) {
+    if has(D::PodName) || has(D::FullPodName) || has(D::ContainerName) {
+        shares
+    } else if has(D::GpuDevice) {
         gpus
     } else if has(D::Namespace) {
-        // The operator's config sees every pod, at most one per GPU.
+        // The operator's config sees every pod, at most one per share of a GPU.
         if sees_node_level {
-            gpus
+            shares
         } else {
-            gpus.min(1)
+            shares.min(1)
         }
     } else if has(D::NodeName) || has(D::InstanceId) {
         nodes.iter().filter(|(n, _)| n.gpus > 0).map(|&(_, count)| count).fold(0u64, u64::saturating_add)
@@ -831,6 +845,15 @@ mod tests {
         assert_eq!(one(4).metrics - one(0).metrics, 6 * (1 + 1 + 4) + 6 * (1 + 4 + 3 * 4) + 6 * (1 + 3 * 4));
         // Requests follow: 216 GPU metrics and a few Neuron ones, one request a flush.
         assert_eq!(one(4).requests, 43_200);
+
+        // Time-sliced into 4 replicas each: the node sets stay per GPU, the pod and
+        // container sets count a pod per replica.
+        let shared = NodeFacts { gpu_shares: 16, ..g5_12xlarge(4) };
+        let shared = estimate(&spec(insights.clone()), true, &[shared]).unwrap().metrics;
+        assert_eq!(shared - one(0).metrics, 6 * (1 + 1 + 4) + 6 * (1 + 16 + 3 * 16) + 6 * (1 + 3 * 16));
+        // A classic series names its GPU, never its pod: shares change nothing.
+        let classic_shared = classic(NodeFacts { gpu_shares: 16, ..g5_12xlarge(4) });
+        assert_eq!(classic_shared, classic(g5_12xlarge(4)));
     }
 
     #[test]

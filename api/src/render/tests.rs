@@ -9,6 +9,7 @@ use regex::Regex;
 use serde_json::json;
 
 use super::*;
+use crate::gpu_groups::GpuGroups;
 use crate::validate::validate;
 
 const OPERATOR_NS: &str = "neuron-monitor";
@@ -724,10 +725,11 @@ fn a_node_collects_its_gpus_when_any_config_asks_at_the_shortest_period() {
     let off = config(OPERATOR_NS, "off", json!({"gpu": {"enabled": false, "period": "1s"}}));
     let team = config("team-a", "team", json!({}));
     let gpu = |configs: &[&ValidConfig]| render(configs).gpu;
-    let on = |s| Some(NodeGpu { enabled: true, period: Period::from_secs(s) });
+    let all = GpuGroups::ALL;
+    let on = |s| Some(NodeGpu { enabled: true, period: Period::from_secs(s), groups: all });
     assert_eq!(gpu(&[&slow, &fast, &team]), on(2));
     assert_eq!(gpu(&[&off, &slow]), on(30), "one config off does not switch off another's");
-    assert_eq!(gpu(&[&off, &team]), Some(NodeGpu { enabled: false, period: Period::from_secs(1) }));
+    assert_eq!(gpu(&[&off, &team]), Some(NodeGpu { enabled: false, period: Period::from_secs(1), groups: all }));
     assert_eq!(gpu(&[&team]), None);
 }
 

@@ -3,6 +3,7 @@
 
 use crate::crd::GpuSpec;
 use crate::duration::Period;
+use crate::gpu_groups::{GpuGroup, GpuGroups};
 use crate::node_config::NodeGpu;
 
 use super::{parse_period, Invalid};
@@ -28,5 +29,18 @@ pub(super) fn node_gpu(
     }
     // Checked even while off, so that turning it on cannot fail later.
     let period = parse_period(spec.period.as_deref(), "spec.gpu.period")?.unwrap_or(period);
-    Ok(Some(NodeGpu { enabled: spec.enabled.unwrap_or(true), period }))
+    Ok(Some(NodeGpu { enabled: spec.enabled.unwrap_or(true), period, groups: groups(spec.groups.as_deref())? }))
+}
+
+/// The groups named (every group when none are); an empty list would collect nothing
+/// while saying it is on, so it is refused.
+fn groups(named: Option<&[GpuGroup]>) -> Result<GpuGroups, Invalid> {
+    match named {
+        None => Ok(GpuGroups::ALL),
+        Some([]) => Err(Invalid::new(
+            "spec.gpu.groups",
+            "names no group: name at least one, or set spec.gpu.enabled to false".to_owned(),
+        )),
+        Some(named) => Ok(named.iter().copied().collect()),
+    }
 }

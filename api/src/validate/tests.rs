@@ -1,5 +1,6 @@
 use serde_json::json;
 
+use crate::gpu_groups::{GpuGroup, GpuGroups};
 use crate::node_config::{NodeGpu, PrometheusRoute};
 
 use super::{selector::check_label_key, *};
@@ -596,12 +597,25 @@ fn gpu_settings_are_for_the_operator_namespace_only() {
 
 #[test]
 fn gpu_settings_default_to_on_at_the_configs_period() {
-    let on = |period| Some(NodeGpu { enabled: true, period });
+    let on = |period| Some(NodeGpu { enabled: true, period, groups: GpuGroups::ALL });
     assert_eq!(valid(OPERATOR_NS, json!({"gpu": {}})).gpu, on(secs(5)));
     assert_eq!(valid(OPERATOR_NS, json!({"period": "10s", "gpu": {}})).gpu, on(secs(10)));
     assert_eq!(valid(OPERATOR_NS, json!({"period": "10s", "gpu": {"period": "1m"}})).gpu, on(secs(60)));
     let off = valid(OPERATOR_NS, json!({"gpu": {"enabled": false, "period": "30s"}})).gpu;
-    assert_eq!(off, Some(NodeGpu { enabled: false, period: secs(30) }));
+    assert_eq!(off, Some(NodeGpu { enabled: false, period: secs(30), groups: GpuGroups::ALL }));
+}
+
+#[test]
+fn gpu_groups_are_those_named_and_an_empty_list_or_an_unknown_name_is_refused() {
+    let named = valid(OPERATOR_NS, json!({"gpu": {"groups": ["nvlink", "utilization"]}})).gpu.unwrap();
+    assert_eq!(named.groups, [GpuGroup::Utilization, GpuGroup::Nvlink].into_iter().collect());
+    let empty = invalid(OPERATOR_NS, json!({"gpu": {"groups": []}}));
+    assert_eq!((empty.field.as_str(), empty.kind), ("spec.gpu.groups", Refusal::InvalidSpec));
+    assert!(empty.to_string().contains("enabled"), "{empty}");
+    // An unknown name never gets this far: the CRD's enumeration refuses it at admission,
+    // and the spec does not parse.
+    let spec = json!({"selector": {}, "gpu": {"groups": ["utilisation"]}});
+    assert!(serde_json::from_value::<crate::crd::NeuronMonitorConfigSpec>(spec).is_err());
 }
 
 #[test]

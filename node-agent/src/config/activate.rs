@@ -7,10 +7,10 @@
 use std::{
     path::{Path, PathBuf},
     sync::Mutex,
-    time::Duration,
 };
 
 use api::{
+    gpu_groups::GpuGroups,
     monitor_config::{MonitorConfig, DEFAULT_PERIOD},
     node_config::{content_hash, NodeConfig, NodeGpu, NodeHealth, NODE_CONFIG_KEY},
 };
@@ -19,6 +19,7 @@ use tracing::{info, warn};
 
 use super::Launcher;
 use crate::{
+    gpu::GpuCollection,
     health::settings::{self, HealthDefaults, HealthSettings, SettingsReceiver},
     monitor::LaunchSpec,
     routing::{RefusedRoute, Routing, RoutingError, SharedRouting},
@@ -121,13 +122,13 @@ impl Candidate {
     }
 }
 
-/// The GPU collector's period under a node configuration's GPU settings (`None`: off);
-/// without any, on at the built-in configuration's period (the agent's `--period`).
-fn gpu_period(gpu: Option<NodeGpu>, builtin: &MonitorConfig) -> Option<Duration> {
+/// The GPU collection under a node configuration's GPU settings (`None`: off); without
+/// any, every group at the built-in configuration's period (the agent's `--period`).
+fn gpu_collection(gpu: Option<NodeGpu>, builtin: &MonitorConfig) -> Option<GpuCollection> {
     match gpu {
         Some(NodeGpu { enabled: false, .. }) => None,
-        Some(NodeGpu { period, .. }) => Some(period.into()),
-        None => Some(builtin.period.unwrap_or(DEFAULT_PERIOD).into()),
+        Some(NodeGpu { period, groups, .. }) => Some(GpuCollection { period: period.into(), groups }),
+        None => Some(GpuCollection { period: builtin.period.unwrap_or(DEFAULT_PERIOD).into(), groups: GpuGroups::ALL }),
     }
 }
 
@@ -141,8 +142,8 @@ pub struct Activator {
     in_force: Mutex<(Origin, String)>,
     health_defaults: HealthDefaults,
     health: watch::Sender<HealthSettings>,
-    /// The GPU collector's period; `None`: off.
-    gpu: watch::Sender<Option<Duration>>,
+    /// The GPU collection; `None`: off.
+    gpu: watch::Sender<Option<GpuCollection>>,
 }
 
 impl Activator {
@@ -161,7 +162,7 @@ impl Activator {
         metrics.config_in_force(Origin::Builtin.as_str(), "");
         let in_force = Mutex::new((Origin::Builtin, String::new()));
         let (health, _) = settings::channel(&health_defaults);
-        let (gpu, _) = watch::channel(gpu_period(None, &builtin));
+        let (gpu, _) = watch::channel(gpu_collection(None, &builtin));
         let activator =
             Activator { launcher, builtin, launch, routing, metrics, in_force, health_defaults, health, gpu };
         Ok((activator, specs))
@@ -172,9 +173,9 @@ impl Activator {
         self.health.subscribe()
     }
 
-    /// The GPU collector's period in the configuration in force (`None`: off), followed as
-    /// it changes.
-    pub fn gpu_period(&self) -> watch::Receiver<Option<Duration>> {
+    /// The GPU collection of the configuration in force (`None`: off), followed as it
+    /// changes.
+    pub fn gpu_collection(&self) -> watch::Receiver<Option<GpuCollection>> {
         self.gpu.subscribe()
     }
 
@@ -250,12 +251,13 @@ impl Activator {
             }
             changed
         });
-        let gpu = gpu_period(gpu, &self.builtin);
+        let gpu = gpu_collection(gpu, &self.builtin);
         self.gpu.send_if_modified(|current| {
             let changed = *current != gpu;
             if changed {
                 info!(
-                    period_ms = gpu.map(|p| p.as_millis() as u64),
+                    period_ms = gpu.map(|c| c.period.as_millis() as u64),
+                    groups = ?gpu.map(|c| c.groups),
                     enabled = gpu.is_some(),
                     "GPU collection in force"
                 );
@@ -271,18 +273,26 @@ impl Activator {
 
 #[cfg(test)]
 mod tests {
-    use api::duration::Period;
+    use std::time::Duration;
+
+    use api::{duration::Period, gpu_groups::GpuGroup};
 
     use super::*;
 
     #[test]
-    fn the_gpu_period_is_the_configurations_else_the_built_in_one_and_none_when_off() {
+    fn the_gpu_collection_is_the_configurations_else_the_built_in_one_and_none_when_off() {
         let builtin = MonitorConfig::all_groups(Period::from_secs(7));
-        assert_eq!(gpu_period(None, &builtin), Some(Duration::from_secs(7)));
-        assert_eq!(gpu_period(None, &MonitorConfig::default()), Some(Duration::from_secs(5)));
-        let on = NodeGpu { enabled: true, period: Period::from_secs(30) };
-        assert_eq!(gpu_period(Some(on), &builtin), Some(Duration::from_secs(30)));
-        assert_eq!(gpu_period(Some(NodeGpu { enabled: false, ..on }), &builtin), None);
+        let period = |gpu, builtin: &MonitorConfig| gpu_collection(gpu, builtin).map(|c| c.period);
+        assert_eq!(period(None, &builtin), Some(Duration::from_secs(7)));
+        assert_eq!(period(None, &MonitorConfig::default()), Some(Duration::from_secs(5)));
+        assert_eq!(gpu_collection(None, &builtin).map(|c| c.groups), Some(GpuGroups::ALL));
+        let pcie: GpuGroups = [GpuGroup::Pcie].into_iter().collect();
+        let on = NodeGpu { enabled: true, period: Period::from_secs(30), groups: pcie };
+        assert_eq!(
+            gpu_collection(Some(on), &builtin),
+            Some(GpuCollection { period: Duration::from_secs(30), groups: pcie })
+        );
+        assert_eq!(period(Some(NodeGpu { enabled: false, ..on }), &builtin), None);
     }
 
     #[tokio::test]
@@ -301,23 +311,28 @@ mod tests {
         let health = HealthDefaults { condition_type: "NeuronHealth".into(), kmsg_look_back: Duration::from_secs(300) };
         let builtin = MonitorConfig::all_groups(Period::from_secs(7));
         let (activator, _specs) = Activator::start(launcher, builtin, health, metrics).await.unwrap();
-        let mut gpu = activator.gpu_period();
-        assert_eq!(*gpu.borrow_and_update(), Some(Duration::from_secs(7)), "the built-in period at first");
+        let mut gpu = activator.gpu_collection();
+        let period = |c: &Option<GpuCollection>| c.map(|c| c.period);
+        assert_eq!(period(&gpu.borrow_and_update()), Some(Duration::from_secs(7)), "the built-in period at first");
 
         let off = br#"{"monitor":{},"routes":[],"gpu":{"enabled":false,"period":"1m"}}"#;
         activator.activate(Origin::File, "off", Candidate::parse(off).unwrap()).await.unwrap();
         assert!(gpu.has_changed().unwrap());
-        assert_eq!(*gpu.borrow_and_update(), None, "switched off");
+        assert_eq!(period(&gpu.borrow_and_update()), None, "switched off");
 
         let fast = br#"{"monitor":{},"routes":[],"gpu":{"enabled":true,"period":"2s"}}"#;
         activator.activate(Origin::File, "fast", Candidate::parse(fast).unwrap()).await.unwrap();
-        assert_eq!(*gpu.borrow_and_update(), Some(Duration::from_secs(2)));
+        assert_eq!(period(&gpu.borrow_and_update()), Some(Duration::from_secs(2)));
         // The same settings again wake nobody.
         activator.activate(Origin::File, "fast-again", Candidate::parse(fast).unwrap()).await.unwrap();
         assert!(!gpu.has_changed().unwrap());
+        // Fewer groups at the same period is a change.
+        let fewer = br#"{"monitor":{},"routes":[],"gpu":{"enabled":true,"period":"2s","groups":["nvlink"]}}"#;
+        activator.activate(Origin::File, "fewer", Candidate::parse(fewer).unwrap()).await.unwrap();
+        assert_eq!(gpu.borrow_and_update().map(|c| c.groups), Some([GpuGroup::Nvlink].into_iter().collect()));
 
         activator.activate_builtin().await.unwrap();
-        assert_eq!(*gpu.borrow_and_update(), Some(Duration::from_secs(7)), "back to the built-in period");
+        assert_eq!(period(&gpu.borrow_and_update()), Some(Duration::from_secs(7)), "back to the built-in period");
         let _ = tokio::fs::remove_dir_all(&state_dir).await;
     }
 
@@ -325,7 +340,10 @@ mod tests {
     fn a_rendered_configuration_carries_its_gpu_settings_to_the_candidate() {
         let body = br#"{"monitor":{},"routes":[],"gpu":{"enabled":false,"period":"1m"}}"#;
         let candidate = Candidate::parse(body).unwrap();
-        assert_eq!(candidate.gpu, Some(NodeGpu { enabled: false, period: Period::from_secs(60) }));
+        assert_eq!(
+            candidate.gpu,
+            Some(NodeGpu { enabled: false, period: Period::from_secs(60), groups: GpuGroups::ALL })
+        );
         assert_eq!(Candidate::parse(br#"{"monitor":{},"routes":[]}"#).unwrap().gpu, None);
     }
 }

@@ -14,7 +14,7 @@ use std::fmt;
 
 use prometheus_client::metrics::MetricType;
 
-use super::{holdings, Gpu, GpuHolders, GpuIdentity, GpuSnapshot};
+use super::{holdings, Gpu, GpuGroup, GpuHolders, GpuIdentity, GpuSnapshot};
 use crate::{
     series::{Family, FamilyEncoder, Labels, Scope},
     state::{InstanceLabels, PodRef},
@@ -23,6 +23,8 @@ use crate::{
 /// One exported DCGM field: its name, help, type and where its value comes from.
 pub struct Field {
     pub name: &'static str,
+    /// Exported while the collection reads this group.
+    pub group: GpuGroup,
     pub help: &'static str,
     pub kind: MetricType,
     pub value: fn(&Gpu) -> Option<f64>,
@@ -46,168 +48,233 @@ fn big(v: Option<u64>) -> Option<f64> {
 pub const FIELDS: &[Field] = &[
     Field {
         name: "DCGM_FI_DEV_SM_CLOCK",
+        group: GpuGroup::Clocks,
         help: "SM clock frequency (in MHz).",
         kind: MetricType::Gauge,
         value: |g| num(g.values.sm_clock_mhz),
     },
     Field {
         name: "DCGM_FI_DEV_MEM_CLOCK",
+        group: GpuGroup::Clocks,
         help: "Memory clock frequency (in MHz).",
         kind: MetricType::Gauge,
         value: |g| num(g.values.memory_clock_mhz),
     },
     Field {
         name: "DCGM_FI_DEV_MEMORY_TEMP",
+        group: GpuGroup::Temperature,
         help: "Memory temperature (in C).",
         kind: MetricType::Gauge,
         value: |g| big(g.values.temperature_memory_c),
     },
     Field {
         name: "DCGM_FI_DEV_GPU_TEMP",
+        group: GpuGroup::Temperature,
         help: "GPU temperature (in C).",
         kind: MetricType::Gauge,
         value: |g| num(g.values.temperature_gpu_c),
     },
     Field {
         name: "DCGM_FI_DEV_POWER_USAGE",
+        group: GpuGroup::Power,
         help: "Power draw (in W).",
         kind: MetricType::Gauge,
         value: |g| g.values.power_watts,
     },
     Field {
         name: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        group: GpuGroup::Power,
         help: "Total energy consumption since boot (in mJ).",
         kind: MetricType::Gauge,
         value: |g| big(g.values.energy_millijoules),
     },
     Field {
         name: "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        group: GpuGroup::Pcie,
         help: "Total number of PCIe retries.",
         kind: MetricType::Gauge,
         value: |g| big(g.values.pcie_replays),
     },
     Field {
         name: "DCGM_FI_DEV_GPU_UTIL",
+        group: GpuGroup::Utilization,
         help: "GPU utilization (in %).",
         kind: MetricType::Gauge,
         value: |g| num(g.values.utilization_gpu),
     },
     Field {
         name: "DCGM_FI_DEV_MEM_COPY_UTIL",
+        group: GpuGroup::Utilization,
         help: "Memory utilization (in %).",
         kind: MetricType::Gauge,
         value: |g| num(g.values.utilization_memory),
     },
     Field {
         name: "DCGM_FI_DEV_FB_FREE",
+        group: GpuGroup::Memory,
         help: "Framebuffer memory free (in MiB).",
         kind: MetricType::Gauge,
         value: |g| mib(g.values.memory_free_bytes),
     },
     Field {
         name: "DCGM_FI_DEV_FB_USED",
+        group: GpuGroup::Memory,
         help: "Framebuffer memory used (in MiB).",
         kind: MetricType::Gauge,
         value: |g| mib(g.values.memory_used_bytes),
     },
     Field {
         name: "DCGM_FI_DEV_FB_RESERVED",
+        group: GpuGroup::Memory,
         help: "Framebuffer memory reserved (in MiB).",
         kind: MetricType::Gauge,
         value: |g| mib(g.values.memory_reserved_bytes),
     },
     Field {
         name: "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        group: GpuGroup::Ecc,
         help: "Number of remapped rows for uncorrectable errors.",
         kind: MetricType::Gauge,
         value: |g| big(g.values.remapped_rows.uncorrectable),
     },
     Field {
         name: "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        group: GpuGroup::Ecc,
         help: "Number of remapped rows for correctable errors.",
         kind: MetricType::Gauge,
         value: |g| big(g.values.remapped_rows.correctable),
     },
     Field {
         name: "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        group: GpuGroup::Ecc,
         help: "Whether remapping of rows has failed.",
         kind: MetricType::Gauge,
         value: |g| big(g.values.remapped_rows.failure),
     },
     Field {
         name: "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        group: GpuGroup::Ecc,
         help: "Whether rows are pending remapping (a GPU reset applies them).",
         kind: MetricType::Gauge,
         value: |g| big(g.values.remapped_rows.pending),
     },
     Field {
         name: "DCGM_FI_DEV_FB_TOTAL",
+        group: GpuGroup::Memory,
         help: "Framebuffer memory total (in MiB).",
         kind: MetricType::Gauge,
         value: |g| mib(g.values.memory_total_bytes),
     },
     Field {
         name: "DCGM_FI_DEV_FB_USED_PERCENT",
+        group: GpuGroup::Memory,
         help: "Framebuffer memory used, percent of the usable (total less reserved).",
         kind: MetricType::Gauge,
         value: |g| g.values.memory_used_percent(),
     },
     Field {
         name: "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+        group: GpuGroup::Power,
         help: "Enforced power limit (in W).",
         kind: MetricType::Gauge,
         value: |g| g.values.power_limit_watts,
     },
     Field {
         name: "DCGM_FI_DEV_PCIE_LINK_GEN",
+        group: GpuGroup::Pcie,
         help: "Current PCIe link generation.",
         kind: MetricType::Gauge,
         value: |g| num(g.values.pcie_link_gen),
     },
     Field {
         name: "DCGM_FI_DEV_PCIE_LINK_WIDTH",
+        group: GpuGroup::Pcie,
         help: "Current PCIe link width (lanes).",
         kind: MetricType::Gauge,
         value: |g| num(g.values.pcie_link_width),
     },
     Field {
         name: "DCGM_FI_PROF_PCIE_TX_BYTES",
+        group: GpuGroup::Pcie,
         help: "PCIe bytes transmitted per second (NVML's 20 ms sample).",
         kind: MetricType::Gauge,
         value: |g| big(g.values.pcie_tx_bytes_per_second),
     },
     Field {
         name: "DCGM_FI_PROF_PCIE_RX_BYTES",
+        group: GpuGroup::Pcie,
         help: "PCIe bytes received per second (NVML's 20 ms sample).",
         kind: MetricType::Gauge,
         value: |g| big(g.values.pcie_rx_bytes_per_second),
     },
     Field {
         name: "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        group: GpuGroup::Ecc,
         help: "Total number of single-bit volatile ECC errors.",
         kind: MetricType::Gauge,
         value: |g| big(g.values.ecc.corrected_volatile),
     },
     Field {
         name: "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        group: GpuGroup::Ecc,
         help: "Total number of double-bit volatile ECC errors.",
         kind: MetricType::Gauge,
         value: |g| big(g.values.ecc.uncorrected_volatile),
     },
     Field {
         name: "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        group: GpuGroup::Ecc,
         help: "Total number of single-bit persistent ECC errors.",
         kind: MetricType::Gauge,
         value: |g| big(g.values.ecc.corrected_aggregate),
     },
     Field {
         name: "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        group: GpuGroup::Ecc,
         help: "Total number of double-bit persistent ECC errors.",
         kind: MetricType::Gauge,
         value: |g| big(g.values.ecc.uncorrected_aggregate),
     },
+    // dcgm-exporter's default NVLink field: a rate despite its name, typed gauge there
+    // too since 2026-05 (#658).
+    Field {
+        name: "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        group: GpuGroup::Nvlink,
+        help: "NVLink data throughput, TX and RX over every link (KiB/s divided by 1000, as DCGM gives it).",
+        kind: MetricType::Gauge,
+        value: |g| g.values.nvlink.and_then(|l| l.bandwidth),
+    },
+    Field {
+        name: "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        group: GpuGroup::Nvlink,
+        help: "Total number of NVLink flow-control CRC errors.",
+        kind: MetricType::Gauge,
+        value: |g| big(g.values.nvlink.and_then(|l| l.crc_flit_errors)),
+    },
+    Field {
+        name: "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        group: GpuGroup::Nvlink,
+        help: "Total number of NVLink data CRC errors.",
+        kind: MetricType::Gauge,
+        value: |g| big(g.values.nvlink.and_then(|l| l.crc_data_errors)),
+    },
+    Field {
+        name: "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        group: GpuGroup::Nvlink,
+        help: "Total number of NVLink retries.",
+        kind: MetricType::Gauge,
+        value: |g| big(g.values.nvlink.and_then(|l| l.replay_errors)),
+    },
+    Field {
+        name: "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+        group: GpuGroup::Nvlink,
+        help: "Total number of NVLink recovery errors.",
+        kind: MetricType::Gauge,
+        value: |g| big(g.values.nvlink.and_then(|l| l.recovery_errors)),
+    },
     Field {
         name: "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+        group: GpuGroup::Clocks,
         help: "Current clock throttle reasons (NVML's bit mask).",
         kind: MetricType::Gauge,
         value: |g| big(g.values.throttle_reasons),
@@ -270,7 +337,7 @@ pub fn encode_gpus(
     if seen.is_empty() {
         return Ok(());
     }
-    for field in FIELDS {
+    for field in FIELDS.iter().filter(|f| snapshot.groups.contains(f.group)) {
         let mut family = Family::new(field.name, field.help, field.kind);
         for s in &seen {
             family.push(Labels::held_by(instance, s.pod).fields(&s.labels), (field.value)(s.gpu));
@@ -310,7 +377,7 @@ mod tests {
     }
 
     fn snapshot(gpus: Vec<Gpu>) -> GpuSnapshot {
-        GpuSnapshot { driver_version: "550.54.15".into(), gpus, collections: 1, stale: false, off: false }
+        GpuSnapshot { driver_version: "550.54.15".into(), gpus, collections: 1, ..GpuSnapshot::default() }
     }
 
     fn render(snapshot: &GpuSnapshot, holders: &GpuHolders) -> String {
@@ -389,6 +456,28 @@ mod tests {
         assert!(text.contains("gpu=0,") && !text.contains("gpu=1,"), "{text}");
         let stale = GpuSnapshot { stale: true, ..snapshot(vec![gpu(0)]) };
         assert_eq!(render(&stale, &GpuHolders::new()), "");
+    }
+
+    #[test]
+    fn only_the_groups_the_collection_read_are_exported() {
+        let mut with_links = gpu(0);
+        with_links.values.nvlink = Some(crate::gpu::NvLinkCounts { bandwidth: Some(12.5), ..Default::default() });
+        let all = render(&snapshot(vec![with_links.clone()]), &GpuHolders::new());
+        assert!(all.contains("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL ") && all.contains(" 12.5\n"), "{all}");
+        let groups = [GpuGroup::Nvlink].into_iter().collect();
+        let nvlink_only = GpuSnapshot { groups, ..snapshot(vec![with_links]) };
+        let text = render(&nvlink_only, &GpuHolders::new());
+        assert!(text.contains("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL "), "{text}");
+        assert!(!text.contains("DCGM_FI_DEV_GPU_UTIL") && !text.contains("DCGM_FI_DEV_FB_USED"), "{text}");
+        // A GPU without NVLink has no NVLink series.
+        assert!(!render(&snapshot(vec![gpu(1)]), &GpuHolders::new()).contains("NVLINK"));
+    }
+
+    #[test]
+    fn every_group_has_a_field_and_every_field_a_group_the_crd_names() {
+        for group in GpuGroup::ALL.into_iter().filter(|g| *g != GpuGroup::Processes) {
+            assert!(FIELDS.iter().any(|f| f.group == group), "{group:?} exports nothing");
+        }
     }
 
     #[test]

@@ -23,8 +23,8 @@ use nvml_wrapper::{
 };
 
 use super::{
-    EccCounts, Gpu, GpuIdentity, GpuMetrics, GpuProcess, GpuSnapshot, GpuValues, MigInstance, RemappedRows, MAX_GPUS,
-    MAX_MIG_INSTANCES, MAX_PROCESSES_PER_GPU,
+    EccCounts, Gpu, GpuGroup, GpuGroups, GpuIdentity, GpuMetrics, GpuProcess, GpuSnapshot, GpuValues, MigInstance,
+    NvLinkCounts, RemappedRows, MAX_GPUS, MAX_MIG_INSTANCES, MAX_PROCESSES_PER_GPU,
 };
 
 /// The name the driver installs; found through the dynamic loader's search path.
@@ -38,6 +38,26 @@ const FI_REMAPPED_COR: u32 = 142;
 const FI_REMAPPED_UNC: u32 = 143;
 const FI_REMAPPED_PENDING: u32 = 144;
 const FI_REMAPPED_FAILURE: u32 = 145;
+const FI_NVLINK_CRC_FLIT_ERRORS: u32 = 38;
+const FI_NVLINK_CRC_DATA_ERRORS: u32 = 45;
+const FI_NVLINK_REPLAY_ERRORS: u32 = 52;
+const FI_NVLINK_RECOVERY_ERRORS: u32 = 59;
+const FI_NVLINK_LINK_COUNT: u32 = 91;
+/// KiB sent and received over every link since the driver loaded.
+const FI_NVLINK_DATA_TX_KIB: u32 = 138;
+const FI_NVLINK_DATA_RX_KIB: u32 = 139;
+
+/// The fields read on every GPU (health needs the row-remapping ones whatever the groups).
+const ALWAYS_FIELDS: [u32; 4] = [FI_REMAPPED_COR, FI_REMAPPED_UNC, FI_REMAPPED_PENDING, FI_REMAPPED_FAILURE];
+const NVLINK_FIELDS: [u32; 7] = [
+    FI_NVLINK_LINK_COUNT,
+    FI_NVLINK_CRC_FLIT_ERRORS,
+    FI_NVLINK_CRC_DATA_ERRORS,
+    FI_NVLINK_REPLAY_ERRORS,
+    FI_NVLINK_RECOVERY_ERRORS,
+    FI_NVLINK_DATA_TX_KIB,
+    FI_NVLINK_DATA_RX_KIB,
+];
 
 /// An open NVML library and the counts the collector keeps.
 pub struct NvmlReader {
@@ -47,6 +67,8 @@ pub struct NvmlReader {
     /// The costly values of each GPU (by index), read at most every `slow_refresh`.
     slow: Mutex<BTreeMap<u32, SlowValues>>,
     slow_refresh: Duration,
+    /// Each GPU's (by index) NVLink data counter (KiB, TX and RX) at its previous read.
+    nvlink_data: Mutex<BTreeMap<u32, (u64, Instant)>>,
     pub metrics: GpuMetrics,
 }
 
@@ -62,6 +84,8 @@ pub const SLOW_REFRESH: Duration = Duration::from_secs(30);
 #[derive(Clone, Copy, Debug, Default)]
 struct SlowValues {
     read_at: Option<Instant>,
+    /// The groups they were read for: others are read again at once.
+    groups: GpuGroups,
     energy_millijoules: Option<u64>,
     pcie_tx_bytes_per_second: Option<u64>,
     pcie_rx_bytes_per_second: Option<u64>,
@@ -77,7 +101,15 @@ impl NvmlReader {
         let nvml = Nvml::builder().lib_path(path).init()?;
         let driver_version = nvml.sys_driver_version().map(|v| bounded(&v)).unwrap_or_default();
         let library = path.to_string_lossy().into_owned();
-        Ok(NvmlReader { nvml, library, driver_version, slow: Mutex::default(), slow_refresh: SLOW_REFRESH, metrics })
+        Ok(NvmlReader {
+            nvml,
+            library,
+            driver_version,
+            slow: Mutex::default(),
+            slow_refresh: SLOW_REFRESH,
+            nvlink_data: Mutex::default(),
+            metrics,
+        })
     }
 
     /// Reads the costly values this often instead of every [`SLOW_REFRESH`].
@@ -103,8 +135,9 @@ impl NvmlReader {
         &self.nvml
     }
 
-    /// Reads every GPU (blocking: NVML calls go to the driver).
-    pub fn read(&self) -> GpuSnapshot {
+    /// Reads every GPU, the values of `groups` and those health needs (blocking: NVML
+    /// calls go to the driver).
+    pub fn read(&self, groups: GpuGroups) -> GpuSnapshot {
         let count = match self.nvml.device_count() {
             Ok(n) => n,
             Err(e) => {
@@ -115,11 +148,18 @@ impl NvmlReader {
         if count > MAX_GPUS {
             self.metrics.failed("too_many");
         }
-        let gpus = (0..count.min(MAX_GPUS)).filter_map(|index| self.read_gpu(index)).collect();
-        GpuSnapshot { driver_version: self.driver_version.clone(), gpus, collections: 0, stale: false, off: false }
+        let gpus = (0..count.min(MAX_GPUS)).filter_map(|index| self.read_gpu(index, groups)).collect();
+        GpuSnapshot {
+            driver_version: self.driver_version.clone(),
+            gpus,
+            collections: 0,
+            stale: false,
+            off: false,
+            groups,
+        }
     }
 
-    fn read_gpu(&self, index: u32) -> Option<Gpu> {
+    fn read_gpu(&self, index: u32, groups: GpuGroups) -> Option<Gpu> {
         let device = match self.nvml.device_by_index(index) {
             Ok(device) => device,
             // Lost before its handle: kept, marked lost, so that its health says so.
@@ -136,7 +176,7 @@ impl NvmlReader {
                 return None;
             }
         };
-        let mut reads = Reads { reader: self, lost: false };
+        let mut reads = Reads { reader: self, lost: false, index, groups };
         let identity = GpuIdentity {
             index,
             uuid: reads.value(device.uuid()).map(|u| bounded(&u)).unwrap_or_default(),
@@ -146,7 +186,7 @@ impl NvmlReader {
         };
         let slow = self.slow_values(index, &device, &mut reads);
         let values = reads.values(&device, &slow);
-        let processes = reads.processes(&device);
+        let processes = if groups.contains(GpuGroup::Processes) { reads.processes(&device) } else { Vec::new() };
         let mig = if slow.mig_enabled { reads.mig_instances(&device) } else { Vec::new() };
         Some(Gpu { identity, values, processes, mig, lost: reads.lost })
     }
@@ -155,17 +195,29 @@ impl NvmlReader {
     fn slow_values(&self, index: u32, device: &Device<'_>, reads: &mut Reads<'_>) -> SlowValues {
         let mut slow = self.slow.lock().unwrap_or_else(|p| p.into_inner());
         let last = slow.get(&index).copied().unwrap_or_default();
-        if last.read_at.is_some_and(|at| at.elapsed() < self.slow_refresh) {
+        if last.groups == reads.groups && last.read_at.is_some_and(|at| at.elapsed() < self.slow_refresh) {
             return last;
         }
+        let power = reads.groups.contains(GpuGroup::Power);
+        let pcie = reads.groups.contains(GpuGroup::Pcie);
         let fresh = SlowValues {
             read_at: Some(Instant::now()),
-            energy_millijoules: reads.value(device.total_energy_consumption()),
+            groups: reads.groups,
+            energy_millijoules: if power { reads.value(device.total_energy_consumption()) } else { None },
             // NVML gives KB/s over its last 20 ms sample.
-            pcie_tx_bytes_per_second: reads.value(device.pcie_throughput(PcieUtilCounter::Send)).map(kib_to_bytes),
-            pcie_rx_bytes_per_second: reads.value(device.pcie_throughput(PcieUtilCounter::Receive)).map(kib_to_bytes),
-            pcie_replays: reads.value(device.pcie_replay_counter()).map(u64::from),
-            pcie_link_width: reads.value(device.current_pcie_link_width()),
+            pcie_tx_bytes_per_second: if pcie {
+                reads.value(device.pcie_throughput(PcieUtilCounter::Send)).map(kib_to_bytes)
+            } else {
+                None
+            },
+            pcie_rx_bytes_per_second: if pcie {
+                reads.value(device.pcie_throughput(PcieUtilCounter::Receive)).map(kib_to_bytes)
+            } else {
+                None
+            },
+            pcie_replays: if pcie { reads.value(device.pcie_replay_counter()).map(u64::from) } else { None },
+            pcie_link_width: if pcie { reads.value(device.current_pcie_link_width()) } else { None },
+            // MIG instances say which pod holds what: read whatever the groups.
             mig_enabled: reads.value(device.mig_mode()).is_some_and(|m| m.current == 1),
         };
         // A lost GPU is read again at the next collection, whatever it gave.
@@ -184,10 +236,12 @@ impl NvmlReader {
     }
 }
 
-/// The reads of one GPU: remembers whether NVML called it lost.
+/// The reads of one GPU (by index) for `groups`: remembers whether NVML called it lost.
 struct Reads<'r> {
     reader: &'r NvmlReader,
     lost: bool,
+    index: u32,
+    groups: GpuGroups,
 }
 
 impl Reads<'_> {
@@ -209,9 +263,19 @@ impl Reads<'_> {
         }
     }
 
+    /// A value of a group: read only while the group is on.
+    fn of<T>(&mut self, group: GpuGroup, read: impl FnOnce() -> Result<T, NvmlError>) -> Option<T> {
+        if self.groups.contains(group) {
+            self.value(read())
+        } else {
+            None
+        }
+    }
+
     fn values(&mut self, device: &Device<'_>, slow: &SlowValues) -> GpuValues {
-        let utilization = self.value(device.utilization_rates());
-        let memory = self.value(device.memory_info());
+        use GpuGroup::{Clocks, Memory, Pcie, Power, Temperature, Utilization};
+        let utilization = self.of(Utilization, || device.utilization_rates());
+        let memory = self.of(Memory, || device.memory_info());
         let ecc =
             |s: &mut Self, error: MemoryError, counter: EccCounter| s.value(device.total_ecc_errors(error, counter));
         let fields = self.fields(device);
@@ -223,19 +287,20 @@ impl Reads<'_> {
             memory_used_bytes: memory.as_ref().map(|m| m.used),
             memory_free_bytes: memory.as_ref().map(|m| m.free),
             memory_reserved_bytes: memory.as_ref().map(|m| m.reserved),
-            temperature_gpu_c: self.value(device.temperature(TemperatureSensor::Gpu)),
+            temperature_gpu_c: self.of(Temperature, || device.temperature(TemperatureSensor::Gpu)),
             temperature_memory_c: field(FI_MEMORY_TEMP),
-            power_watts: self.value(device.power_usage()).map(|mw| f64::from(mw) / 1000.0),
-            power_limit_watts: self.value(device.enforced_power_limit()).map(|mw| f64::from(mw) / 1000.0),
+            power_watts: self.of(Power, || device.power_usage()).map(|mw| f64::from(mw) / 1000.0),
+            power_limit_watts: self.of(Power, || device.enforced_power_limit()).map(|mw| f64::from(mw) / 1000.0),
             energy_millijoules: slow.energy_millijoules,
-            sm_clock_mhz: self.value(device.clock_info(Clock::SM)),
-            memory_clock_mhz: self.value(device.clock_info(Clock::Memory)),
-            graphics_clock_mhz: self.value(device.clock_info(Clock::Graphics)),
-            pcie_link_gen: self.value(device.current_pcie_link_gen()),
+            sm_clock_mhz: self.of(Clocks, || device.clock_info(Clock::SM)),
+            memory_clock_mhz: self.of(Clocks, || device.clock_info(Clock::Memory)),
+            graphics_clock_mhz: self.of(Clocks, || device.clock_info(Clock::Graphics)),
+            pcie_link_gen: self.of(Pcie, || device.current_pcie_link_gen()),
             pcie_link_width: slow.pcie_link_width,
             pcie_tx_bytes_per_second: slow.pcie_tx_bytes_per_second,
             pcie_rx_bytes_per_second: slow.pcie_rx_bytes_per_second,
             pcie_replays: slow.pcie_replays,
+            // Read whatever the groups: uncorrectable errors turn the GPU's health.
             ecc: EccCounts {
                 corrected_volatile: ecc(self, MemoryError::Corrected, EccCounter::Volatile),
                 uncorrected_volatile: ecc(self, MemoryError::Uncorrected, EccCounter::Volatile),
@@ -248,13 +313,45 @@ impl Reads<'_> {
                 pending: field(FI_REMAPPED_PENDING),
                 failure: field(FI_REMAPPED_FAILURE),
             },
-            throttle_reasons: self.value(device.current_throttle_reasons()).map(|r| r.bits()),
+            nvlink: self.nvlink(&field),
+            throttle_reasons: self.of(Clocks, || device.current_throttle_reasons()).map(|r| r.bits()),
         }
+    }
+
+    /// The NVLink counters of a GPU with links (none: `None`), its bandwidth over the time
+    /// since its previous read.
+    fn nvlink(&self, field: &dyn Fn(u32) -> Option<u64>) -> Option<NvLinkCounts> {
+        if field(FI_NVLINK_LINK_COUNT).unwrap_or(0) == 0 {
+            return None;
+        }
+        let data = field(FI_NVLINK_DATA_TX_KIB).zip(field(FI_NVLINK_DATA_RX_KIB)).map(|(tx, rx)| tx.saturating_add(rx));
+        Some(NvLinkCounts {
+            bandwidth: data.and_then(|kib| self.nvlink_bandwidth(kib)),
+            crc_flit_errors: field(FI_NVLINK_CRC_FLIT_ERRORS),
+            crc_data_errors: field(FI_NVLINK_CRC_DATA_ERRORS),
+            replay_errors: field(FI_NVLINK_REPLAY_ERRORS),
+            recovery_errors: field(FI_NVLINK_RECOVERY_ERRORS),
+        })
+    }
+
+    /// DCGM's NVLink bandwidth: the data counter's KiB/s since the previous read, divided
+    /// by 1000. `None` at the first read and when the counter went back (driver reload).
+    fn nvlink_bandwidth(&self, kib: u64) -> Option<f64> {
+        let now = Instant::now();
+        let mut last = self.reader.nvlink_data.lock().unwrap_or_else(|p| p.into_inner());
+        let previous = last.insert(self.index, (kib, now))?;
+        bandwidth(previous, (kib, now))
     }
 
     /// The values NVML gives only as fields, each `(id, value)` it answered.
     fn fields(&mut self, device: &Device<'_>) -> Vec<(u32, u64)> {
-        let ids = [FI_MEMORY_TEMP, FI_REMAPPED_COR, FI_REMAPPED_UNC, FI_REMAPPED_PENDING, FI_REMAPPED_FAILURE];
+        let mut ids = ALWAYS_FIELDS.to_vec();
+        if self.groups.contains(GpuGroup::Temperature) {
+            ids.push(FI_MEMORY_TEMP);
+        }
+        if self.groups.contains(GpuGroup::Nvlink) {
+            ids.extend(NVLINK_FIELDS);
+        }
         let ids: Vec<FieldId> = ids.into_iter().map(FieldId).collect();
         let Some(samples) = self.value(device.field_values_for(&ids)) else {
             return Vec::new();
@@ -319,6 +416,12 @@ fn sample_value(sample: FieldValueSample) -> Option<u64> {
     }
 }
 
+/// KiB/s between two reads of a growing counter, divided by 1000 as DCGM divides it.
+fn bandwidth((before, then): (u64, Instant), (after, now): (u64, Instant)) -> Option<f64> {
+    let seconds = now.checked_duration_since(then)?.as_secs_f64();
+    (after >= before && seconds > 0.0).then(|| (after - before) as f64 / seconds / 1000.0)
+}
+
 fn kib_to_bytes(kib: u32) -> u64 {
     u64::from(kib) * 1024
 }
@@ -342,6 +445,15 @@ mod tests {
         assert_eq!(bounded("NVIDIA A10G"), "NVIDIA A10G");
         assert_eq!(bounded(&"é".repeat(100)).len(), MAX_TEXT);
         assert_eq!(bounded("A\u{7}B\n"), "AB");
+    }
+
+    #[test]
+    fn nvlink_bandwidth_is_the_counters_kib_per_second_over_1000_and_none_after_a_reset() {
+        let then = Instant::now();
+        let now = then + Duration::from_secs(2);
+        assert_eq!(bandwidth((1_000, then), (9_000_000, now)), Some(4_499.5));
+        assert_eq!(bandwidth((9_000, then), (1_000, now)), None, "the counter went back");
+        assert_eq!(bandwidth((1_000, now), (2_000, now)), None, "no time passed");
     }
 
     #[test]

@@ -98,7 +98,7 @@ mod tests {
     }
 
     fn snapshot(gpus: Vec<Gpu>) -> GpuSnapshot {
-        GpuSnapshot { driver_version: "550".into(), gpus, collections: 1, stale: false, off: false }
+        GpuSnapshot { driver_version: "550".into(), gpus, collections: 1, ..GpuSnapshot::default() }
     }
 
     /// Each series as `name labels value`, labels `k=v` joined by commas.

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::{announce, logs, unix_now, SharedHealth, StateWriter, TICK};
-use crate::gpu::{nvml::NvmlReader, GpuSnapshot};
+use crate::gpu::{nvml::NvmlReader, GpuCollection, GpuSnapshot};
 
 /// What the health model reads of the GPUs.
 #[derive(Clone)]
@@ -24,9 +24,9 @@ pub struct GpuInputs {
     pub snapshots: watch::Receiver<Arc<GpuSnapshot>>,
     /// The open library, for its event set.
     pub nvml: Arc<NvmlReader>,
-    /// The collection period in force; `None`: GPUs turned off by the configuration (no
+    /// The collection in force; `None`: GPUs turned off by the configuration (no
     /// NVML call, the event set's waits included).
-    pub period: watch::Receiver<Option<std::time::Duration>>,
+    pub period: watch::Receiver<Option<GpuCollection>>,
 }
 
 impl fmt::Debug for GpuInputs {
@@ -87,7 +87,7 @@ pub(super) fn events_supported(nvml: &Nvml, gpus: u32) -> bool {
 /// Waits on NVML's event set for critical Xids of every GPU that supports them.
 pub(super) struct EventReader {
     pub nvml: Arc<NvmlReader>,
-    pub period: watch::Receiver<Option<std::time::Duration>>,
+    pub period: watch::Receiver<Option<GpuCollection>>,
     pub health: SharedHealth,
     pub writer: Arc<StateWriter>,
     pub feed: Option<logs::Feed>,
