@@ -9,8 +9,8 @@ use api::{
     cloudwatch::cost::NodeFacts,
     hardware::{
         EKS_ACCELERATOR_LABEL, NEURONCORE_RESOURCE, NEURONDEVICE_RESOURCE, NEURON_INSTANCE_FAMILIES, NEURON_RESOURCES,
-        NVIDIA_GPU_PRESENT_LABEL, NVIDIA_GPU_RESOURCE, NVIDIA_GPU_SHARED_RESOURCE, NVIDIA_INSTANCE_FAMILIES,
-        NVIDIA_MIG_RESOURCE_PREFIX,
+        NVIDIA_GPU_COUNT_LABELS, NVIDIA_GPU_PRESENT_LABEL, NVIDIA_GPU_RESOURCE, NVIDIA_GPU_SHARED_RESOURCE,
+        NVIDIA_INSTANCE_FAMILIES, NVIDIA_MIG_RESOURCE_PREFIX,
     },
 };
 use k8s_openapi::api::core::v1::Node;
@@ -128,8 +128,8 @@ fn has_instance_type<P: AsRef<str>>(node: &Node, prefixes: &[P]) -> bool {
 }
 
 /// What the CloudWatch cost estimate needs of a node: its cores and devices from the
-/// device plugin's capacity, else from its instance type; its GPUs from the NVIDIA device
-/// plugin's capacity; its type and zone.
+/// device plugin's capacity, else from its instance type; its GPUs and their shares from
+/// the NVIDIA device plugin ([`gpu_counts`]); its type and zone.
 pub fn facts(node: &Node) -> NodeFacts {
     let labels = labels(node);
     let instance_type = INSTANCE_TYPE_LABELS.iter().find_map(|l| labels.get(*l)).cloned();
@@ -138,13 +138,45 @@ pub fn facts(node: &Node) -> NodeFacts {
         let quantity = node.status.as_ref()?.capacity.as_ref()?.get(resource)?;
         quantity.0.parse::<u32>().ok().filter(|n| *n > 0)
     };
+    let (gpus, gpu_shares) = gpu_counts(node, labels);
     NodeFacts {
         cores: capacity(NEURONCORE_RESOURCE).unwrap_or(table.cores),
         devices: capacity(NEURONDEVICE_RESOURCE).unwrap_or(table.devices),
-        gpus: capacity(NVIDIA_GPU_RESOURCE).unwrap_or(0),
+        gpus,
+        gpu_shares,
         instance_type,
         availability_zone: labels.get("topology.kubernetes.io/zone").cloned(),
     }
+}
+
+/// A node's physical GPUs and the GPU allocations its device plugin hands out: every
+/// `nvidia.com/gpu`, `gpu.shared` and `mig-…` unit of its capacity (time-sliced replicas
+/// and MIG devices each one). The GPUs are the GPU Operator's `nvidia.com/gpu.count`
+/// label where it is set, else the `nvidia.com/gpu` units over its `nvidia.com/gpu.replicas`
+/// label, else the allocations (an upper bound: a cost ceiling must not undercount).
+fn gpu_counts(node: &Node, labels: &BTreeMap<String, String>) -> (u32, u32) {
+    let capacity = node.status.as_ref().and_then(|s| s.capacity.as_ref());
+    let units = |name: &str| capacity.and_then(|c| c.get(name)).and_then(|q| q.0.parse::<u32>().ok()).unwrap_or(0);
+    let shares = capacity
+        .into_iter()
+        .flatten()
+        .filter(|(name, _)| {
+            name.as_str() == NVIDIA_GPU_RESOURCE
+                || name.as_str() == NVIDIA_GPU_SHARED_RESOURCE
+                || name.starts_with(NVIDIA_MIG_RESOURCE_PREFIX)
+        })
+        .filter_map(|(_, q)| q.0.parse::<u32>().ok())
+        .fold(0u32, u32::saturating_add);
+    let label = |name: &str| labels.get(name).and_then(|v| v.parse::<u32>().ok()).filter(|n| *n > 0);
+    let (count_label, replicas_label) = NVIDIA_GPU_COUNT_LABELS;
+    let gpus = match (label(count_label), label(replicas_label)) {
+        (Some(count), _) => count,
+        (None, Some(replicas)) => {
+            (units(NVIDIA_GPU_RESOURCE).saturating_add(units(NVIDIA_GPU_SHARED_RESOURCE))) / replicas
+        }
+        (None, None) => shares,
+    };
+    (gpus, shares)
 }
 
 /// Whether the node has the condition `condition_type` with status True (for the Neuron
@@ -277,6 +309,28 @@ mod tests {
         assert!(!p.is_neuron_node(&node(&[], &[("aws.amazon.com/neuron", "1")], &[])));
         assert_eq!(NeuronNodePolicy::from_lists("", " , "), Err(PolicyError::Empty));
         assert!(NeuronNodePolicy::from_lists("", "trn2.").is_ok());
+    }
+
+    #[test]
+    fn the_cost_estimate_counts_gpus_and_their_shares_time_sliced_or_mig() {
+        let plain = node(&[], &[("nvidia.com/gpu", "4")], &[]);
+        assert_eq!((facts(&plain).gpus, facts(&plain).gpu_shares), (4, 4));
+        // Time-sliced, 4 replicas a GPU: the GPU Operator's labels say how many GPUs.
+        let sliced = node(&[("nvidia.com/gpu.replicas", "4")], &[("nvidia.com/gpu", "16")], &[]);
+        assert_eq!((facts(&sliced).gpus, facts(&sliced).gpu_shares), (4, 16));
+        let shared = node(&[("nvidia.com/gpu.count", "4")], &[("nvidia.com/gpu.shared", "16")], &[]);
+        assert_eq!((facts(&shared).gpus, facts(&shared).gpu_shares), (4, 16));
+        // MIG, mixed strategy: 7 + 7 devices of two A100s; without labels the GPUs are
+        // bounded by the devices.
+        let mig = node(
+            &[("nvidia.com/gpu.count", "2")],
+            &[("nvidia.com/mig-1g.5gb", "7"), ("nvidia.com/mig-3g.20gb", "2"), ("nvidia.com/gpu", "0")],
+            &[],
+        );
+        assert_eq!((facts(&mig).gpus, facts(&mig).gpu_shares), (2, 9));
+        let unlabelled = node(&[], &[("nvidia.com/mig-1g.5gb", "7")], &[]);
+        assert_eq!((facts(&unlabelled).gpus, facts(&unlabelled).gpu_shares), (7, 7));
+        assert_eq!(facts(&node(&[("nvidia.com/gpu.count", "many")], &[], &[])).gpus, 0);
     }
 
     #[test]
