@@ -201,7 +201,8 @@ use Cause::{Application, Bus, Driver, Firmware, Hardware, Interconnect, Memory};
 /// description, likely cause, "Resolution Bucket (Immediate Action)"); fatal: the codes
 /// fleet health checks commonly treat as critical (the uncorrectable memory errors, the
 /// GPU off the bus, micro-controller and GSP failures). Any other code is informational,
-/// its cause unknown: counted, never making a GPU unhealthy.
+/// its cause unknown: counted, never making a GPU unhealthy. 136, on some fleets' lists of
+/// critical codes, is "Reserved" in the catalogue: left out rather than given a meaning.
 pub const XID_TABLE: &[XidInfo] = &[
     xid(8, false, Driver, RestartApplication, "GPU stopped processing (channel idle timeout)"),
     xid(11, false, Application, RestartApplication, "invalid or corrupted push buffer stream"),
@@ -224,13 +225,13 @@ pub const XID_TABLE: &[XidInfo] = &[
     xid(110, true, Hardware, ResetGpu, "security fault"),
     xid(119, true, Firmware, ResetGpu, "GSP RPC timeout"),
     xid(120, true, Firmware, ResetGpu, "GSP error"),
-    xid(136, true, Hardware, ResetGpu, "hardware error classed critical"),
     xid(140, true, Memory, ResetGpu, "unrecovered ECC error"),
-    xid(143, true, Hardware, ResetGpu, "hardware error classed critical"),
+    xid(143, true, Hardware, ResetGpu, "GPU initialization failure"),
     xid(154, false, Driver, NoAction, "GPU recovery action changed (the record names it)"),
-    xid(155, true, Hardware, ContactSupport, "hardware error classed critical"),
-    xid(156, true, Hardware, ContactSupport, "hardware error classed critical"),
-    xid(158, true, Hardware, ContactSupport, "hardware error classed critical"),
+    xid(155, true, Interconnect, ResetGpu, "NVLink software-defined error"),
+    xid(156, true, Memory, ResetGpu, "resource retirement event (reset to apply)"),
+    xid(157, true, Memory, ContactSupport, "resource retirement failure"),
+    xid(158, true, Hardware, ResetGpu, "GPU fatal timeout"),
 ];
 
 /// What the agent does with `code`: the table's entry, else informational.
