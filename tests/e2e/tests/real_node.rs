@@ -8,8 +8,9 @@
 //! through the chart's admission policy). Then the node is stopped and the machine must
 //! be as it was.
 //!
-//! One test function: one node per machine (the kubelet's device-plugin socket is a
-//! fixed path), and starting a node costs about a minute.
+//! One test function per kind of node (the GPU node's in `real_node/gpu.rs`): one node
+//! per machine (the kubelet's device-plugin socket is a fixed path; the second test waits
+//! for the first's node to go), and starting a node costs about half a minute.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -38,6 +39,9 @@ use neuron_e2e::{
 };
 use neuron_node_agent::attribution::podresources::{self, Unit};
 use serde_json::json;
+
+#[path = "real_node/gpu.rs"]
+mod gpu;
 
 const RELEASE: &str = "neuron-monitor";
 const NAMESPACE: &str = "neuron-monitor";
