@@ -515,6 +515,9 @@ async fn a_device_fault_reaches_the_node_condition_an_event_and_metrics(
     })
     .await;
     assert!(unhealthy.is_some(), "device {device} never unhealthy on /metrics: {:?}", health_series(&page()));
+    // The driver's record reaches the agent too: its kernel log is the simulated one.
+    let kmsg = page().lines().any(|l| l == "neuron_agent_health_source_up{source=\"kmsg\"} 1");
+    assert!(kmsg, "the agent does not read the node's kernel log (--kmsg-path /host/sys/kmsg)");
     eprintln!("an injected fault on /metrics {:.1}s later", injected.elapsed().as_secs_f64());
 
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());

@@ -230,6 +230,9 @@ async fn an_xid_in_the_kernel_log_reaches_the_gpu_the_node_condition_and_an_even
             .collect::<Vec<_>>()
     };
     assert_eq!(state(&page()), ["healthy"], "GPU {} before the Xid", gpu.uuid);
+    // The Xid can come only through the kernel log: the fake's NVML event set has none.
+    let kmsg = page().lines().any(|l| l == "neuron_agent_health_source_up{source=\"kmsg\"} 1");
+    assert!(kmsg, "the agent does not read the node's kernel log (--kmsg-path /host/sys/kmsg)");
     let injected = Instant::now();
     let mut control =
         std::fs::OpenOptions::new().append(true).open(&node.info.health_control).expect("the control file");
