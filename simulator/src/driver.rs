@@ -180,7 +180,9 @@ impl KernelLog {
     pub fn record(&mut self, level: u8, text: &str) -> Result<()> {
         let line = format!("{level},{},{},-;{text}\n", self.seq, uptime_usec());
         self.seq += 1;
+        // Created again when rotated away, as the simulator always did.
         let mut file = fs::OpenOptions::new()
+            .create(true)
             .append(true)
             .open(&self.path)
             .with_context(|| format!("opening {}", self.path.display()))?;
@@ -619,7 +621,7 @@ mod tests {
         driver.inject(&parse_fault("xid:79:00000000:00:1B.0").unwrap()).unwrap();
         driver.inject(&parse_fault("xid:31:00000000:00:1C.0").unwrap()).unwrap();
         assert!(driver.inject(&parse_fault("hbm-ue:0").unwrap()).is_err());
-        let log = read(kmsg);
+        let log = read(kmsg.clone());
         let lines: Vec<&str> = log.lines().collect();
         assert_eq!(lines.len(), 3, "{log}");
         let (head, text) = lines[1].split_once(';').unwrap();
@@ -631,6 +633,10 @@ mod tests {
             "NVRM: Xid (PCI:0000:00:1b): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
         );
         assert!(lines[2].starts_with("3,9,") && lines[2].contains(";NVRM: Xid (PCI:0000:00:1c): 31, "), "{}", lines[2]);
+        // A log rotated away is created again at its path, numbered on.
+        fs::rename(&kmsg, dir.join("kmsg.1")).unwrap();
+        driver.inject(&parse_fault("xid:48:0000:00:1d").unwrap()).unwrap();
+        assert!(read(kmsg.clone()).starts_with("3,10,"));
         // A Neuron driver without --kmsg has nowhere to write one.
         let trn1 = crate::hardware::lookup("trn1.2xlarge").unwrap();
         let mut silent = Driver::new(trn1, None, None).unwrap();
