@@ -133,9 +133,11 @@ cannot_host() {
     for b in neuron-node-agent neuron-operator neuron-monitor-sim nvidia-ml-fake-gpus; do
         [[ -x $(workspace_bin)/$b ]] || { echo "$(workspace_bin)/$b missing: cargo build --workspace --bins first"; return; }
     done
-    [[ -f $(workspace_bin)/libnvidia_ml_fake.so ]] ||
+    local kind
+    kind=$(node_kind) || { echo "instance type $INSTANCE_TYPE: neither the simulator nor the fake NVML library knows it"; return; }
+    # A cdylib: `cargo build --workspace --bins` does not build it.
+    [[ $kind != gpu || -f $(workspace_bin)/libnvidia_ml_fake.so ]] ||
         { echo "$(workspace_bin)/libnvidia_ml_fake.so missing: cargo build -p nvidia-ml-fake first"; return; }
-    node_kind >/dev/null || { echo "instance type $INSTANCE_TYPE: neither the simulator nor the fake NVML library knows it"; return; }
     node_ip >/dev/null || echo "no IPv4 address for the node (set REALNODE_NODE_IP)"
 }
 
