@@ -142,6 +142,7 @@ async fn a_pod_holding_a_gpu_is_attributed_through_the_kubelet(
     let ids = allocated(node, "infer").await;
     assert_eq!(ids.len(), 1, "the kubelet's allocation of one GPU: {ids:?}");
     let gpu = gpus.iter().find(|g| g.uuid == ids[0]).expect("the allocated id is a GPU UUID of the fake").clone();
+    container_sees(&pod, &gpu);
     let expected = BTreeSet::from([(gpu.uuid.clone(), "infer".to_owned(), String::new())]);
     let page = || scraper.metrics(agent, "node-agent", AGENT_PORT, Some(&scraper.token)).body;
     let seen = wait_for(Duration::from_secs(60), || {
@@ -166,9 +167,10 @@ async fn two_pods_sharing_a_gpu_are_each_attributed_with_their_replica(
     let created = Instant::now();
     let mut expected = BTreeSet::new();
     for name in ["share-a", "share-b"] {
-        gpu_pod(client, node, name, "nvidia.com/gpu.shared").await;
+        let pod = gpu_pod(client, node, name, "nvidia.com/gpu.shared").await;
         let ids = allocated(node, name).await;
         let (uuid, replica) = ids.first().and_then(|id| id.split_once("::")).expect("a replica id");
+        container_sees(&pod, gpus.iter().find(|g| g.uuid == uuid).expect("a replica of a GPU of the fake"));
         expected.insert((uuid.to_owned(), name.to_owned(), replica.to_owned()));
     }
     let last = gpus.last().expect("GPUs");
@@ -306,6 +308,20 @@ async fn gpu_pod(client: &Client, node: &RealNode, name: &str, resource: &str) -
     .await;
     let last = api.get(name).await.ok().and_then(|p| p.status);
     running.unwrap_or_else(|| panic!("GPU pod {TEAM}/{name} never ran: {last:?}"))
+}
+
+/// What the device plugin's Allocate gave the pod's container, seen from the host: the
+/// GPU's UUID alone in NVIDIA_VISIBLE_DEVICES (a replica is its GPU), its device node.
+fn container_sees(pod: &Pod, gpu: &Gpu) {
+    let pid = container_processes(pod, "cuda").into_iter().next().expect("the pod's process");
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let visible = environ
+        .split(|b| *b == 0)
+        .find_map(|v| v.strip_prefix(b"NVIDIA_VISIBLE_DEVICES="))
+        .map(|v| String::from_utf8_lossy(v).into_owned());
+    assert_eq!(visible.as_deref(), Some(gpu.uuid.as_str()), "NVIDIA_VISIBLE_DEVICES of process {pid}");
+    let node = format!("/proc/{pid}/root/dev/nvidia{}", gpu.index);
+    assert!(std::path::Path::new(&node).exists(), "{node} missing in the container");
 }
 
 /// The NVIDIA device ids the kubelet's pod-resources answer gives pod TEAM/name.
