@@ -5,8 +5,11 @@
 #                                of stdout is a JSON object: kubeconfig, values (a Helm
 #                                values file pointing the chart at the local images),
 #                                images {agent, operator, pause}, node, health_control
-#                                (a line appended, like `hbm-ue:3`, injects that fault
-#                                into the simulated driver), timings
+#                                (a line appended, like `hbm-ue:3` or
+#                                `xid:79:00000000:00:1E.0`, injects that fault into the
+#                                simulated driver), kind (neuron|gpu), gpus and
+#                                nvml_config (GPU nodes: the fake NVML's GPUs as JSON,
+#                                and its configuration file), timings
 #   tests/realnode.sh down DIR   stop everything `up` started and restore the machine
 #
 # What runs: the test control plane (tests/controlplane with --node-name: ServiceAccount
@@ -30,7 +33,9 @@
 # Environment: NEURON_TOOLS_DIR (tests/tools/install.sh's tools), REALNODE_BIN_DIR (the
 # workspace's binaries, `cargo build --workspace --bins`; default
 # $CARGO_TARGET_DIR/debug, else target/debug), REALNODE_NODE_IP (default: the
-# address of the default route), REALNODE_TIMEOUT (seconds for each start-up wait, 90).
+# address of the default route), REALNODE_TIMEOUT (seconds for each start-up wait, 90),
+# REALNODE_INSTANCE_TYPE (trn1.32xlarge; a GPU type the fake NVML library knows, like
+# g5.12xlarge, makes a GPU node: no Neuron device, the fake library as the node's driver).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -40,8 +45,10 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 NODE_NAME=neuron-realnode
 # A Neuron instance type, so that the chart's agent DaemonSet (node affinity on
 # node.kubernetes.io/instance-type) and the operator take the node as a Neuron node; the
-# simulator and the test device plugin simulate its devices, cores and EFA devices.
+# simulator and the test device plugin simulate its devices, cores and EFA devices. A GPU
+# instance type makes a GPU node instead (node_kind).
 INSTANCE_TYPE=${REALNODE_INSTANCE_TYPE:-trn1.32xlarge}
+[[ $INSTANCE_TYPE =~ ^[a-z0-9.-]{1,32}$ ]] || { echo "realnode: REALNODE_INSTANCE_TYPE ${INSTANCE_TYPE@Q}: an instance type" >&2; exit 1; }
 POD_CIDR=10.244.0.0/24
 BRIDGE=nmrealnode0
 KUBELET_ROOT=/var/lib/kubelet
@@ -123,9 +130,14 @@ cannot_host() {
     local sock=$dir/containerd/containerd.sock.ttrpc
     ((${#sock} < 100)) || { echo "DIR is too long for a unix socket path ($sock)"; return; }
     local b
-    for b in neuron-node-agent neuron-operator neuron-monitor-sim; do
+    for b in neuron-node-agent neuron-operator neuron-monitor-sim nvidia-ml-fake-gpus; do
         [[ -x $(workspace_bin)/$b ]] || { echo "$(workspace_bin)/$b missing: cargo build --workspace --bins first"; return; }
     done
+    local kind
+    kind=$(node_kind) || { echo "instance type $INSTANCE_TYPE: neither the simulator nor the fake NVML library knows it"; return; }
+    # A cdylib: `cargo build --workspace --bins` does not build it.
+    [[ $kind != gpu || -f $(workspace_bin)/libnvidia_ml_fake.so ]] ||
+        { echo "$(workspace_bin)/libnvidia_ml_fake.so missing: cargo build -p nvidia-ml-fake first"; return; }
     node_ip >/dev/null || echo "no IPv4 address for the node (set REALNODE_NODE_IP)"
 }
 
@@ -149,6 +161,18 @@ cgroup_problem() {
 }
 
 workspace_bin() { echo "${REALNODE_BIN_DIR:-${CARGO_TARGET_DIR:-$repo/target}/debug}"; }
+
+# node_kind: neuron (the simulator knows the instance type) or gpu (the fake NVML library
+# does); fails for neither.
+node_kind() {
+    if "$(workspace_bin)/neuron-monitor-sim" hardware --instance-type "$INSTANCE_TYPE" >/dev/null 2>&1; then
+        echo neuron
+    elif "$(workspace_bin)/nvidia-ml-fake-gpus" <(echo "instance_type: $INSTANCE_TYPE") >/dev/null 2>&1; then
+        echo gpu
+    else
+        return 1
+    fi
+}
 
 node_ip() {
     local ip=${REALNODE_NODE_IP:-}
@@ -190,6 +214,7 @@ up() {
     [[ -z $reason ]] || die "cannot host a node: $reason"
     echo "$dir" >"$OWNER"
     mkdir -p "$dir/pids" "$dir/logs" "$dir/host"
+    kind=$(node_kind)
     trap up_failed EXIT
     local t0 t
     t0=$(now)
@@ -215,9 +240,12 @@ up() {
     node_s=$(since "$t")
     write_values
     trap - EXIT
-    printf '{"kubeconfig":"%s","values":"%s","images":{"agent":"%s","operator":"%s","pause":"%s"},"node":"%s","node_ip":"%s","server":"%s","ca":"%s","kubelet_root":"%s","bridge":"%s","logs":"%s","health_control":"%s","timings":{"controlplane_s":%s,"images_s":%s,"node_ready_s":%s,"total_s":%s}}\n' \
+    local gpus='' nvml_config=''
+    [[ $kind != gpu ]] || gpus=$dir/host/gpus.json nvml_config=$dir/nvidia/fake-nvml.yaml
+    printf '{"kubeconfig":"%s","values":"%s","images":{"agent":"%s","operator":"%s","pause":"%s"},"node":"%s","node_ip":"%s","server":"%s","ca":"%s","kubelet_root":"%s","bridge":"%s","logs":"%s","health_control":"%s","kind":"%s","gpus":"%s","nvml_config":"%s","timings":{"controlplane_s":%s,"images_s":%s,"node_ready_s":%s,"total_s":%s}}\n' \
         "$dir/cp/admin.kubeconfig" "$dir/values.yaml" "$AGENT_IMAGE" "$OPERATOR_IMAGE" "$PAUSE_IMAGE" \
         "$NODE_NAME" "$(<"$dir/host/node-ip")" "$(server)" "$dir/cp/pki/ca.crt" "$KUBELET_ROOT" "$BRIDGE" "$dir/logs" "$dir/health-control" \
+        "$kind" "$gpus" "$nvml_config" \
         "$cp_s" "$images_s" "$node_s" "$(since "$t0")"
 }
 
@@ -481,8 +509,12 @@ wait_node_ready() {
 
 # start_device_plugin: the test device plugin, for the simulated instance's hardware as
 # the simulator describes it, registered once the kubelet's socket exists; waits until
-# the Node advertises NeuronCores.
+# the Node advertises NeuronCores (GPUs on a GPU node).
 start_device_plugin() {
+    if [[ $kind == gpu ]]; then
+        start_gpu_device_plugin
+        return
+    fi
     "$(workspace_bin)/neuron-monitor-sim" hardware --instance-type "$INSTANCE_TYPE" >"$dir/host/hardware.json" ||
         fail "the simulator does not know the instance type $INSTANCE_TYPE"
     start deviceplugin neuron-sim-deviceplugin --hardware "$dir/host/hardware.json" \
@@ -490,19 +522,47 @@ start_device_plugin() {
     wait_until deviceplugin "aws.amazon.com/neuroncore on the Node" node_has_neuroncores
 }
 
+# start_gpu_device_plugin: the fake NVML library as the node's driver (DIR/nvidia, which
+# the chart mounts as gpu.libraryDir: libnvidia-ml.so.1 and its configuration), and the
+# test device plugin advertising its GPUs by UUID (one, the last, shared by two replicas).
+start_gpu_device_plugin() {
+    mkdir -p "$dir/nvidia"
+    strip --strip-debug -o "$dir/nvidia/libnvidia-ml.so.1" "$(workspace_bin)/libnvidia_ml_fake.so"
+    echo "instance_type: $INSTANCE_TYPE" >"$dir/nvidia/fake-nvml.yaml"
+    "$(workspace_bin)/nvidia-ml-fake-gpus" "$dir/nvidia/fake-nvml.yaml" >"$dir/host/gpus.json" ||
+        fail "the fake NVML library refuses the instance type $INSTANCE_TYPE"
+    start deviceplugin neuron-sim-deviceplugin --gpus "$dir/host/gpus.json" --gpu-shared-replicas 2 \
+        --socket-dir "$KUBELET_ROOT/device-plugins"
+    wait_until deviceplugin "nvidia.com/gpu on the Node" node_has_gpus
+}
+
 # start_driver: the simulator as the node's Neuron driver only (no report written): its
 # sysfs tree (devices, EFA devices) under DIR/node-sys, which the agent mounts as the
-# node's sysfs, and faults injected by appending lines to DIR/health-control.
+# node's sysfs, its kernel log in that tree (DIR/node-sys/kmsg, the agent's --kmsg-path),
+# and faults injected by appending lines to DIR/health-control. On a GPU node the tree is
+# empty (no Neuron device) and only the kernel log is kept, for Xid records.
 start_driver() {
     touch "$dir/health-control"
+    if [[ $kind == gpu ]]; then
+        mkdir -p "$dir/node-sys"
+        start driver "$(workspace_bin)/neuron-monitor-sim" --no-devices --kmsg "$dir/node-sys/kmsg" \
+            --health-control "$dir/health-control"
+        wait_until driver "a kernel log" test -f "$dir/node-sys/kmsg"
+        return
+    fi
     start driver "$(workspace_bin)/neuron-monitor-sim" --instance-type "$INSTANCE_TYPE" --hang-after 0 \
-        --sysfs-root "$dir/node-sys" --health-control "$dir/health-control"
+        --sysfs-root "$dir/node-sys" --kmsg "$dir/node-sys/kmsg" --health-control "$dir/health-control"
     wait_until driver "a driver tree" test -f "$dir/node-sys/module/neuron/version"
 }
 
 node_has_neuroncores() { [[ $(api "/api/v1/nodes/$NODE_NAME") == *'"allocatable":{'*'"aws.amazon.com/neuroncore":"'* ]]; }
+node_has_gpus() { [[ $(api "/api/v1/nodes/$NODE_NAME") == *'"allocatable":{'*'"nvidia.com/gpu":"'* ]]; }
 
 write_values() {
+    if [[ $kind == gpu ]]; then
+        write_gpu_values
+        return
+    fi
     # Only what this node needs: the local images (never pulled) and the simulator's
     # device access (no Neuron device to open).
     cat >"$dir/values.yaml" <<EOF
@@ -525,6 +585,38 @@ agent:
       value: $INSTANCE_TYPE
     - name: NEURON_SIM_DISCOVER_APPS
       value: "true"
+  # The simulated driver's kernel log, in its tree (no /dev/kmsg in this container).
+  extraArgs:
+    - --kmsg-path=/host/sys/kmsg
+EOF
+}
+
+# write_gpu_values: the chart's GPU side as a GPU node's operator would set it, the
+# driver directory being the fake library's.
+write_gpu_values() {
+    cat >"$dir/values.yaml" <<EOF
+image:
+  registry: localhost
+  pullPolicy: Never
+operator:
+  image:
+    tag: $IMAGE_TAG
+agent:
+  image:
+    tag: $IMAGE_TAG
+  deviceAccess: none
+  # An empty tree (no Neuron device) holding the simulated kernel log.
+  sysfsHostPath: $dir/node-sys
+  extraArgs:
+    - --kmsg-path=/host/sys/kmsg
+  # The fake library reads its configuration from the mounted driver directory.
+  extraEnv:
+    - name: FAKE_NVML_CONFIG
+      value: /host/nvidia-lib/fake-nvml.yaml
+gpu:
+  enabled: true
+  access: hostPath
+  libraryDir: $dir/nvidia
 EOF
 }
 

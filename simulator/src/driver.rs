@@ -3,6 +3,8 @@
 //! faults injected into both on a schedule (`--health-fault KIND[:DEVICE[:ARG]]@AFTER`)
 //! or when a line naming one is appended to a control file (`--health-control FILE`,
 //! the simulator's stand-in for a signal: it checks the file every 50 ms).
+//! On a host without Neuron devices (a GPU node, [`Driver::without_devices`]) only the
+//! kernel log is kept: `xid:<code>:<bus id>` lines write an NVIDIA driver's Xid records.
 //!
 //! Written from the facts of the reference, independently of the agent's readers:
 //! files are replaced atomically (a new file renamed over the old one), so a reader
@@ -52,6 +54,9 @@ pub enum FaultKind {
     Reset(u8),
     /// Every counter back to zero, components healthy, state ready: a driver reload.
     Reload,
+    /// An NVIDIA Xid record in the kernel log for the GPU at this PCI address (the
+    /// kernel's form, `0000:00:1e`); no Neuron device is involved.
+    Xid { code: u32, pci: String },
 }
 
 /// One fault on one device; `arg` is the core (NC/DMA), the component, the power
@@ -64,10 +69,15 @@ pub struct Fault {
 }
 
 pub const FAULT_KINDS: &str = "hbm-ue, sram-ue, nc-ue, dma, repairable-hbm, component, heartbeat-stall, power, \
-                               reset, reload";
+                               reset, reload, xid";
 
-/// Parses `KIND[:DEVICE[:ARG]]`.
+/// Parses `KIND[:DEVICE[:ARG]]`, or `xid:CODE:BUS_ID` (the bus id has colons of its own).
 pub fn parse_fault(spec: &str) -> Result<Fault> {
+    if let Some(rest) = spec.trim().strip_prefix("xid:") {
+        let (code, bus) = rest.split_once(':').with_context(|| format!("fault {spec:?}: xid:CODE:BUS_ID"))?;
+        let code = code.parse().with_context(|| format!("Xid code {code:?} of fault {spec:?}"))?;
+        return Ok(Fault { kind: FaultKind::Xid { code, pci: kernel_pci_address(bus)? }, device: 0, core: 0 });
+    }
     let mut parts = spec.trim().split(':');
     let kind = parts.next().unwrap_or_default();
     let device = match parts.next() {
@@ -123,6 +133,74 @@ pub fn parse_scheduled(spec: &str) -> Result<(Duration, Fault)> {
     Ok((after.as_duration(), parse_fault(fault)?))
 }
 
+/// A GPU's PCI bus id as NVIDIA's driver writes it in an Xid record: `0000:00:1e`, from
+/// NVML's `00000000:00:1E.0` (or the legacy `0000:00:1E.0`, or that form already).
+pub fn kernel_pci_address(bus_id: &str) -> Result<String> {
+    let bad = || anyhow::anyhow!("PCI bus id {bus_id:?}: DOMAIN:BUS:DEVICE[.FUNCTION] in hex");
+    let mut parts = bus_id.split(':');
+    let (Some(domain), Some(bus), Some(device), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+        return Err(bad());
+    };
+    let device = device.split_once('.').map_or(device, |(d, _)| d);
+    let hex = |s: &str, width: usize| {
+        (!s.is_empty() && s.len() <= width && s.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| u32::from_str_radix(s, 16).ok())
+            .flatten()
+    };
+    match (hex(domain, 8), hex(bus, 2), hex(device, 2)) {
+        (Some(d), Some(b), Some(v)) if d <= 0xffff => Ok(format!("{d:04x}:{b:02x}:{v:02x}")),
+        _ => Err(bad()),
+    }
+}
+
+/// The kernel log file (`--kmsg`): records in /dev/kmsg's format,
+/// `PRIORITY,SEQ,USEC,-;TEXT`, numbered on from the records already there.
+pub struct KernelLog {
+    path: PathBuf,
+    seq: u64,
+}
+
+impl KernelLog {
+    /// Opens (creates) the log; the next sequence number follows the file's last one.
+    pub fn open(path: PathBuf) -> Result<KernelLog> {
+        let seq = fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| t.lines().rev().find_map(|l| l.split(',').nth(1)?.parse::<u64>().ok()))
+            .map_or(1, |s| s + 1);
+        // The log exists from the start, as /dev/kmsg does.
+        fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("creating {}", path.display()))?;
+        Ok(KernelLog { path, seq })
+    }
+
+    /// Appends one record of the kernel facility at `level` (3: err, 4: warning).
+    pub fn record(&mut self, level: u8, text: &str) -> Result<()> {
+        let line = format!("{level},{},{},-;{text}\n", self.seq, uptime_usec());
+        self.seq += 1;
+        // Created again when rotated away, as the simulator always did.
+        let mut file = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .with_context(|| format!("opening {}", self.path.display()))?;
+        file.write_all(line.as_bytes()).with_context(|| format!("appending to {}", self.path.display()))
+    }
+
+    /// An NVIDIA driver's Xid record, as the driver writes it when no process is to blame.
+    pub fn xid(&mut self, code: u32, pci: &str) -> Result<()> {
+        let what = match code {
+            79 => "GPU has fallen off the bus.",
+            48 => "An uncorrectable double bit error (DBE) has been detected on GPU.",
+            13 => "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
+            _ => "Xid error injected by neuron-monitor-sim",
+        };
+        self.record(3, &format!("NVRM: Xid (PCI:{pci}): {code}, pid='<unknown>', name=<unknown>, {what}"))
+    }
+}
+
 /// Counters of one simulated device.
 #[derive(Clone, Debug, Default)]
 struct Device {
@@ -141,11 +219,11 @@ struct Device {
 
 /// The fake driver.
 pub struct Driver {
-    instance: InstanceType,
+    /// None: a host without Neuron devices (only the kernel log is kept).
+    instance: Option<InstanceType>,
     root: Option<PathBuf>,
-    kmsg: Option<PathBuf>,
+    kmsg: Option<KernelLog>,
     devices: Vec<Device>,
-    seq: u64,
 }
 
 pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
@@ -172,14 +250,6 @@ fn uptime_usec() -> u64 {
 
 impl Driver {
     pub fn new(instance: InstanceType, root: Option<PathBuf>, kmsg: Option<PathBuf>) -> Result<Driver> {
-        // The next sequence number follows the records already in the file.
-        let seq = match &kmsg {
-            Some(path) => fs::read_to_string(path)
-                .ok()
-                .and_then(|t| t.lines().rev().find_map(|l| l.split(',').nth(1)?.parse::<u64>().ok()))
-                .map_or(1, |s| s + 1),
-            None => 1,
-        };
         let cores = instance.cores_per_device as usize;
         let device = Device {
             cores: vec![[0; 3]; cores],
@@ -187,25 +257,24 @@ impl Driver {
             reset: 1,
             ..Device::default()
         };
-        // The log exists from the start, as /dev/kmsg does.
-        if let Some(path) = &kmsg {
-            fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("creating {}", path.display()))?;
-        }
-        let mut driver = Driver { instance, root, kmsg, devices: vec![device; instance.devices as usize], seq };
+        let kmsg = kmsg.map(KernelLog::open).transpose()?;
+        let mut driver =
+            Driver { instance: Some(instance), root, kmsg, devices: vec![device; instance.devices as usize] };
         driver.write_tree()?;
         Ok(driver)
     }
 
+    /// The kernel log of a host without Neuron devices (a GPU node): Xid faults only.
+    pub fn without_devices(kmsg: PathBuf) -> Result<Driver> {
+        Ok(Driver { instance: None, root: None, kmsg: Some(KernelLog::open(kmsg)?), devices: Vec::new() })
+    }
+
     fn v2(&self) -> bool {
-        self.instance.generation != Generation::Inferentia
+        self.instance.is_some_and(|i| i.generation != Generation::Inferentia)
     }
 
     fn trn2(&self) -> bool {
-        self.instance.generation == Generation::Trainium2
+        self.instance.is_some_and(|i| i.generation == Generation::Trainium2)
     }
 
     fn device_dir(root: &Path, index: usize) -> PathBuf {
@@ -214,8 +283,8 @@ impl Driver {
 
     /// Writes every file of the tree.
     fn write_tree(&mut self) -> Result<()> {
-        let Some(root) = self.root.clone() else { return Ok(()) };
-        let (arch, family, name) = match self.instance.generation {
+        let (Some(root), Some(instance)) = (self.root.clone(), self.instance) else { return Ok(()) };
+        let (arch, family, name) = match instance.generation {
             Generation::Inferentia => ("NDv2", "Inf1", "Inferentia"),
             Generation::Inferentia2 => ("NDv3", "Inf2", "Inferentia2"),
             Generation::Trainium => ("NDv3", "Trn1", "Trainium1"),
@@ -225,7 +294,7 @@ impl Driver {
         };
         for i in 0..self.devices.len() {
             let dir = Self::device_dir(&root, i);
-            write_atomic(&dir.join("core_count"), &self.instance.cores_per_device.to_string())?;
+            write_atomic(&dir.join("core_count"), &instance.cores_per_device.to_string())?;
             write_atomic(&dir.join("connected_devices"), "\n")?;
             write_atomic(&dir.join("info/architecture/arch_type"), &format!("{arch}\n"))?;
             write_atomic(&dir.join("info/architecture/instance_type"), &format!("{family}\n"))?;
@@ -293,15 +362,10 @@ impl Driver {
 
     /// Appends a kernel record (kern.err) to the log file.
     fn kernel_record(&mut self, text: &str) -> Result<()> {
-        let Some(path) = &self.kmsg else { return Ok(()) };
-        let line = format!("3,{},{},-;{text}\n", self.seq, uptime_usec());
-        self.seq += 1;
-        let mut file = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        file.write_all(line.as_bytes()).with_context(|| format!("appending to {}", path.display()))
+        match &mut self.kmsg {
+            Some(log) => log.record(3, text),
+            None => Ok(()),
+        }
     }
 
     fn hw_err(&mut self, name: &str, device: usize, core: u32) -> Result<()> {
@@ -314,9 +378,16 @@ impl Driver {
 
     /// Injects one fault.
     pub fn inject(&mut self, fault: &Fault) -> Result<()> {
+        if let FaultKind::Xid { code, pci } = &fault.kind {
+            return match &mut self.kmsg {
+                Some(log) => log.xid(*code, pci),
+                None => bail!("an Xid fault needs the kernel log (--kmsg)"),
+            };
+        }
         let i = fault.device as usize;
         if i >= self.devices.len() {
-            bail!("device {} of a fault: the {} has {} devices", fault.device, self.instance.name, self.devices.len());
+            let name = self.instance.map_or("host", |i| i.name);
+            bail!("device {} of a fault: the {name} has {} Neuron devices", fault.device, self.devices.len());
         }
         let core = (fault.core as usize).min(self.devices[i].cores.len().saturating_sub(1));
         let d = &mut self.devices[i];
@@ -352,6 +423,8 @@ impl Driver {
                 *d = Device { cores: vec![[0; 3]; cores], power: d.power.clone(), reset: 1, ..Device::default() };
                 hardware = false;
             }
+            // Written above, without a device.
+            FaultKind::Xid { .. } => hardware = false,
         }
         if hardware {
             d.hw_error_event += 1;
@@ -388,9 +461,9 @@ impl Driver {
             }
             if let Some(path) = &control {
                 for line in read_new_lines(path, &mut control_offset, &mut pending) {
-                    match parse_fault(&line) {
-                        Ok(fault) => self.inject(&fault)?,
-                        Err(e) => eprintln!("neuron-monitor-sim: control file: {e:#}"),
+                    // A line the driver cannot apply is said, not fatal: the next may be fine.
+                    if let Err(e) = parse_fault(&line).and_then(|fault| self.inject(&fault)) {
+                        eprintln!("neuron-monitor-sim: control file: {e:#}");
                     }
                 }
             }
@@ -508,8 +581,66 @@ mod tests {
         assert!(lines[2].starts_with("3,3,") && lines[2].contains("nc-id=1"));
         // A new driver continues the sequence of the file.
         let again = Driver::new(trn2, None, Some(kmsg)).unwrap();
-        assert_eq!(again.seq, 4);
+        assert_eq!(again.kmsg.map(|k| k.seq), Some(4));
         assert!(driver.inject(&parse_fault("hbm-ue:16").unwrap()).is_err());
+        let _ = fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn xid_faults_name_the_gpu_by_its_kernel_pci_address() {
+        let fault = parse_fault("xid:79:00000000:00:1E.0").unwrap();
+        assert_eq!(fault.kind, FaultKind::Xid { code: 79, pci: "0000:00:1e".to_owned() });
+        assert_eq!(
+            parse_fault(" xid:48:0000:53:00 ").unwrap().kind,
+            FaultKind::Xid { code: 48, pci: "0000:53:00".into() }
+        );
+        for bad in [
+            "xid",
+            "xid:79",
+            "xid:x:0000:00:1e",
+            "xid:79:00:1e",
+            "xid:79:0000:00:1e:0",
+            "xid:79:0000:100:1e",
+            "xid:79:123456789:00:1e",
+            "xid:79:0000:zz:1e",
+            "xid:-1:0000:00:1e",
+            "xid:79:0000::1e",
+        ] {
+            assert!(parse_fault(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    /// The records a GPU node's agent reads: the kernel facility at err (3), numbered on,
+    /// NVIDIA's `NVRM: Xid (PCI:…): CODE, …` text; other faults need a Neuron device.
+    #[test]
+    fn a_driver_without_devices_writes_xid_records_in_the_kmsg_format() {
+        let dir = temp("xid");
+        let kmsg = dir.join("kmsg");
+        fs::write(&kmsg, "3,7,100,-;an earlier record\n").unwrap();
+        let mut driver = Driver::without_devices(kmsg.clone()).unwrap();
+        driver.inject(&parse_fault("xid:79:00000000:00:1B.0").unwrap()).unwrap();
+        driver.inject(&parse_fault("xid:31:00000000:00:1C.0").unwrap()).unwrap();
+        assert!(driver.inject(&parse_fault("hbm-ue:0").unwrap()).is_err());
+        let log = read(kmsg.clone());
+        let lines: Vec<&str> = log.lines().collect();
+        assert_eq!(lines.len(), 3, "{log}");
+        let (head, text) = lines[1].split_once(';').unwrap();
+        let fields: Vec<&str> = head.split(',').collect();
+        assert_eq!((fields[0], fields[1], fields[3]), ("3", "8", "-"), "{head}");
+        assert!(fields[2].parse::<u64>().unwrap() > 0, "microseconds since boot: {head}");
+        assert_eq!(
+            text,
+            "NVRM: Xid (PCI:0000:00:1b): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+        );
+        assert!(lines[2].starts_with("3,9,") && lines[2].contains(";NVRM: Xid (PCI:0000:00:1c): 31, "), "{}", lines[2]);
+        // A log rotated away is created again at its path, numbered on.
+        fs::rename(&kmsg, dir.join("kmsg.1")).unwrap();
+        driver.inject(&parse_fault("xid:48:0000:00:1d").unwrap()).unwrap();
+        assert!(read(kmsg.clone()).starts_with("3,10,"));
+        // A Neuron driver without --kmsg has nowhere to write one.
+        let trn1 = crate::hardware::lookup("trn1.2xlarge").unwrap();
+        let mut silent = Driver::new(trn1, None, None).unwrap();
+        assert!(silent.inject(&parse_fault("xid:79:0000:00:1e").unwrap()).is_err());
         let _ = fs::remove_dir_all(dir);
     }
 

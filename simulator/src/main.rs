@@ -224,7 +224,8 @@ struct Args {
     /// `hbm-ue:0@2s`, `dma:1:3@500ms` (core 3), `component:2:link_efa@1s`,
     /// `power:0:invalid@1s`, `reset:0:2@1s` (repeatable; ';' separates several in the
     /// environment). Kinds: hbm-ue, sram-ue, nc-ue, dma, repairable-hbm, component,
-    /// heartbeat-stall, power, reset, reload.
+    /// heartbeat-stall, power, reset, reload, xid (`xid:79:00000000:00:1E.0`: an NVIDIA
+    /// Xid record for the GPU at that PCI bus id; needs --kmsg).
     #[arg(long = "health-fault", value_name = "SPEC", env = "NEURON_SIM_HEALTH_FAULTS",
           value_delimiter = ';', value_parser = parse_scheduled_fault)]
     health_faults: Vec<(Duration, driver::Fault)>,
@@ -233,6 +234,12 @@ struct Args {
     /// 50 ms: the way to trigger a fault at a chosen moment.
     #[arg(long, value_name = "FILE", env = "NEURON_SIM_HEALTH_CONTROL")]
     health_control: Option<PathBuf>,
+
+    /// A host without Neuron devices (a GPU node): keep only the kernel log (--kmsg,
+    /// required) and inject its faults (`xid:CODE:BUS_ID`, the GPU's PCI bus id), writing
+    /// no report; any instance type is accepted.
+    #[arg(long, env = "NEURON_SIM_NO_DEVICES", requires = "kmsg", conflicts_with = "sysfs_root")]
+    no_devices: bool,
 
     /// Also report the applications started as `neuron-monitor-sim app` on this host
     /// (read from /proc before each document; the host's PID namespace is needed to see
@@ -342,6 +349,11 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<ExitCode> {
+    if let (true, Some(kmsg)) = (args.no_devices, &args.kmsg) {
+        let control = args.health_control.clone().map(|c| (driver::control_start(&c), c)).map(|(at, c)| (c, at));
+        driver::Driver::without_devices(kmsg.clone())?.run(args.health_faults.clone(), control)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     // Everything is validated before the first byte is written.
     let (source, apps) = if args.replay.is_empty() {
         let plan = Plan::new(&args.config()?)?;

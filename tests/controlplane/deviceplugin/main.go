@@ -13,6 +13,16 @@
 // The hardware comes from `neuron-monitor-sim hardware` (the same table the simulated
 // reports come from), as the JSON file given with --hardware. No Neuron or EFA device
 // node exists here: each device node the container sees is --device-node (/dev/null).
+//
+// On a GPU node it stands in for NVIDIA's device plugin instead (--gpus, the JSON of
+// `nvidia-ml-fake-gpus`: the fake NVML library's GPUs, so the ids are the ones the
+// agent's NVML sees):
+//
+//	nvidia.com/gpu         ids: GPU UUIDs (NVIDIA's default `uuid` strategy)
+//	                            -> NVIDIA_VISIBLE_DEVICES, /dev/nvidia<minor>, /dev/nvidiactl
+//	nvidia.com/gpu.shared  with --gpu-shared-replicas N: the last GPU alone, time-sliced,
+//	                       as <uuid>::<replica> (NVIDIA's renamed shared resource)
+//
 // The plugin runs until SIGTERM; it registers each resource with the kubelet once.
 package main
 
@@ -45,6 +55,15 @@ type hardware struct {
 	EfaDevices     []string `json:"efa_devices"`
 }
 
+// gpus is what `nvidia-ml-fake-gpus` prints.
+type gpus struct {
+	GPUs []struct {
+		Index int    `json:"index"`
+		UUID  string `json:"uuid"`
+		Minor int    `json:"minor"`
+	} `json:"gpus"`
+}
+
 // resource is one extended resource: its ids and what a container holding some gets.
 type resource struct {
 	api.UnimplementedDevicePluginServer
@@ -57,17 +76,35 @@ type resource struct {
 }
 
 func main() {
-	hardwareFile := flag.String("hardware", "", "JSON of `neuron-monitor-sim hardware` (required)")
+	hardwareFile := flag.String("hardware", "", "JSON of `neuron-monitor-sim hardware` (this or --gpus)")
+	gpuFile := flag.String("gpus", "", "JSON of `nvidia-ml-fake-gpus` (this or --hardware)")
+	replicas := flag.Int("gpu-shared-replicas", 0, "with --gpus: the last GPU as nvidia.com/gpu.shared with this many replicas")
 	dir := flag.String("socket-dir", api.DevicePluginPath, "the kubelet's device-plugin directory")
 	deviceNode := flag.String("device-node", "/dev/null", "host device node behind every simulated device node")
 	flag.Parse()
-	hw, err := readHardware(*hardwareFile)
-	if err != nil {
-		log.Fatalf("deviceplugin: %v", err)
+	var all []*resource
+	switch {
+	case *gpuFile != "" && *hardwareFile == "":
+		g, err := readGPUs(*gpuFile)
+		if err != nil {
+			log.Fatalf("deviceplugin: %v", err)
+		}
+		if *replicas < 0 || *replicas > 16 {
+			log.Fatalf("deviceplugin: --gpu-shared-replicas %d: 0 to 16", *replicas)
+		}
+		all = gpuResources(g, *replicas, *deviceNode)
+	case *hardwareFile != "" && *gpuFile == "":
+		hw, err := readHardware(*hardwareFile)
+		if err != nil {
+			log.Fatalf("deviceplugin: %v", err)
+		}
+		all = resources(hw, *deviceNode)
+	default:
+		log.Fatalf("deviceplugin: one of --hardware and --gpus")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	for _, r := range resources(hw, *deviceNode) {
+	for _, r := range all {
 		if err := r.serve(ctx, *dir); err != nil {
 			log.Fatalf("deviceplugin: %s: %v", r.name, err)
 		}
@@ -90,6 +127,68 @@ func readHardware(path string) (hardware, error) {
 		return hw, fmt.Errorf("%s: implausible hardware %+v", path, hw)
 	}
 	return hw, nil
+}
+
+func readGPUs(path string) (gpus, error) {
+	var g gpus
+	text, err := os.ReadFile(path)
+	if err != nil {
+		return g, err
+	}
+	if err := json.Unmarshal(text, &g); err != nil {
+		return g, fmt.Errorf("%s: %v", path, err)
+	}
+	// The fake library's bound; a UUID is GPU- and 36 characters.
+	if len(g.GPUs) < 1 || len(g.GPUs) > 64 {
+		return g, fmt.Errorf("%s: %d GPUs", path, len(g.GPUs))
+	}
+	for _, gpu := range g.GPUs {
+		if !strings.HasPrefix(gpu.UUID, "GPU-") || len(gpu.UUID) != 40 || gpu.Minor < 0 || gpu.Minor > 255 {
+			return g, fmt.Errorf("%s: implausible GPU %+v", path, gpu)
+		}
+	}
+	return g, nil
+}
+
+// gpuResources: what NVIDIA's device plugin advertises (default `uuid` id strategy,
+// `envvar` list strategy), device nodes added as the Neuron ones are.
+func gpuResources(g gpus, replicas int, deviceNode string) []*resource {
+	minor := map[string]int{}
+	for _, gpu := range g.GPUs {
+		minor[gpu.UUID] = gpu.Minor
+	}
+	allocate := func(ids []string) *api.ContainerAllocateResponse {
+		out := &api.ContainerAllocateResponse{}
+		var visible []string
+		seen := map[string]bool{}
+		for _, id := range ids {
+			// A replica of a shared GPU is the GPU itself to the container.
+			uuid, _, _ := strings.Cut(id, "::")
+			if m, ok := minor[uuid]; ok && !seen[uuid] {
+				seen[uuid] = true
+				visible = append(visible, uuid)
+				out.Devices = append(out.Devices, &api.DeviceSpec{ContainerPath: fmt.Sprintf("/dev/nvidia%d", m), HostPath: deviceNode, Permissions: "rw"})
+			}
+		}
+		out.Devices = append(out.Devices, &api.DeviceSpec{ContainerPath: "/dev/nvidiactl", HostPath: deviceNode, Permissions: "rw"})
+		out.Envs = map[string]string{"NVIDIA_VISIBLE_DEVICES": strings.Join(visible, ",")}
+		return out
+	}
+	var whole, shared []string
+	for i, gpu := range g.GPUs {
+		if replicas > 0 && i == len(g.GPUs)-1 {
+			for r := 0; r < replicas; r++ {
+				shared = append(shared, fmt.Sprintf("%s::%d", gpu.UUID, r))
+			}
+			continue
+		}
+		whole = append(whole, gpu.UUID)
+	}
+	all := []*resource{{name: "nvidia.com/gpu", socket: "neuron-sim-nvidia-gpu.sock", ids: whole, allocate: allocate}}
+	if len(shared) > 0 {
+		all = append(all, &resource{name: "nvidia.com/gpu.shared", socket: "neuron-sim-nvidia-gpu-shared.sock", ids: shared, allocate: allocate})
+	}
+	return all
 }
 
 func resources(hw hardware, deviceNode string) []*resource {

@@ -57,8 +57,17 @@ pub struct NodeInfo {
     pub bridge: String,
     pub logs: PathBuf,
     /// Appending a fault (`KIND[:DEVICE[:ARG]]`, a line) injects it into the node's
-    /// simulated Neuron driver.
+    /// simulated Neuron driver (`xid:CODE:BUS_ID` on a GPU node).
     pub health_control: PathBuf,
+    /// `neuron` or `gpu` (a GPU instance type: the fake NVML library as its driver).
+    #[serde(default)]
+    pub kind: String,
+    /// GPU nodes: `nvidia-ml-fake-gpus`'s JSON of the node's GPUs (empty elsewhere).
+    #[serde(default)]
+    pub gpus: PathBuf,
+    /// GPU nodes: the fake library's configuration file, re-read when it changes.
+    #[serde(default)]
+    pub nvml_config: PathBuf,
     pub timings: Timings,
 }
 
@@ -91,17 +100,22 @@ pub struct RealNode {
 impl RealNode {
     /// Starts a node, after any other node of this machine went.
     pub fn up() -> anyhow::Result<RealNode> {
+        Self::up_as("trn1.32xlarge")
+    }
+
+    /// Starts a node of `instance_type` (a Neuron one, or a GPU one the fake NVML knows).
+    pub fn up_as(instance_type: &str) -> anyhow::Result<RealNode> {
         let lock = lock_machine()?;
         let before = HostState::read();
         let dir = std::env::temp_dir().join(format!("neuron-realnode-{}-{:08x}", std::process::id(), random_u32()));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let (ok, stdout, stderr) = realnode(UP_LIMIT, "up", &dir);
+        let (ok, stdout, stderr) = realnode(UP_LIMIT, "up", &dir, instance_type);
         let info = stdout.lines().last().and_then(|l| serde_json::from_str::<NodeInfo>(l).ok());
         match info {
             Some(info) if ok => Ok(RealNode { dir, info, before, stopped: false, _lock: lock }),
             _ => {
                 // `up` restores the machine when it fails; a timeout may have cut it short.
-                let (_, down_out, down_err) = realnode(DOWN_LIMIT, "down", &dir);
+                let (_, down_out, down_err) = realnode(DOWN_LIMIT, "down", &dir, instance_type);
                 bail!("tests/realnode.sh up failed:\n{stderr}\n(down: {down_out}{down_err})")
             }
         }
@@ -159,7 +173,7 @@ impl RealNode {
     pub fn down(&mut self) -> anyhow::Result<Duration> {
         let started = Instant::now();
         self.stopped = true;
-        let (ok, stdout, stderr) = realnode(DOWN_LIMIT, "down", &self.dir);
+        let (ok, stdout, stderr) = realnode(DOWN_LIMIT, "down", &self.dir, "");
         if !ok {
             bail!("tests/realnode.sh down failed (state kept in {}):\n{stdout}{stderr}", self.dir.display());
         }
@@ -180,7 +194,7 @@ impl Drop for RealNode {
 
 /// `timeout LIMIT tests/realnode.sh VERB DIR`: (success, stdout, stderr). The images are
 /// made of the binaries of this test's own target directory.
-fn realnode(limit: &str, verb: &str, dir: &Path) -> (bool, String, String) {
+fn realnode(limit: &str, verb: &str, dir: &Path, instance_type: &str) -> (bool, String, String) {
     let bin_dir = workspace_bin("neuron-node-agent").parent().map(Path::to_path_buf).unwrap_or_default();
     let mut command = Command::new("timeout");
     command
@@ -189,6 +203,9 @@ fn realnode(limit: &str, verb: &str, dir: &Path) -> (bool, String, String) {
         .arg(verb)
         .arg(dir)
         .env("REALNODE_BIN_DIR", bin_dir);
+    if !instance_type.is_empty() {
+        command.env("REALNODE_INSTANCE_TYPE", instance_type);
+    }
     chart::run(command)
 }
 

@@ -8,8 +8,9 @@
 //! through the chart's admission policy). Then the node is stopped and the machine must
 //! be as it was.
 //!
-//! One test function: one node per machine (the kubelet's device-plugin socket is a
-//! fixed path), and starting a node costs about a minute.
+//! One test function per kind of node (the GPU node's in `real_node/gpu.rs`): one node
+//! per machine (the kubelet's device-plugin socket is a fixed path; the second test waits
+//! for the first's node to go), and starting a node costs about half a minute.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -38,6 +39,9 @@ use neuron_e2e::{
 };
 use neuron_node_agent::attribution::podresources::{self, Unit};
 use serde_json::json;
+
+#[path = "real_node/gpu.rs"]
+mod gpu;
 
 const RELEASE: &str = "neuron-monitor";
 const NAMESPACE: &str = "neuron-monitor";
@@ -511,6 +515,9 @@ async fn a_device_fault_reaches_the_node_condition_an_event_and_metrics(
     })
     .await;
     assert!(unhealthy.is_some(), "device {device} never unhealthy on /metrics: {:?}", health_series(&page()));
+    // The driver's record reaches the agent too: its kernel log is the simulated one.
+    let kmsg = page().lines().any(|l| l == "neuron_agent_health_source_up{source=\"kmsg\"} 1");
+    assert!(kmsg, "the agent does not read the node's kernel log (--kmsg-path /host/sys/kmsg)");
     eprintln!("an injected fault on /metrics {:.1}s later", injected.elapsed().as_secs_f64());
 
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
