@@ -152,6 +152,9 @@ pub struct GpuProcess {
     pub used_memory_bytes: Option<u64>,
     /// The MIG GPU instance it runs in, if any.
     pub gpu_instance_id: Option<u32>,
+    /// Percent of the driver's latest utilization sample (at most 100); `None` where NVML
+    /// has no sample of the process since the previous collection.
+    pub sm_utilization: Option<u32>,
 }
 
 /// A MIG GPU instance of a GPU in MIG mode.

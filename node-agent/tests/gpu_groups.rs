@@ -17,7 +17,7 @@ fn nvlink_counters_and_bandwidth_and_only_the_groups_asked_for() {
     let config = dir.path().join("fake-nvml.yaml");
     let yaml = "instance_type: p5.48xlarge\n\
                 gpus:\n  - {index: 0, utilization_gpu: 30, nvlink: {tx_kib_per_second: 4000000, rx_kib_per_second: 1000000, replay_errors: 7}}\n\
-                processes:\n  - {gpu: 0, pid: 4242, used_memory_mib: 512}\n";
+                processes:\n  - {gpu: 0, pid: 4242, used_memory_mib: 512, sm_util: 65}\n";
     std::fs::write(&config, yaml).expect("fake NVML configuration");
     std::env::set_var("FAKE_NVML_CONFIG", &config);
     let library = neuron_e2e::workspace_bin("libnvidia_ml_fake.so");
@@ -34,6 +34,7 @@ fn nvlink_counters_and_bandwidth_and_only_the_groups_asked_for() {
     let bandwidth = first_gpu(&second).values.nvlink.and_then(|l| l.bandwidth).expect("a bandwidth");
     assert!((4_900.0..=5_100.0).contains(&bandwidth), "{bandwidth}");
     assert_eq!(first_gpu(&second).processes.len(), 1);
+    assert_eq!(first_gpu(&second).processes[0].sm_utilization, Some(65), "NVML's per-process sample");
 
     // NVLink alone: no utilization, no processes; ECC still read for health.
     let nvlink_only: GpuGroups = [GpuGroup::Nvlink].into_iter().collect();

@@ -697,7 +697,7 @@ mod tests {
         proc.write("200/cgroup", "0::/system.slice/sshd.service\n");
         let index = pods(&[running(1, "a", "train", "main")]);
         let mut attribution = GpuProcessAttribution::new(proc.0.clone(), index, AttributionMetrics::default());
-        let process = |pid| GpuProcess { pid, used_memory_bytes: Some(1), gpu_instance_id: None };
+        let process = |pid| GpuProcess { pid, used_memory_bytes: Some(1), ..GpuProcess::default() };
         let mut snapshot = collected();
         snapshot.gpus[0].processes = vec![process(100), process(200), process(300)];
         let found = attribution.refresh(&snapshot);

@@ -69,6 +69,8 @@ pub struct NvmlReader {
     slow_refresh: Duration,
     /// Each GPU's (by index) NVLink data counter (KiB, TX and RX) at its previous read.
     nvlink_data: Mutex<BTreeMap<u32, (u64, Instant)>>,
+    /// Each GPU's newest per-process utilization sample seen (µs), asked for newer ones.
+    process_samples_seen: Mutex<BTreeMap<u32, u64>>,
     pub metrics: GpuMetrics,
 }
 
@@ -108,6 +110,7 @@ impl NvmlReader {
             slow: Mutex::default(),
             slow_refresh: SLOW_REFRESH,
             nvlink_data: Mutex::default(),
+            process_samples_seen: Mutex::default(),
             metrics,
         })
     }
@@ -365,6 +368,7 @@ impl Reads<'_> {
             self.reader.metrics.failed("too_many");
             processes.truncate(MAX_PROCESSES_PER_GPU);
         }
+        let utilization = if processes.is_empty() { BTreeMap::new() } else { self.process_utilization(device) };
         processes
             .into_iter()
             .map(|p| GpuProcess {
@@ -374,8 +378,31 @@ impl Reads<'_> {
                     UsedGpuMemory::Unavailable => None,
                 },
                 gpu_instance_id: p.gpu_instance_id,
+                sm_utilization: utilization.get(&p.pid).copied(),
             })
             .collect()
+    }
+
+    /// The SM utilization of each process the driver sampled since the previous read, by
+    /// PID (its newest sample). None sampled is no failure (NVML says "not found").
+    fn process_utilization(&mut self, device: &Device<'_>) -> BTreeMap<u32, u32> {
+        let seen = self.reader.process_samples_seen.lock().unwrap_or_else(|p| p.into_inner()).get(&self.index).copied();
+        let Some(mut samples) = self.value(device.process_utilization_stats(seen)) else {
+            return BTreeMap::new();
+        };
+        // The driver keeps a sample buffer per GPU; more than the processes kept is noise.
+        samples.sort_unstable_by_key(|s| s.timestamp);
+        if let Some(newest) = samples.last() {
+            self.reader
+                .process_samples_seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(self.index, newest.timestamp);
+        }
+        samples.iter().rev().take(MAX_PROCESSES_PER_GPU).fold(BTreeMap::new(), |mut by_pid, s| {
+            by_pid.entry(s.pid).or_insert(s.sm_util.min(100));
+            by_pid
+        })
     }
 
     /// The MIG instances of a GPU in MIG mode.

@@ -1,4 +1,5 @@
-//! Each compute process on each GPU: `gpu_process_memory_used_bytes` with the GPU's
+//! Each compute process on each GPU: `gpu_process_memory_used_bytes` (and, where NVML
+//! samples it, `gpu_process_sm_utilization_percent`) with the GPU's
 //! `gpu` and `UUID`, the process's `pid`, its MIG GPU instance (`GPU_I_ID`) if any, and
 //! the labels of the pod it runs in (by its cgroup, [`crate::attribution::gpus`]) where
 //! it runs in one. A process in no pod goes where the operator namespace's series go.
@@ -16,6 +17,9 @@ use crate::{
 
 pub const MEMORY_USED: &str = "gpu_process_memory_used_bytes";
 const MEMORY_USED_HELP: &str = "GPU memory a compute process uses, in bytes (NVML's count of the process)";
+pub const SM_UTILIZATION: &str = "gpu_process_sm_utilization_percent";
+const SM_UTILIZATION_HELP: &str =
+    "Percent of the driver's latest sample the process's kernels ran on the GPU's SMs (NVML's per-process utilization)";
 
 /// One process `scope` sees: its pod, and the labels of its series.
 struct Seen<'a> {
@@ -62,11 +66,15 @@ pub fn encode_processes(
     encoder: &mut dyn FamilyEncoder,
 ) -> Result<(), fmt::Error> {
     let seen = seen(snapshot, pods, scope);
-    let mut family = Family::new(MEMORY_USED, MEMORY_USED_HELP, MetricType::Gauge);
+    let mut memory = Family::new(MEMORY_USED, MEMORY_USED_HELP, MetricType::Gauge);
+    let mut utilization = Family::new(SM_UTILIZATION, SM_UTILIZATION_HELP, MetricType::Gauge);
     for s in &seen {
-        family.push(Labels::held_by(instance, s.pod).fields(&s.labels), s.process.used_memory_bytes.map(|b| b as f64));
+        let labels = || Labels::held_by(instance, s.pod).fields(&s.labels);
+        memory.push(labels(), s.process.used_memory_bytes.map(|b| b as f64));
+        utilization.push(labels(), s.process.sm_utilization.map(f64::from));
     }
-    family.write(encoder)
+    memory.write(encoder)?;
+    utilization.write(encoder)
 }
 
 #[cfg(test)]
@@ -90,7 +98,7 @@ mod tests {
     }
 
     fn process(pid: u32, mib: Option<u64>, gpu_instance_id: Option<u32>) -> GpuProcess {
-        GpuProcess { pid, used_memory_bytes: mib.map(|m| m * 1024 * 1024), gpu_instance_id }
+        GpuProcess { pid, used_memory_bytes: mib.map(|m| m * 1024 * 1024), gpu_instance_id, sm_utilization: None }
     }
 
     fn pod(namespace: &str, name: &str) -> Arc<PodRef> {
@@ -140,6 +148,21 @@ mod tests {
         assert!(p10.starts_with("gpu_process_memory_used_bytes ") && p10.ends_with(" 536870912"), "{p10}");
         let p12 = &lines[1];
         assert!(p12.contains("pid=12") && p12.contains("GPU_I_ID=3") && !p12.contains("namespace="), "{p12}");
+    }
+
+    #[test]
+    fn a_sampled_process_has_its_sm_utilization_with_the_same_labels() {
+        let sampled = GpuProcess { sm_utilization: Some(70), ..process(10, Some(512), None) };
+        let s = snapshot(vec![gpu(0, vec![sampled, process(11, Some(1), None)])]);
+        let pods = GpuProcessPods::from([(10, pod("team-a", "train"))]);
+        let routing = Routing::default();
+        let lines = render(&s, &pods, Scope::Exposition(&routing));
+        let utilization: Vec<_> =
+            lines.iter().filter(|l| l.starts_with("gpu_process_sm_utilization_percent ")).collect();
+        // Process 11 has no sample: left out, not zero.
+        assert_eq!(utilization.len(), 1, "{lines:#?}");
+        assert!(utilization[0].contains("pid=10") && utilization[0].contains("pod=train"), "{utilization:?}");
+        assert!(utilization[0].ends_with(" 70"), "{utilization:?}");
     }
 
     #[test]

@@ -129,6 +129,10 @@ struct ProcessEntry {
     pid: u32,
     used_memory_mib: u64,
     gpu_instance_id: Option<u32>,
+    /// Percent of the last sample the process's kernels ran (none: no utilization sample).
+    sm_util: Option<u32>,
+    #[serde(default)]
+    mem_util: u32,
 }
 
 /// The machine a file describes, or what is wrong with it (naming the field).
@@ -348,7 +352,16 @@ fn add_process(gpus: &mut [Gpu], entry: &ProcessEntry) -> Result<(), String> {
             return Err(format!("gpu_instance_id {id} is not a MIG instance of GPU {}", entry.gpu));
         }
     }
-    gpu.processes.push(Process { pid: entry.pid, used_memory_mib, gpu_instance_id: entry.gpu_instance_id });
+    let utilization = match entry.sm_util {
+        Some(sm) => Some((percent("sm_util", sm)?, percent("mem_util", entry.mem_util)?)),
+        None => None,
+    };
+    gpu.processes.push(Process {
+        pid: entry.pid,
+        used_memory_mib,
+        gpu_instance_id: entry.gpu_instance_id,
+        utilization,
+    });
     Ok(())
 }
 

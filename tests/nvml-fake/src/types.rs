@@ -113,6 +113,18 @@ pub union Value {
     pub ull_val: c_ulonglong,
 }
 
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcessUtilizationSample {
+    pub pid: c_uint,
+    pub time_stamp: c_ulonglong,
+    pub sm_util: c_uint,
+    pub mem_util: c_uint,
+    pub enc_util: c_uint,
+    pub dec_util: c_uint,
+}
+
 /// `nvmlFieldValue_t`.
 #[repr(C)]
 #[derive(Clone, Copy)]

@@ -124,7 +124,7 @@ fn an_override_changes_only_its_gpu_and_processes_are_listed() {
 gpus:
 - {index: 3, utilization_gpu: 87, utilization_memory: 41, memory_used_mib: 30000, temperature_c: 66, power_w: 512}
 processes:
-- {gpu: 3, pid: 4242, used_memory_mib: 20000}
+- {gpu: 3, pid: 4242, used_memory_mib: 20000, sm_util: 70, mem_util: 20}
 - {gpu: 3, pid: 4343, used_memory_mib: 9000}
 - {gpu: 5, pid: 99, used_memory_mib: 100}
 ",
@@ -147,6 +147,12 @@ processes:
     assert_eq!(d0.memory_info().unwrap().used, 0);
     assert!(d0.running_compute_processes().unwrap().is_empty());
     assert_eq!(fake.nvml.device_by_index(5).unwrap().running_compute_processes_count().unwrap(), 1);
+    // Per-process utilization: a sample for the process given one; none elsewhere, as
+    // NVML answers (not found).
+    let samples = d3.process_utilization_stats(None).unwrap();
+    let got: Vec<_> = samples.iter().map(|s| (s.pid, s.sm_util, s.mem_util)).collect();
+    assert_eq!(got, vec![(4242, 70, 20)]);
+    assert!(matches!(d0.process_utilization_stats(None), Err(nvml_wrapper::error::NvmlError::NotFound)));
 }
 
 #[test]
@@ -426,6 +432,24 @@ fn structs_match_nvml_wrapper_sys_layouts() {
     let ids = nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_REMAPPED_FAILURE;
     assert_eq!(ids, fake::FI_DEV_REMAPPED_FAILURE);
     assert_eq!(nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_MEMORY_TEMP, fake::FI_DEV_MEMORY_TEMP);
+    assert_eq!(size_of::<fake::ProcessUtilizationSample>(), size_of::<sys::nvmlProcessUtilizationSample_t>());
+    assert_eq!(
+        offset_of!(fake::ProcessUtilizationSample, sm_util),
+        offset_of!(sys::nvmlProcessUtilizationSample_t, smUtil)
+    );
+    use nvml_wrapper::sys_exports::field_id as id;
+    let nvlink = [
+        (id::NVML_FI_DEV_NVLINK_LINK_COUNT, fake::FI_DEV_NVLINK_LINK_COUNT),
+        (id::NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, fake::FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL),
+        (id::NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, fake::FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL),
+        (id::NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, fake::FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL),
+        (id::NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, fake::FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL),
+        (id::NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, fake::FI_DEV_NVLINK_THROUGHPUT_DATA_TX),
+        (id::NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, fake::FI_DEV_NVLINK_THROUGHPUT_DATA_RX),
+    ];
+    for (wrapper, ours) in nvlink {
+        assert_eq!(wrapper, ours);
+    }
 }
 
 /// Every symbol the README lists is exported by the built library.

@@ -274,6 +274,44 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     })
 }
 
+/// The per-process samples of the processes with a utilization, stamped now (so each is
+/// newer than any timestamp the caller saw before); NOT_FOUND when there is none, as
+/// NVML answers a GPU without samples. Same two-step protocol as the process list.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: DeviceHandle,
+    utilization: *mut ProcessUtilizationSample,
+    sample_count: *mut c_uint,
+    _last_seen_time_stamp: c_ulonglong,
+) -> Return {
+    // SAFETY: NVML's contract: `sample_count` is null or writable; `utilization` is null or
+    // holds `*sample_count` entries.
+    let Some(count) = (unsafe { sample_count.as_mut() }) else { return ERROR_INVALID_ARGUMENT };
+    // SAFETY: as above; the slice is only made once the count is read.
+    let out = unsafe { out_slice(utilization, *count) };
+    call(|lib| {
+        let t = physical(lib, device)?;
+        let sampled: Vec<_> = t.gpu().processes.iter().filter_map(|p| Some((p.pid, p.utilization?))).collect();
+        let capacity = *count as usize;
+        *count = sampled.len() as c_uint;
+        if sampled.is_empty() {
+            return Err(ERROR_NOT_FOUND);
+        }
+        if capacity < sampled.len() {
+            return Err(ERROR_INSUFFICIENT_SIZE);
+        }
+        let out = out.ok_or(ERROR_INVALID_ARGUMENT)?;
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        for (slot, (pid, (sm, mem))) in out.iter_mut().zip(sampled) {
+            *slot =
+                ProcessUtilizationSample { pid, time_stamp: now_us, sm_util: sm, mem_util: mem, ..Default::default() };
+        }
+        Ok(())
+    })
+}
+
 /// Fills each entry the caller named by field id; an id the fake does not know, or a value
 /// the model lacks (memory temperature on GDDR6), gets NOT_SUPPORTED in its own entry.
 #[no_mangle]
