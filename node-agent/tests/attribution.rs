@@ -577,7 +577,7 @@ fn dra_claims_resolved_through_the_nodes_resource_slices_attribute_runtimes_and_
     assert_eq!(idle.values().filter(|ns| ns.is_empty()).count(), 32 - 3 - 3, "{idle:?}");
     assert_eq!(idle.get(&18).map(String::as_str), Some(""), "device 9 keeps its series, without the pod");
     assert_eq!(m.value("neuron_agent_dra_devices_unresolved_total", &[("reason", "unknown_device")]), Some(1.0));
-    assert_eq!(m.value("neuron_agent_dra_devices", &[]), Some(15.0));
+    assert_eq!(m.value("neuron_agent_dra_devices", &[("driver", "neuron.aws.com")]), Some(15.0));
     promtool_accepts(&m.text);
 
     // The claimed device 9 is published later: it resolves, and is told no more.
