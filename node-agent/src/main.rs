@@ -29,6 +29,7 @@ use neuron_node_agent::{
         SharedHealth,
     },
     http::{self, HttpState},
+    identity::NodeIdentity,
     kubernetes,
     monitor::{group, LaunchSpec, Supervisor},
     pipeline::Pipeline,
@@ -561,6 +562,8 @@ impl Agent {
             gpu_holders: readers.gpu.as_ref().map(|g| g.holders.clone()),
         };
         self.tasks.spawn("node health reporter", reporter.run(self.shutdown.clone()));
+        let identity = NodeIdentity { client: client.clone(), node: node.clone(), state: flow.state.clone() };
+        self.tasks.spawn("node identity", identity.run(self.shutdown.clone()));
         let tainter = Tainter { client, node, health: readers.health.clone(), settings: settings(), metrics };
         self.tasks.spawn("tainter", tainter.run(self.shutdown.clone()));
     }
