@@ -678,6 +678,7 @@ fn gpus_claimed_through_dra_carry_their_pods_and_claims_beside_the_device_plugin
     let mig_device = "gpu-1-mig-19-0-1";
     let slices = create_gpu_slice(&rt, &client, &node, &whole, &[(mig_device.to_owned(), uuids[1].clone())]);
     let pool = ("gpu.nvidia.com", node.as_str());
+    let listed = std::time::Instant::now();
     let mut train = claiming(&ns, "dra-train", "main", "whole", pool, &["gpu-0"]);
     let slices_claim = claiming(&ns, "dra-train", "main", "slices", pool, &[mig_device]);
     train.containers[0].dynamic_resources.extend(slices_claim.containers[0].dynamic_resources.clone());
@@ -707,6 +708,9 @@ fn gpus_claimed_through_dra_carry_their_pods_and_claims_beside_the_device_plugin
             && m.value("gpu_process_memory_used_bytes", &[("pid", "4301"), (CLAIM_NAME_LABEL, "whole")]).is_some();
         done.then(|| m.clone())
     });
+    // At most two pod-resources intervals (the first answer starts the slice watch, the
+    // next resolves through it), the listing and a scrape.
+    println!("GPU DRA claims listed -> labelled series: {:?}", listed.elapsed());
     let claimed = |pod: &str, claim: &str| (pod.to_owned(), ns.clone(), claim.to_owned());
     assert_eq!(held(&m, 0), vec![claimed("dra-train", "whole")]);
     assert_eq!(held(&m, 1), vec![claimed("dra-train", "slices")], "the MIG device's GPU");
