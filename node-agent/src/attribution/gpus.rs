@@ -393,14 +393,7 @@ impl GpuHolding {
         let claimed = dra::claimed_devices(response, Nvidia::NAME);
         let pods = self.pods.read().unwrap_or_else(|p| p.into_inner());
         let (mut holders, unresolved) = resolve_holders(&allocations, &snapshot, &pods);
-        let fresh = {
-            let mut dra = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
-            let ClaimedGpus { table, unresolved } = &mut *dra;
-            match table {
-                Some(table) => unresolved.fresh(resolve_claimed(&claimed, table, &snapshot, &pods, &mut holders)),
-                None => Vec::new(),
-            }
-        };
+        let fresh = self.add_claimed(&claimed, &snapshot, &pods, &mut holders);
         drop(pods);
         dra::report_unresolved(&fresh, Nvidia::NAME, &self.metrics);
         let mut now: Vec<(String, Unresolved)> = unresolved.into_iter().map(|(a, r)| (a.describe(), r)).collect();
@@ -410,6 +403,23 @@ impl GpuHolding {
         self.report(now, reported);
         *self.holders.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(holders);
         !claimed.is_empty()
+    }
+
+    /// Adds the holders of the claimed GPUs once the slices are listed; returns the claimed
+    /// devices newly found unresolvable.
+    fn add_claimed(
+        &self,
+        claimed: &[ClaimedDevice],
+        snapshot: &GpuSnapshot,
+        pods: &PodIndex,
+        holders: &mut GpuHolders,
+    ) -> Vec<Unresolvable> {
+        let mut dra = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+        let ClaimedGpus { table, unresolved } = &mut *dra;
+        match table {
+            Some(table) => unresolved.fresh(resolve_claimed(claimed, table, snapshot, pods, holders)),
+            None => Vec::new(),
+        }
     }
 
     /// Counts and logs the ids of `now` not in `reported`, then keeps `now` as reported.
