@@ -25,6 +25,21 @@ pub const NEURON_DRA_DEVICE_ID: &str = "deviceId";
 pub const NEURON_DRA_RESOURCE_TYPE: &str = "resourceType";
 pub const NEURON_DRA_DEVICE_TYPE: &str = "neuron_device";
 
+/// NVIDIA's DRA driver for GPUs (k8s-dra-driver-gpu) and the attributes of the devices
+/// it publishes that say which GPU one is: every device's `type` (`gpu` for a whole GPU,
+/// `mig` for a MIG device; others, such as passthrough devices, are no GPU NVML reads
+/// here) and `uuid` (`GPU-…`, a MIG device's `MIG-…`), a MIG device's `parentUUID`; the
+/// driver's older releases also published the integer `index` (a MIG device's parent's:
+/// `parentIndex`). Names in the driver's own domain, bare or qualified by it.
+pub const NVIDIA_DRA_DRIVER: &str = "gpu.nvidia.com";
+pub const NVIDIA_DRA_TYPE: &str = "type";
+pub const NVIDIA_DRA_TYPE_GPU: &str = "gpu";
+pub const NVIDIA_DRA_TYPE_MIG: &str = "mig";
+pub const NVIDIA_DRA_UUID: &str = "uuid";
+pub const NVIDIA_DRA_PARENT_UUID: &str = "parentUUID";
+pub const NVIDIA_DRA_INDEX: &str = "index";
+pub const NVIDIA_DRA_PARENT_INDEX: &str = "parentIndex";
+
 /// The NVIDIA device plugin's extended resources: whole GPUs (and MIG instances under
 /// the `single` MIG strategy), GPUs shared by time-slicing or MPS when the plugin renames
 /// them, and the prefix of MIG profiles under the `mixed` strategy

@@ -130,6 +130,7 @@ fn exposition(state: &Arc<Mutex<NodeState>>, health: Option<&Arc<Mutex<HealthMod
             state: state.clone(),
             devices: None,
             gpu_hostname: None,
+            neuron: true,
         }));
     }
     Exposition::new(registry, state.clone(), Default::default(), Default::default())

@@ -108,6 +108,12 @@ impl DeviceSource {
     }
 }
 
+/// The DRA driver of a series (`neuron_agent_dra_devices`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct DriverLabel {
+    pub driver: &'static str,
+}
+
 /// The attribution's own metrics; cloning shares them.
 #[derive(Clone, Debug, Default)]
 pub struct AttributionMetrics {
@@ -126,7 +132,7 @@ pub struct AttributionMetrics {
     pub ecs_label_values_changed: Gauge,
     pub gpu_ids_unresolved: Family<ReasonLabel, Counter>,
     pub dra_unresolved: Family<ReasonLabel, Counter>,
-    pub dra_devices: Gauge,
+    pub dra_devices: Family<DriverLabel, Gauge>,
     pub slice_watch_errors: Counter,
 }
 
@@ -198,14 +204,16 @@ impl AttributionMetrics {
         );
         r.register(
             "dra_devices_unresolved",
-            "Neuron devices of the kubelet's DRA claims that name no device of this node's ResourceSlices, each \
-             counted once while the kubelet lists it, by reason (malformed, unknown_device, no_device_id); their \
-             series keep the device, without the pod",
+            "Neuron devices and GPUs of the kubelet's DRA claims that name no device of this node's \
+             ResourceSlices (or no GPU of this node), each counted once while the kubelet lists it, by reason \
+             (malformed, unknown_device, no_device_id, unknown_gpu, too_many); their series keep the device, \
+             without the pod",
             m.dra_unresolved.clone(),
         );
         r.register(
             "dra_devices",
-            "Neuron devices this node's ResourceSlices publish (watched once the kubelet lists a DRA claim)",
+            "Devices this node's ResourceSlices publish, by driver (neuron.aws.com, gpu.nvidia.com; watched once \
+             the kubelet lists a DRA claim)",
             m.dra_devices.clone(),
         );
         r.register(

@@ -315,7 +315,7 @@ impl GpuSource {
         let process_pods = self.process_pods.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let snapshot = self.snapshot.borrow().clone();
         dcgm::encode_gpus(&snapshot, &self.hostname, instance, &holders, scope, encoder)?;
-        processes::encode_processes(&snapshot, instance, &process_pods, scope, encoder)
+        processes::encode_processes(&snapshot, instance, &process_pods, &holders, scope, encoder)
     }
 
     /// Whether a first collection was published, or the collector is off (then there is

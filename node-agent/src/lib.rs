@@ -10,6 +10,8 @@
 //!   with backoff, silence detection) and the bounded framing of its output lines.
 //! - [`pipeline`]: one line → one parsed report, counted and bounded.
 //! - [`state`]: what the node looks like now, folded from the reports.
+//! - [`identity`]: the instance identity of a node from its Node object, where no report
+//!   gives it (GPUs and no Neuron device).
 //! - [`attribution`]: processes and cores → pods (cgroups, the kubelet's pod-resources
 //!   API, the pod watch).
 //! - [`efa`]: the EFA devices' counters from sysfs, with the pods holding the devices,
@@ -36,6 +38,7 @@ pub mod efa;
 pub mod gpu;
 pub mod health;
 pub mod http;
+pub mod identity;
 pub mod kubernetes;
 pub mod monitor;
 pub mod pipeline;

@@ -29,6 +29,7 @@ use neuron_node_agent::{
         SharedHealth,
     },
     http::{self, HttpState},
+    identity::NodeIdentity,
     kubernetes,
     monitor::{group, LaunchSpec, Supervisor},
     pipeline::Pipeline,
@@ -129,13 +130,15 @@ struct Readers {
 }
 
 impl Readers {
-    /// The health series, as /metrics and the OTLP sinks encode them.
-    fn health_families(&self, flow: &Flow) -> HealthCollector {
+    /// The health series, as /metrics and the OTLP sinks encode them; the Neuron devices'
+    /// only where the node may have some (`neuron`).
+    fn health_families(&self, flow: &Flow, neuron: bool) -> HealthCollector {
         HealthCollector {
             health: self.health.clone(),
             state: flow.state.clone(),
             devices: self.devices.clone(),
             gpu_hostname: self.gpu.as_ref().map(|g| g.hostname.clone()),
+            neuron,
         }
     }
 }
@@ -390,7 +393,8 @@ impl Agent {
         self.tasks.spawn("EFA follower", follow_efa);
         let gpu = nvml.and_then(|reader| self.gpus(flow, activator, reader, gpu_tx, gpu_snapshots));
         let readers = Readers { health, devices, processes, efa, gpu };
-        self.registry.register_collector(Box::new(readers.health_families(flow)));
+        let neuron = !self.gpu_only(&readers);
+        self.registry.register_collector(Box::new(readers.health_families(flow, neuron)));
         (readers, log_sink)
     }
 
@@ -469,7 +473,7 @@ impl Agent {
                 processes: readers.processes.clone(),
                 efa: readers.efa.clone(),
                 gpu: readers.gpu.clone(),
-                health: Some(Arc::new(readers.health_families(flow))),
+                health: Some(Arc::new(readers.health_families(flow, !self.gpu_only(readers)))),
             },
             routing,
             reports: node_data_changes(&mut self.tasks, flow, readers, shutdown),
@@ -558,6 +562,8 @@ impl Agent {
             gpu_holders: readers.gpu.as_ref().map(|g| g.holders.clone()),
         };
         self.tasks.spawn("node health reporter", reporter.run(self.shutdown.clone()));
+        let identity = NodeIdentity { client: client.clone(), node: node.clone(), state: flow.state.clone() };
+        self.tasks.spawn("node identity", identity.run(self.shutdown.clone()));
         let tainter = Tainter { client, node, health: readers.health.clone(), settings: settings(), metrics };
         self.tasks.spawn("tainter", tainter.run(self.shutdown.clone()));
     }

@@ -58,6 +58,20 @@ impl InstanceLabels {
             ami_id: text(&info.ami_id),
         }
     }
+
+    /// These labels, each empty one taken from `fallback`.
+    fn or(&self, fallback: &InstanceLabels) -> InstanceLabels {
+        let pick = |own: &String, other: &String| if own.is_empty() { other.clone() } else { own.clone() };
+        InstanceLabels {
+            instance_name: pick(&self.instance_name, &fallback.instance_name),
+            instance_id: pick(&self.instance_id, &fallback.instance_id),
+            instance_type: pick(&self.instance_type, &fallback.instance_type),
+            availability_zone: pick(&self.availability_zone, &fallback.availability_zone),
+            region: pick(&self.region, &fallback.region),
+            subnet_id: pick(&self.subnet_id, &fallback.subnet_id),
+            ami_id: pick(&self.ami_id, &fallback.ami_id),
+        }
+    }
 }
 
 /// The Kubernetes workload a runtime or a core belongs to (set by attribution, shared
@@ -363,7 +377,11 @@ pub struct SystemState {
 /// Everything the agent knows about the node, as of the latest report.
 #[derive(Debug)]
 pub struct NodeState {
+    /// The latest report's identity, each field it leaves empty taken from the Node's.
     pub instance: Arc<InstanceLabels>,
+    /// The latest report's identity, and the Node object's ([`crate::identity`]).
+    report_instance: InstanceLabels,
+    node_instance: InstanceLabels,
     pub hardware: Option<HardwareSummary>,
     /// Sorted by runtime tag.
     pub runtimes: Vec<RuntimeState>,
@@ -384,6 +402,8 @@ impl Default for NodeState {
     fn default() -> Self {
         NodeState {
             instance: Arc::new(InstanceLabels::default()),
+            report_instance: InstanceLabels::default(),
+            node_instance: InstanceLabels::default(),
             hardware: None,
             runtimes: Vec::new(),
             idle_cores: Vec::new(),
@@ -431,12 +451,24 @@ impl NodeState {
         };
         self.note("instance_info", "", info);
         if let Group::Ok(info) = info {
-            let labels = InstanceLabels::from_report(info, &mut self.refusals.label_values);
-            if *self.instance != labels {
-                self.instance = Arc::new(labels);
-                for rt in &mut self.runtimes {
-                    Arc::make_mut(&mut rt.labels).instance = self.instance.clone();
-                }
+            self.report_instance = InstanceLabels::from_report(info, &mut self.refusals.label_values);
+            self.merge_instance();
+        }
+    }
+
+    /// The identity the Node object gives: the instance labels where no report gives them
+    /// (a node with GPUs and no Neuron device has no report).
+    pub fn set_node_instance(&mut self, labels: InstanceLabels) {
+        self.node_instance = labels;
+        self.merge_instance();
+    }
+
+    fn merge_instance(&mut self) {
+        let labels = self.report_instance.or(&self.node_instance);
+        if *self.instance != labels {
+            self.instance = Arc::new(labels);
+            for rt in &mut self.runtimes {
+                Arc::make_mut(&mut rt.labels).instance = self.instance.clone();
             }
         }
     }

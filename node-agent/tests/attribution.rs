@@ -577,7 +577,7 @@ fn dra_claims_resolved_through_the_nodes_resource_slices_attribute_runtimes_and_
     assert_eq!(idle.values().filter(|ns| ns.is_empty()).count(), 32 - 3 - 3, "{idle:?}");
     assert_eq!(idle.get(&18).map(String::as_str), Some(""), "device 9 keeps its series, without the pod");
     assert_eq!(m.value("neuron_agent_dra_devices_unresolved_total", &[("reason", "unknown_device")]), Some(1.0));
-    assert_eq!(m.value("neuron_agent_dra_devices", &[]), Some(15.0));
+    assert_eq!(m.value("neuron_agent_dra_devices", &[("driver", "neuron.aws.com")]), Some(15.0));
     promtool_accepts(&m.text);
 
     // The claimed device 9 is published later: it resolves, and is told no more.
@@ -590,4 +590,146 @@ fn dra_claims_resolved_through_the_nodes_resource_slices_attribute_runtimes_and_
     assert_eq!(idle_claim(&m, "19", "container").as_deref(), Some("main"));
     assert_eq!(m.value("neuron_agent_dra_devices_unresolved_total", &[("reason", "unknown_device")]), Some(1.0));
     rt.block_on(slices.delete(&slice.name_any(), &DeleteParams::default())).expect("delete the slice");
+}
+
+/// The ResourceSlice NVIDIA's DRA driver publishes for `node` (pool: the node), created in
+/// the real API server: each of `gpus` (name, UUID) a whole GPU, and each of `migs`
+/// (name, parent UUID) a MIG device.
+fn create_gpu_slice(
+    rt: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    node: &str,
+    gpus: &[(String, String)],
+    migs: &[(String, String)],
+) -> kube::Api<kube::api::DynamicObject> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
+    let slices: Api<DynamicObject> =
+        Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, "resourceslices"));
+    let whole = gpus.iter().map(|(name, uuid)| {
+        serde_json::json!({"name": name, "attributes": {"type": {"string": "gpu"}, "uuid": {"string": uuid},
+                           "productName": {"string": "NVIDIA A100-SXM4-40GB"}, "driverVersion": {"version": "550.54.15"}}})
+    });
+    let mig = migs.iter().map(|(name, parent)| {
+        serde_json::json!({"name": name, "attributes": {"type": {"string": "mig"}, "parentUUID": {"string": parent},
+                           "profile": {"string": "1g.5gb"}}})
+    });
+    let slice: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": format!("{node}-gpu.nvidia.com")},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "devices": whole.chain(mig).collect::<Vec<_>>()}
+    }))
+    .expect("a ResourceSlice");
+    rt.block_on(slices.create(&PostParams::default(), &slice)).expect("the API server serves resource.k8s.io/v1");
+    slices
+}
+
+/// A p4d.24xlarge (8 × A100 on the fake NVML library, GPU 1 in MIG mode) whose GPUs are
+/// claimed through NVIDIA's DRA driver, beside one the device plugin allocates: `dra-train`
+/// holds GPU 0 through claim `whole` (and runs process 4301 on it) and a MIG device of
+/// GPU 1 through claim `slices`; `share-a` and `share-b` share claim `shared` of GPU 2;
+/// `plugin` holds GPU 3 through `nvidia.com/gpu`; `odd` claims `gpu-9`, which no slice
+/// publishes. The slice is NVIDIA's, created in the real API server.
+#[test]
+fn gpus_claimed_through_dra_carry_their_pods_and_claims_beside_the_device_plugins() {
+    use neuron_node_agent::attribution::dra::{CLAIM_NAMESPACE_LABEL, CLAIM_NAME_LABEL};
+
+    let rt = runtime();
+    let cp = ControlPlane::shared();
+    let node = format!("gpu-dra-{:08x}", random_u32());
+    let ns = rt.block_on(cp.namespace("attr-gpu-dra"));
+    let client = rt.block_on(cp.client());
+    let pods = ["dra-train", "share-a", "share-b", "plugin", "odd"];
+    let mut uids = BTreeMap::new();
+    for (n, pod) in pods.into_iter().enumerate() {
+        let cid = container_id(0x7a0 + n as u32);
+        let uid = rt.block_on(running_pod(&client, &ns, pod, &node, "main", &cid));
+        uids.insert(pod, (uid, cid));
+    }
+    let proc = FakeProc::new();
+    proc.process(4301, &containerd_cgroup(&uids["dra-train"].0, &uids["dra-train"].1));
+    let dir = TempDir::new("gpu-dra");
+    let config = dir.0.join("nvml.yaml");
+    std::fs::write(
+        &config,
+        "instance_type: p4d.24xlarge\n\
+         gpus:\n\
+         - index: 1\n  mig: {enabled: true, instances: [{profile: 1g.5gb, gpu_instance_id: 7}]}\n\
+         processes:\n\
+         - {gpu: 0, pid: 4301, used_memory_mib: 1000}\n",
+    )
+    .expect("write the fake NVML configuration");
+    let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
+    let library = neuron_e2e::workspace_bin("libnvidia_ml_fake.so");
+    let mut args = node_args(&node, &proc, &kubelet.socket);
+    args.extend(["--nvml-library".to_owned(), library.to_str().expect("utf-8 path").to_owned()]);
+    let args = strs(&args);
+    let env = [("KUBECONFIG", OsStr::new(&cp.kubeconfig)), ("FAKE_NVML_CONFIG", config.as_os_str())];
+    let agent = Agent::start_with_env("/nonexistent/neuron-monitor", &[], &args, &env);
+
+    const FIELD: &str = "DCGM_FI_DEV_GPU_TEMP";
+    let uuids: Vec<String> = agent.wait_for("the GPUs collected", Duration::from_secs(30), |m| {
+        let uuid = |gpu: u32| m.find(FIELD, &[("gpu", &gpu.to_string())]).first()?.labels.get("UUID").cloned();
+        (0..8).map(uuid).collect()
+    });
+    let whole: Vec<(String, String)> = uuids.iter().enumerate().map(|(i, u)| (format!("gpu-{i}"), u.clone())).collect();
+    let mig_device = "gpu-1-mig-19-0-1";
+    let slices = create_gpu_slice(&rt, &client, &node, &whole, &[(mig_device.to_owned(), uuids[1].clone())]);
+    let pool = ("gpu.nvidia.com", node.as_str());
+    let listed = std::time::Instant::now();
+    let mut train = claiming(&ns, "dra-train", "main", "whole", pool, &["gpu-0"]);
+    let slices_claim = claiming(&ns, "dra-train", "main", "slices", pool, &[mig_device]);
+    train.containers[0].dynamic_resources.extend(slices_claim.containers[0].dynamic_resources.clone());
+    kubelet.set(vec![
+        train,
+        claiming(&ns, "share-a", "main", "shared", pool, &["gpu-2"]),
+        claiming(&ns, "share-b", "main", "shared", pool, &["gpu-2"]),
+        holding_ids(&ns, "plugin", "main", "nvidia.com/gpu", std::slice::from_ref(&uuids[3])),
+        claiming(&ns, "odd", "main", "odd", pool, &["gpu-9"]),
+    ]);
+    // (pod, claim namespace, claim name) of each series of GPU `gpu`.
+    let held = |m: &Metrics, gpu: u32| -> Vec<(String, String, String)> {
+        let mut series: Vec<_> = m
+            .find(FIELD, &[("gpu", &gpu.to_string())])
+            .into_iter()
+            .map(|s| {
+                let get = |k: &str| s.labels.get(k).cloned().unwrap_or_default();
+                (get("pod"), get(CLAIM_NAMESPACE_LABEL), get(CLAIM_NAME_LABEL))
+            })
+            .collect();
+        series.sort();
+        series
+    };
+    let m = agent.wait_for("the claimed GPUs attributed", Duration::from_secs(30), |m| {
+        let done = held(m, 0).first().is_some_and(|(pod, _, _)| pod == "dra-train")
+            && held(m, 2).len() == 2
+            && m.value("gpu_process_memory_used_bytes", &[("pid", "4301"), (CLAIM_NAME_LABEL, "whole")]).is_some();
+        done.then(|| m.clone())
+    });
+    // At most two pod-resources intervals (the first answer starts the slice watch, the
+    // next resolves through it), the listing and a scrape.
+    println!("GPU DRA claims listed -> labelled series: {:?}", listed.elapsed());
+    let claimed = |pod: &str, claim: &str| (pod.to_owned(), ns.clone(), claim.to_owned());
+    assert_eq!(held(&m, 0), vec![claimed("dra-train", "whole")]);
+    assert_eq!(held(&m, 1), vec![claimed("dra-train", "slices")], "the MIG device's GPU");
+    assert_eq!(held(&m, 2), vec![claimed("share-a", "shared"), claimed("share-b", "shared")]);
+    assert_eq!(held(&m, 3), vec![("plugin".to_owned(), String::new(), String::new())], "the device plugin's");
+    for gpu in 4..8 {
+        assert_eq!(held(&m, gpu), vec![Default::default()], "GPU {gpu}: unclaimed, still reported");
+    }
+    let process = m.find("gpu_process_memory_used_bytes", &[("pid", "4301")]);
+    assert_eq!(process.len(), 1, "{process:?}");
+    assert_eq!(process[0].labels.get("pod").map(String::as_str), Some("dra-train"));
+    assert_eq!(process[0].labels.get(CLAIM_NAMESPACE_LABEL), Some(&ns));
+    assert_eq!(m.value("neuron_agent_dra_devices", &[("driver", "gpu.nvidia.com")]), Some(9.0));
+    // The claimed device no slice publishes is counted once, however many answers list it.
+    let polls = kubelet.calls.load(std::sync::atomic::Ordering::Relaxed);
+    let m = agent.wait_for("more kubelet answers", Duration::from_secs(10), |m| {
+        (kubelet.calls.load(std::sync::atomic::Ordering::Relaxed) >= polls + 3).then(|| m.clone())
+    });
+    assert_eq!(m.value("neuron_agent_dra_devices_unresolved_total", &[("reason", "unknown_device")]), Some(1.0));
+    assert_eq!(m.sum("neuron_agent_gpu_device_ids_unresolved_total", &[]), 0.0, "not the device plugin's counter");
+    rt.block_on(slices.delete(&format!("{node}-gpu.nvidia.com"), &DeleteParams::default())).expect("delete the slice");
 }

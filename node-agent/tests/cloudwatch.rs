@@ -1395,3 +1395,90 @@ fn container_insights_gpu_names_sets_and_units_on_a_node_with_both() {
         assert!(samples >= 1.0 && samples <= collections, "{samples} samples of {collections} collections");
     }
 }
+
+/// A GPU-only node (no Neuron device, no report) whose Node object in the real API server
+/// names its instance (`spec.providerID`, the instance-type, region and zone labels): the
+/// GPU series on `/metrics` carry the instance labels, and Container Insights gets every
+/// node set of the GPU families, those naming InstanceId and InstanceType included.
+#[test]
+fn a_gpu_only_node_takes_its_instance_from_its_node_object() {
+    use api::crd::CloudWatchNaming;
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{DeleteParams, PostParams};
+    const INSTANCE: &str = "i-0123456789abcdef0";
+    let lib = fake_nvml();
+    let dir = support::TempDir::new("gpu-identity");
+    std::fs::create_dir_all(dir.0.join("sysfs")).expect("an empty sysfs: no Neuron device");
+    let cp = neuron_e2e::ControlPlane::shared();
+    let rt = runtime();
+    let node = format!("gpu-only-{:08x}", neuron_e2e::random_u32());
+    let nodes: kube::Api<Node> = kube::Api::all(rt.block_on(cp.client()));
+    let object: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": node, "labels": {
+            "node.kubernetes.io/instance-type": "g5.12xlarge",
+            "topology.kubernetes.io/region": "us-west-2", "topology.kubernetes.io/zone": "us-west-2b"}},
+        "spec": {"providerID": format!("aws:///us-west-2b/{INSTANCE}")}
+    }))
+    .expect("a Node");
+    rt.block_on(nodes.create(&PostParams::default(), &object)).expect("create the Node");
+    let cw = CloudWatch::start();
+    let spec = CloudWatchSinkSpec {
+        namespace: cw.namespace("GpuIdentity"),
+        naming: Some(CloudWatchNaming::ContainerInsights),
+        flush_interval: Some("1s".to_owned()),
+        ..Default::default()
+    };
+    let config = node_config(vec![route("ops/ci", None, None, spec)]);
+    let lib = lib.to_str().expect("utf-8 path");
+    let args = ["--nvml-library", lib, "--cluster-name", "prod", "--node-name", &node, "--period", "1s"];
+    let yaml = fake_nvml_config(&dir);
+    let sysfs = dir.0.join("sysfs");
+    let env = [
+        ("FAKE_NVML_CONFIG", yaml.as_os_str()),
+        ("NEURON_AGENT_SYSFS_ROOT", sysfs.as_os_str()),
+        ("KUBECONFIG", cp.kubeconfig.as_os_str()),
+        ("AWS_REGION", std::ffi::OsStr::new("us-west-2")),
+    ];
+    let agent = support::cloudwatch::start_agent_with_env(&[], &config, cw.addr(), &args, &env);
+    let m = agent.wait_for("the instance labels on the GPU series", Duration::from_secs(60), |m| {
+        m.find("DCGM_FI_DEV_GPU_UTIL", &[("gpu", "0"), ("instance_id", INSTANCE)]).first().map(|_| m.clone())
+    });
+    let util = &m.find("DCGM_FI_DEV_GPU_UTIL", &[("gpu", "0")])[0].labels;
+    let labels = ["instance_type", "availability_zone", "region"].map(|k| util.get(k).cloned().unwrap_or_default());
+    assert_eq!(labels, ["g5.12xlarge", "us-west-2b", "us-west-2"].map(str::to_owned));
+    assert_eq!(m.sum("neuron_agent_reports_total", &[]), 0.0, "no report on a GPU-only node");
+    // A collection sampled after the identity was read, and a flush after it.
+    let collections = m.sum("neuron_agent_gpu_collections_total", &[]);
+    let m = agent.wait_for("two more GPU collections", Duration::from_secs(30), |m| {
+        (m.sum("neuron_agent_gpu_collections_total", &[]) >= collections + 2.0).then(|| m.clone())
+    });
+    let sent = sink_value(&m, "neuron_agent_cloudwatch_datums_sent_total", "ops/ci", &[]);
+    agent.wait_for("a flush after them", Duration::from_secs(30), |m| {
+        (sink_value(m, "neuron_agent_cloudwatch_datums_sent_total", "ops/ci", &[]) > sent).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let metrics = list_metrics(&cw, "GpuIdentity", &[]);
+    let published: BTreeSet<(String, BTreeSet<String>)> = metrics
+        .iter()
+        .filter(|m| m.metric_name().is_some_and(|n| n.starts_with("node_gpu_")))
+        .map(|m| (m.metric_name().unwrap_or_default().to_owned(), dimension_map(m).into_keys().collect()))
+        .collect();
+    let expected: BTreeSet<(String, BTreeSet<String>)> = api::cloudwatch::catalogue::insights::GPU_METRICS
+        .iter()
+        .filter(|g| g.name.starts_with("node_"))
+        .flat_map(|g| {
+            g.dimension_sets().iter().map(|s| (g.name.to_owned(), s.iter().map(|d| d.name().to_owned()).collect()))
+        })
+        .collect();
+    assert!(expected.iter().any(|(_, set)| set.contains("InstanceId")), "the catalogue names InstanceId sets");
+    assert_eq!(published, expected, "every node set, InstanceId's and InstanceType's included");
+    let with_id: Vec<BTreeMap<String, String>> =
+        metrics.iter().map(dimension_map).filter(|d| d.contains_key("InstanceId")).collect();
+    assert!(!with_id.is_empty());
+    for d in &with_id {
+        assert_eq!(d["InstanceId"], INSTANCE, "{d:?}");
+        assert_eq!(d.get("InstanceType").map(String::as_str).unwrap_or("g5.12xlarge"), "g5.12xlarge", "{d:?}");
+    }
+    rt.block_on(nodes.delete(&node, &DeleteParams::default())).expect("delete the Node");
+}

@@ -76,6 +76,10 @@ fn an_xid_79_record_makes_its_gpu_unhealthy_on_metrics_and_hostile_records_are_r
     append(&kmsg, 3, 13, XID_79);
     let m = agent.wait_for("GPU 0 unhealthy", WAIT, |m| (state(m, "0", "unhealthy")? == 1.0).then(|| m.clone()));
     assert_eq!(state(&m, "0", "healthy"), Some(0.0));
+    // No Neuron device on this node: no Neuron health (it could only say `unknown`).
+    for family in ["neuron_device_health_state", "neuron_node_health_state", "neuron_device_health_unknown"] {
+        assert!(m.find(family, &[]).is_empty() && !m.text.contains(&format!("# TYPE {family} ")), "{family}");
+    }
     let uuid = &m.find("gpu_health_state", &[("gpu", "0"), ("state", "unhealthy")])[0].labels["UUID"];
     assert!(uuid.starts_with("GPU-"), "{uuid}");
     assert_eq!(m.value("DCGM_FI_DEV_XID_ERRORS", &[("gpu", "0")]), Some(79.0));

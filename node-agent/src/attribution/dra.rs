@@ -1,19 +1,23 @@
-//! Neuron devices allocated through Dynamic Resource Allocation (DRA).
+//! Devices allocated through Dynamic Resource Allocation (DRA): Neuron devices (AWS's
+//! driver) and NVIDIA GPUs (NVIDIA's driver, [`nvidia`]), by one machinery per [`Driver`].
 //!
 //! The kubelet's pod-resources answer names, per container, each claim's devices by
-//! driver, pool and DRA device name; the node's ResourceSlices ([`slices`]) say which
-//! Neuron device index each name stands for (the driver's `deviceId` attribute). Resolved,
-//! a claimed device is an [`Allocation`] of a whole device, as the device plugin's are,
-//! carrying its claim: both kinds of allocation feed one attribution, on one node too.
+//! driver, pool and DRA device name; the node's ResourceSlices ([`slices`]) say what each
+//! name stands for (a Neuron device's index, the driver's `deviceId` attribute; a GPU's
+//! UUID). Resolved, a claimed Neuron device is an [`Allocation`] of a whole device, as the
+//! device plugin's are, carrying its claim: both kinds of allocation feed one attribution,
+//! on one node too; a claimed GPU is a holder of it ([`super::gpus`]), likewise.
 //!
 //! A claimed device that cannot be resolved (malformed, listed by no ResourceSlice of
 //! this node, listed without an index) is left out of the allocations: its device keeps
 //! reporting, without the pod; it is counted and logged once while the kubelet lists it.
 
+pub mod nvidia;
 pub mod slices;
 
 use std::{
     collections::{BTreeSet, HashMap},
+    fmt,
     sync::Arc,
 };
 
@@ -29,14 +33,45 @@ use super::{
 };
 use crate::{state::PodRef, telemetry::ReasonLabel};
 
+/// One attribute of a published device: its name, integer value and string value (the
+/// other kinds are not read).
+pub type Attribute<'a> = (&'a str, Option<i64>, Option<&'a str>);
+
+/// A DRA driver whose claims are read: its name, and what one of its devices stands for.
+pub trait Driver {
+    const NAME: &'static str;
+    /// What a published device stands for.
+    type Device: Clone + fmt::Debug + PartialEq;
+    /// The device its attributes describe; `None`: none this agent reads.
+    fn device(attributes: &[Attribute<'_>]) -> Option<Self::Device>;
+}
+
+/// Whether the attribute `key` is `driver`'s `attribute`: bare, or qualified by the
+/// driver's domain (`neuron.aws.com/deviceId`).
+pub fn is_attribute(driver: &str, key: &str, attribute: &str) -> bool {
+    key == attribute || key.strip_prefix(driver).and_then(|k| k.strip_prefix('/')) == Some(attribute)
+}
+
+/// AWS's Neuron driver: a device stands for a Neuron device index.
+pub struct Neuron;
+
+impl Driver for Neuron {
+    const NAME: &'static str = NEURON_DRA_DRIVER;
+    type Device = u32;
+
+    fn device(attributes: &[Attribute<'_>]) -> Option<u32> {
+        device_index(attributes.iter().copied())
+    }
+}
+
 /// The labels that name a device's claim on the series of what the claim holds (idle
 /// cores); a series of something no claim holds has neither (an empty value, to
 /// Prometheus).
 pub const CLAIM_NAMESPACE_LABEL: &str = "dra_claim_namespace";
 pub const CLAIM_NAME_LABEL: &str = "dra_claim_name";
 
-/// Claimed devices kept from one answer (a node has at most 64 Neuron devices; a claim
-/// shared by many pods lists them once per container).
+/// Claimed devices of one driver kept from one answer (a node has at most 64 Neuron
+/// devices or GPUs; a claim shared by many pods lists them once per container).
 pub const MAX_CLAIMED_DEVICES: usize = 1024;
 /// Bytes of a claim's namespace or name, a pool's or a device's name (the API's bound:
 /// a DNS subdomain); longer ones are malformed.
@@ -49,7 +84,7 @@ pub struct Claim {
     pub name: String,
 }
 
-/// One Neuron device of a claim that a container holds, as the kubelet lists it.
+/// One device of a claim that a container holds, as the kubelet lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimedDevice {
     pub namespace: String,
@@ -62,7 +97,7 @@ pub struct ClaimedDevice {
     pub malformed: bool,
 }
 
-/// Why a claimed device names no Neuron device index.
+/// Why a claimed device names no device of this node; the values of the `reason` label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Unresolved {
     /// Empty or overlong names.
@@ -71,6 +106,10 @@ pub enum Unresolved {
     UnknownDevice,
     /// Listed without a usable index (none, out of range, or not a device).
     NoDeviceId,
+    /// A GPU no collection of this node has.
+    UnknownGpu,
+    /// Beyond the holders one GPU may have ([`super::gpus::MAX_HOLDERS_PER_GPU`]).
+    TooMany,
 }
 
 impl Unresolved {
@@ -79,6 +118,8 @@ impl Unresolved {
             Unresolved::Malformed => "malformed",
             Unresolved::UnknownDevice => "unknown_device",
             Unresolved::NoDeviceId => "no_device_id",
+            Unresolved::UnknownGpu => "unknown_gpu",
+            Unresolved::TooMany => "too_many",
         }
     }
 }
@@ -92,15 +133,21 @@ pub struct Unresolvable {
     pub reason: Unresolved,
 }
 
+impl Unresolvable {
+    pub fn of(c: &ClaimedDevice, reason: Unresolved) -> Self {
+        Unresolvable { claim: c.claim.clone(), pool: c.pool.clone(), device: c.device.clone(), reason }
+    }
+}
+
 /// `name` cut to [`MAX_NAME_BYTES`]; `true` where it was empty or cut.
 fn bounded(name: &str) -> (String, bool) {
     let cut = &name[..name.floor_char_boundary(MAX_NAME_BYTES)];
     (cut.to_owned(), name.is_empty() || cut.len() < name.len())
 }
 
-/// The Neuron devices the claims of a `List` answer hold (other drivers' are not read),
-/// in answer order, at most [`MAX_CLAIMED_DEVICES`].
-pub fn claimed_devices(response: &proto::ListPodResourcesResponse) -> Vec<ClaimedDevice> {
+/// The devices of `driver` the claims of a `List` answer hold (other drivers' are not
+/// read), in answer order, at most [`MAX_CLAIMED_DEVICES`].
+pub fn claimed_devices(response: &proto::ListPodResourcesResponse, driver: &str) -> Vec<ClaimedDevice> {
     let mut out = Vec::new();
     for pod in &response.pod_resources {
         for container in &pod.containers {
@@ -108,8 +155,8 @@ pub fn claimed_devices(response: &proto::ListPodResourcesResponse) -> Vec<Claime
                 let (namespace, bad_namespace) = bounded(&resource.claim_namespace);
                 let (name, bad_name) = bounded(&resource.claim_name);
                 let claim = Arc::new(Claim { namespace, name });
-                let neuron = resource.claim_resources.iter().filter(|r| r.driver_name == NEURON_DRA_DRIVER);
-                for device in neuron.take(MAX_CLAIMED_DEVICES.saturating_sub(out.len())) {
+                let ours = resource.claim_resources.iter().filter(|r| r.driver_name == driver);
+                for device in ours.take(MAX_CLAIMED_DEVICES.saturating_sub(out.len())) {
                     let (pool, bad_pool) = bounded(&device.pool_name);
                     let (device, bad_device) = bounded(&device.device_name);
                     out.push(ClaimedDevice {
@@ -128,22 +175,20 @@ pub fn claimed_devices(response: &proto::ListPodResourcesResponse) -> Vec<Claime
     out
 }
 
-/// What one ResourceSlice of the Neuron driver publishes: its pool, the pool's generation,
-/// and each device's name and index (`None`: no usable index).
+/// What one ResourceSlice of a driver publishes: its pool, the pool's generation, and
+/// each device's name and what it stands for (`None`: nothing usable).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Slice {
+pub struct Slice<D> {
     pub pool: String,
     pub generation: i64,
-    pub devices: Vec<(String, Option<u32>)>,
+    pub devices: Vec<(String, Option<D>)>,
 }
 
 /// A device's index from its attributes (name, integer value, string value): the driver's
 /// `deviceId` (bare or qualified by the driver's domain), below [`MAX_NEURON_DEVICES`], on
 /// a device whose `resourceType`, when given, is `neuron_device`.
 pub fn device_index<'a>(attributes: impl IntoIterator<Item = (&'a str, Option<i64>, Option<&'a str>)>) -> Option<u32> {
-    let ours = |key: &str, attribute: &str| {
-        key == attribute || key.strip_prefix(NEURON_DRA_DRIVER).and_then(|k| k.strip_prefix('/')) == Some(attribute)
-    };
+    let ours = |key: &str, attribute: &str| is_attribute(NEURON_DRA_DRIVER, key, attribute);
     let mut index = None;
     let mut a_device = true;
     for (key, int, string) in attributes {
@@ -156,23 +201,32 @@ pub fn device_index<'a>(attributes: impl IntoIterator<Item = (&'a str, Option<i6
     index.filter(|_| a_device)
 }
 
-/// The Neuron devices of this node's ResourceSlices by (pool, device name).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DeviceTable {
-    /// Pool → device name → index.
-    pools: HashMap<String, HashMap<String, Option<u32>>>,
+/// One driver's devices of this node's ResourceSlices by (pool, device name).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceTable<D> {
+    /// Pool → device name → what it stands for.
+    pools: HashMap<String, HashMap<String, Option<D>>>,
 }
 
-impl DeviceTable {
+impl<D> Default for DeviceTable<D> {
+    fn default() -> Self {
+        DeviceTable { pools: HashMap::new() }
+    }
+}
+
+impl<D: Clone> DeviceTable<D> {
     /// The devices of the newest generation of each pool (a driver that updates a pool
     /// publishes its new slices before it removes the old ones: those are ignored).
-    pub fn from_slices<'a>(slices: impl IntoIterator<Item = &'a Slice> + Clone) -> Self {
+    pub fn from_slices<'a>(slices: impl IntoIterator<Item = &'a Slice<D>> + Clone) -> Self
+    where
+        D: 'a,
+    {
         let mut newest: HashMap<&str, i64> = HashMap::new();
         for s in slices.clone() {
             let g = newest.entry(&s.pool).or_insert(s.generation);
             *g = (*g).max(s.generation);
         }
-        let mut pools: HashMap<String, HashMap<String, Option<u32>>> = HashMap::new();
+        let mut pools: HashMap<String, HashMap<String, Option<D>>> = HashMap::new();
         for s in slices.into_iter().filter(|s| newest.get(s.pool.as_str()) == Some(&s.generation)) {
             let devices = pools.entry(s.pool.clone()).or_default();
             devices.extend(s.devices.iter().cloned());
@@ -189,13 +243,21 @@ impl DeviceTable {
         self.len() == 0
     }
 
-    /// The index of `device` of `pool`.
-    pub fn index(&self, pool: &str, device: &str) -> Result<u32, Unresolved> {
+    /// What `device` of `pool` stands for.
+    pub fn device(&self, pool: &str, device: &str) -> Result<&D, Unresolved> {
         match self.pools.get(pool).and_then(|devices| devices.get(device)) {
             None => Err(Unresolved::UnknownDevice),
             Some(None) => Err(Unresolved::NoDeviceId),
-            Some(Some(index)) => Ok(*index),
+            Some(Some(d)) => Ok(d),
         }
+    }
+
+    /// What the claimed device `c` stands for.
+    pub fn claimed(&self, c: &ClaimedDevice) -> Result<&D, Unresolved> {
+        if c.malformed {
+            return Err(Unresolved::Malformed);
+        }
+        self.device(&c.pool, &c.device)
     }
 }
 
@@ -203,26 +265,20 @@ impl DeviceTable {
 /// that name no device of `table`. The cores of an allocation are all of its device's
 /// under the node's LNC ([`Allocation::cores`]); a claim's own LNC (its `NeuronConfig`)
 /// would ride on the allocation with its claim.
-pub fn resolve(claimed: &[ClaimedDevice], table: &DeviceTable) -> (Vec<Allocation>, Vec<Unresolvable>) {
+pub fn resolve(claimed: &[ClaimedDevice], table: &DeviceTable<u32>) -> (Vec<Allocation>, Vec<Unresolvable>) {
     let mut allocations = Vec::new();
     let mut unresolvable = Vec::new();
     for c in claimed {
-        let index = if c.malformed { Err(Unresolved::Malformed) } else { table.index(&c.pool, &c.device) };
-        match index {
+        match table.claimed(c) {
             Ok(id) => allocations.push(Allocation {
                 namespace: c.namespace.clone(),
                 pod: c.pod.clone(),
                 container: c.container.clone(),
                 unit: Unit::Device,
-                id,
+                id: *id,
                 claim: Some(c.claim.clone()),
             }),
-            Err(reason) => unresolvable.push(Unresolvable {
-                claim: c.claim.clone(),
-                pool: c.pool.clone(),
-                device: c.device.clone(),
-                reason,
-            }),
+            Err(reason) => unresolvable.push(Unresolvable::of(c, reason)),
         }
     }
     (allocations, unresolvable)
@@ -252,19 +308,19 @@ impl UnresolvedLog {
 /// counted and summed up in one line.
 const MAX_LOGGED_UNRESOLVED: usize = 16;
 
-/// Counts and logs claimed devices newly found unresolvable.
-pub fn report_unresolved(fresh: &[Unresolvable], metrics: &AttributionMetrics) {
+/// Counts and logs `driver`'s claimed devices newly found unresolvable.
+pub fn report_unresolved(fresh: &[Unresolvable], driver: &str, metrics: &AttributionMetrics) {
     for u in fresh {
         metrics.dra_unresolved.get_or_create(&ReasonLabel { reason: u.reason.as_str() }).inc();
     }
     if fresh.len() > MAX_LOGGED_UNRESOLVED {
-        warn!(count = fresh.len(), "DRA claims' Neuron devices name no device of this node's ResourceSlices");
+        warn!(count = fresh.len(), driver, "DRA claims' devices name no device of this node");
     }
     for u in fresh.iter().take(MAX_LOGGED_UNRESOLVED) {
-        warn!(claim = %format!("{}/{}", u.claim.namespace, u.claim.name), pool = %u.pool, device = %u.device,
-              reason = u.reason.as_str(),
-              "a DRA claim's Neuron device names no device of this node's ResourceSlices; its series keep the \
-               device, without the pod");
+        warn!(claim = %format!("{}/{}", u.claim.namespace, u.claim.name), driver, pool = %u.pool,
+              device = %u.device, reason = u.reason.as_str(),
+              "a DRA claim's device names no device of this node's ResourceSlices (or no GPU of this node); its \
+               series keep the device, without the pod");
     }
 }
 

@@ -14,13 +14,17 @@
 //! - any of these followed by `::<n>`: replica `n` of a GPU shared by time-slicing or
 //!   MPS: one GPU, several pods, each a holder with its replica.
 //!
+//! GPUs claimed through DRA (NVIDIA's driver, `gpu.nvidia.com`) come from the same answers:
+//! each claimed device is resolved through this node's ResourceSlices ([`super::dra`]) to
+//! the GPU it stands for, and held by its container with the claim's labels.
+//!
 //! The processes: each compute process NVML lists takes the pod of its
 //! `/proc/<pid>/cgroup`, as Neuron applications do, read once per PID.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     path::PathBuf,
-    sync::{Arc, OnceLock},
+    sync::{Arc, Mutex, OnceLock},
     time::Instant,
 };
 
@@ -31,6 +35,11 @@ use tracing::warn;
 
 use super::{
     cgroup::Placement,
+    dra::{
+        self,
+        nvidia::{GpuDevice, Nvidia},
+        ClaimedDevice, DeviceTable, Driver, Unresolvable, UnresolvedLog,
+    },
     podresources::proto::ListPodResourcesResponse,
     pods::{PodIndex, SharedPods},
     read_placement, resolve, AttributionMetrics, UNREADABLE_RETRY,
@@ -251,25 +260,86 @@ pub fn resolve_holders<'a>(
             continue;
         };
         let holder = GpuHolder { pod: pod.clone(), replica: id.replica };
-        let held = holders.entry(uuid).or_default();
-        if held.contains(&holder) {
-            continue; // a container holding two MIG instances of one GPU holds it once
-        }
-        if held.len() == MAX_HOLDERS_PER_GPU {
+        if !hold(&mut holders, uuid, holder) {
             unresolved.push((a, Unresolved::TooMany));
-            continue;
         }
-        held.push(holder);
     }
-    // In the same order whatever the kubelet's.
-    for held in holders.values_mut() {
-        held.sort_by(|a, b| order(a).cmp(&order(b)));
-    }
+    sort(&mut holders);
     (holders, unresolved)
 }
 
-fn order(h: &GpuHolder) -> (Option<u32>, &str, &str, &str) {
-    (h.replica, &h.pod.namespace, &h.pod.pod, &h.pod.container)
+/// Adds `holder` to the GPU `uuid`; `false` where the GPU has as many holders as it may.
+/// A holder already there is kept once (a container holding two MIG instances of one GPU
+/// holds it once).
+fn hold(holders: &mut GpuHolders, uuid: String, holder: GpuHolder) -> bool {
+    let held = holders.entry(uuid).or_default();
+    if held.contains(&holder) {
+        return true;
+    }
+    if held.len() == MAX_HOLDERS_PER_GPU {
+        return false;
+    }
+    held.push(holder);
+    true
+}
+
+/// In the same order whatever the kubelet's.
+fn sort(holders: &mut GpuHolders) {
+    for held in holders.values_mut() {
+        held.sort_by(|a, b| order(a).cmp(&order(b)));
+    }
+}
+
+/// Replica, namespace, pod, container, then labels (a container's claims).
+type Order<'a> = (Option<u32>, &'a str, &'a str, &'a str, &'a [(String, String)]);
+
+fn order(h: &GpuHolder) -> Order<'_> {
+    (h.replica, &h.pod.namespace, &h.pod.pod, &h.pod.container, &h.pod.labels)
+}
+
+/// Adds the holders of the GPUs claimed through DRA (`claimed`, NVIDIA's driver) to
+/// `holders`: each claimed device resolved through `table` to its GPU in `snapshot`,
+/// held by its container with the claim's labels. Returns the devices credited to none.
+pub fn resolve_claimed(
+    claimed: &[ClaimedDevice],
+    table: &DeviceTable<GpuDevice>,
+    snapshot: &GpuSnapshot,
+    pods: &PodIndex,
+    holders: &mut GpuHolders,
+) -> Vec<Unresolvable> {
+    let mut unresolvable = Vec::new();
+    for c in claimed {
+        let uuid = match table.claimed(c).map(|d| target(d.gpu(), snapshot)) {
+            Ok(Target::Gpu(uuid)) => uuid,
+            Ok(Target::Pending) => continue,
+            Ok(Target::Unresolved(_)) => {
+                unresolvable.push(Unresolvable::of(c, dra::Unresolved::UnknownGpu));
+                continue;
+            }
+            Err(reason) => {
+                unresolvable.push(Unresolvable::of(c, reason));
+                continue;
+            }
+        };
+        let Some(pod) = pods.container(&c.namespace, &c.pod, &c.container) else {
+            continue; // not listed (yet): credited with nothing, as for the device plugin's
+        };
+        let holder = GpuHolder { pod: Arc::new(dra::claim_holder(pod, &c.claim)), replica: None };
+        if !hold(holders, uuid, holder) {
+            unresolvable.push(Unresolvable::of(c, dra::Unresolved::TooMany));
+        }
+    }
+    sort(holders);
+    unresolvable
+}
+
+/// The GPUs of this node's ResourceSlices, and the claimed ones told unresolvable.
+#[derive(Debug, Default)]
+struct ClaimedGpus {
+    /// `None` until the slices are listed: until then no claimed GPU is resolved, and
+    /// none is said to be unresolvable.
+    table: Option<DeviceTable<GpuDevice>>,
+    unresolved: UnresolvedLog,
 }
 
 /// Which pods hold each GPU, refreshed after each pod-resources answer; cloning shares it.
@@ -280,12 +350,25 @@ pub struct GpuHolding {
     /// read.
     snapshot: Arc<OnceLock<watch::Receiver<Arc<GpuSnapshot>>>>,
     holders: SharedGpuHolders,
+    claimed: Arc<Mutex<ClaimedGpus>>,
     metrics: AttributionMetrics,
 }
 
 impl GpuHolding {
     pub fn new(pods: SharedPods, metrics: AttributionMetrics) -> Self {
-        GpuHolding { pods, snapshot: Arc::default(), holders: SharedGpuHolders::default(), metrics }
+        GpuHolding {
+            pods,
+            snapshot: Arc::default(),
+            holders: SharedGpuHolders::default(),
+            claimed: Arc::default(),
+            metrics,
+        }
+    }
+
+    /// The GPUs this node's ResourceSlices publish (NVIDIA's driver), read at the next
+    /// answer.
+    pub fn set_dra_devices(&self, table: DeviceTable<GpuDevice>) {
+        self.claimed.lock().unwrap_or_else(|p| p.into_inner()).table = Some(table);
     }
 
     /// Starts resolving the NVIDIA ids of the answers against the GPUs of `snapshot`;
@@ -297,23 +380,46 @@ impl GpuHolding {
         self.holders.clone()
     }
 
-    /// The holders by the kubelet's `response`. `reported`: the ids credited to no GPU
-    /// in the previous answer; one is counted and logged when it first appears.
-    pub fn refresh(&self, response: &ListPodResourcesResponse, reported: &mut BTreeSet<String>) {
+    /// The holders by the kubelet's `response`: the device plugin's and the DRA claims'.
+    /// `reported`: the device plugin's ids credited to no GPU in the previous answer; one
+    /// is counted and logged when it first appears (the claimed GPUs', likewise). Returns
+    /// whether the answer lists DRA claims of GPUs (then the slices are wanted).
+    pub fn refresh(&self, response: &ListPodResourcesResponse, reported: &mut BTreeSet<String>) -> bool {
         let Some(snapshot) = self.snapshot.get() else {
-            return;
+            return false;
         };
         let snapshot = snapshot.borrow().clone();
         let (allocations, left_off) = gpu_allocations(response);
+        let claimed = dra::claimed_devices(response, Nvidia::NAME);
         let pods = self.pods.read().unwrap_or_else(|p| p.into_inner());
-        let (holders, unresolved) = resolve_holders(&allocations, &snapshot, &pods);
+        let (mut holders, unresolved) = resolve_holders(&allocations, &snapshot, &pods);
+        let fresh = self.add_claimed(&claimed, &snapshot, &pods, &mut holders);
         drop(pods);
+        dra::report_unresolved(&fresh, Nvidia::NAME, &self.metrics);
         let mut now: Vec<(String, Unresolved)> = unresolved.into_iter().map(|(a, r)| (a.describe(), r)).collect();
         if left_off > 0 {
             now.push((format!("{left_off} ids past the first {MAX_GPU_ALLOCATIONS}"), Unresolved::TooMany));
         }
         self.report(now, reported);
         *self.holders.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(holders);
+        !claimed.is_empty()
+    }
+
+    /// Adds the holders of the claimed GPUs once the slices are listed; returns the claimed
+    /// devices newly found unresolvable.
+    fn add_claimed(
+        &self,
+        claimed: &[ClaimedDevice],
+        snapshot: &GpuSnapshot,
+        pods: &PodIndex,
+        holders: &mut GpuHolders,
+    ) -> Vec<Unresolvable> {
+        let mut dra = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+        let ClaimedGpus { table, unresolved } = &mut *dra;
+        match table {
+            Some(table) => unresolved.fresh(resolve_claimed(claimed, table, snapshot, pods, holders)),
+            None => Vec::new(),
+        }
     }
 
     /// Counts and logs the ids of `now` not in `reported`, then keeps `now` as reported.
@@ -332,6 +438,7 @@ impl GpuHolding {
 
     /// The kubelet's last answer is too old to be used: no GPU is held by its account.
     pub fn forget(&self) {
+        self.claimed.lock().unwrap_or_else(|p| p.into_inner()).unresolved.clear();
         let mut holders = self.holders.lock().unwrap_or_else(|p| p.into_inner());
         if !holders.is_empty() {
             *holders = Arc::default();
@@ -684,6 +791,172 @@ mod tests {
         assert!(reported.is_empty());
         holding_gpus.forget();
         assert!(holders.lock().unwrap().is_empty());
+    }
+
+    const POOL: &str = "gpu-node";
+    const UUID2: &str = "GPU-2a1b2c3d-0000-1111-2222-333344445555";
+
+    /// NVIDIA's slice of this node: GPU 0 and 2 whole, two MIG devices of GPU 1 (one
+    /// naming its parent, one only itself), a GPU this node does not have, and a
+    /// passthrough device.
+    fn gpu_table() -> DeviceTable<GpuDevice> {
+        let attributes: [(&str, Vec<dra::Attribute<'_>>); 6] = [
+            ("gpu-0", vec![("type", None, Some("gpu")), ("uuid", None, Some(UUID0))]),
+            ("gpu-2", vec![("type", None, Some("gpu")), ("uuid", None, Some(UUID2))]),
+            ("gpu-1-mig-a", vec![("type", None, Some("mig")), ("parentUUID", None, Some(UUID1))]),
+            ("gpu-1-mig-b", vec![("type", None, Some("mig")), ("uuid", None, Some(MIG1))]),
+            ("gpu-7", vec![("type", None, Some("gpu")), ("uuid", None, Some("GPU-7777"))]),
+            ("gpu-vfio-0", vec![("type", None, Some("vfio")), ("uuid", None, Some(UUID0))]),
+        ];
+        let devices = attributes.iter().map(|(name, a)| (name.to_string(), Nvidia::device(a))).collect();
+        DeviceTable::from_slices([&dra::Slice { pool: POOL.into(), generation: 1, devices }])
+    }
+
+    /// A container's claims: (claim, [(driver, device)]).
+    fn claiming(ns: &str, pod: &str, container: &str, claims: &[(&str, &[(&str, &str)])]) -> PodResources {
+        use crate::attribution::podresources::proto::{ClaimResource, DynamicResource};
+        let claim = |(name, devices): &(&str, &[(&str, &str)])| DynamicResource {
+            claim_name: name.to_string(),
+            claim_namespace: ns.into(),
+            claim_resources: devices
+                .iter()
+                .map(|(driver, device)| ClaimResource {
+                    driver_name: driver.to_string(),
+                    pool_name: POOL.into(),
+                    device_name: device.to_string(),
+                })
+                .collect(),
+        };
+        PodResources {
+            name: pod.into(),
+            namespace: ns.into(),
+            containers: vec![ContainerResources {
+                name: container.into(),
+                devices: Vec::new(),
+                dynamic_resources: claims.iter().map(claim).collect(),
+            }],
+        }
+    }
+
+    /// (UUID, pod, claim name) of every holder.
+    fn claim_summary(holders: &GpuHolders) -> Vec<(String, String, String)> {
+        let claim = |h: &GpuHolder| {
+            let name = h.pod.labels.iter().find(|(k, _)| k == dra::CLAIM_NAME_LABEL);
+            name.map(|(_, v)| v.clone()).unwrap_or_default()
+        };
+        let each =
+            holders.iter().flat_map(|(u, held)| held.iter().map(move |h| (u.clone(), h.pod.pod.clone(), claim(h))));
+        each.collect()
+    }
+
+    /// GPUs 0 to 3; GPU 1 in MIG mode.
+    fn four_gpus() -> GpuSnapshot {
+        let mut snapshot = collected();
+        snapshot.gpus.push(gpu(2, UUID2, &[]));
+        snapshot.gpus.push(gpu(3, "GPU-3a1b2c3d-0000-1111-2222-333344445555", &[]));
+        snapshot
+    }
+
+    #[test]
+    fn gpus_claimed_through_dra_are_held_with_their_claim_beside_the_device_plugins() {
+        let index = pods(&[
+            running(1, "a", "train", "main"),
+            running(2, "a", "p1", "c"),
+            running(3, "a", "p2", "c"),
+            running(4, "b", "plugin", "c"),
+        ]);
+        let nv = Nvidia::NAME;
+        let answer = answer(vec![
+            // Several claims per container; two MIG devices of GPU 1 in one claim; a claim
+            // of another driver naming a device like the GPUs'.
+            claiming(
+                "a",
+                "train",
+                "main",
+                &[
+                    ("whole", &[(nv, "gpu-0")]),
+                    ("slices", &[(nv, "gpu-1-mig-a"), (nv, "gpu-1-mig-b")]),
+                    ("fpga", &[("fpga.example.com", "gpu-2")]),
+                ],
+            ),
+            // One claim shared by two pods.
+            claiming("a", "p1", "c", &[("shared", &[(nv, "gpu-0")])]),
+            claiming("a", "p2", "c", &[("shared", &[(nv, "gpu-0")])]),
+            // The device plugin's, on the same node.
+            holding("b", "plugin", "c", "nvidia.com/gpu", &[UUID2]),
+        ]);
+        let metrics = AttributionMetrics::default();
+        let holding_gpus = GpuHolding::new(index, metrics.clone());
+        let (_tx, rx) = watch::channel(Arc::new(four_gpus()));
+        let holders = holding_gpus.follow(rx);
+        let mut reported = BTreeSet::new();
+        // Before the slices are listed: the device plugin's alone, the claims wanted.
+        assert!(holding_gpus.refresh(&answer, &mut reported));
+        assert_eq!(
+            claim_summary(&holders.lock().unwrap()),
+            vec![(UUID2.to_ascii_uppercase(), "plugin".into(), "".into())]
+        );
+        holding_gpus.set_dra_devices(gpu_table());
+        assert!(holding_gpus.refresh(&answer, &mut reported));
+        let held = holders.lock().unwrap().clone();
+        let (u0, u1, u2) = (UUID0.to_ascii_uppercase(), UUID1.to_ascii_uppercase(), UUID2.to_ascii_uppercase());
+        assert_eq!(
+            claim_summary(&held),
+            vec![
+                (u0.clone(), "p1".into(), "shared".into()),
+                (u0.clone(), "p2".into(), "shared".into()),
+                (u0.clone(), "train".into(), "whole".into()),
+                (u1, "train".into(), "slices".into()),
+                (u2, "plugin".into(), "".into()),
+            ]
+        );
+        let train = &held[&u0][2].pod;
+        assert!(train.labels.contains(&(dra::CLAIM_NAMESPACE_LABEL.to_owned(), "a".to_owned())), "{train:?}");
+        // The GPU nobody holds keeps its series, without a pod.
+        let routing = crate::routing::Routing::default();
+        let snapshot = four_gpus();
+        let seen = crate::gpu::holdings(&snapshot, &held, crate::series::Scope::Exposition(&routing));
+        let free: Vec<u32> = seen.iter().filter(|h| h.pod.is_none()).map(|h| h.gpu.identity.index).collect();
+        assert_eq!(free, vec![3]);
+        assert_eq!(seen.len(), 6);
+        // Answers without GPU claims do not want the slices.
+        assert!(!holding_gpus.refresh(&self::answer(vec![]), &mut reported));
+    }
+
+    fn dra_unresolved(metrics: &AttributionMetrics, reason: &'static str) -> u64 {
+        metrics.dra_unresolved.get_or_create(&ReasonLabel { reason }).get()
+    }
+
+    #[test]
+    fn claimed_gpus_that_name_none_of_this_node_keep_the_gpus_and_are_told_once_while_listed() {
+        let metrics = AttributionMetrics::default();
+        let holding_gpus = GpuHolding::new(pods(&[running(1, "a", "p", "c")]), metrics.clone());
+        let (_tx, rx) = watch::channel(Arc::new(four_gpus()));
+        let holders = holding_gpus.follow(rx);
+        holding_gpus.set_dra_devices(gpu_table());
+        let nv = Nvidia::NAME;
+        let long = "g".repeat(300);
+        let odd: [(&str, &str); 6] =
+            [(nv, "gpu-9"), (nv, "gpu-7"), (nv, "gpu-vfio-0"), (nv, ""), (nv, &long), (nv, "gpu-0")];
+        let answer = answer(vec![claiming("a", "p", "c", &[("odd", &odd)])]);
+        let mut reported = BTreeSet::new();
+        for _ in 0..3 {
+            holding_gpus.refresh(&answer, &mut reported);
+        }
+        assert_eq!(
+            claim_summary(&holders.lock().unwrap()),
+            vec![(UUID0.to_ascii_uppercase(), "p".into(), "odd".into())]
+        );
+        let counts: Vec<u64> = ["unknown_device", "unknown_gpu", "no_device_id", "malformed"]
+            .into_iter()
+            .map(|r| dra_unresolved(&metrics, r))
+            .collect();
+        assert_eq!(counts, vec![1, 1, 1, 2], "each counted once while listed");
+        assert_eq!(unresolved_count(&metrics, "unknown_gpu"), 0, "not the device plugin's counter");
+        // Gone, then listed again after the kubelet's answer expired: told again.
+        holding_gpus.forget();
+        holding_gpus.refresh(&answer, &mut reported);
+        assert_eq!(dra_unresolved(&metrics, "unknown_gpu"), 2);
     }
 
     #[test]

@@ -25,7 +25,7 @@ use tonic_prost::ProstCodec;
 use tracing::{debug, info, warn};
 
 use super::{
-    dra::{self, Claim, ClaimedDevice, DeviceTable, Unresolvable, UnresolvedLog},
+    dra::{self, Claim, ClaimedDevice, DeviceTable, Driver, Neuron, Unresolvable, UnresolvedLog},
     gpus::GpuHolding,
     AttributionMetrics, DeviceSource,
 };
@@ -290,7 +290,7 @@ pub struct DeviceOwnership {
     /// `None`: the kubelet never answered, or its last answer is too old.
     kubelet: Option<KubeletAnswer>,
     /// The Neuron devices of this node's ResourceSlices; `None` until they are listed.
-    dra_devices: Option<DeviceTable>,
+    dra_devices: Option<DeviceTable<u32>>,
     /// The claimed devices that name none of them.
     unresolved: UnresolvedLog,
     /// `None`: no `neuron_k8s_info` (not asked for, or in error).
@@ -349,7 +349,7 @@ impl DeviceOwnership {
 
     /// The Neuron devices of this node's ResourceSlices. Returns the claimed devices newly
     /// found unresolvable.
-    pub fn set_dra_devices(&mut self, table: DeviceTable) -> Vec<Unresolvable> {
+    pub fn set_dra_devices(&mut self, table: DeviceTable<u32>) -> Vec<Unresolvable> {
         if self.dra_devices.as_ref() == Some(&table) {
             return Vec::new();
         }
@@ -414,8 +414,8 @@ pub struct KubeletPoller {
     pub devices: SharedDevices,
     /// Who holds each NVIDIA GPU, by the same answers.
     pub gpus: GpuHolding,
-    /// Set once an answer lists DRA claims of Neuron devices: this node's ResourceSlices
-    /// are then watched ([`dra::slices`]), and only then.
+    /// Set once an answer lists DRA claims of Neuron devices or GPUs: this node's
+    /// ResourceSlices are then watched ([`dra::slices`]), and only then.
     pub dra_wanted: tokio::sync::watch::Sender<bool>,
     pub metrics: AttributionMetrics,
 }
@@ -436,7 +436,7 @@ impl KubeletPoller {
             match result {
                 Ok(response) => {
                     let (allocations, mut unreadable) = allocations(&response);
-                    let claimed = dra::claimed_devices(&response);
+                    let claimed = dra::claimed_devices(&response, Neuron::NAME);
                     let (efa, efa_unreadable) = efa_allocations(&response);
                     unreadable.extend(efa_unreadable);
                     // Said once per distinct set, not on every poll.
@@ -450,15 +450,16 @@ impl KubeletPoller {
                     failing = false;
                     last_success = Some(Instant::now());
                     let count = allocations.len() + claimed.len();
-                    if !claimed.is_empty() {
-                        self.dra_wanted.send_if_modified(|wanted| !std::mem::replace(wanted, true));
-                    }
+                    let neuron_claims = !claimed.is_empty();
                     let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
                     let unresolvable = devices.set_kubelet(allocations, claimed);
                     devices.set_efa(efa);
                     drop(devices);
-                    dra::report_unresolved(&unresolvable, &self.metrics);
-                    self.gpus.refresh(&response, &mut reported_gpu_ids);
+                    dra::report_unresolved(&unresolvable, Neuron::NAME, &self.metrics);
+                    let gpu_claims = self.gpus.refresh(&response, &mut reported_gpu_ids);
+                    if neuron_claims || gpu_claims {
+                        self.dra_wanted.send_if_modified(|wanted| !std::mem::replace(wanted, true));
+                    }
                     self.metrics.kubelet_requests.get_or_create(&super::ResultLabel { result: "ok" }).inc();
                     self.metrics.kubelet_up.set(1);
                     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();

@@ -121,6 +121,7 @@ impl Sources {
             client: client.clone(),
             node: node.to_owned(),
             devices: self.devices.clone(),
+            gpus: self.gpus.clone(),
             metrics: self.metrics.clone(),
             watch_timeout,
             wanted: self.dra_wanted.subscribe(),

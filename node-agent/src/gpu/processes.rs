@@ -2,14 +2,15 @@
 //! samples it, `gpu_process_sm_utilization_percent`) with the GPU's
 //! `gpu` and `UUID`, the process's `pid`, its MIG GPU instance (`GPU_I_ID`) if any, and
 //! the labels of the pod it runs in (by its cgroup, [`crate::attribution::gpus`]) where
-//! it runs in one. A process in no pod goes where the operator namespace's series go.
+//! it runs in one, with the DRA claim through which its container holds the GPU, if any.
+//! A process in no pod goes where the operator namespace's series go.
 //! Bounded by the processes a collection keeps ([`super::MAX_PROCESSES_PER_GPU`]).
 
 use std::fmt;
 
 use prometheus_client::metrics::MetricType;
 
-use super::{Gpu, GpuProcess, GpuProcessPods, GpuSnapshot};
+use super::{Gpu, GpuHolder, GpuHolders, GpuProcess, GpuProcessPods, GpuSnapshot};
 use crate::{
     series::{Family, FamilyEncoder, Labels, Scope},
     state::{InstanceLabels, PodRef},
@@ -40,15 +41,28 @@ fn labels(gpu: &Gpu, process: &GpuProcess) -> Vec<(&'static str, String)> {
     labels
 }
 
+/// `pod` as a holder of the GPU names it (with the claim it holds the GPU through), else
+/// as its cgroup does.
+fn as_held<'a>(pod: &'a PodRef, held: &'a [GpuHolder]) -> &'a PodRef {
+    let same = |h: &&PodRef| h.namespace == pod.namespace && h.pod == pod.pod && h.container == pod.container;
+    held.iter().map(|h| &*h.pod).find(same).unwrap_or(pod)
+}
+
 /// The processes `scope` sees; a stale snapshot or a lost GPU has none to give.
-fn seen<'a>(snapshot: &'a GpuSnapshot, pods: &'a GpuProcessPods, scope: Scope<'_>) -> Vec<Seen<'a>> {
+fn seen<'a>(
+    snapshot: &'a GpuSnapshot,
+    pods: &'a GpuProcessPods,
+    holders: &'a GpuHolders,
+    scope: Scope<'_>,
+) -> Vec<Seen<'a>> {
     if snapshot.stale {
         return Vec::new();
     }
     let mut seen = Vec::new();
     for gpu in snapshot.gpus.iter().filter(|g| !g.lost) {
+        let held = holders.get(&gpu.identity.uuid.to_ascii_uppercase()).map(Vec::as_slice).unwrap_or_default();
         for process in &gpu.processes {
-            let pod = pods.get(&process.pid).map(|p| &**p);
+            let pod = pods.get(&process.pid).map(|p| as_held(p, held));
             if scope.sees(pod.map(|p| p.namespace.as_str())) {
                 seen.push(Seen { process, pod, labels: labels(gpu, process) });
             }
@@ -62,10 +76,11 @@ pub fn encode_processes(
     snapshot: &GpuSnapshot,
     instance: &InstanceLabels,
     pods: &GpuProcessPods,
+    holders: &GpuHolders,
     scope: Scope<'_>,
     encoder: &mut dyn FamilyEncoder,
 ) -> Result<(), fmt::Error> {
-    let seen = seen(snapshot, pods, scope);
+    let seen = seen(snapshot, pods, holders, scope);
     let mut memory = Family::new(MEMORY_USED, MEMORY_USED_HELP, MetricType::Gauge);
     let mut utilization = Family::new(SM_UTILIZATION, SM_UTILIZATION_HELP, MetricType::Gauge);
     for s in &seen {
@@ -111,6 +126,15 @@ mod tests {
 
     /// Each series as `name labels value`, labels `k=v` joined by commas.
     fn render(snapshot: &GpuSnapshot, pods: &GpuProcessPods, scope: Scope<'_>) -> Vec<String> {
+        render_held(snapshot, pods, &GpuHolders::new(), scope)
+    }
+
+    fn render_held(
+        snapshot: &GpuSnapshot,
+        pods: &GpuProcessPods,
+        holders: &GpuHolders,
+        scope: Scope<'_>,
+    ) -> Vec<String> {
         struct Text(Vec<String>);
         impl FamilyEncoder for Text {
             fn encode_family(&mut self, family: &Family<'_>) -> Result<(), fmt::Error> {
@@ -126,7 +150,7 @@ mod tests {
             }
         }
         let mut text = Text(Vec::new());
-        encode_processes(snapshot, &InstanceLabels::default(), pods, scope, &mut text).unwrap();
+        encode_processes(snapshot, &InstanceLabels::default(), pods, holders, scope, &mut text).unwrap();
         text.0
     }
 
@@ -163,6 +187,21 @@ mod tests {
         assert_eq!(utilization.len(), 1, "{lines:#?}");
         assert!(utilization[0].contains("pid=10") && utilization[0].contains("pod=train"), "{utilization:?}");
         assert!(utilization[0].ends_with(" 70"), "{utilization:?}");
+    }
+
+    #[test]
+    fn a_process_of_a_container_holding_its_gpu_through_a_claim_names_the_claim() {
+        let s = snapshot(vec![gpu(0, vec![process(10, Some(1), None), process(11, Some(1), None)])]);
+        let pods = GpuProcessPods::from([(10, pod("team-a", "train")), (11, pod("team-a", "other"))]);
+        let mut claimed = (*pod("team-a", "train")).clone();
+        claimed.labels.push(("dra_claim_name".into(), "gpus".into()));
+        let holders =
+            GpuHolders::from([("GPU-0AAA".to_owned(), vec![GpuHolder { pod: Arc::new(claimed), replica: None }])]);
+        let routing = Routing::default();
+        let lines = render_held(&s, &pods, &holders, Scope::Exposition(&routing));
+        assert!(lines[0].contains("pid=10") && lines[0].contains("dra_claim_name=gpus"), "{lines:#?}");
+        // A process of a container not holding the GPU keeps its cgroup's pod alone.
+        assert!(lines[1].contains("pod=other") && !lines[1].contains("dra_claim"), "{lines:#?}");
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub struct HealthCollector {
     pub devices: Option<SharedDevices>,
     /// With a GPU collector: the `Hostname` of the GPU series.
     pub gpu_hostname: Option<Arc<str>>,
+    /// Whether the node may have Neuron devices: `false` on a node with GPUs and no Neuron
+    /// device, whose Neuron health would only ever be `unknown` (and alert for nothing).
+    pub neuron: bool,
 }
 
 impl fmt::Debug for HealthCollector {
@@ -54,6 +57,24 @@ impl HealthCollector {
             let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             (state.instance.clone(), state.hardware.clone())
         };
+        if self.neuron {
+            self.encode_neuron(&instance, hardware, encoder)?;
+        }
+        let health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        // A node that never had a GPU shows no GPU family.
+        if health.gpus.present() {
+            gpus::encode(&health.gpus, &instance, self.gpu_hostname.as_deref().unwrap_or_default(), encoder)?;
+        }
+        Ok(())
+    }
+
+    /// The Neuron devices' health families.
+    fn encode_neuron(
+        &self,
+        instance: &crate::state::InstanceLabels,
+        hardware: Option<crate::state::HardwareSummary>,
+        encoder: &mut dyn FamilyEncoder,
+    ) -> Result<(), fmt::Error> {
         let (devices_reported, cores_per_device) = hardware
             .map(|h| (h.device_count.unwrap_or(0).min(MAX_NEURON_DEVICES), h.cores_per_device))
             .unwrap_or((0, None));
@@ -62,12 +83,7 @@ impl HealthCollector {
             let ownership = d.read().unwrap_or_else(|p| p.into_inner());
             holders(ownership.allocations(), &health, cores_per_device)
         });
-        encode_health(&health, &instance, devices_reported, pods.as_ref(), encoder)?;
-        // A node that never had a GPU shows no GPU family.
-        if health.gpus.present() {
-            gpus::encode(&health.gpus, &instance, self.gpu_hostname.as_deref().unwrap_or_default(), encoder)?;
-        }
-        Ok(())
+        encode_health(&health, instance, devices_reported, pods.as_ref(), encoder)
     }
 }
 

@@ -125,6 +125,29 @@ fn a_runtime_that_leaves_is_dropped_and_starts_afresh_when_back() {
 }
 
 #[test]
+fn the_nodes_identity_fills_what_no_report_gives_and_a_report_wins() {
+    let mut state = NodeState::default();
+    let node = InstanceLabels {
+        instance_id: "i-0node0000".into(),
+        instance_type: "g5.12xlarge".into(),
+        region: "us-west-2".into(),
+        ..InstanceLabels::default()
+    };
+    state.set_node_instance(node.clone());
+    assert_eq!(*state.instance, node, "no report: the Node's");
+    // The report names the instance and its type, not the region: those win, the region stays.
+    apply(&mut state, &report(&[("a", 1, 0, 50.0, 1)], "i-report"));
+    assert_eq!(
+        (state.instance.instance_id.as_str(), state.instance.instance_type.as_str(), state.instance.region.as_str()),
+        ("i-report", "inf2.xlarge", "us-west-2")
+    );
+    assert_eq!(runtime(&state, "a").labels.instance.instance_id, "i-report");
+    // Read later, the Node's identity does not override the report's.
+    state.set_node_instance(node);
+    assert_eq!(state.instance.instance_id, "i-report");
+}
+
+#[test]
 fn instance_labels_follow_the_latest_report() {
     let mut state = NodeState::default();
     apply(&mut state, &report(&[("a", 1, 0, 50.0, 1)], "i-old"));

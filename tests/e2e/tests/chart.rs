@@ -888,6 +888,16 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
 
     // A Neuron node (no kubelet runs here: a Node object is enough for both binaries).
     let node_name = neuron_node(&admin).await;
+    // The agent reads its Node's instance identity (node-agent/src/identity.rs) through
+    // nodes/status, the get the chart grants: the Node itself it may not get.
+    let agent_nodes = Api::<Node>::all(agent_client.clone());
+    let read = agent_nodes.get_status(&node_name).await.expect("the agent reads its Node through nodes/status");
+    assert_eq!(
+        read.metadata.labels.unwrap_or_default().get("node.kubernetes.io/instance-type").map(String::as_str),
+        Some("trn1.2xlarge"),
+        "the whole Node, its labels too"
+    );
+    assert_eq!(api_code(agent_nodes.get(&node_name).await), 403);
 
     // Two operator replicas, as the Deployment runs them, authenticated as its ServiceAccount.
     let dir = std::env::temp_dir().join(format!("neuron-e2e-chart-{:08x}", random_u32()));

@@ -1,6 +1,7 @@
 //! This node's ResourceSlices (`resource.k8s.io/v1`), watched with the field selector
-//! `spec.nodeName=<node>` once the kubelet lists a DRA claim of a Neuron device: the
-//! Neuron driver's devices by pool and name, with their indices, for [`super::resolve`].
+//! `spec.nodeName=<node>` once the kubelet lists a DRA claim of a Neuron device or GPU:
+//! each read driver's devices by pool and name, with what they stand for (a Neuron
+//! device's index for [`super::resolve`], a GPU for [`crate::attribution::gpus`]).
 //!
 //! The slice is read as its own small type (only the fields used here): the
 //! `k8s-openapi` feature the workspace builds has no `resource.k8s.io/v1`, and the
@@ -8,7 +9,6 @@
 
 use std::{borrow::Cow, collections::BTreeMap, time::Duration};
 
-use api::hardware::NEURON_DRA_DRIVER;
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{runtime::watcher::Event, Api, Client, ResourceExt};
@@ -17,17 +17,22 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use super::{report_unresolved, DeviceTable, Slice, MAX_NAME_BYTES};
+use super::{
+    nvidia::{GpuDevice, Nvidia},
+    report_unresolved, DeviceTable, Driver, Neuron, Slice, MAX_NAME_BYTES,
+};
 use crate::{
-    attribution::{podresources::SharedDevices, AttributionMetrics},
+    attribution::{gpus::GpuHolding, podresources::SharedDevices, AttributionMetrics, DriverLabel},
     kubernetes::Watch,
 };
 
 /// Devices read from one slice (the API allows 128 per slice; a node has at most
-/// [`api::limits::MAX_NEURON_DEVICES`] Neuron devices).
+/// [`api::limits::MAX_NEURON_DEVICES`] Neuron devices, [`crate::gpu::MAX_GPUS`] GPUs).
 const MAX_SLICE_DEVICES: usize = 128;
-/// Slices of the Neuron driver kept for one node.
+/// Slices of the read drivers kept for one node.
 const MAX_SLICES: usize = 64;
+/// Attributes read of one device (the API allows 32).
+const MAX_DEVICE_ATTRIBUTES: usize = 32;
 
 /// A `resource.k8s.io/v1` ResourceSlice, as far as it is read.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -102,18 +107,33 @@ impl kube::Resource for ResourceSlice {
     }
 }
 
-/// What a slice of the Neuron driver publishes; `None` for another driver's. Devices
-/// beyond the bounds, or with overlong names, are left out (a claim of one is then
-/// unresolvable, and said so).
-pub fn summary(slice: &ResourceSlice) -> Option<Slice> {
-    let spec = &slice.spec;
-    if spec.driver != NEURON_DRA_DRIVER || spec.pool.name.len() > MAX_NAME_BYTES {
+/// What a slice of a read driver publishes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Summary {
+    Neuron(Slice<u32>),
+    Nvidia(Slice<GpuDevice>),
+}
+
+/// What a slice publishes; `None` for a driver not read.
+pub fn summary(slice: &ResourceSlice) -> Option<Summary> {
+    match slice.spec.driver.as_str() {
+        Neuron::NAME => summary_of::<Neuron>(&slice.spec).map(Summary::Neuron),
+        Nvidia::NAME => summary_of::<Nvidia>(&slice.spec).map(Summary::Nvidia),
+        _ => None,
+    }
+}
+
+/// What a slice of `D` publishes. Devices beyond the bounds, or with overlong names, are
+/// left out (a claim of one is then unresolvable, and said so).
+fn summary_of<D: Driver>(spec: &SliceSpec) -> Option<Slice<D::Device>> {
+    if spec.pool.name.len() > MAX_NAME_BYTES {
         return None;
     }
     let devices = spec.devices.iter().take(MAX_SLICE_DEVICES).filter(|d| d.name.len() <= MAX_NAME_BYTES);
     let devices = devices.map(|d| {
-        let attributes = d.attributes.iter().map(|(k, v)| (k.as_str(), v.int, v.string.as_deref()));
-        (d.name.clone(), super::device_index(attributes))
+        let attributes = d.attributes.iter().take(MAX_DEVICE_ATTRIBUTES);
+        let attributes: Vec<_> = attributes.map(|(k, v)| (k.as_str(), v.int, v.string.as_deref())).collect();
+        (d.name.clone(), D::device(&attributes))
     });
     Some(Slice { pool: spec.pool.name.clone(), generation: spec.pool.generation, devices: devices.collect() })
 }
@@ -123,6 +143,8 @@ pub struct SliceWatcher {
     pub client: Client,
     pub node: String,
     pub devices: SharedDevices,
+    /// Who holds each GPU: takes the GPUs' table.
+    pub gpus: GpuHolding,
     pub metrics: AttributionMetrics,
     pub watch_timeout: Duration,
     /// Set by the kubelet poller when an answer lists DRA claims.
@@ -151,9 +173,9 @@ impl SliceWatcher {
         let api = Api::<ResourceSlice>::all(self.client.clone());
         let mut events = std::pin::pin!(watch.events(api, shutdown));
         info!(node = %self.node, "the kubelet lists DRA claims: watching the ResourceSlices of this node");
-        let mut listing: BTreeMap<String, Slice> = BTreeMap::new();
+        let mut listing: BTreeMap<String, Summary> = BTreeMap::new();
         // `None` until the first listing is done.
-        let mut slices: Option<BTreeMap<String, Slice>> = None;
+        let mut slices: Option<BTreeMap<String, Summary>> = None;
         while let Some(event) = events.next().await {
             let changed = match event {
                 Event::Init => {
@@ -177,17 +199,23 @@ impl SliceWatcher {
         }
     }
 
-    fn publish(&self, slices: &BTreeMap<String, Slice>) {
-        let table = DeviceTable::from_slices(slices.values());
-        self.metrics.dra_devices.set(table.len() as i64);
-        let unresolvable = self.devices.write().unwrap_or_else(|p| p.into_inner()).set_dra_devices(table);
-        report_unresolved(&unresolvable, &self.metrics);
+    /// Each driver's table to its users (the GPUs' is read at the kubelet's next answer).
+    fn publish(&self, slices: &BTreeMap<String, Summary>) {
+        let neuron = slices.values().filter_map(|s| if let Summary::Neuron(s) = s { Some(s) } else { None });
+        let nvidia = slices.values().filter_map(|s| if let Summary::Nvidia(s) = s { Some(s) } else { None });
+        let (neuron, nvidia) = (DeviceTable::from_slices(neuron), DeviceTable::from_slices(nvidia));
+        let count = |driver| self.metrics.dra_devices.get_or_create(&DriverLabel { driver }).clone();
+        count(Neuron::NAME).set(neuron.len() as i64);
+        count(Nvidia::NAME).set(nvidia.len() as i64);
+        self.gpus.set_dra_devices(nvidia);
+        let unresolvable = self.devices.write().unwrap_or_else(|p| p.into_inner()).set_dra_devices(neuron);
+        report_unresolved(&unresolvable, Neuron::NAME, &self.metrics);
     }
 }
 
-/// Keeps `slice` under its name when it is the Neuron driver's (and drops an older
-/// version of it that was), up to [`MAX_SLICES`].
-fn keep(slices: &mut BTreeMap<String, Slice>, slice: &ResourceSlice) {
+/// Keeps `slice` under its name when it is a read driver's (and drops an older version of
+/// it that was), up to [`MAX_SLICES`].
+fn keep(slices: &mut BTreeMap<String, Summary>, slice: &ResourceSlice) {
     let name = slice.name_any();
     match summary(slice) {
         Some(s) if slices.len() < MAX_SLICES || slices.contains_key(&name) => {

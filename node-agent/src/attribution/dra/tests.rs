@@ -1,7 +1,7 @@
 use prost::Message;
 use serde_json::json;
 
-use super::{slices::ResourceSlice, *};
+use super::{nvidia::GpuDevice, slices::ResourceSlice, *};
 use crate::attribution::podresources::{
     proto::{ClaimResource, ContainerResources, DynamicResource, ListPodResourcesResponse, PodResources},
     DeviceOwnership,
@@ -29,7 +29,7 @@ fn pod(namespace: &str, name: &str, containers: Vec<(&str, Vec<DynamicResource>)
 }
 
 /// A slice of the Neuron driver publishing `devices` as (name, deviceId).
-fn slice(pool: &str, generation: i64, devices: &[(&str, Option<i64>)]) -> Slice {
+fn slice(pool: &str, generation: i64, devices: &[(&str, Option<i64>)]) -> Slice<u32> {
     let devices = devices.iter().map(|(name, id)| {
         let attributes = id.map(|i| (NEURON_DRA_DEVICE_ID, Some(i), None));
         (name.to_string(), device_index(attributes))
@@ -37,7 +37,7 @@ fn slice(pool: &str, generation: i64, devices: &[(&str, Option<i64>)]) -> Slice 
     Slice { pool: pool.into(), generation, devices: devices.collect() }
 }
 
-fn table() -> DeviceTable {
+fn table() -> DeviceTable<u32> {
     let s = slice(POOL, 1, &[("neurondevice0", Some(0)), ("neurondevice1", Some(1)), ("odd", None)]);
     DeviceTable::from_slices([&s])
 }
@@ -73,7 +73,7 @@ fn claims_of_other_drivers_are_not_read_and_several_claims_per_container_are() {
     };
     // Through the wire format, as the kubelet sends it.
     let decoded = ListPodResourcesResponse::decode(&*response.encode_to_vec()).unwrap();
-    let claimed = claimed_devices(&decoded);
+    let claimed = claimed_devices(&decoded, NEURON_DRA_DRIVER);
     let names: Vec<(&str, &str)> = claimed.iter().map(|c| (c.claim.name.as_str(), c.device.as_str())).collect();
     assert_eq!(names, vec![("neurons", "neurondevice1"), ("more", "neurondevice0")]);
     assert!(claimed.iter().all(|c| c.container == "main" && c.claim.namespace == "ml" && !c.malformed));
@@ -112,7 +112,7 @@ fn unresolvable_devices_say_why_and_the_others_resolve() {
             )],
         )],
     };
-    let claimed = claimed_devices(&response);
+    let claimed = claimed_devices(&response, NEURON_DRA_DRIVER);
     assert!(claimed.iter().all(|c| c.device.len() <= MAX_NAME_BYTES), "names are bounded");
     let (allocations, unresolvable) = resolve(&claimed, &table());
     assert_eq!(summary(&allocations), vec![("train".into(), "main".into(), "neurons".into(), 1)]);
@@ -135,7 +135,7 @@ fn a_claim_shared_by_two_pods_credits_both() {
     let response = ListPodResourcesResponse {
         pod_resources: vec![pod("ml", "a", vec![("c", vec![shared()])]), pod("ml", "b", vec![("c", vec![shared()])])],
     };
-    let (allocations, _) = resolve(&claimed_devices(&response), &table());
+    let (allocations, _) = resolve(&claimed_devices(&response, NEURON_DRA_DRIVER), &table());
     assert_eq!(
         summary(&allocations),
         vec![("a".into(), "c".into(), "shared".into(), 0), ("b".into(), "c".into(), "shared".into(), 0)]
@@ -147,7 +147,7 @@ fn an_answer_is_bounded() {
     let many: Vec<ClaimResource> = (0..2000).map(|i| device(NEURON_DRA_DRIVER, POOL, &format!("d{i}"))).collect();
     let response =
         ListPodResourcesResponse { pod_resources: vec![pod("ml", "p", vec![("c", vec![claim("ml", "x", many)])])] };
-    assert_eq!(claimed_devices(&response).len(), MAX_CLAIMED_DEVICES);
+    assert_eq!(claimed_devices(&response, NEURON_DRA_DRIVER).len(), MAX_CLAIMED_DEVICES);
 }
 
 #[test]
@@ -187,15 +187,37 @@ fn resource_slices_resolve_by_pool_and_name_in_the_newest_generation() {
     };
     let old = api_slice("s-old", NEURON_DRA_DRIVER, 1, json!([dev("neurondevice0", 7)]));
     let new = api_slice("s-new", NEURON_DRA_DRIVER, 2, json!([dev("neurondevice0", 0), dev("neurondevice1", 1)]));
-    let gpu = api_slice("s-gpu", "gpu.nvidia.com", 3, json!([{"name": "gpu-0"}]));
-    assert!(slices::summary(&gpu).is_none(), "another driver's slice is not read");
-    let summaries: Vec<Slice> = [&old, &new].iter().filter_map(|s| slices::summary(s)).collect();
+    let fpga = api_slice("s-fpga", "fpga.example.com", 3, json!([{"name": "fpga-0"}]));
+    assert!(slices::summary(&fpga).is_none(), "a driver not read");
+    let neuron = |s: &ResourceSlice| match slices::summary(s) {
+        Some(slices::Summary::Neuron(s)) => Some(s),
+        _ => None,
+    };
+    let summaries: Vec<Slice<u32>> = [&old, &new].iter().filter_map(|s| neuron(s)).collect();
     let table = DeviceTable::from_slices(&summaries);
     assert_eq!(table.len(), 2);
-    assert_eq!(table.index(POOL, "neurondevice0"), Ok(0), "the older generation is ignored");
-    assert_eq!(table.index(POOL, "neurondevice1"), Ok(1));
-    assert_eq!(table.index(POOL, "neurondevice2"), Err(Unresolved::UnknownDevice));
-    assert_eq!(table.index("other", "neurondevice0"), Err(Unresolved::UnknownDevice));
+    assert_eq!(table.device(POOL, "neurondevice0"), Ok(&0), "the older generation is ignored");
+    assert_eq!(table.device(POOL, "neurondevice1"), Ok(&1));
+    assert_eq!(table.device(POOL, "neurondevice2"), Err(Unresolved::UnknownDevice));
+    assert_eq!(table.device("other", "neurondevice0"), Err(Unresolved::UnknownDevice));
+    // NVIDIA's driver: a whole GPU and a MIG device, by their attributes.
+    let gpus = api_slice(
+        "s-gpu",
+        "gpu.nvidia.com",
+        1,
+        json!([
+            {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": "GPU-0a"},
+                                             "driverVersion": {"version": "580.1.2"}}},
+            {"name": "gpu-1-mig-9-4-1", "attributes": {"type": {"string": "mig"}, "uuid": {"string": "MIG-1b"},
+                                                       "parentUUID": {"string": "GPU-1a"}}},
+            {"name": "gpu-vfio-0", "attributes": {"type": {"string": "vfio"}, "uuid": {"string": "GPU-2a"}}}
+        ]),
+    );
+    let Some(slices::Summary::Nvidia(gpus)) = slices::summary(&gpus) else { panic!("NVIDIA's slice is read") };
+    let table = DeviceTable::from_slices([&gpus]);
+    assert_eq!(table.device(POOL, "gpu-0"), Ok(&GpuDevice::Uuid("GPU-0a".into())));
+    assert_eq!(table.device(POOL, "gpu-1-mig-9-4-1"), Ok(&GpuDevice::Uuid("GPU-1a".into())));
+    assert_eq!(table.device(POOL, "gpu-vfio-0"), Err(Unresolved::NoDeviceId));
 }
 
 #[test]
@@ -224,7 +246,7 @@ fn both_kinds_of_allocation_feed_one_ownership_and_unresolvable_ones_are_told_on
     };
     let mut ownership = DeviceOwnership::default();
     // Before the slices are listed: the device plugin's only, and nothing said.
-    let fresh = ownership.set_kubelet(plugin.clone(), claimed_devices(&response));
+    let fresh = ownership.set_kubelet(plugin.clone(), claimed_devices(&response, NEURON_DRA_DRIVER));
     assert!(fresh.is_empty());
     assert_eq!(summary(ownership.allocations()), vec![("old".into(), "c".into(), String::new(), 5)]);
     let generation = ownership.generation();
@@ -239,7 +261,7 @@ fn both_kinds_of_allocation_feed_one_ownership_and_unresolvable_ones_are_told_on
         vec![("train".into(), "main".into(), "neurons".into(), 1), ("old".into(), "c".into(), String::new(), 5)]
     );
     // The same answer again: nothing new to tell; the device published later resolves.
-    assert!(ownership.set_kubelet(plugin.clone(), claimed_devices(&response)).is_empty());
+    assert!(ownership.set_kubelet(plugin.clone(), claimed_devices(&response, NEURON_DRA_DRIVER)).is_empty());
     let later = slice(POOL, 1, &[("neurondevice1", Some(1)), ("gone", Some(2))]);
     assert!(ownership.set_dra_devices(DeviceTable::from_slices([&later])).is_empty());
     assert_eq!(ownership.allocations().len(), 3);
