@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The per-process GPU series against a real NVIDIA driver (run where a GPU is lent): two
-# compute processes hold 256 and 512 MiB (cuda-hold.c), and the agent's
-# gpu_process_memory_used_bytes is compared with nvidia-smi's compute apps. The agent runs
+# compute processes hold 256 and 512 MiB (cuda-hold.c), the second running a kernel, and
+# the agent's gpu_process_memory_used_bytes and gpu_process_sm_utilization_percent are
+# compared with nvidia-smi's compute apps and its per-process monitor (pmon). The agent runs
 # with attribution on (an unreachable ECS agent stands in for a cluster), so each
 # process's cgroup file is read as on a node. Writes under $OUT.
 # Usage: OUT=dir tests/gpu/process-check.sh path/to/neuron-node-agent path/to/cuda-hold
@@ -20,7 +21,7 @@ get() {
 
 "$hold" 256 60 > "$out/hold-256.txt" 2>&1 &
 h1=$!
-"$hold" 512 60 > "$out/hold-512.txt" 2>&1 &
+"$hold" 512 60 busy > "$out/hold-512.txt" 2>&1 &
 h2=$!
 sleep 4
 for pid in $h1 $h2; do echo "$pid: $(cat /proc/$pid/cgroup 2>&1 | head -3)"; done > "$out/cgroups.txt"
@@ -33,9 +34,11 @@ agent_pid=$!
 for _ in $(seq 1 60); do get 19411 /readyz 2>/dev/null | grep -q ok && break; sleep 0.25; done
 sleep 3
 get 19411 /metrics > "$out/metrics.txt"
+nvidia-smi pmon -c 1 -s u > "$out/pmon.txt" 2>&1
 kill -TERM "$agent_pid" "$h1" "$h2"
 wait "$agent_pid"
 echo "agent exit=$?" >> "$out/agent.log"
 echo "== nvidia-smi compute apps (pid, uuid, MiB)"; cat "$out/apps.csv"
-echo "== agent"; grep -E '^(gpu_process_memory_used_bytes|neuron_agent_cgroup_unknown_layouts)' "$out/metrics.txt"
+echo "== nvidia-smi pmon (sm %)"; cat "$out/pmon.txt"
+echo "== agent"; grep -E '^(gpu_process_memory_used_bytes|gpu_process_sm_utilization_percent|neuron_agent_cgroup_unknown_layouts)' "$out/metrics.txt"
 echo "== holders"; cat "$out"/hold-*.txt; cat "$out/cgroups.txt"
