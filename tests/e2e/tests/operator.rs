@@ -13,6 +13,7 @@ use std::{
 
 use api::{
     crd::NeuronMonitorConfig,
+    gpu_groups::{GpuGroup, GpuGroups},
     node_config::{
         configmap_name, NodeConfig, NodeGpu, APPLIED_HASH_ANNOTATION, CONFIG_HASH_ANNOTATION, NODE_CONFIG_KEY,
     },
@@ -329,8 +330,19 @@ async fn gpu_nodes_are_rendered_with_gpu_nodes_and_neuron_nodes_keep_their_bytes
     // spec.gpu reaches every node's configuration (Neuron nodes ignore it).
     let (ok, out) = s.apply(&config_yaml(&s.ns, "cluster", &s.run, "  period: 10s\n  gpu:\n    period: 30s\n"));
     assert!(ok, "{out}");
-    let want = Some(NodeGpu { enabled: true, period: "30s".parse().unwrap() });
+    let want = Some(NodeGpu { enabled: true, period: "30s".parse().unwrap(), groups: GpuGroups::ALL });
     s.wait("the GPU period rendered", || async { s.node_config(&p5).await.filter(|c| c.gpu == want) }).await;
+    // Named groups reach the node; an unknown one is refused by the API server, naming it.
+    let groups = "  gpu:\n    period: 30s\n    groups: [nvlink, utilization]\n";
+    let (ok, out) = s.apply(&config_yaml(&s.ns, "cluster", &s.run, groups));
+    assert!(ok, "{out}");
+    let named: GpuGroups = [GpuGroup::Utilization, GpuGroup::Nvlink].into_iter().collect();
+    s.wait("the GPU groups rendered", || async {
+        s.node_config(&p5).await.filter(|c| c.gpu.is_some_and(|g| g.groups == named))
+    })
+    .await;
+    let (ok, out) = s.apply(&config_yaml(&s.ns, "cluster", &s.run, "  gpu:\n    groups: [utilisation]\n"));
+    assert!(!ok && out.contains("spec.gpu.groups[0]") && out.contains("utilisation"), "{out}");
     let (ok, out) = s.apply(&config_yaml(&s.ns, "cluster", &s.run, "  gpu:\n    enabled: false\n"));
     assert!(ok, "{out}");
     s.wait("the GPU collector switched off", || async {

@@ -64,22 +64,7 @@ async fn the_chart_runs_on_a_real_node_and_stopping_the_node_restores_the_machin
     eprintln!("Kubernetes {} (kubelet and control plane built from the same release)", version.git_version);
 
     let install = Instant::now();
-    let chart = chart_dir().display().to_string();
-    let values = node.info.values.display().to_string();
-    let (ok, stdout, stderr) = node.helm(&[
-        "install",
-        RELEASE,
-        &chart,
-        "--namespace",
-        NAMESPACE,
-        "--create-namespace",
-        "--values",
-        &values,
-        "--wait",
-        "--timeout",
-        "180s",
-    ]);
-    assert!(ok, "helm install --wait failed:\n{stdout}\n{stderr}\n{}", node.diagnostics());
+    helm_install(&node);
     eprintln!("helm install --wait: {:.1}s", install.elapsed().as_secs_f64());
 
     let waited = Instant::now();
@@ -659,6 +644,27 @@ async fn the_agent_holds_its_memory_limit_on_the_worst_accepted_report(
 
 /// The arguments of a `helm upgrade --wait` of the release on the node, with its values
 /// file and then `extra`.
+/// `helm install --wait` of the chart with the node's values; fails the test with the
+/// node's diagnostics.
+fn helm_install(node: &RealNode) {
+    let chart = chart_dir().display().to_string();
+    let values = node.info.values.display().to_string();
+    let (ok, stdout, stderr) = node.helm(&[
+        "install",
+        RELEASE,
+        &chart,
+        "--namespace",
+        NAMESPACE,
+        "--create-namespace",
+        "--values",
+        &values,
+        "--wait",
+        "--timeout",
+        "180s",
+    ]);
+    assert!(ok, "helm install --wait failed:\n{stdout}\n{stderr}\n{}", node.diagnostics());
+}
+
 fn helm_upgrade(node: &RealNode, extra: &[&str]) -> Vec<String> {
     let (chart, values, kubeconfig) =
         (chart_dir(), node.info.values.display().to_string(), node.info.kubeconfig.display().to_string());

@@ -16,7 +16,6 @@ use kube::{
     Api, Client,
 };
 use neuron_e2e::{
-    chart::chart_dir,
     real_node::{leftovers, HostState, RealNode},
     wait_for,
 };
@@ -24,8 +23,8 @@ use neuron_node_agent::attribution::podresources;
 use serde_json::json;
 
 use super::{
-    component_of, container_processes, containers_hold_the_charts_security_context, every_pod_ready, labels_of,
-    metrics_answer_only_a_token_with_the_reader_role, Scraper, AGENT_PORT, NAMESPACE, RELEASE,
+    component_of, container_processes, containers_hold_the_charts_security_context, every_pod_ready, helm_install,
+    labels_of, metrics_answer_only_a_token_with_the_reader_role, Scraper, AGENT_PORT,
 };
 
 const TEAM: &str = "team-gpu";
@@ -60,22 +59,7 @@ async fn the_charts_gpu_side_runs_on_a_real_gpu_node_and_stopping_it_restores_th
     let client = node.client().await;
 
     let install = Instant::now();
-    let chart = chart_dir().display().to_string();
-    let values = node.info.values.display().to_string();
-    let (ok, stdout, stderr) = node.helm(&[
-        "install",
-        RELEASE,
-        &chart,
-        "--namespace",
-        NAMESPACE,
-        "--create-namespace",
-        "--values",
-        &values,
-        "--wait",
-        "--timeout",
-        "180s",
-    ]);
-    assert!(ok, "helm install --wait failed:\n{stdout}\n{stderr}\n{}", node.diagnostics());
+    helm_install(&node);
     let pods = every_pod_ready(&client).await;
     eprintln!("helm install and every pod Ready: {:.1}s", install.elapsed().as_secs_f64());
     containers_hold_the_charts_security_context(&client, &pods).await;
