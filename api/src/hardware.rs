@@ -62,6 +62,11 @@ pub fn valid_efa_device_name(name: &str) -> bool {
 /// says so: the GPU Operator's feature discovery sets `nvidia.com/gpu.present=true`; EKS
 /// node groups of GPU instances carry `k8s.amazonaws.com/accelerator=nvidia-…`.
 pub const NVIDIA_GPU_PRESENT_LABEL: (&str, &str) = ("nvidia.com/gpu.present", "true");
+/// Node labels that carry the node's instance type (the current one first); its region's
+/// are [`crate::region::REGION_LABELS`].
+pub const INSTANCE_TYPE_LABELS: [&str; 2] = ["node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type"];
+/// Node labels that carry the node's availability zone (the current one first).
+pub const ZONE_LABELS: [&str; 2] = ["topology.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/zone"];
 /// The GPU Operator's feature-discovery labels: the node's physical GPUs, and the replicas
 /// each is time-sliced into (its `nvidia.com/gpu` capacity is their product).
 pub const NVIDIA_GPU_COUNT_LABELS: (&str, &str) = ("nvidia.com/gpu.count", "nvidia.com/gpu.replicas");

@@ -10,6 +10,10 @@ use std::{
     time::Duration,
 };
 
+use api::{
+    hardware::{INSTANCE_TYPE_LABELS, ZONE_LABELS},
+    region::REGION_LABELS,
+};
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
@@ -17,9 +21,6 @@ use tracing::{info, warn};
 
 use crate::state::{InstanceLabels, NodeState};
 
-pub const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
-pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
-pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 /// The AWS cloud provider's `spec.providerID` prefix.
 const AWS_PROVIDER: &str = "aws:///";
 /// Bytes of a value read (an instance type, region, zone or provider id is far shorter).
@@ -52,13 +53,19 @@ fn provider_id(text: &str) -> Option<(&str, &str)> {
 /// that are no instance id, type, region or zone).
 pub fn instance_from_node(node: &Node) -> Option<InstanceLabels> {
     let labels = node.metadata.labels.as_ref();
-    let label = |key: &str| labels.and_then(|l| l.get(key)).and_then(|v| token(v)).map(str::to_owned);
+    // The first of a name's labels that is set decides (an invalid value is no value).
+    let label = |keys: &[&str]| {
+        let value = keys.iter().find_map(|key| labels.and_then(|l| l.get(*key)))?;
+        token(value).map(str::to_owned)
+    };
     let provider = node.spec.as_ref().and_then(|s| s.provider_id.as_deref()).and_then(provider_id);
     let identity = InstanceLabels {
         instance_id: provider.map(|(_, id)| id.to_owned()).unwrap_or_default(),
-        instance_type: label(INSTANCE_TYPE_LABEL).unwrap_or_default(),
-        availability_zone: label(ZONE_LABEL).or_else(|| provider.map(|(zone, _)| zone.to_owned())).unwrap_or_default(),
-        region: label(REGION_LABEL).unwrap_or_default(),
+        instance_type: label(&INSTANCE_TYPE_LABELS).unwrap_or_default(),
+        availability_zone: label(&ZONE_LABELS)
+            .or_else(|| provider.map(|(zone, _)| zone.to_owned()))
+            .unwrap_or_default(),
+        region: label(&REGION_LABELS).unwrap_or_default(),
         ..InstanceLabels::default()
     };
     (identity != InstanceLabels::default()).then_some(identity)
@@ -117,7 +124,7 @@ mod tests {
 
     #[test]
     fn an_eks_node_names_its_instance() {
-        let labels = json!({INSTANCE_TYPE_LABEL: "g5.12xlarge", REGION_LABEL: "us-west-2", ZONE_LABEL: "us-west-2b"});
+        let labels = json!({INSTANCE_TYPE_LABELS[0]: "g5.12xlarge", REGION_LABELS[0]: "us-west-2", ZONE_LABELS[0]: "us-west-2b"});
         let identity = instance_from_node(&node(Some("aws:///us-west-2b/i-0123456789abcdef0"), labels)).unwrap();
         assert_eq!(
             identity,
@@ -129,6 +136,10 @@ mod tests {
                 ..InstanceLabels::default()
             }
         );
+        // The legacy labels where the current ones are absent.
+        let legacy = json!({INSTANCE_TYPE_LABELS[1]: "p4d.24xlarge", REGION_LABELS[1]: "us-east-1"});
+        let identity = instance_from_node(&node(None, legacy)).unwrap();
+        assert_eq!((identity.instance_type.as_str(), identity.region.as_str()), ("p4d.24xlarge", "us-east-1"));
         // The zone of the provider id where no label gives it; the short ids of old.
         let identity = instance_from_node(&node(Some("aws:///eu-west-1a/i-0abc1234"), json!({}))).unwrap();
         assert_eq!((identity.instance_id.as_str(), identity.availability_zone.as_str()), ("i-0abc1234", "eu-west-1a"));
@@ -149,7 +160,7 @@ mod tests {
         ] {
             assert_eq!(instance_from_node(&node(Some(provider), json!({}))), None, "{provider}");
         }
-        let hostile = json!({INSTANCE_TYPE_LABEL: "g5\n.x", REGION_LABEL: "é", ZONE_LABEL: "x".repeat(65)});
+        let hostile = json!({INSTANCE_TYPE_LABELS[0]: "g5\n.x", REGION_LABELS[0]: "é", ZONE_LABELS[0]: "x".repeat(65)});
         assert_eq!(instance_from_node(&node(None, hostile)), None);
         assert_eq!(instance_from_node(&node(None, json!({}))), None);
     }

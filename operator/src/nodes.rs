@@ -8,15 +8,13 @@ use std::collections::BTreeMap;
 use api::{
     cloudwatch::cost::NodeFacts,
     hardware::{
-        EKS_ACCELERATOR_LABEL, NEURONCORE_RESOURCE, NEURONDEVICE_RESOURCE, NEURON_INSTANCE_FAMILIES, NEURON_RESOURCES,
-        NVIDIA_GPU_COUNT_LABELS, NVIDIA_GPU_PRESENT_LABEL, NVIDIA_GPU_RESOURCE, NVIDIA_GPU_SHARED_RESOURCE,
-        NVIDIA_INSTANCE_FAMILIES, NVIDIA_MIG_RESOURCE_PREFIX,
+        EKS_ACCELERATOR_LABEL, INSTANCE_TYPE_LABELS, NEURONCORE_RESOURCE, NEURONDEVICE_RESOURCE,
+        NEURON_INSTANCE_FAMILIES, NEURON_RESOURCES, NVIDIA_GPU_COUNT_LABELS, NVIDIA_GPU_PRESENT_LABEL,
+        NVIDIA_GPU_RESOURCE, NVIDIA_GPU_SHARED_RESOURCE, NVIDIA_INSTANCE_FAMILIES, NVIDIA_MIG_RESOURCE_PREFIX,
+        ZONE_LABELS,
     },
 };
 use k8s_openapi::api::core::v1::Node;
-
-/// Instance-type labels, current and legacy.
-const INSTANCE_TYPE_LABELS: [&str; 2] = ["node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type"];
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
@@ -145,7 +143,7 @@ pub fn facts(node: &Node) -> NodeFacts {
         gpus,
         gpu_shares,
         instance_type,
-        availability_zone: labels.get("topology.kubernetes.io/zone").cloned(),
+        availability_zone: ZONE_LABELS.iter().find_map(|l| labels.get(*l)).cloned(),
     }
 }
 
