@@ -559,12 +559,10 @@ node_has_neuroncores() { [[ $(api "/api/v1/nodes/$NODE_NAME") == *'"allocatable"
 node_has_gpus() { [[ $(api "/api/v1/nodes/$NODE_NAME") == *'"allocatable":{'*'"nvidia.com/gpu":"'* ]]; }
 
 write_values() {
-    if [[ $kind == gpu ]]; then
-        write_gpu_values
-        return
-    fi
-    # Only what this node needs: the local images (never pulled) and the simulator's
-    # device access (no Neuron device to open).
+    # Only what this node needs: the local images (never pulled), no Neuron device to
+    # open, the simulated driver's tree (tests/realnode.sh's start_driver) as the node's
+    # sysfs (on a GPU node an empty tree) and its kernel log (no /dev/kmsg in this
+    # container); then what the kind of node adds under `agent`.
     cat >"$dir/values.yaml" <<EOF
 image:
   registry: localhost
@@ -576,40 +574,34 @@ agent:
   image:
     tag: $IMAGE_TAG
   deviceAccess: none
-  # The simulated driver's tree (tests/realnode.sh's start_driver) as the node's sysfs.
   sysfsHostPath: $dir/node-sys
-  # The simulator as neuron-monitor: the node's instance type, and the applications of
-  # the workload pods (neuron-monitor-sim app), found through the host's PID namespace.
+  extraArgs:
+    - --kmsg-path=/host/sys/kmsg
+EOF
+    if [[ $kind == gpu ]]; then
+        write_gpu_values
+    else
+        write_neuron_values
+    fi
+}
+
+# write_neuron_values: the simulator as neuron-monitor: the node's instance type, and the
+# applications of the workload pods (neuron-monitor-sim app), found through the host's
+# PID namespace.
+write_neuron_values() {
+    cat >>"$dir/values.yaml" <<EOF
   extraEnv:
     - name: NEURON_SIM_INSTANCE_TYPE
       value: $INSTANCE_TYPE
     - name: NEURON_SIM_DISCOVER_APPS
       value: "true"
-  # The simulated driver's kernel log, in its tree (no /dev/kmsg in this container).
-  extraArgs:
-    - --kmsg-path=/host/sys/kmsg
 EOF
 }
 
 # write_gpu_values: the chart's GPU side as a GPU node's operator would set it, the
-# driver directory being the fake library's.
+# driver directory being the fake library's (which reads its configuration from there).
 write_gpu_values() {
-    cat >"$dir/values.yaml" <<EOF
-image:
-  registry: localhost
-  pullPolicy: Never
-operator:
-  image:
-    tag: $IMAGE_TAG
-agent:
-  image:
-    tag: $IMAGE_TAG
-  deviceAccess: none
-  # An empty tree (no Neuron device) holding the simulated kernel log.
-  sysfsHostPath: $dir/node-sys
-  extraArgs:
-    - --kmsg-path=/host/sys/kmsg
-  # The fake library reads its configuration from the mounted driver directory.
+    cat >>"$dir/values.yaml" <<EOF
   extraEnv:
     - name: FAKE_NVML_CONFIG
       value: /host/nvidia-lib/fake-nvml.yaml

@@ -106,6 +106,16 @@ fn node_args(node: &str, proc: &FakeProc, socket: &Path) -> Vec<String> {
     args
 }
 
+/// The agent of a GPU-only node on the fake NVML library configured by `config`: no
+/// neuron-monitor is started there, so none is needed.
+fn start_gpu_agent(cp: &ControlPlane, node: &str, proc: &FakeProc, socket: &Path, config: &Path) -> Agent {
+    let library = neuron_e2e::workspace_bin("libnvidia_ml_fake.so");
+    let mut args = node_args(node, proc, socket);
+    args.extend(["--nvml-library".to_owned(), library.to_str().expect("utf-8 path").to_owned()]);
+    let env = [("KUBECONFIG", OsStr::new(&cp.kubeconfig)), ("FAKE_NVML_CONFIG", config.as_os_str())];
+    Agent::start_with_env("/nonexistent/neuron-monitor", &[], &strs(&args), &env)
+}
+
 fn strs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
 }
@@ -387,13 +397,7 @@ fn the_pods_holding_each_gpu_and_running_each_gpu_process() {
     )
     .expect("write the fake NVML configuration");
     let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
-    let library = neuron_e2e::workspace_bin("libnvidia_ml_fake.so");
-    let mut args = node_args(&node, &proc, &kubelet.socket);
-    args.extend(["--nvml-library".to_owned(), library.to_str().expect("utf-8 path").to_owned()]);
-    let args = strs(&args);
-    let env = [("KUBECONFIG", OsStr::new(&cp.kubeconfig)), ("FAKE_NVML_CONFIG", config.as_os_str())];
-    // A GPU-only node: no neuron-monitor is started, so none is needed.
-    let agent = Agent::start_with_env("/nonexistent/neuron-monitor", &[], &args, &env);
+    let agent = start_gpu_agent(cp, &node, &proc, &kubelet.socket, &config);
 
     // The device plugin names GPUs by the UUIDs NVML gives.
     let uuids = agent.wait_for("the GPUs collected", Duration::from_secs(30), |m| {
@@ -662,12 +666,7 @@ fn gpus_claimed_through_dra_carry_their_pods_and_claims_beside_the_device_plugin
     )
     .expect("write the fake NVML configuration");
     let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
-    let library = neuron_e2e::workspace_bin("libnvidia_ml_fake.so");
-    let mut args = node_args(&node, &proc, &kubelet.socket);
-    args.extend(["--nvml-library".to_owned(), library.to_str().expect("utf-8 path").to_owned()]);
-    let args = strs(&args);
-    let env = [("KUBECONFIG", OsStr::new(&cp.kubeconfig)), ("FAKE_NVML_CONFIG", config.as_os_str())];
-    let agent = Agent::start_with_env("/nonexistent/neuron-monitor", &[], &args, &env);
+    let agent = start_gpu_agent(cp, &node, &proc, &kubelet.socket, &config);
 
     const FIELD: &str = "DCGM_FI_DEV_GPU_TEMP";
     let uuids: Vec<String> = agent.wait_for("the GPUs collected", Duration::from_secs(30), |m| {

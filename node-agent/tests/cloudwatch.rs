@@ -237,6 +237,26 @@ fn names(metrics: &[Metric]) -> BTreeSet<String> {
     metrics.iter().filter_map(|m| m.metric_name().map(str::to_owned)).collect()
 }
 
+/// Each `node_gpu_*` metric published, with the names of its dimensions.
+fn node_gpu_sets(metrics: &[Metric]) -> BTreeSet<(String, BTreeSet<String>)> {
+    metrics
+        .iter()
+        .filter(|m| m.metric_name().is_some_and(|n| n.starts_with("node_gpu_")))
+        .map(|m| (m.metric_name().unwrap_or_default().to_owned(), dimension_map(m).into_keys().collect()))
+        .collect()
+}
+
+/// Every `node_gpu_*` metric of the Container Insights catalogue with each of its sets.
+fn catalogue_node_gpu_sets() -> BTreeSet<(String, BTreeSet<String>)> {
+    api::cloudwatch::catalogue::insights::GPU_METRICS
+        .iter()
+        .filter(|g| g.name.starts_with("node_"))
+        .flat_map(|g| {
+            g.dimension_sets().iter().map(|s| (g.name.to_owned(), s.iter().map(|d| d.name().to_owned()).collect()))
+        })
+        .collect()
+}
+
 fn dimension_map(m: &Metric) -> BTreeMap<String, String> {
     m.dimensions().iter().map(|d| (d.name().unwrap_or("").to_owned(), d.value().unwrap_or("").to_owned())).collect()
 }
@@ -1336,19 +1356,8 @@ fn container_insights_gpu_names_sets_and_units_on_a_node_with_both() {
     let metrics = list_metrics(&cw, "GpuInsights", &[]);
     let gpu_metrics: Vec<&Metric> =
         metrics.iter().filter(|m| m.metric_name().is_some_and(|n| n.starts_with("node_gpu_"))).collect();
-    let published: BTreeSet<(String, BTreeSet<String>)> = gpu_metrics
-        .iter()
-        .map(|m| (m.metric_name().unwrap_or_default().to_owned(), dimension_map(m).into_keys().collect()))
-        .collect();
     // No pod holds a GPU here: the node family, with every one of its sets.
-    let expected: BTreeSet<(String, BTreeSet<String>)> = api::cloudwatch::catalogue::insights::GPU_METRICS
-        .iter()
-        .filter(|g| g.name.starts_with("node_"))
-        .flat_map(|g| {
-            g.dimension_sets().iter().map(|s| (g.name.to_owned(), s.iter().map(|d| d.name().to_owned()).collect()))
-        })
-        .collect();
-    assert_eq!(published, expected);
+    assert_eq!(node_gpu_sets(&metrics), catalogue_node_gpu_sets());
     assert!(!metrics.iter().any(|m| m.metric_name().is_some_and(|n| n.starts_with("pod_gpu_"))));
     for metric in &gpu_metrics {
         let name = metric.metric_name().unwrap_or_default();
@@ -1459,18 +1468,8 @@ fn a_gpu_only_node_takes_its_instance_from_its_node_object() {
     std::thread::sleep(Duration::from_millis(1500));
 
     let metrics = list_metrics(&cw, "GpuIdentity", &[]);
-    let published: BTreeSet<(String, BTreeSet<String>)> = metrics
-        .iter()
-        .filter(|m| m.metric_name().is_some_and(|n| n.starts_with("node_gpu_")))
-        .map(|m| (m.metric_name().unwrap_or_default().to_owned(), dimension_map(m).into_keys().collect()))
-        .collect();
-    let expected: BTreeSet<(String, BTreeSet<String>)> = api::cloudwatch::catalogue::insights::GPU_METRICS
-        .iter()
-        .filter(|g| g.name.starts_with("node_"))
-        .flat_map(|g| {
-            g.dimension_sets().iter().map(|s| (g.name.to_owned(), s.iter().map(|d| d.name().to_owned()).collect()))
-        })
-        .collect();
+    let published = node_gpu_sets(&metrics);
+    let expected = catalogue_node_gpu_sets();
     assert!(expected.iter().any(|(_, set)| set.contains("InstanceId")), "the catalogue names InstanceId sets");
     assert_eq!(published, expected, "every node set, InstanceId's and InstanceType's included");
     let with_id: Vec<BTreeMap<String, String>> =
