@@ -201,25 +201,20 @@ impl NvmlReader {
         if last.groups == reads.groups && last.read_at.is_some_and(|at| at.elapsed() < self.slow_refresh) {
             return last;
         }
-        let power = reads.groups.contains(GpuGroup::Power);
-        let pcie = reads.groups.contains(GpuGroup::Pcie);
+        use GpuGroup::{Pcie, Power};
         let fresh = SlowValues {
             read_at: Some(Instant::now()),
             groups: reads.groups,
-            energy_millijoules: if power { reads.value(device.total_energy_consumption()) } else { None },
+            energy_millijoules: reads.of(Power, || device.total_energy_consumption()),
             // NVML gives KB/s over its last 20 ms sample.
-            pcie_tx_bytes_per_second: if pcie {
-                reads.value(device.pcie_throughput(PcieUtilCounter::Send)).map(kib_to_bytes)
-            } else {
-                None
-            },
-            pcie_rx_bytes_per_second: if pcie {
-                reads.value(device.pcie_throughput(PcieUtilCounter::Receive)).map(kib_to_bytes)
-            } else {
-                None
-            },
-            pcie_replays: if pcie { reads.value(device.pcie_replay_counter()).map(u64::from) } else { None },
-            pcie_link_width: if pcie { reads.value(device.current_pcie_link_width()) } else { None },
+            pcie_tx_bytes_per_second: reads
+                .of(Pcie, || device.pcie_throughput(PcieUtilCounter::Send))
+                .map(kib_to_bytes),
+            pcie_rx_bytes_per_second: reads
+                .of(Pcie, || device.pcie_throughput(PcieUtilCounter::Receive))
+                .map(kib_to_bytes),
+            pcie_replays: reads.of(Pcie, || device.pcie_replay_counter()).map(u64::from),
+            pcie_link_width: reads.of(Pcie, || device.current_pcie_link_width()),
             // MIG instances say which pod holds what: read whatever the groups.
             mig_enabled: reads.value(device.mig_mode()).is_some_and(|m| m.current == 1),
         };
