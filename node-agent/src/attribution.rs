@@ -19,6 +19,7 @@
 //!
 //! [`sources`] sets it up on a node: the caches, and the tasks that feed them.
 
+pub mod allocation;
 pub mod cgroup;
 pub mod dra;
 pub mod ecs;
@@ -44,13 +45,14 @@ use prometheus_client::{
 use tracing::{debug, warn};
 
 use self::{
+    allocation::{IdleClock, IdlePolicy},
     cgroup::Placement,
     ecs::SharedEcs,
     podresources::{DeviceOwnership, SharedDevices},
     pods::{PodIndex, SharedPods},
 };
 use crate::{
-    state::{EcsContainer, NodeState, PodRef},
+    state::{AllocationState, EcsContainer, NodeState, PodRef},
     telemetry::{ReasonLabel, ResultLabel, SourceLabel},
 };
 
@@ -240,6 +242,7 @@ pub struct Attribution {
     devices: SharedDevices,
     ecs: SharedEcs,
     metrics: AttributionMetrics,
+    idle_policy: IdlePolicy,
     cache: Mutex<Cache>,
 }
 
@@ -247,6 +250,8 @@ pub struct Attribution {
 struct Cache {
     pids: HashMap<u32, PidEntry>,
     owners: CoreOwners,
+    allocation: AllocatedCores,
+    idle: IdleClock,
     /// Reports attributed so far; a PID not seen in the latest one is dropped.
     round: u64,
     /// The node state's `k8s_generation` last copied into the devices.
@@ -275,6 +280,41 @@ struct CoreOwners {
     /// Each core's holder as the series of the core name it: its owner, with the claim
     /// through which it holds the core where that is a DRA claim.
     held: Vec<Option<Arc<PodRef>>>,
+}
+
+/// The cores the node can allocate and has allocated, rebuilt when the devices or the
+/// cores per device change.
+#[derive(Default)]
+struct AllocatedCores {
+    key: Option<(u64, Option<u32>)>,
+    /// `None`: unknown (see [`DeviceOwnership::allocatable_cores`]).
+    allocatable: Option<Vec<u32>>,
+    allocated: Vec<u32>,
+    cores_per_device: Option<u32>,
+}
+
+impl AllocatedCores {
+    fn refresh(&mut self, devices: &DeviceOwnership, cores_per_device: Option<u32>) {
+        let key = Some((devices.generation(), cores_per_device));
+        if self.key == key {
+            return;
+        }
+        self.key = key;
+        self.cores_per_device = cores_per_device;
+        self.allocatable = devices.allocatable_cores(cores_per_device);
+        let cores = devices.allocations().iter().flat_map(|a| a.cores(cores_per_device));
+        self.allocated = cores.filter(|c| *c < MAX_CORES).collect();
+        self.allocated.sort_unstable();
+        self.allocated.dedup();
+    }
+
+    /// This report's counts; `None` while what can be allocated is unknown.
+    fn summary(&self, idle: &mut IdleClock, state: &NodeState, policy: IdlePolicy, now: Instant) -> Option<AllocationState> {
+        let (allocatable, cores_per_device) = (self.allocatable.as_deref()?, self.cores_per_device?);
+        let used = state.runtimes.iter().flat_map(|rt| &rt.cores);
+        let idle = idle.tick(used, &self.allocated, policy, now);
+        Some(allocation::summarize(allocatable, &self.allocated, &idle, cores_per_device))
+    }
 }
 
 impl CoreOwners {
@@ -379,7 +419,13 @@ impl Attribution {
         ecs: SharedEcs,
         metrics: AttributionMetrics,
     ) -> Self {
-        Attribution { proc_root, pods, devices, ecs, metrics, cache: Mutex::default() }
+        Attribution { proc_root, pods, devices, ecs, metrics, idle_policy: IdlePolicy::default(), cache: Mutex::default() }
+    }
+
+    /// When allocated cores count as idle (default: [`IdlePolicy::default`]).
+    pub fn with_idle_policy(mut self, policy: IdlePolicy) -> Self {
+        self.idle_policy = policy;
+        self
     }
 
     /// Sets the pod of every runtime and idle core of `state` (after [`NodeState::apply`]).
@@ -407,7 +453,9 @@ impl Attribution {
         }
         let cores_per_device = state.hardware.as_ref().and_then(|h| h.cores_per_device);
         cache.owners.refresh(&pods, &devices, cores_per_device);
+        cache.allocation.refresh(&devices, cores_per_device);
         drop(devices);
+        state.allocation = cache.allocation.summary(&mut cache.idle, state, self.idle_policy, Instant::now());
 
         let mut tally = Tally::default();
         for rt in &mut state.runtimes {

@@ -189,6 +189,17 @@ pub struct AttributionArgs {
     #[arg(long, env = "NEURON_AGENT_POD_RESOURCES_KEEP", default_value = "5m", value_parser = parse_duration)]
     pub pod_resources_keep: Duration,
 
+    /// Utilization (percent) below which an allocated NeuronCore is idle, for
+    /// `neuron_node_neuroncores{state="allocated_idle"}`.
+    #[arg(long, env = "NEURON_AGENT_IDLE_CORE_UTILIZATION", default_value = "5",
+          value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub idle_core_utilization: u8,
+
+    /// How long an allocated NeuronCore stays below that utilization before it counts as
+    /// idle (1s to 24h).
+    #[arg(long, env = "NEURON_AGENT_IDLE_CORE_WINDOW", default_value = "10m", value_parser = parse_idle_window)]
+    pub idle_core_window: Duration,
+
     /// On ECS: the ECS agent's introspection API (`http://127.0.0.1:51678` on a container
     /// instance). A runtime in an ECS task's container gets the task's ARN, family and the
     /// container's name as labels and CloudWatch dimensions.
@@ -477,6 +488,10 @@ impl AttributionArgs {
             kubelet_timeout: self.pod_resources_timeout,
             kubelet_keep: self.pod_resources_keep,
             ecs_agent: self.ecs_agent_uri.clone(),
+            idle: attribution::allocation::IdlePolicy {
+                below_percent: f64::from(self.idle_core_utilization),
+                window: self.idle_core_window,
+            },
         }
     }
 }
@@ -519,6 +534,17 @@ fn parse_watch_timeout(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if !WATCH_TIMEOUT_RANGE.contains(&d) || d.subsec_nanos() != 0 {
         return Err("whole seconds from 5s to 290s".to_owned());
+    }
+    Ok(d)
+}
+
+/// Bounds of `--idle-core-window`: a day is as long as anyone waits to be told.
+const IDLE_WINDOW_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(86_400);
+
+fn parse_idle_window(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if !IDLE_WINDOW_RANGE.contains(&d) {
+        return Err("a duration from 1s to 24h".to_owned());
     }
     Ok(d)
 }

@@ -116,6 +116,32 @@ pub struct IdleCore {
     pub pod: Option<Arc<PodRef>>,
 }
 
+/// NeuronCores by what the kubelet can and did allocate, on the node or one device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CoreAllocation {
+    pub allocatable: u32,
+    pub allocated: u32,
+    /// Allocated, and idle for the whole idle window ([`crate::attribution::allocation`]).
+    pub allocated_idle: u32,
+}
+
+/// The allocation of the node's Neuron devices and cores (set by attribution).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllocationState {
+    pub cores: CoreAllocation,
+    pub devices_allocatable: u32,
+    pub devices_allocated: u32,
+    /// By device index: each device with an allocatable or an allocated core.
+    pub devices: Vec<(u32, CoreAllocation)>,
+}
+
+impl CoreAllocation {
+    /// The values of the `state` label, with their counts.
+    pub fn by_state(&self) -> [(&'static str, u32); 3] {
+        [("allocatable", self.allocatable), ("allocated", self.allocated), ("allocated_idle", self.allocated_idle)]
+    }
+}
+
 /// One core held by a runtime.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct HeldCore {
@@ -392,6 +418,8 @@ pub struct NodeState {
     pub k8s: Option<K8sOwners>,
     /// Changes whenever `k8s` does.
     pub k8s_generation: u64,
+    /// `None` while the kubelet has not said what can be allocated (or off Kubernetes).
+    pub allocation: Option<AllocationState>,
     pub problems: Vec<GroupProblem>,
     /// What the latest report had beyond the limits.
     pub refusals: Refusals,
@@ -410,6 +438,7 @@ impl Default for NodeState {
             system: SystemState::default(),
             k8s: None,
             k8s_generation: 0,
+            allocation: None,
             problems: Vec::new(),
             refusals: Refusals::default(),
             reports: 0,

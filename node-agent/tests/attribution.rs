@@ -11,7 +11,7 @@ use std::{collections::BTreeMap, ffi::OsStr, path::Path, time::Duration};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{api::DeleteParams, Api};
 use neuron_e2e::{random_u32, ControlPlane};
-use neuron_node_agent::attribution::podresources::{self, NEURONCORE, NEURONDEVICE};
+use neuron_node_agent::attribution::podresources::{self, proto::ContainerDevices, NEURON, NEURONCORE, NEURONDEVICE};
 use support::{
     kubelet::{
         claiming, container_id, containerd_cgroup, holding, holding_ids, running_pod, stat_line, FakeProc,
@@ -159,6 +159,8 @@ fn every_application_and_core_carries_its_pod_and_prometheus_sums_by_namespace()
     assert_eq!(m.value("neuron_agent_kubelet_up", &[]), Some(1.0));
     assert_eq!(m.value("neuron_agent_attribution_disagreements_total", &[]), Some(0.0));
     assert_eq!(m.value("neuron_agent_pods", &[]), Some(2.0));
+    // This kubelet does not say what can be allocated: no allocation counts are made up.
+    assert_eq!(m.value("neuron_node_neuroncores", &[("state", "allocatable")]), None);
 
     promtool_accepts(&m.text);
 
@@ -190,6 +192,59 @@ fn every_application_and_core_carries_its_pod_and_prometheus_sums_by_namespace()
     assert!(cores(&m, None).values().all(|ns| *ns != scene.b), "no idle core credited to a deleted pod");
     assert_eq!(label(&m, "neuroncore_utilization_ratio", "train", "namespace"), Some(scene.a.as_str()));
     assert_eq!(m.value("neuron_agent_runtimes_unattributed", &[("reason", "pod_unknown")]), Some(1.0));
+}
+
+/// The device plugin advertises every device and core of the trn1.32xlarge (16 devices,
+/// 2 cores each, under all three resource names, as AWS's plugin does); `train` holds
+/// devices 0 and 1 and uses cores 0-2 at 80 %, `serve` holds cores 4 and 5 and uses 4 at
+/// 50 %: cores 3 and 5 are allocated but idle once the (1 s) window has passed, and stop
+/// counting when their pods give them back.
+#[test]
+fn allocatable_allocated_and_idle_cores_per_node_and_device() {
+    let rt = runtime();
+    let cp = ControlPlane::shared();
+    let scene = scene(&rt, cp);
+    let advertised = |resource: &str, count: u32| ContainerDevices {
+        resource_name: resource.to_owned(),
+        device_ids: (0..count).map(|i| i.to_string()).collect(),
+    };
+    scene.kubelet.set_allocatable(Some(vec![
+        advertised(NEURONDEVICE, 16),
+        advertised(NEURON, 16),
+        advertised(NEURONCORE, 32),
+        ContainerDevices { resource_name: "vpc.amazonaws.com/efa".into(), device_ids: vec!["rdmap16s27".into()] },
+    ]));
+    let mut args = node_args(&scene.node, &scene.proc, &scene.kubelet.socket);
+    args.extend(["--idle-core-window", "1s", "--idle-core-utilization", "5"].map(str::to_owned));
+    let env = [("KUBECONFIG", OsStr::new(&cp.kubeconfig))];
+    let agent = Agent::start_with_env(support::sim(), APPS, &strs(&args), &env);
+
+    let cores_in = |m: &Metrics, state: &str| m.value("neuron_node_neuroncores", &[("state", state)]);
+    let m = agent.wait_for("two allocated cores idle", Duration::from_secs(30), |m| {
+        (cores_in(m, "allocated_idle") == Some(2.0)).then(|| m.clone())
+    });
+    assert_eq!(cores_in(&m, "allocatable"), Some(32.0));
+    assert_eq!(cores_in(&m, "allocated"), Some(6.0));
+    let devices_in = |state: &str| m.value("neuron_node_neuron_devices", &[("state", state)]);
+    assert_eq!((devices_in("allocatable"), devices_in("allocated")), (Some(16.0), Some(3.0)));
+    let device = |index: &str, state: &str| {
+        m.value("neuron_device_neuroncores", &[("neuron_device_index", index), ("state", state)])
+    };
+    // Device 1 (cores 2, 3): train uses 2, not 3; device 2 (cores 4, 5): serve uses 4.
+    assert_eq!((device("0", "allocated"), device("0", "allocated_idle")), (Some(2.0), Some(0.0)));
+    assert_eq!((device("1", "allocated"), device("1", "allocated_idle")), (Some(2.0), Some(1.0)));
+    assert_eq!((device("2", "allocated"), device("2", "allocated_idle")), (Some(2.0), Some(1.0)));
+    assert_eq!((device("15", "allocatable"), device("15", "allocated")), (Some(2.0), Some(0.0)));
+    promtool_accepts(&m.text);
+
+    // train finishes: the kubelet lists only serve; its core 5 stays idle.
+    scene.kubelet.set(vec![holding(&scene.b, "serve", "srv", NEURONCORE, &[4, 5])]);
+    let m = agent.wait_for("train's cores given back", Duration::from_secs(30), |m| {
+        (cores_in(m, "allocated") == Some(2.0)).then(|| m.clone())
+    });
+    assert_eq!(cores_in(&m, "allocated_idle"), Some(1.0));
+    assert_eq!(cores_in(&m, "allocatable"), Some(32.0));
+    assert_eq!(m.value("neuron_node_neuron_devices", &[("state", "allocated")]), Some(1.0));
 }
 
 /// The scene with its kubelet stopped, and the path where its socket is missing.

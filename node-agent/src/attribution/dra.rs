@@ -243,6 +243,11 @@ impl<D: Clone> DeviceTable<D> {
         self.len() == 0
     }
 
+    /// What each listed device stands for (those listed without, left out).
+    pub fn resolved(&self) -> impl Iterator<Item = &D> {
+        self.pools.values().flat_map(HashMap::values).flatten()
+    }
+
     /// What `device` of `pool` stands for.
     pub fn device(&self, pool: &str, device: &str) -> Result<&D, Unresolved> {
         match self.pools.get(pool).and_then(|devices| devices.get(device)) {

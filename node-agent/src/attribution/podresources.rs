@@ -30,11 +30,13 @@ use super::{
     AttributionMetrics, DeviceSource,
 };
 use crate::state::K8sOwners;
+use api::limits::MAX_NEURONCORES;
 
 /// The messages of `k8s.io/kubelet/pkg/apis/podresources/v1/api.proto` the agent uses.
 pub mod proto {
     /// The gRPC method's path.
     pub const LIST_PATH: &str = "/v1.PodResourcesLister/List";
+    pub const ALLOCATABLE_PATH: &str = "/v1.PodResourcesLister/GetAllocatableResources";
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct ListPodResourcesRequest {}
@@ -91,6 +93,17 @@ pub mod proto {
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
+    pub struct AllocatableResourcesRequest {}
+
+    /// What the device plugins can allocate on the node (its CPU ids, tag 2, and memory,
+    /// tag 3, are not read). DRA devices are not listed: their ResourceSlices say them.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct AllocatableResourcesResponse {
+        #[prost(message, repeated, tag = "1")]
+        pub devices: Vec<ContainerDevices>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
     pub struct ContainerDevices {
         #[prost(string, tag = "1")]
         pub resource_name: String,
@@ -119,8 +132,10 @@ pub enum PodResourcesError {
     Timeout(Duration),
 }
 
-/// Calls `List` on the kubelet's socket.
-pub async fn list(socket: &Path) -> Result<proto::ListPodResourcesResponse, PodResourcesError> {
+type Client = tonic::client::Grpc<tonic::transport::Channel>;
+
+/// A client of the kubelet's socket.
+async fn connect(socket: &Path) -> Result<Client, PodResourcesError> {
     let path = socket.to_owned();
     let connector = tower::service_fn(move |_: http::Uri| {
         let path = path.clone();
@@ -131,16 +146,38 @@ pub async fn list(socket: &Path) -> Result<proto::ListPodResourcesResponse, PodR
         .connect_with_connector(connector)
         .await
         .map_err(|source| PodResourcesError::Connect { socket: socket.display().to_string(), source })?;
-    let mut client = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES);
+    Ok(tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES))
+}
+
+/// One unary call.
+async fn call<Req, Resp>(client: &mut Client, path: &'static str, request: Req) -> Result<Resp, tonic::Status>
+where
+    Req: prost::Message + Send + Sync + 'static,
+    Resp: prost::Message + Default + Send + Sync + 'static,
+{
     client.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
     let response = client
-        .unary(
-            tonic::Request::new(proto::ListPodResourcesRequest {}),
-            http::uri::PathAndQuery::from_static(proto::LIST_PATH),
-            ProstCodec::default(),
-        )
+        .unary(tonic::Request::new(request), http::uri::PathAndQuery::from_static(path), ProstCodec::default())
         .await?;
     Ok(response.into_inner())
+}
+
+/// Calls `List` on the kubelet's socket.
+pub async fn list(socket: &Path) -> Result<proto::ListPodResourcesResponse, PodResourcesError> {
+    let mut client = connect(socket).await?;
+    Ok(call(&mut client, proto::LIST_PATH, proto::ListPodResourcesRequest {}).await?)
+}
+
+/// Calls `List`, then `GetAllocatableResources` on the same connection; the second may
+/// fail alone (a kubelet that does not serve it).
+pub async fn list_and_allocatable(
+    socket: &Path,
+) -> Result<(proto::ListPodResourcesResponse, Result<proto::AllocatableResourcesResponse, tonic::Status>), PodResourcesError>
+{
+    let mut client = connect(socket).await?;
+    let listed = call(&mut client, proto::LIST_PATH, proto::ListPodResourcesRequest {}).await?;
+    let allocatable = call(&mut client, proto::ALLOCATABLE_PATH, proto::AllocatableResourcesRequest {}).await;
+    Ok((listed, allocatable))
 }
 
 /// What one device id of an allocation stands for.
@@ -166,17 +203,54 @@ pub struct Allocation {
     pub claim: Option<Arc<Claim>>,
 }
 
-impl Allocation {
-    /// The host cores it covers; none for a device while the cores per device are unknown.
-    pub fn cores(&self, cores_per_device: Option<u32>) -> Range<u32> {
-        match (self.unit, cores_per_device) {
-            (Unit::Core, _) => self.id..self.id.saturating_add(1),
+impl Unit {
+    /// What the ids of the Neuron device plugin's `resource` stand for; `None`: not a
+    /// Neuron resource.
+    fn of_resource(resource: &str) -> Option<Unit> {
+        match resource {
+            NEURONCORE => Some(Unit::Core),
+            NEURONDEVICE | NEURON => Some(Unit::Device),
+            _ => None,
+        }
+    }
+
+    /// The host cores id `id` covers; none for a device while the cores per device are
+    /// unknown.
+    pub fn cores(self, id: u32, cores_per_device: Option<u32>) -> Range<u32> {
+        match (self, cores_per_device) {
+            (Unit::Core, _) => id..id.saturating_add(1),
             (Unit::Device, Some(n)) => {
-                let first = self.id.saturating_mul(n);
+                let first = id.saturating_mul(n);
                 first..first.saturating_add(n)
             }
             (Unit::Device, None) => 0..0,
         }
+    }
+}
+
+/// Neuron device ids the device plugin can allocate, kept from one answer (a node has
+/// at most 64 devices, 256 cores; each under three resource names at most).
+const MAX_ALLOCATABLE_IDS: usize = 1024;
+
+/// The Neuron devices and cores of a `GetAllocatableResources` answer (ids that are not
+/// indices are left out: `List` already names them).
+pub fn allocatable(response: &proto::AllocatableResourcesResponse) -> Vec<(Unit, u32)> {
+    let mut out: Vec<(Unit, u32)> = response
+        .devices
+        .iter()
+        .filter_map(|d| Some((Unit::of_resource(&d.resource_name)?, &d.device_ids)))
+        .flat_map(|(unit, ids)| ids.iter().filter_map(move |id| Some((unit, id.trim().parse::<u32>().ok()?))))
+        .take(MAX_ALLOCATABLE_IDS)
+        .collect();
+    out.sort_by_key(|(unit, id)| (*unit == Unit::Device, *id));
+    out.dedup();
+    out
+}
+
+impl Allocation {
+    /// The host cores it covers; none for a device while the cores per device are unknown.
+    pub fn cores(&self, cores_per_device: Option<u32>) -> Range<u32> {
+        self.unit.cores(self.id, cores_per_device)
     }
 }
 
@@ -188,11 +262,7 @@ pub fn allocations(response: &proto::ListPodResourcesResponse) -> (Vec<Allocatio
     for pod in &response.pod_resources {
         for container in &pod.containers {
             for devices in &container.devices {
-                let unit = match devices.resource_name.as_str() {
-                    NEURONCORE => Unit::Core,
-                    NEURONDEVICE | NEURON => Unit::Device,
-                    _ => continue,
-                };
+                let Some(unit) = Unit::of_resource(&devices.resource_name) else { continue };
                 for id in &devices.device_ids {
                     match id.trim().parse::<u32>() {
                         Ok(id) => out.push(Allocation {
@@ -297,6 +367,8 @@ pub struct DeviceOwnership {
     monitor: Option<Vec<Allocation>>,
     /// The EFA devices the kubelet says are held.
     efa: Vec<EfaAllocation>,
+    /// What the device plugin can allocate; `None`: the kubelet did not say.
+    plugin_allocatable: Option<Vec<(Unit, u32)>>,
     generation: u64,
 }
 
@@ -391,6 +463,40 @@ impl DeviceOwnership {
         }
     }
 
+    /// What the device plugin can allocate (`None`: the kubelet did not say).
+    pub fn set_plugin_allocatable(&mut self, allocatable: Option<Vec<(Unit, u32)>>) {
+        if self.plugin_allocatable != allocatable {
+            self.plugin_allocatable = allocatable;
+            self.generation += 1;
+        }
+    }
+
+    /// Whether the device plugin can allocate no Neuron device (as on a node whose
+    /// devices DRA manages, or without a device plugin).
+    pub fn plugin_allocates_nothing(&self) -> bool {
+        self.plugin_allocatable.as_ref().is_some_and(Vec::is_empty)
+    }
+
+    /// The host cores the device plugin and the DRA driver can allocate, sorted; `None`
+    /// while neither is known (the kubelet did not say, and the ResourceSlices are not
+    /// listed, or the cores per device are not).
+    pub fn allocatable_cores(&self, cores_per_device: Option<u32>) -> Option<Vec<u32>> {
+        if self.plugin_allocatable.is_none() && self.dra_devices.is_none() {
+            return None;
+        }
+        let plugin = self.plugin_allocatable.iter().flatten().copied();
+        let dra = self.dra_devices.iter().flat_map(DeviceTable::resolved).map(|id| (Unit::Device, *id));
+        let units: Vec<(Unit, u32)> = plugin.chain(dra).collect();
+        if cores_per_device.is_none() && units.iter().any(|(unit, _)| *unit == Unit::Device) {
+            return None;
+        }
+        let cores = units.into_iter().flat_map(|(unit, id)| unit.cores(id, cores_per_device));
+        let mut cores: Vec<u32> = cores.filter(|c| *c < MAX_NEURONCORES).collect();
+        cores.sort_unstable();
+        cores.dedup();
+        Some(cores)
+    }
+
     /// The EFA devices held, sorted by device name.
     pub fn efa(&self) -> &[EfaAllocation] {
         &self.efa
@@ -428,13 +534,24 @@ impl KubeletPoller {
         let mut failing = false;
         let mut reported_unreadable: Vec<String> = Vec::new();
         let mut reported_gpu_ids = BTreeSet::new();
+        let mut allocatable_failing = false;
         loop {
-            let result = match tokio::time::timeout(self.timeout, list(&self.socket)).await {
+            let result = match tokio::time::timeout(self.timeout, list_and_allocatable(&self.socket)).await {
                 Ok(result) => result,
                 Err(_) => Err(PodResourcesError::Timeout(self.timeout)),
             };
             match result {
-                Ok(response) => {
+                Ok((response, plugin_allocatable)) => {
+                    let plugin_allocatable = match plugin_allocatable {
+                        Ok(answer) => Some(allocatable(&answer)),
+                        Err(status) => {
+                            if !std::mem::replace(&mut allocatable_failing, true) {
+                                warn!(error = %status, "the kubelet does not say what the device plugin can allocate; \
+                                      the allocation metrics count the DRA driver's devices only");
+                            }
+                            None
+                        }
+                    };
                     let (allocations, mut unreadable) = allocations(&response);
                     let claimed = dra::claimed_devices(&response, Neuron::NAME);
                     let (efa, efa_unreadable) = efa_allocations(&response);
@@ -454,10 +571,14 @@ impl KubeletPoller {
                     let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
                     let unresolvable = devices.set_kubelet(allocations, claimed);
                     devices.set_efa(efa);
+                    devices.set_plugin_allocatable(plugin_allocatable);
+                    // Without the device plugin's devices, the node's (if any) are DRA's:
+                    // its ResourceSlices say what can be allocated.
+                    let dra_node = devices.plugin_allocates_nothing();
                     drop(devices);
                     dra::report_unresolved(&unresolvable, Neuron::NAME, &self.metrics);
                     let gpu_claims = self.gpus.refresh(&response, &mut reported_gpu_ids);
-                    if neuron_claims || gpu_claims {
+                    if neuron_claims || gpu_claims || dra_node {
                         self.dra_wanted.send_if_modified(|wanted| !std::mem::replace(wanted, true));
                     }
                     self.metrics.kubelet_requests.get_or_create(&super::ResultLabel { result: "ok" }).inc();
@@ -484,6 +605,7 @@ impl KubeletPoller {
                         );
                         devices.forget_kubelet();
                         devices.set_efa(Vec::new());
+                        devices.set_plugin_allocatable(None);
                     }
                     if expired {
                         self.gpus.forget();

@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    allocation::IdlePolicy,
     dra::slices::SliceWatcher,
     ecs::{self, EcsPoller, SharedEcs},
     gpus::{GpuHolding, GpuProcessAttribution},
@@ -39,6 +40,8 @@ pub struct Settings {
     pub kubelet_keep: Duration,
     /// The ECS agent's introspection API, on ECS.
     pub ecs_agent: Option<http::Uri>,
+    /// When allocated cores count as idle.
+    pub idle: IdlePolicy,
 }
 
 /// The caches of pod attribution and what feeds them.
@@ -78,6 +81,7 @@ impl Sources {
             self.ecs.clone(),
             self.metrics.clone(),
         )
+        .with_idle_policy(self.settings.idle)
     }
 
     /// Who holds which devices, by the kubelet's account (for the health series' pods).

@@ -250,8 +250,49 @@ pub fn encode_node(
     encode_system(state, scope, described, encoder)?;
     if scope.node_level() {
         encode_problems(state, &routed, encoder)?;
+        encode_allocation(state, encoder)?;
     }
     Ok(())
+}
+
+/// What the kubelet can allocate and has allocated, on the node and per device
+/// ([`crate::attribution::allocation`]); nothing while it is unknown.
+fn encode_allocation(state: &NodeState, encoder: &mut dyn FamilyEncoder) -> Result<(), fmt::Error> {
+    let Some(allocation) = &state.allocation else { return Ok(()) };
+    let instance = &*state.instance;
+    let mut f = Family::new(
+        "neuron_node_neuroncores",
+        "NeuronCores of the node the kubelet can allocate (allocatable), has allocated to pods (allocated), and \
+         allocated ones idle for the agent's idle window (allocated_idle)",
+        MetricType::Gauge,
+    );
+    for (state, count) in allocation.cores.by_state() {
+        f.push(Labels::node(instance).text("state", state), Some(f64::from(count)));
+    }
+    f.write(encoder)?;
+
+    let mut f = Family::new(
+        "neuron_node_neuron_devices",
+        "Neuron devices of the node with a core the kubelet can allocate (allocatable) or has allocated (allocated)",
+        MetricType::Gauge,
+    );
+    for (state, count) in [("allocatable", allocation.devices_allocatable), ("allocated", allocation.devices_allocated)] {
+        f.push(Labels::node(instance).text("state", state), Some(f64::from(count)));
+    }
+    f.write(encoder)?;
+
+    let mut f = Family::new(
+        "neuron_device_neuroncores",
+        "NeuronCores of one Neuron device by allocation state, as neuron_node_neuroncores",
+        MetricType::Gauge,
+    );
+    for (device, counts) in &allocation.devices {
+        for (state, count) in counts.by_state() {
+            let labels = Labels::node(instance).number("neuron_device_index", *device).text("state", state);
+            f.push(labels, Some(f64::from(count)));
+        }
+    }
+    f.write(encoder)
 }
 
 /// The series of each routed runtime, and of the idle cores taken.

@@ -1,5 +1,5 @@
 //! What stands in for the kubelet on this machine (none can run here): a gRPC server of
-//! `v1.PodResourcesLister/List` on a unix socket, answering what the test feeds it, and
+//! `v1.PodResourcesLister` (`List`, `GetAllocatableResources`) on a unix socket, answering what the test feeds it, and
 //! a fake `/proc` tree whose `<pid>/cgroup` files place simulated applications in pods.
 //!
 //! The server is plain HTTP/2 (hyper) with the gRPC framing written out here, apart from
@@ -18,8 +18,8 @@ use std::{
 };
 
 use neuron_node_agent::attribution::podresources::proto::{
-    ClaimResource, ContainerDevices, ContainerResources, DynamicResource, ListPodResourcesRequest,
-    ListPodResourcesResponse, PodResources, LIST_PATH,
+    AllocatableResourcesRequest, AllocatableResourcesResponse, ClaimResource, ContainerDevices, ContainerResources,
+    DynamicResource, ListPodResourcesRequest, ListPodResourcesResponse, PodResources, ALLOCATABLE_PATH, LIST_PATH,
 };
 use tonic::{body::Body, server::NamedService, transport::Server};
 use tonic_prost::ProstCodec;
@@ -99,6 +99,7 @@ pub fn holding_with_efa(
 pub struct PodResourcesServer {
     pub socket: PathBuf,
     pods: Arc<Mutex<Vec<PodResources>>>,
+    allocatable: Allocatable,
     pub calls: Arc<AtomicU64>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -109,10 +110,11 @@ impl PodResourcesServer {
     pub fn start(socket: &Path) -> PodResourcesServer {
         let _ = std::fs::remove_file(socket);
         let pods: Arc<Mutex<Vec<PodResources>>> = Arc::default();
+        let allocatable = Allocatable::default();
         let calls = Arc::new(AtomicU64::new(0));
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (path, shared, counter) = (socket.to_owned(), pods.clone(), calls.clone());
+        let (path, shared, counter, advertised) = (socket.to_owned(), pods.clone(), calls.clone(), allocatable.clone());
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
             runtime.block_on(async move {
@@ -121,7 +123,7 @@ impl PodResourcesServer {
                 let incoming = futures::stream::unfold(listener, |listener| async move {
                     Some((listener.accept().await.map(|(stream, _)| stream), listener))
                 });
-                let service = PodResourcesLister { pods: shared, calls: counter };
+                let service = PodResourcesLister { pods: shared, allocatable: advertised, calls: counter };
                 let _ = Server::builder()
                     .add_service(service)
                     .serve_with_incoming_shutdown(incoming, async move {
@@ -132,7 +134,20 @@ impl PodResourcesServer {
             });
         });
         ready_rx.recv().expect("the pod-resources server started");
-        PodResourcesServer { socket: socket.to_owned(), pods, calls, stop: Some(stop_tx), thread: Some(thread) }
+        PodResourcesServer {
+            socket: socket.to_owned(),
+            pods,
+            allocatable,
+            calls,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+
+    /// What `GetAllocatableResources` answers from now on: the device plugins' devices
+    /// (`None`, the start: unimplemented, as on a kubelet without it).
+    pub fn set_allocatable(&self, devices: Option<Vec<ContainerDevices>>) {
+        *self.allocatable.lock().expect("lock") = devices;
     }
 
     /// What `List` answers from now on.
@@ -157,10 +172,14 @@ impl Drop for PodResourcesServer {
     }
 }
 
-/// `v1.PodResourcesLister`, serving `List` with the pods the test set.
+type Allocatable = Arc<Mutex<Option<Vec<ContainerDevices>>>>;
+
+/// `v1.PodResourcesLister`, serving `List` with the pods the test set, and
+/// `GetAllocatableResources` with the devices it set.
 #[derive(Clone)]
 struct PodResourcesLister {
     pods: Arc<Mutex<Vec<PodResources>>>,
+    allocatable: Allocatable,
     calls: Arc<AtomicU64>,
 }
 
@@ -179,6 +198,19 @@ impl tonic::server::UnaryService<ListPodResourcesRequest> for PodResourcesLister
     }
 }
 
+impl tonic::server::UnaryService<AllocatableResourcesRequest> for PodResourcesLister {
+    type Response = AllocatableResourcesResponse;
+    type Future = std::future::Ready<Result<tonic::Response<AllocatableResourcesResponse>, tonic::Status>>;
+
+    fn call(&mut self, _: tonic::Request<AllocatableResourcesRequest>) -> Self::Future {
+        let answer = match self.allocatable.lock().expect("lock").clone() {
+            Some(devices) => Ok(tonic::Response::new(AllocatableResourcesResponse { devices })),
+            None => Err(tonic::Status::unimplemented("GetAllocatableResources is not served")),
+        };
+        std::future::ready(answer)
+    }
+}
+
 impl tower::Service<http::Request<Body>> for PodResourcesLister {
     type Response = http::Response<Body>;
     type Error = Infallible;
@@ -191,10 +223,17 @@ impl tower::Service<http::Request<Body>> for PodResourcesLister {
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let lister = self.clone();
         Box::pin(async move {
-            if request.uri().path() != LIST_PATH {
-                return Ok(tonic::Status::unimplemented("only List is served here").into_http());
+            match request.uri().path() {
+                LIST_PATH => {
+                    let codec = ProstCodec::<ListPodResourcesResponse, ListPodResourcesRequest>::default();
+                    Ok(tonic::server::Grpc::new(codec).unary(lister, request).await)
+                }
+                ALLOCATABLE_PATH => {
+                    let codec = ProstCodec::<AllocatableResourcesResponse, AllocatableResourcesRequest>::default();
+                    Ok(tonic::server::Grpc::new(codec).unary(lister, request).await)
+                }
+                _ => Ok(tonic::Status::unimplemented("only List and GetAllocatableResources are served here").into_http()),
             }
-            Ok(tonic::server::Grpc::new(ProstCodec::default()).unary(lister, request).await)
         })
     }
 }
