@@ -237,6 +237,21 @@ fn allocatable_allocated_and_idle_cores_per_node_and_device() {
     assert_eq!((device("15", "allocatable"), device("15", "allocated")), (Some(2.0), Some(0.0)));
     promtool_accepts(&m.text);
 
+    // The dashboard's allocation queries (which the chart test's agents, without a
+    // kubelet, cannot answer) answer from a real Prometheus.
+    let prometheus = Prometheus::start(&[agent.addr]);
+    let dashboard = neuron_e2e::dashboard::load();
+    let queries: Vec<(String, String)> = neuron_e2e::dashboard::queries(&dashboard)
+        .into_iter()
+        .filter(|(_, expr)| neuron_e2e::dashboard::needs_kubelet(expr))
+        .collect();
+    assert!(queries.len() >= 3, "{queries:?}");
+    for (title, expr) in queries {
+        let promql = neuron_e2e::dashboard::expand(&expr);
+        let answer = prometheus.wait_for(&promql, Duration::from_secs(30), |r| (!r.is_empty()).then(|| r.to_vec()));
+        eprintln!("{title}: {promql} → {answer:?}");
+    }
+
     // train finishes: the kubelet lists only serve; its core 5 stays idle.
     scene.kubelet.set(vec![holding(&scene.b, "serve", "srv", NEURONCORE, &[4, 5])]);
     let m = agent.wait_for("train's cores given back", Duration::from_secs(30), |m| {

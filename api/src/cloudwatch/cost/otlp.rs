@@ -43,8 +43,8 @@
 //! devices, one application per core as in the classic estimate: per core the
 //! utilization, two FLOPS gauges and five memory gauges (and on trn2 the utilization of
 //! each physical core); per application 2 memory, 1 loaded-model (2 with
-//! `loadedModelInfo`), 2 vCPU, 7 process, 26 execution series; for a config of the operator's namespace also 4 ECC counters per device and
-//! 9 node series.
+//! `loadedModelInfo`), 2 vCPU, 7 process, 26 execution series; for a config of the operator's namespace also 4 ECC counters and 3 allocation
+//! counts per device, 9 node series, 5 allocation counts and the documented peaks.
 
 use std::collections::BTreeMap;
 
@@ -135,13 +135,15 @@ const fn family(
 
 const MEMORY_NONE: &[(&str, &[&str])] = &[("memory_location", &["None"])];
 const USER_SYSTEM: [&str; 2] = ["user", "system"];
+/// The values of `state` on the NeuronCore allocation families.
+const CORE_ALLOCATION_STATES: [&str; 3] = ["allocatable", "allocated", "allocated_idle"];
 
 /// The family of one series per loaded model: exported only for configs that ask
 /// (`sinks.prometheus.loadedModelInfo`).
 const MODEL_INFO: &str = "neuron_runtime_loaded_model_info";
 
 /// The families of `/metrics` (node-agent/src/sinks/prometheus.rs), by group.
-const FAMILIES: [Family; 33] = {
+const FAMILIES: [Family; 36] = {
     use Per::*;
     use RuntimeGroup as R;
     use Source::*;
@@ -216,6 +218,10 @@ const FAMILIES: [Family; 33] = {
             NodeInfo,
             &[("neuron_device_count", &["16"]), ("neuroncore_per_device_count", &["2"])],
         ),
+        // On Kubernetes, once the kubelet says what can be allocated.
+        family("neuron_node_neuroncores", false, Node, NodeInfo, &[("state", &CORE_ALLOCATION_STATES)]),
+        family("neuron_node_neuron_devices", false, Node, NodeInfo, &[("state", &["allocatable", "allocated"])]),
+        family("neuron_device_neuroncores", false, Device, NodeInfo, &[("state", &CORE_ALLOCATION_STATES)]),
         // The documented peaks of a Trainium (NeuronCore-v2) core.
         family(
             "neuroncore_peak_flops",
@@ -539,9 +545,9 @@ mod tests {
         let config = otlp_config(&[]);
         // Per core 1 + 2 + 5, per application 2 + 1 + 2 + 7 + 26.
         assert_eq!(series(&config, false, &trn1), 32 * 8 + 32 * 38);
-        // The operator's namespace adds 4 ECC counters per device, 9 node series and the
-        // 5 documented peaks of a NeuronCore-v2.
-        assert_eq!(series(&config, true, &trn1) - series(&config, false, &trn1), 4 * 16 + 9 + 5);
+        // The operator's namespace adds 4 ECC counters and 3 allocation counts per device,
+        // 9 node series, 5 allocation counts and the 5 documented peaks of a NeuronCore-v2.
+        assert_eq!(series(&config, true, &trn1) - series(&config, false, &trn1), (4 + 3) * 16 + 9 + 5 + 5);
         // trn2 with logical cores (64, LNC=2): each physical core's utilization too.
         let trn2 = NodeFacts::from_instance_type("trn2.48xlarge").unwrap();
         assert_eq!(series(&config, false, &trn2), 64 * (8 + 2) + 64 * 38);

@@ -14,6 +14,14 @@ fn exposition_with(lines: &[String], routing: SharedRouting) -> Exposition {
     for line in lines {
         state.apply(&Report::parse(line).unwrap());
     }
+    // As attribution sets it on a node whose kubelet says what can be allocated.
+    let counts = crate::state::CoreAllocation { allocatable: 2, allocated: 1, allocated_idle: 1 };
+    state.allocation = Some(crate::state::AllocationState {
+        cores: counts,
+        devices_allocatable: 1,
+        devices_allocated: 1,
+        devices: vec![(0, counts)],
+    });
     Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), Default::default(), routing)
 }
 
