@@ -9,7 +9,7 @@
 #                                `xid:79:00000000:00:1E.0`, injects that fault into the
 #                                simulated driver), kind (neuron|gpu), gpus and
 #                                nvml_config (GPU nodes: the fake NVML's GPUs as JSON,
-#                                and its configuration file), timings
+#                                and its configuration file), allocation, timings
 #   tests/realnode.sh down DIR   stop everything `up` started and restore the machine
 #
 # What runs: the test control plane (tests/controlplane with --node-name: ServiceAccount
@@ -17,7 +17,12 @@
 # packages) with their own config, root, state and socket under DIR, a CNI bridge, the
 # kubelet (root dir /var/lib/kubelet, as the chart's hostPaths expect), kube-scheduler and
 # kube-proxy (iptables mode: the `kubernetes` Service reaches the API server at the node's
-# address). The images (agent with the simulator as its neuron-monitor, operator, pause)
+# address). Neuron devices are allocated by the test device plugin (the default) or, with
+# REALNODE_ALLOCATION=dra, by the test DRA driver instead (tests/controlplane/dradriver:
+# DeviceClass neuron.aws.com, the devices in a ResourceSlice, claims prepared through CDI
+# specs under DIR/dra/cdi; containerd 1.6 has no CDI support, so on such a node its runc
+# is the driver's wrapper, which applies a pod's CDI devices before runc creates its
+# containers). The images (agent with the simulator as its neuron-monitor, operator, pause)
 # are built with umoci from the workspace's binaries and imported into containerd: no
 # registry, no container engine.
 #
@@ -35,7 +40,9 @@
 # $CARGO_TARGET_DIR/debug, else target/debug), REALNODE_NODE_IP (default: the
 # address of the default route), REALNODE_TIMEOUT (seconds for each start-up wait, 90),
 # REALNODE_INSTANCE_TYPE (trn1.32xlarge; a GPU type the fake NVML library knows, like
-# g5.12xlarge, makes a GPU node: no Neuron device, the fake library as the node's driver).
+# g5.12xlarge, makes a GPU node: no Neuron device, the fake library as the node's driver),
+# REALNODE_ALLOCATION (deviceplugin, or dra: Neuron nodes on Kubernetes >= 1.34, where
+# resource.k8s.io/v1 is served).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -49,6 +56,10 @@ NODE_NAME=neuron-realnode
 # instance type makes a GPU node instead (node_kind).
 INSTANCE_TYPE=${REALNODE_INSTANCE_TYPE:-trn1.32xlarge}
 [[ $INSTANCE_TYPE =~ ^[a-z0-9.-]{1,32}$ ]] || { echo "realnode: REALNODE_INSTANCE_TYPE ${INSTANCE_TYPE@Q}: an instance type" >&2; exit 1; }
+# Who allocates the Neuron devices (start_allocation).
+ALLOCATION=${REALNODE_ALLOCATION:-deviceplugin}
+[[ $ALLOCATION == deviceplugin || $ALLOCATION == dra ]] ||
+    { echo "realnode: REALNODE_ALLOCATION ${ALLOCATION@Q}: deviceplugin (the default) or dra" >&2; exit 1; }
 POD_CIDR=10.244.0.0/24
 BRIDGE=nmrealnode0
 KUBELET_ROOT=/var/lib/kubelet
@@ -138,7 +149,20 @@ cannot_host() {
     # A cdylib: `cargo build --workspace --bins` does not build it.
     [[ $kind != gpu || -f $(workspace_bin)/libnvidia_ml_fake.so ]] ||
         { echo "$(workspace_bin)/libnvidia_ml_fake.so missing: cargo build -p nvidia-ml-fake first"; return; }
+    [[ $ALLOCATION != dra ]] || dra_problem
     node_ip >/dev/null || echo "no IPv4 address for the node (set REALNODE_NODE_IP)"
+}
+
+# dra_problem: prints why this node cannot allocate through the test DRA driver.
+dra_problem() {
+    local version minor
+    command -v neuron-sim-dradriver >/dev/null ||
+        { echo "neuron-sim-dradriver not found (tests/tools/install.sh builds it)"; return; }
+    [[ $(node_kind) == neuron ]] || { echo "REALNODE_ALLOCATION=dra is for Neuron nodes, not $INSTANCE_TYPE"; return; }
+    version=$(kubelet --version 2>/dev/null | awk '{ print $2 }')
+    minor=$(cut -d. -f2 <<<"$version")
+    [[ $minor =~ ^[0-9]+$ ]] && ((minor >= 34)) ||
+        echo "REALNODE_ALLOCATION=dra needs Kubernetes >= 1.34 (resource.k8s.io/v1); the node's kubelet is ${version:-unknown}"
 }
 
 # cgroup_problem: prints why the cgroup layout cannot host the kubelet (and succeeds).
@@ -234,18 +258,18 @@ up() {
     start_kube_proxy
     start_scheduler
     wait_node_ready
-    start_device_plugin
     start_driver
+    start_allocation
     local node_s
     node_s=$(since "$t")
     write_values
     trap - EXIT
     local gpus='' nvml_config=''
     [[ $kind != gpu ]] || gpus=$dir/host/gpus.json nvml_config=$dir/nvidia/fake-nvml.yaml
-    printf '{"kubeconfig":"%s","values":"%s","images":{"agent":"%s","operator":"%s","pause":"%s"},"node":"%s","node_ip":"%s","server":"%s","ca":"%s","kubelet_root":"%s","bridge":"%s","logs":"%s","health_control":"%s","kind":"%s","gpus":"%s","nvml_config":"%s","timings":{"controlplane_s":%s,"images_s":%s,"node_ready_s":%s,"total_s":%s}}\n' \
+    printf '{"kubeconfig":"%s","values":"%s","images":{"agent":"%s","operator":"%s","pause":"%s"},"node":"%s","node_ip":"%s","server":"%s","ca":"%s","kubelet_root":"%s","bridge":"%s","logs":"%s","health_control":"%s","kind":"%s","gpus":"%s","nvml_config":"%s","allocation":"%s","timings":{"controlplane_s":%s,"images_s":%s,"node_ready_s":%s,"total_s":%s}}\n' \
         "$dir/cp/admin.kubeconfig" "$dir/values.yaml" "$AGENT_IMAGE" "$OPERATOR_IMAGE" "$PAUSE_IMAGE" \
         "$NODE_NAME" "$(<"$dir/host/node-ip")" "$(server)" "$dir/cp/pki/ca.crt" "$KUBELET_ROOT" "$BRIDGE" "$dir/logs" "$dir/health-control" \
-        "$kind" "$gpus" "$nvml_config" \
+        "$kind" "$gpus" "$nvml_config" "$ALLOCATION" \
         "$cp_s" "$images_s" "$node_s" "$(since "$t0")"
 }
 
@@ -350,6 +374,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = "$dir/containerd/runc"
+$(runc_binary)
 
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
@@ -411,6 +436,17 @@ conntrack:
   tcpEstablishedTimeout: 0s
   tcpCloseWaitTimeout: 0s
 EOF
+}
+
+# runc_binary: on a DRA node, the test DRA driver's runc wrapper as containerd's runc
+# (it applies the CDI devices containerd 1.6 cannot), written to DIR/dra/runc.
+runc_binary() {
+    [[ $ALLOCATION == dra ]] || return 0
+    mkdir -p "$dir/dra/cdi" "$dir/dra/consumers"
+    printf '#!/bin/sh\nexec %s runc --runc %s --cdi-dir %s --consumers-dir %s -- "$@"\n' \
+        "$(command -v neuron-sim-dradriver)" "$(command -v runc)" "$dir/dra/cdi" "$dir/dra/consumers" >"$dir/dra/runc"
+    chmod +x "$dir/dra/runc"
+    echo "        BinaryName = \"$dir/dra/runc\""
 }
 
 # start NAME CMD...: runs CMD in its own session, output in logs/NAME.log, PID recorded.
@@ -505,6 +541,30 @@ wait_node_ready() {
     wait_until kube-proxy "kubernetes Service endpoint" kubernetes_endpoint
     wait_until kube-proxy "KUBE-SERVICES chain" iptables -w 5 -t nat -S KUBE-SERVICES
     alive kube-scheduler || fail "kube-scheduler exited (log: $dir/logs/kube-scheduler.log)"
+}
+
+# start_allocation: what allocates the node's devices (REALNODE_ALLOCATION).
+start_allocation() {
+    if [[ $ALLOCATION == dra ]]; then
+        start_dra_driver
+    else
+        start_device_plugin
+    fi
+}
+
+# start_dra_driver: the test DRA driver, for the simulated instance's hardware, with the
+# simulated driver's version; waits until its ResourceSlice is published.
+start_dra_driver() {
+    "$(workspace_bin)/neuron-monitor-sim" hardware --instance-type "$INSTANCE_TYPE" >"$dir/host/hardware.json" ||
+        fail "the simulator does not know the instance type $INSTANCE_TYPE"
+    start dradriver neuron-sim-dradriver --hardware "$dir/host/hardware.json" --node-name "$NODE_NAME" \
+        --kubeconfig "$dir/cp/admin.kubeconfig" --driver-version "$(<"$dir/node-sys/module/neuron/version")" \
+        --cdi-dir "$dir/dra/cdi" --consumers-dir "$dir/dra/consumers"
+    wait_until dradriver "neuron.aws.com ResourceSlice of the node" node_has_slice
+}
+
+node_has_slice() {
+    [[ $(api "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=$NODE_NAME") == *'"driver":"neuron.aws.com"'* ]]
 }
 
 # start_device_plugin: the test device plugin, for the simulated instance's hardware as
@@ -871,7 +931,7 @@ down() {
     [[ -d $dir/host ]] || { echo "realnode: no node state in $dir"; return 0; }
     steps=()
     # The kubelet first (it would restart what is killed), then the pods, then the rest.
-    timed stop kubelet deviceplugin driver
+    timed stop kubelet deviceplugin dradriver driver
     timed kill_pods
     timed stop kube-proxy kube-scheduler containerd controlplane
     timed kill_pods

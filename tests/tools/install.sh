@@ -23,6 +23,8 @@
 #     pause       tests/controlplane/pause, static: the pod sandbox image's program
 #     neuron-sim-deviceplugin  tests/controlplane/deviceplugin: the test device plugin
 #                 (Neuron devices, NeuronCores, EFA of the simulated instance type)
+#     neuron-sim-dradriver  tests/controlplane/dradriver: the test DRA driver (neuron.aws.com,
+#                 REALNODE_ALLOCATION=dra), built against the default Kubernetes version
 # Idempotent: each step is skipped when its stamp (pinned version or source hash)
 # matches. Each step prints one line; a warm run takes a few seconds.
 # Go caches stay at their defaults (~/.cache/go-build, ~/go/pkg/mod).
@@ -340,6 +342,21 @@ install_deviceplugin() {
     step deviceplugin "built neuron-sim-deviceplugin in $((SECONDS - t))s (source $hash)"
 }
 
+# The test DRA driver (tests/controlplane/dradriver), like the device plugin.
+install_dradriver() {
+    local src=$repo/tests/controlplane hash
+    hash=$( (cd "$src" && cat go.mod go.sum dradriver/*.go && go env GOVERSION) | sha256sum | cut -c1-16)
+    if stamped dradriver "$hash" "$bin/neuron-sim-dradriver"; then
+        step dradriver "cached (source $hash)"
+        return
+    fi
+    local t=$SECONDS
+    (cd "$src" && quiet dradriver go build -trimpath -ldflags "-s -w" -o "$bin/neuron-sim-dradriver.tmp" ./dradriver)
+    mv "$bin/neuron-sim-dradriver.tmp" "$bin/neuron-sim-dradriver"
+    echo "$hash" >"$stamps/dradriver"
+    step dradriver "built neuron-sim-dradriver in $((SECONDS - t))s (source $hash)"
+}
+
 install_controlplane
 install_helm
 install_localstack
@@ -351,4 +368,5 @@ install_openssl
 install_node_packages
 install_node_binaries
 install_deviceplugin
+install_dradriver
 echo "tools ready in $tools/bin ($((SECONDS - started))s)"

@@ -68,6 +68,9 @@ pub struct NodeInfo {
     /// GPU nodes: the fake library's configuration file, re-read when it changes.
     #[serde(default)]
     pub nvml_config: PathBuf,
+    /// What allocates the node's Neuron devices: `deviceplugin` or `dra`.
+    #[serde(default)]
+    pub allocation: String,
     pub timings: Timings,
 }
 
@@ -105,17 +108,23 @@ impl RealNode {
 
     /// Starts a node of `instance_type` (a Neuron one, or a GPU one the fake NVML knows).
     pub fn up_as(instance_type: &str) -> anyhow::Result<RealNode> {
+        Self::up_with(instance_type, "deviceplugin")
+    }
+
+    /// Starts a node of `instance_type` whose Neuron devices `allocation` allocates
+    /// (`deviceplugin`, or `dra`: the test DRA driver).
+    pub fn up_with(instance_type: &str, allocation: &str) -> anyhow::Result<RealNode> {
         let lock = lock_machine()?;
         let before = HostState::read();
         let dir = std::env::temp_dir().join(format!("neuron-realnode-{}-{:08x}", std::process::id(), random_u32()));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let (ok, stdout, stderr) = realnode(UP_LIMIT, "up", &dir, instance_type);
+        let (ok, stdout, stderr) = realnode(UP_LIMIT, "up", &dir, instance_type, allocation);
         let info = stdout.lines().last().and_then(|l| serde_json::from_str::<NodeInfo>(l).ok());
         match info {
             Some(info) if ok => Ok(RealNode { dir, info, before, stopped: false, _lock: lock }),
             _ => {
                 // `up` restores the machine when it fails; a timeout may have cut it short.
-                let (_, down_out, down_err) = realnode(DOWN_LIMIT, "down", &dir, instance_type);
+                let (_, down_out, down_err) = realnode(DOWN_LIMIT, "down", &dir, instance_type, allocation);
                 bail!("tests/realnode.sh up failed:\n{stderr}\n(down: {down_out}{down_err})")
             }
         }
@@ -161,7 +170,7 @@ impl RealNode {
     /// The last lines of the node's logs, for a failed assertion's message.
     pub fn diagnostics(&self) -> String {
         let mut out = String::new();
-        for name in ["kubelet.log", "containerd.log", "kube-scheduler.log", "kube-proxy.log"] {
+        for name in ["kubelet.log", "containerd.log", "kube-scheduler.log", "kube-proxy.log", "dradriver.log"] {
             let text = std::fs::read_to_string(self.info.logs.join(name)).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             out += &format!("--- {name} (last lines)\n{}\n", lines[lines.len().saturating_sub(15)..].join("\n"));
@@ -173,7 +182,7 @@ impl RealNode {
     pub fn down(&mut self) -> anyhow::Result<Duration> {
         let started = Instant::now();
         self.stopped = true;
-        let (ok, stdout, stderr) = realnode(DOWN_LIMIT, "down", &self.dir, "");
+        let (ok, stdout, stderr) = realnode(DOWN_LIMIT, "down", &self.dir, "", "");
         if !ok {
             bail!("tests/realnode.sh down failed (state kept in {}):\n{stdout}{stderr}", self.dir.display());
         }
@@ -194,7 +203,7 @@ impl Drop for RealNode {
 
 /// `timeout LIMIT tests/realnode.sh VERB DIR`: (success, stdout, stderr). The images are
 /// made of the binaries of this test's own target directory.
-fn realnode(limit: &str, verb: &str, dir: &Path, instance_type: &str) -> (bool, String, String) {
+fn realnode(limit: &str, verb: &str, dir: &Path, instance_type: &str, allocation: &str) -> (bool, String, String) {
     let bin_dir = workspace_bin("neuron-node-agent").parent().map(Path::to_path_buf).unwrap_or_default();
     let mut command = Command::new("timeout");
     command
@@ -205,6 +214,9 @@ fn realnode(limit: &str, verb: &str, dir: &Path, instance_type: &str) -> (bool, 
         .env("REALNODE_BIN_DIR", bin_dir);
     if !instance_type.is_empty() {
         command.env("REALNODE_INSTANCE_TYPE", instance_type);
+    }
+    if !allocation.is_empty() {
+        command.env("REALNODE_ALLOCATION", allocation);
     }
     chart::run(command)
 }

@@ -8,7 +8,8 @@
 //! through the chart's admission policy). Then the node is stopped and the machine must
 //! be as it was.
 //!
-//! One test function per kind of node (the GPU node's in `real_node/gpu.rs`): one node
+//! One test function per kind of node (the GPU node's in `real_node/gpu.rs`, the DRA
+//! node's in `real_node/dra.rs`): one node
 //! per machine (the kubelet's device-plugin socket is a fixed path; the second test waits
 //! for the first's node to go), and starting a node costs about half a minute.
 
@@ -40,6 +41,8 @@ use neuron_e2e::{
 use neuron_node_agent::attribution::podresources::{self, Unit};
 use serde_json::json;
 
+#[path = "real_node/dra.rs"]
+mod dra;
 #[path = "real_node/gpu.rs"]
 mod gpu;
 

@@ -1,0 +1,240 @@
+//! Neuron devices allocated through Dynamic Resource Allocation on a real node
+//! (`REALNODE_ALLOCATION=dra`: the test DRA driver `neuron.aws.com` instead of the device
+//! plugin): a pod whose ResourceClaim holds one device runs the simulated application on
+//! its cores (from the claim's CDI device) and is attributed on the agent's /metrics
+//! through the kubelet's pod-resources `dynamic_resources` and the node's ResourceSlice;
+//! the idle cores of a device another pod claims carry that claim; a device nobody
+//! claims keeps reporting, without a pod.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::{
+    api::{ApiResource, DynamicObject, PostParams},
+    Api, Client,
+};
+use neuron_e2e::{
+    real_node::{leftovers, HostState, RealNode},
+    wait_for,
+};
+use neuron_node_agent::attribution::{dra::claimed_devices, podresources};
+use serde_json::json;
+
+use super::{
+    component_of, every_pod_ready, health_series, helm_install, labels_of,
+    metrics_answer_only_a_token_with_the_reader_role, runtime_cores, AGENT_PORT,
+};
+
+const TEAM: &str = "team-dra";
+const TAG: &str = "realnode-dra";
+const DRIVER: &str = "neuron.aws.com";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn neuron_devices_claimed_through_dra_are_attributed_on_a_real_node() {
+    let mut node = RealNode::up_with("trn1.32xlarge", "dra").expect("a real node with the test DRA driver");
+    let t = &node.info.timings;
+    eprintln!("DRA node up in {:.1}s (kubelet to Ready node and ResourceSlice {:.1}s)", t.total_s, t.node_ready_s);
+    assert_eq!(node.info.allocation, "dra", "{:?}", node.info);
+    let hardware = std::fs::read_to_string(node.dir.join("host/hardware.json")).expect("the node's hardware");
+    let hardware: serde_json::Value = serde_json::from_str(&hardware).expect("JSON");
+    let cores_per_device = hardware["cores_per_device"].as_u64().expect("cores_per_device") as u32;
+    let client = node.client().await;
+    let slice = published_devices(&client, &node.info.node).await;
+    assert_eq!(slice.len() as u64, hardware["devices"].as_u64().expect("devices"), "the ResourceSlice: {slice:?}");
+
+    helm_install(&node);
+    let pods = every_pod_ready(&client).await;
+    let scraper = metrics_answer_only_a_token_with_the_reader_role(&client, &pods).await;
+    let agent = pods.iter().find(|p| component_of(p) == "node-agent").expect("the agent's pod").clone();
+    let page = || scraper.metrics(&agent, "node-agent", AGENT_PORT, Some(&scraper.token)).body;
+
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = serde_json::from_value(json!({ "metadata": { "name": TEAM } })).expect("a Namespace");
+    namespaces.create(&PostParams::default(), &ns).await.expect("the team's namespace");
+
+    // The application's pod: attributed from the claim's allocation on.
+    let created = Instant::now();
+    claim_pod(
+        &client,
+        "trainer",
+        &node.info.images.agent,
+        &["neuron-monitor-sim", "app", "--tag", TAG, "--util", "70"],
+    )
+    .await;
+    let device = allocated_device(&client, "trainer-neuron").await;
+    let allocated = Instant::now();
+    let index = *slice.get(&device).unwrap_or_else(|| panic!("{device} is not in the ResourceSlice {slice:?}"));
+    let cores: Vec<u32> = (index * cores_per_device..(index + 1) * cores_per_device).collect();
+    let expected: BTreeSet<(String, String, String, String)> =
+        cores.iter().map(|c| (c.to_string(), TEAM.into(), "trainer".into(), "app".into())).collect();
+    let seen = wait_for(Duration::from_secs(90), || {
+        std::future::ready((runtime_cores(&page(), TAG) == expected).then_some(()))
+    })
+    .await;
+    let latency = allocated.elapsed();
+    assert!(
+        seen.is_some(),
+        "{TAG}'s cores on /metrics {:?}, the claim's device {device} holds {expected:?}\n{}",
+        runtime_cores(&page(), TAG),
+        node.diagnostics()
+    );
+    eprintln!(
+        "the claim's pod attributed on /metrics {:.2}s after its claim was allocated ({:.2}s after the pod was created)",
+        latency.as_secs_f64(),
+        created.elapsed().as_secs_f64()
+    );
+    the_kubelet_lists_the_claim(&node, "trainer", "trainer-neuron", &device).await;
+    // The device's own series name the pod holding it.
+    let holders = health_series(&page()).into_iter().find(|(d, ..)| *d == index.to_string()).map(|(_, _, p, _)| p);
+    assert_eq!(holders.as_deref(), Some(format!("{TEAM}/trainer").as_str()), "device {index}'s health series");
+
+    // A pod that holds its claimed device idle: the device's idle cores carry the pod and
+    // the claim.
+    claim_pod(&client, "holder", &node.info.images.pause, &["/pause"]).await;
+    let held = allocated_device(&client, "holder-neuron").await;
+    let held_index = slice[&held];
+    let held_cores: BTreeSet<String> =
+        (held_index * cores_per_device..(held_index + 1) * cores_per_device).map(|c| c.to_string()).collect();
+    let claim_labels = |labels: &BTreeMap<String, String>| {
+        ["namespace", "pod", "container", "dra_claim_namespace", "dra_claim_name"]
+            .map(|k| labels.get(k).cloned().unwrap_or_default())
+    };
+    let want = [TEAM, "holder", "idle", TEAM, "holder-neuron"].map(str::to_owned);
+    let idle = wait_for(Duration::from_secs(60), || {
+        let idle = idle_cores(&page());
+        let ours = held_cores.iter().all(|c| idle.get(c).map(claim_labels).as_ref() == Some(&want));
+        std::future::ready(ours.then_some(()))
+    })
+    .await;
+    let last: Vec<_> = idle_cores(&page()).into_iter().filter(|(c, _)| held_cores.contains(c)).collect();
+    assert!(idle.is_some(), "the idle cores of {held} (claim holder-neuron): {last:?}, want {want:?} on each");
+    the_kubelet_lists_the_claim(&node, "holder", "holder-neuron", &held).await;
+
+    // A device nobody claims keeps reporting its cores, without a pod or a claim.
+    let free = slice.values().copied().find(|i| ![index, held_index].contains(i)).expect("an unclaimed device");
+    let idle = idle_cores(&page());
+    for core in free * cores_per_device..(free + 1) * cores_per_device {
+        let labels = idle.get(&core.to_string()).unwrap_or_else(|| panic!("core {core} of unclaimed device {free}"));
+        assert!(!labels.contains_key("pod") && !labels.contains_key("dra_claim_name"), "core {core}: {labels:?}");
+    }
+
+    let pids = node.pids();
+    let took = node.down().expect("tests/realnode.sh down");
+    eprintln!("down in {:.1}s", took.as_secs_f64());
+    assert_eq!(HostState::read(), node.before, "the machine's sysctls or kubelet root differ from before the node");
+    let left = leftovers(&node.info, &node.dir, &pids);
+    assert!(left.is_empty(), "the stopped node left behind:\n{}", left.join("\n"));
+}
+
+fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: "resource.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "resource.k8s.io/v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// The node's published Neuron devices: name → `deviceId`.
+async fn published_devices(client: &Client, node: &str) -> BTreeMap<String, u32> {
+    let slices: Api<DynamicObject> = Api::all_with(client.clone(), &resource("ResourceSlice", "resourceslices"));
+    let list = slices
+        .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .expect("the node's ResourceSlices");
+    let mut devices = BTreeMap::new();
+    for slice in list.items.iter().filter(|s| s.data["spec"]["driver"] == DRIVER) {
+        for device in slice.data["spec"]["devices"].as_array().into_iter().flatten() {
+            let name = device["name"].as_str().unwrap_or_default().to_owned();
+            let id = device["attributes"]["deviceId"]["int"].as_u64().expect("a deviceId") as u32;
+            let kind = &device["attributes"]["resourceType"]["string"];
+            assert_eq!(kind, "neuron_device", "{name}'s resourceType");
+            for group in ["resource.aws.com/devicegroup4_id", "resource.aws.com/devicegroup8_id"] {
+                assert!(device["attributes"][group]["int"].is_u64(), "{name} lacks {group}: {device}");
+            }
+            devices.insert(name, id);
+        }
+    }
+    devices
+}
+
+/// Pod `name` of TEAM, its container `app` holding ResourceClaim `<name>-neuron` (one
+/// device of class neuron.aws.com) and running `command` of `image`.
+async fn claim_pod(client: &Client, name: &str, image: &str, command: &[&str]) {
+    let claims: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), TEAM, &resource("ResourceClaim", "resourceclaims"));
+    let claim: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": { "name": format!("{name}-neuron") },
+        "spec": { "devices": { "requests": [
+            { "name": "neuron", "exactly": { "deviceClassName": DRIVER, "count": 1 } }
+        ] } },
+    }))
+    .expect("a ResourceClaim");
+    claims.create(&PostParams::default(), &claim).await.expect("creating the ResourceClaim");
+    let container = if name == "holder" { "idle" } else { "app" };
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "resourceClaims": [{ "name": "neuron", "resourceClaimName": format!("{name}-neuron") }],
+            "containers": [{
+                "name": container,
+                "image": image,
+                "imagePullPolicy": "Never",
+                "command": command,
+                "resources": { "claims": [{ "name": "neuron" }] },
+                "securityContext": { "runAsNonRoot": true, "allowPrivilegeEscalation": false,
+                                     "readOnlyRootFilesystem": true, "capabilities": { "drop": ["ALL"] } },
+            }],
+        },
+    }))
+    .expect("a Pod");
+    Api::<Pod>::namespaced(client.clone(), TEAM).create(&PostParams::default(), &pod).await.expect("creating the pod");
+}
+
+/// The device the scheduler allocated to claim TEAM/`claim`, once it has.
+async fn allocated_device(client: &Client, claim: &str) -> String {
+    let claims: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), TEAM, &resource("ResourceClaim", "resourceclaims"));
+    let device = wait_for(Duration::from_secs(60), || {
+        let claims = claims.clone();
+        async move {
+            let c = claims.get(claim).await.ok()?;
+            let results = c.data["status"]["allocation"]["devices"]["results"].as_array()?.clone();
+            assert_eq!(results.len(), 1, "claim {claim} of one device: {results:?}");
+            assert_eq!(results[0]["driver"], DRIVER, "{results:?}");
+            results[0]["device"].as_str().map(str::to_owned)
+        }
+    })
+    .await;
+    let last = claims.get(claim).await.map(|c| c.data["status"].clone());
+    device.unwrap_or_else(|| panic!("claim {TEAM}/{claim} never allocated: {last:?}"))
+}
+
+/// The kubelet's pod-resources answer lists the claim's device for the pod's container.
+async fn the_kubelet_lists_the_claim(node: &RealNode, pod: &str, claim: &str, device: &str) {
+    let socket = node.info.kubelet_root.join("pod-resources/kubelet.sock");
+    let answer = podresources::list(&socket).await.expect("the kubelet's pod-resources answer");
+    let listed: Vec<_> = claimed_devices(&answer, DRIVER)
+        .into_iter()
+        .filter(|c| (c.namespace.as_str(), c.pod.as_str()) == (TEAM, pod))
+        .map(|c| (c.claim.namespace.clone(), c.claim.name.clone(), c.pool.clone(), c.device.clone()))
+        .collect();
+    let want = (TEAM.to_owned(), claim.to_owned(), node.info.node.clone(), device.to_owned());
+    assert_eq!(listed, vec![want], "the kubelet's dynamic_resources of {TEAM}/{pod}");
+}
+
+/// The `neuroncore_utilization_ratio` series without a runtime (idle cores): core → labels.
+fn idle_cores(page: &str) -> BTreeMap<String, BTreeMap<String, String>> {
+    page.lines()
+        .filter_map(|line| line.strip_prefix("neuroncore_utilization_ratio{"))
+        .filter_map(|rest| rest.split_once('}').map(|(labels, _)| labels_of(labels)))
+        .filter(|labels| !labels.contains_key("runtime_tag"))
+        .filter_map(|labels| Some((labels.get("neuroncore")?.clone(), labels)))
+        .collect()
+}
