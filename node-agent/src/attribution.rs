@@ -309,7 +309,13 @@ impl AllocatedCores {
     }
 
     /// This report's counts; `None` while what can be allocated is unknown.
-    fn summary(&self, idle: &mut IdleClock, state: &NodeState, policy: IdlePolicy, now: Instant) -> Option<AllocationState> {
+    fn summary(
+        &self,
+        idle: &mut IdleClock,
+        state: &NodeState,
+        policy: IdlePolicy,
+        now: Instant,
+    ) -> Option<AllocationState> {
         let (allocatable, cores_per_device) = (self.allocatable.as_deref()?, self.cores_per_device?);
         let used = state.runtimes.iter().flat_map(|rt| &rt.cores);
         let idle = idle.tick(used, &self.allocated, policy, now);
@@ -419,7 +425,15 @@ impl Attribution {
         ecs: SharedEcs,
         metrics: AttributionMetrics,
     ) -> Self {
-        Attribution { proc_root, pods, devices, ecs, metrics, idle_policy: IdlePolicy::default(), cache: Mutex::default() }
+        Attribution {
+            proc_root,
+            pods,
+            devices,
+            ecs,
+            metrics,
+            idle_policy: IdlePolicy::default(),
+            cache: Mutex::default(),
+        }
     }
 
     /// When allocated cores count as idle (default: [`IdlePolicy::default`]).

@@ -172,8 +172,10 @@ pub async fn list(socket: &Path) -> Result<proto::ListPodResourcesResponse, PodR
 /// fail alone (a kubelet that does not serve it).
 pub async fn list_and_allocatable(
     socket: &Path,
-) -> Result<(proto::ListPodResourcesResponse, Result<proto::AllocatableResourcesResponse, tonic::Status>), PodResourcesError>
-{
+) -> Result<
+    (proto::ListPodResourcesResponse, Result<proto::AllocatableResourcesResponse, tonic::Status>),
+    PodResourcesError,
+> {
     let mut client = connect(socket).await?;
     let listed = call(&mut client, proto::LIST_PATH, proto::ListPodResourcesRequest {}).await?;
     let allocatable = call(&mut client, proto::ALLOCATABLE_PATH, proto::AllocatableResourcesRequest {}).await;

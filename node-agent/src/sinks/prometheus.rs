@@ -276,7 +276,8 @@ fn encode_allocation(state: &NodeState, encoder: &mut dyn FamilyEncoder) -> Resu
         "Neuron devices of the node with a core the kubelet can allocate (allocatable) or has allocated (allocated)",
         MetricType::Gauge,
     );
-    for (state, count) in [("allocatable", allocation.devices_allocatable), ("allocated", allocation.devices_allocated)] {
+    for (state, count) in [("allocatable", allocation.devices_allocatable), ("allocated", allocation.devices_allocated)]
+    {
         f.push(Labels::node(instance).text("state", state), Some(f64::from(count)));
     }
     f.write(encoder)?;

@@ -232,7 +232,10 @@ impl tower::Service<http::Request<Body>> for PodResourcesLister {
                     let codec = ProstCodec::<AllocatableResourcesResponse, AllocatableResourcesRequest>::default();
                     Ok(tonic::server::Grpc::new(codec).unary(lister, request).await)
                 }
-                _ => Ok(tonic::Status::unimplemented("only List and GetAllocatableResources are served here").into_http()),
+                _ => {
+                    Ok(tonic::Status::unimplemented("only List and GetAllocatableResources are served here")
+                        .into_http())
+                }
             }
         })
     }

@@ -41,7 +41,8 @@ pub fn queries(dashboard: &Value) -> Vec<(String, String)> {
 /// The families only an agent whose kubelet says what can be allocated serves: the
 /// queries reading them are answered by node-agent's attribution tests (a test kubelet),
 /// not by the chart test's agents, which run without Kubernetes.
-pub const KUBELET_METRICS: [&str; 3] = ["neuron_node_neuroncores", "neuron_node_neuron_devices", "neuron_device_neuroncores"];
+pub const KUBELET_METRICS: [&str; 3] =
+    ["neuron_node_neuroncores", "neuron_node_neuron_devices", "neuron_device_neuroncores"];
 
 /// Whether a query reads one of [`KUBELET_METRICS`].
 pub fn needs_kubelet(promql: &str) -> bool {

@@ -157,6 +157,14 @@ impl RealNode {
         chart::helm(&all)
     }
 
+    /// The simulated hardware's NeuronCores per device (`host/hardware.json`).
+    pub fn cores_per_device(&self) -> u32 {
+        let path = self.dir.join("host/hardware.json");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let hardware: serde_json::Value = serde_json::from_str(&text).expect("the node's hardware JSON");
+        hardware["cores_per_device"].as_u64().and_then(|n| u32::try_from(n).ok()).expect("cores_per_device")
+    }
+
     /// The PIDs `up` started (control plane, containerd, kubelet, scheduler, kube-proxy).
     pub fn pids(&self) -> Vec<u32> {
         let Ok(entries) = std::fs::read_dir(self.dir.join("pids")) else { return Vec::new() };

@@ -317,6 +317,36 @@ async fn a_workload_pods_runtime_is_attributed_through_the_kubelet(
         "a workload pod's runtime attributed on /metrics {:.1}s after it was created",
         started.elapsed().as_secs_f64()
     );
+
+    // What the real kubelet says the device plugin can allocate and has allocated is what
+    // the agent counts.
+    let (listed, allocatable) = podresources::list_and_allocatable(&socket).await.expect("pod-resources");
+    let allocatable = allocatable.expect("the kubelet serves GetAllocatableResources");
+    let per_device = node.cores_per_device();
+    let cores = |units: Vec<(Unit, u32)>| -> BTreeSet<u32> {
+        units.into_iter().flat_map(|(unit, id)| unit.cores(id, Some(per_device))).collect()
+    };
+    let can = cores(podresources::allocatable(&allocatable)).len() as f64;
+    let did = cores(podresources::allocations(&listed).0.into_iter().map(|a| (a.unit, a.id)).collect()).len() as f64;
+    assert!(can >= 32.0 && did >= 3.0, "the kubelet's allocatable {can} and allocated {did} cores");
+    let counted = wait_for(Duration::from_secs(30), || {
+        let counts = allocation_counts(&scraper.metrics(agent, "node-agent", AGENT_PORT, Some(&scraper.token)).body);
+        std::future::ready(
+            (counts.get("allocatable") == Some(&can) && counts.get("allocated") == Some(&did)).then_some(()),
+        )
+    })
+    .await;
+    let last = allocation_counts(&scraper.metrics(agent, "node-agent", AGENT_PORT, Some(&scraper.token)).body);
+    assert!(counted.is_some(), "neuron_node_neuroncores {last:?}; the kubelet: {can} allocatable, {did} allocated");
+}
+
+/// `state` → value of `neuron_node_neuroncores` on an agent's page.
+fn allocation_counts(page: &str) -> BTreeMap<String, f64> {
+    page.lines()
+        .filter_map(|line| line.strip_prefix("neuron_node_neuroncores{"))
+        .filter_map(|rest| rest.split_once("} "))
+        .filter_map(|(labels, value)| Some((labels_of(labels).get("state")?.clone(), value.trim().parse().ok()?)))
+        .collect()
 }
 
 /// Creates pod `namespace/name` (its namespace too) holding `cores` NeuronCores and
@@ -650,9 +680,14 @@ async fn the_agent_holds_its_memory_limit_on_the_worst_accepted_report(
 /// `helm install --wait` of the chart with the node's values; fails the test with the
 /// node's diagnostics.
 fn helm_install(node: &RealNode) {
+    helm_install_with(node, &[]);
+}
+
+/// `helm install` with the node's values and `extra` arguments (`--set …`).
+fn helm_install_with(node: &RealNode, extra: &[&str]) {
     let chart = chart_dir().display().to_string();
     let values = node.info.values.display().to_string();
-    let (ok, stdout, stderr) = node.helm(&[
+    let mut args = vec![
         "install",
         RELEASE,
         &chart,
@@ -664,7 +699,9 @@ fn helm_install(node: &RealNode) {
         "--wait",
         "--timeout",
         "180s",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let (ok, stdout, stderr) = node.helm(&args);
     assert!(ok, "helm install --wait failed:\n{stdout}\n{stderr}\n{}", node.diagnostics());
 }
 

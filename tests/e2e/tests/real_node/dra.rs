@@ -24,7 +24,7 @@ use neuron_node_agent::attribution::{dra::claimed_devices, podresources};
 use serde_json::json;
 
 use super::{
-    component_of, every_pod_ready, health_series, helm_install, labels_of,
+    allocation_counts, component_of, every_pod_ready, health_series, helm_install_with, labels_of,
     metrics_answer_only_a_token_with_the_reader_role, runtime_cores, AGENT_PORT,
 };
 
@@ -40,12 +40,13 @@ async fn neuron_devices_claimed_through_dra_are_attributed_on_a_real_node() {
     assert_eq!(node.info.allocation, "dra", "{:?}", node.info);
     let hardware = std::fs::read_to_string(node.dir.join("host/hardware.json")).expect("the node's hardware");
     let hardware: serde_json::Value = serde_json::from_str(&hardware).expect("JSON");
-    let cores_per_device = hardware["cores_per_device"].as_u64().expect("cores_per_device") as u32;
+    let cores_per_device = node.cores_per_device();
     let client = node.client().await;
     let slice = published_devices(&client, &node.info.node).await;
     assert_eq!(slice.len() as u64, hardware["devices"].as_u64().expect("devices"), "the ResourceSlice: {slice:?}");
 
-    helm_install(&node);
+    // Allocated cores count as idle after 2 s (not 10 minutes) in this test.
+    helm_install_with(&node, &["--set", "agent.idleCores.window=2s"]);
     let pods = every_pod_ready(&client).await;
     let scraper = metrics_answer_only_a_token_with_the_reader_role(&client, &pods).await;
     let agent = pods.iter().find(|p| component_of(p) == "node-agent").expect("the agent's pod").clone();
@@ -112,6 +113,19 @@ async fn neuron_devices_claimed_through_dra_are_attributed_on_a_real_node() {
     let last: Vec<_> = idle_cores(&page()).into_iter().filter(|(c, _)| held_cores.contains(c)).collect();
     assert!(idle.is_some(), "the idle cores of {held} (claim holder-neuron): {last:?}, want {want:?} on each");
     the_kubelet_lists_the_claim(&node, "holder", "holder-neuron", &held).await;
+
+    // What can be allocated comes from the ResourceSlice (the node has no device plugin);
+    // the two claimed devices are allocated, the holder's idle, the trainer's busy.
+    let devices = slice.len() as f64;
+    let per_device = f64::from(cores_per_device);
+    let want: BTreeMap<String, f64> =
+        [("allocatable", devices * per_device), ("allocated", 2.0 * per_device), ("allocated_idle", per_device)]
+            .map(|(k, v)| (k.to_owned(), v))
+            .into();
+    let counted =
+        wait_for(Duration::from_secs(30), || std::future::ready((allocation_counts(&page()) == want).then_some(())))
+            .await;
+    assert!(counted.is_some(), "neuron_node_neuroncores {:?}, want {want:?}", allocation_counts(&page()));
 
     // A device nobody claims keeps reporting its cores, without a pod or a claim.
     let free = slice.values().copied().find(|i| ![index, held_index].contains(i)).expect("an unclaimed device");
