@@ -797,7 +797,8 @@ mod tests {
         assert_eq!(team, 7 * (2 + 3 * 64) + 7 * (1 + 3 * 64));
         // The operator's config adds the node family and ECC, and may see every namespace.
         let ops = estimate(&spec(cw), true, &nodes).unwrap().metrics;
-        let node = 7 * (1 + 2 + 64) + (1 + 2 + 32) + 3 * (1 + 2);
+        // Node-level: 3 totals and 5 capacity metrics, each under {C} and {C,Id,Node}.
+        let node = 7 * (1 + 2 + 64) + (1 + 2 + 32) + 8 * (1 + 2);
         let pod = 7 * (1 + 64 + 3 * 64) + (1 + 64 + 3 * 64);
         let container = 8 * (1 + 3 * 64);
         assert_eq!(ops, node + pod + container);
@@ -805,8 +806,8 @@ mod tests {
         let mut one = sink(None);
         one.naming = Some(CloudWatchNaming::ContainerInsights);
         let one = estimate(&spec(one), true, &[trn1_32()]).unwrap().metrics;
-        assert_eq!(one, (7 * 34 + 18 + 6) + (8 * (1 + 4 * 32)) + 8 * (1 + 3 * 32));
-        assert_eq!(one, 2070);
+        assert_eq!(one, (7 * 34 + 18 + 16) + (8 * (1 + 4 * 32)) + 8 * (1 + 3 * 32));
+        assert_eq!(one, 2080);
     }
 
     fn g5_12xlarge(gpus: u32) -> NodeFacts {

@@ -10,10 +10,13 @@
 //! family and level whose dimensions all have a value: coarse sets are not pre-aggregated,
 //! so `{ClusterName}`'s statistics are over per-core values, as Container Insights does.
 //!
-//! Left out, as the agent cannot know them: the sets with `UltraServer` (neuron-monitor's
-//! `ultraserver_id` is not in the reports this agent reads) and with `Service` (no watch of
-//! Services), and the capacity metrics (`node_neuroncore_limit`, …) that come from
-//! Kubernetes resource accounting, not from neuron-monitor.
+//! The node's NeuronCore capacity metrics (`node_neuroncore_limit`, `…_usage_total`,
+//! `…_reserved_capacity`, `…_unreserved_capacity`, `…_available_capacity`) come from what
+//! the kubelet says can be and is allocated (`neuron_node_neuroncores`), device plugin and
+//! DRA alike, once it has said so. Left out, as the agent cannot know them: the sets with
+//! `UltraServer` (neuron-monitor's `ultraserver_id` is not in the reports this agent reads)
+//! and with `Service` (no watch of Services), and the pods' capacity metrics
+//! (`pod_neuroncore_request`, …), which need the pods' resource requests.
 //!
 //! Where the CloudWatch agent is wrong, the names stay and the values are right: each
 //! core is credited to the pod that holds it (the agent copies one pod onto every core),
@@ -74,6 +77,48 @@ pub enum Source {
     LatencyP50,
     /// A value of an NVIDIA GPU.
     Gpu(GpuValue),
+    /// A count of the node's NeuronCores by allocation (`neuron_node_neuroncores`).
+    Capacity(Capacity),
+}
+
+/// What Container Insights' NeuronCore capacity metrics say of the node's allocatable and
+/// allocated cores (what its resource accounting of `aws.amazon.com/neuroncore` gives).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Capacity {
+    /// Allocatable cores.
+    Limit,
+    /// Allocated cores.
+    UsageTotal,
+    /// Allocated over allocatable, percent.
+    ReservedCapacity,
+    /// The rest, percent.
+    UnreservedCapacity,
+    /// Allocatable and not allocated cores.
+    AvailableCapacity,
+}
+
+impl Capacity {
+    pub const ALL: [Capacity; 5] = [
+        Capacity::Limit,
+        Capacity::UsageTotal,
+        Capacity::ReservedCapacity,
+        Capacity::UnreservedCapacity,
+        Capacity::AvailableCapacity,
+    ];
+
+    /// The value from the node's `allocatable` and `allocated` cores; `None`: a share of
+    /// no allocatable core.
+    pub fn value(self, allocatable: u32, allocated: u32) -> Option<f64> {
+        let (allocatable, allocated) = (f64::from(allocatable), f64::from(allocated));
+        let share = (allocatable > 0.0).then(|| (allocated / allocatable * 100.0).min(100.0));
+        match self {
+            Capacity::Limit => Some(allocatable),
+            Capacity::UsageTotal => Some(allocated),
+            Capacity::ReservedCapacity => share,
+            Capacity::UnreservedCapacity => share.map(|s| 100.0 - s),
+            Capacity::AvailableCapacity => Some((allocatable - allocated).max(0.0)),
+        }
+    }
 }
 
 impl Source {
@@ -88,7 +133,7 @@ impl Source {
             Source::Utilization => Some(RuntimeGroup::NeuroncoreCounters),
             Source::CoreMemory(_) | Source::CoreMemoryTotal | Source::DeviceMemory => Some(RuntimeGroup::MemoryUsed),
             Source::ExecutionErrors | Source::LatencyP50 => Some(RuntimeGroup::ExecutionStats),
-            Source::EccEvents | Source::Gpu(_) => None,
+            Source::EccEvents | Source::Gpu(_) | Source::Capacity(_) => None,
         }
     }
 
@@ -302,24 +347,43 @@ macro_rules! per_core_and_device {
 const NODE: [Metric; 8] = per_core_and_device!(Family::Node, "node_");
 const POD: [Metric; 8] = per_core_and_device!(Family::Pod, "pod_");
 const CONTAINER: [Metric; 8] = per_core_and_device!(Family::Container, "container_");
-const NODE_ONLY: [Metric; 3] = [
-    metric("node_neuron_execution_errors_total", Family::Node, Unit::Count, Level::Node, Source::ExecutionErrors),
-    metric("node_neurondevice_runtime_memory_used_bytes", Family::Node, Unit::Bytes, Level::Node, Source::DeviceMemory),
-    metric("node_neuron_execution_latency", Family::Node, Unit::Seconds, Level::Node, Source::LatencyP50),
-];
+/// A node capacity metric.
+const fn capacity(name: &'static str, unit: Unit, value: Capacity) -> Metric {
+    metric(name, Family::Node, unit, Level::Node, Source::Capacity(value))
+}
+
+const NODE_ONLY: [Metric; 8] = {
+    use Capacity::*;
+    [
+        metric("node_neuron_execution_errors_total", Family::Node, Unit::Count, Level::Node, Source::ExecutionErrors),
+        metric(
+            "node_neurondevice_runtime_memory_used_bytes",
+            Family::Node,
+            Unit::Bytes,
+            Level::Node,
+            Source::DeviceMemory,
+        ),
+        metric("node_neuron_execution_latency", Family::Node, Unit::Seconds, Level::Node, Source::LatencyP50),
+        capacity("node_neuroncore_limit", Unit::Count, Limit),
+        capacity("node_neuroncore_usage_total", Unit::Count, UsageTotal),
+        capacity("node_neuroncore_reserved_capacity", Unit::Percent, ReservedCapacity),
+        capacity("node_neuroncore_unreserved_capacity", Unit::Percent, UnreservedCapacity),
+        capacity("node_neuroncore_available_capacity", Unit::Count, AvailableCapacity),
+    ]
+};
 
 /// Every Container Insights metric, in a fixed order: node, pod, container.
-pub const METRICS: [Metric; 27] = {
-    let mut out = [NODE[0]; 27];
+pub const METRICS: [Metric; 32] = {
+    let mut out = [NODE[0]; 32];
     let mut i = 0;
     while i < 8 {
         out[i] = NODE[i];
-        out[11 + i] = POD[i];
-        out[19 + i] = CONTAINER[i];
+        out[16 + i] = POD[i];
+        out[24 + i] = CONTAINER[i];
         i += 1;
     }
     let mut j = 0;
-    while j < 3 {
+    while j < 8 {
         out[8 + j] = NODE_ONLY[j];
         j += 1;
     }
@@ -404,11 +468,21 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn capacity_values_follow_the_allocatable_and_allocated_cores() {
+        let values = |allocatable, allocated| Capacity::ALL.map(|c| c.value(allocatable, allocated));
+        assert_eq!(values(32, 8), [Some(32.0), Some(8.0), Some(25.0), Some(75.0), Some(24.0)]);
+        // No allocatable core: no share; more allocated than allocatable (a device gone
+        // unhealthy under its pod): at most 100 %, nothing negative.
+        assert_eq!(values(0, 0), [Some(0.0), Some(0.0), None, None, Some(0.0)]);
+        assert_eq!(values(2, 4), [Some(2.0), Some(4.0), Some(100.0), Some(0.0), Some(0.0)]);
+    }
+
     /// The reference's list, written out: (name, unit, the dimension names of each set).
     #[test]
     fn names_units_and_sets_are_container_insights_own() {
         let names: BTreeSet<&str> = METRICS.iter().map(|m| m.name).collect();
-        assert_eq!(names.len(), 27, "each name once");
+        assert_eq!(names.len(), 32, "each name once");
         for suffix in [
             "neuroncore_utilization",
             "neuroncore_memory_usage_constants",
@@ -427,9 +501,15 @@ mod tests {
             "node_neuron_execution_errors_total",
             "node_neurondevice_runtime_memory_used_bytes",
             "node_neuron_execution_latency",
+            "node_neuroncore_limit",
+            "node_neuroncore_usage_total",
+            "node_neuroncore_reserved_capacity",
+            "node_neuroncore_unreserved_capacity",
+            "node_neuroncore_available_capacity",
         ] {
             assert!(names.contains(name), "{name}");
         }
+
         let unit = |name: &str| METRICS.iter().find(|m| m.name == name).map(|m| m.unit);
         assert_eq!(unit("pod_neuroncore_utilization"), Some(Unit::Percent));
         assert_eq!(unit("container_neuroncore_memory_usage_total"), Some(Unit::Bytes));
@@ -437,6 +517,8 @@ mod tests {
         assert_eq!(unit("node_neuron_execution_errors_total"), Some(Unit::Count));
         assert_eq!(unit("node_neurondevice_runtime_memory_used_bytes"), Some(Unit::Bytes));
         assert_eq!(unit("node_neuron_execution_latency"), Some(Unit::Seconds));
+        assert_eq!(unit("node_neuroncore_reserved_capacity"), Some(Unit::Percent));
+        assert_eq!(unit("node_neuroncore_available_capacity"), Some(Unit::Count));
 
         let sets = |name: &str| -> Vec<Vec<&str>> {
             let m = METRICS.iter().find(|m| m.name == name).unwrap();

@@ -483,6 +483,29 @@ fn container_insights_names_units_and_sets_are_the_catalogue_s() {
     }
 }
 
+/// The node's capacity metrics follow the allocation counts; a team's route gets none,
+/// and a node whose kubelet has not said what can be allocated sends none.
+#[test]
+fn container_insights_capacity_metrics_come_from_the_allocation() {
+    let mut state = state_of(TRN1N_32);
+    assert!(!insights(None, &state).iter().any(|d| d.key.name.starts_with("node_neuroncore_limit")));
+    let cores = crate::state::CoreAllocation { allocatable: 32, allocated: 8, allocated_idle: 2 };
+    state.allocation = Some(crate::state::AllocationState { cores, ..Default::default() });
+    let ops = insights(None, &state);
+    let node_value = |name: &str| {
+        let datum = ops.iter().find(|d| d.key.name == name && dims(d) == vec!["ClusterName"]);
+        datum.map(gauge_sum).unwrap_or_else(|| panic!("{name} not sent"))
+    };
+    assert_eq!(node_value("node_neuroncore_limit"), 32.0);
+    assert_eq!(node_value("node_neuroncore_usage_total"), 8.0);
+    assert_eq!(node_value("node_neuroncore_available_capacity"), 24.0);
+    assert_eq!(node_value("node_neuroncore_reserved_capacity"), 25.0);
+    assert_eq!(node_value("node_neuroncore_unreserved_capacity"), 75.0);
+    let per_node = ops.iter().find(|d| d.key.name == "node_neuroncore_limit" && dims(d).len() == 3).expect("per node");
+    assert_eq!(value(per_node, "NodeName").as_deref(), Some("node-a"));
+    assert!(!insights(Some("team-a"), &state).iter().any(|d| d.key.name.contains("neuroncore_limit")));
+}
+
 #[test]
 fn container_insights_leaves_out_sets_with_unknown_values() {
     let mut state = state_of(TRN1N_32);

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 
 use api::{
-    cloudwatch::catalogue::insights::{core_value, device_value, metric_of, Dimension, Family, Source},
+    cloudwatch::catalogue::insights::{core_value, device_value, metric_of, Capacity, Dimension, Family, Source},
     monitor_config::RuntimeGroup,
 };
 
@@ -120,6 +120,13 @@ impl View {
             }
             for p50 in latencies {
                 node_value(Source::LatencyP50, Value::Gauge(p50));
+            }
+            if let Some(cores) = state.allocation.as_ref().map(|a| a.cores) {
+                for capacity in Capacity::ALL {
+                    if let Some(value) = capacity.value(cores.allocatable, cores.allocated) {
+                        node_value(Source::Capacity(capacity), Value::Gauge(value));
+                    }
+                }
             }
         }
         if self.node_level {
