@@ -332,6 +332,19 @@ impl CoreOwners {
         self.held.get(core as usize).and_then(Option::as_ref)
     }
 
+    /// How many cores each pod owns, by namespace and name.
+    fn cores_per_pod(&self) -> Vec<(Arc<PodRef>, u32)> {
+        let mut pods: Vec<(Arc<PodRef>, u32)> = Vec::new();
+        for owner in self.by_core.iter().flatten() {
+            let wanted = (owner.namespace.as_str(), owner.pod.as_str());
+            match pods.binary_search_by(|(p, _)| (p.namespace.as_str(), p.pod.as_str()).cmp(&wanted)) {
+                Ok(at) => pods[at].1 += 1,
+                Err(at) => pods.insert(at, (owner.clone(), 1)),
+            }
+        }
+        pods
+    }
+
     /// Rebuilds the owners when the pods, the device allocations or the cores per device
     /// changed since the last build.
     fn refresh(&mut self, pods: &PodIndex, devices: &DeviceOwnership, cores_per_device: Option<u32>) {
@@ -470,6 +483,9 @@ impl Attribution {
         cache.allocation.refresh(&devices, cores_per_device);
         drop(devices);
         state.allocation = cache.allocation.summary(&mut cache.idle, state, self.idle_policy, Instant::now());
+        if let Some(allocation) = &mut state.allocation {
+            allocation.pods = cache.owners.cores_per_pod();
+        }
 
         let mut tally = Tally::default();
         for rt in &mut state.runtimes {

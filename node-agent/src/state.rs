@@ -133,6 +133,9 @@ pub struct AllocationState {
     pub devices_allocated: u32,
     /// By device index: each device with an allocatable or an allocated core.
     pub devices: Vec<(u32, CoreAllocation)>,
+    /// The cores allocated to each known pod (one of its containers stands for it), by
+    /// namespace and name.
+    pub pods: Vec<(Arc<PodRef>, u32)>,
 }
 
 impl CoreAllocation {

@@ -272,7 +272,7 @@ pub fn published_insights(spec: &NeuronMonitorConfigSpec, sees_node_level: bool)
         .chain(&insights::GPU_METRICS)
         .filter(|m| sees_node_level || m.family != insights::Family::Node)
         .filter(|m| match (m.source, m.source.runtime_group(), m.source.system_group()) {
-            (insights::Source::Gpu(_) | insights::Source::Capacity(_), _, _) => true,
+            (insights::Source::Gpu(_) | insights::Source::Capacity(_) | insights::Source::PodCapacity(_), _, _) => true,
             (_, Some(g), _) => runtime_groups.contains(&g),
             (_, None, Some(g)) => system_groups.contains(&g),
             (_, None, None) => false,

@@ -793,21 +793,22 @@ mod tests {
         // A team's config: pod and container families, 7 per-core metrics each, no ECC.
         // Pod sets: {C} 1, {C,Ns} 1, {C,Ns,Pod} 64, {…,FullPod} 64, {…,Device,Core} 64.
         // Container sets: {C} 1, {C,Ns,Pod,Ctr} 64, {…,FullPod,Ctr} 64, {…,Device,Core} 64.
+        // And 4 pod capacity metrics: {C} 1, {C,Ns} 1, {C,Ns,Pod} 64, {…,FullPod} 64.
         let team = estimate(&spec(cw.clone()), false, &nodes).unwrap().metrics;
-        assert_eq!(team, 7 * (2 + 3 * 64) + 7 * (1 + 3 * 64));
+        assert_eq!(team, 7 * (2 + 3 * 64) + 7 * (1 + 3 * 64) + 4 * (2 + 2 * 64));
         // The operator's config adds the node family and ECC, and may see every namespace.
         let ops = estimate(&spec(cw), true, &nodes).unwrap().metrics;
         // Node-level: 3 totals and 5 capacity metrics, each under {C} and {C,Id,Node}.
         let node = 7 * (1 + 2 + 64) + (1 + 2 + 32) + 8 * (1 + 2);
-        let pod = 7 * (1 + 64 + 3 * 64) + (1 + 64 + 3 * 64);
+        let pod = 7 * (1 + 64 + 3 * 64) + (1 + 64 + 3 * 64) + 4 * (1 + 64 + 2 * 64);
         let container = 8 * (1 + 3 * 64);
         assert_eq!(ops, node + pod + container);
         // One node, as docs/tenancy.md quotes it.
         let mut one = sink(None);
         one.naming = Some(CloudWatchNaming::ContainerInsights);
         let one = estimate(&spec(one), true, &[trn1_32()]).unwrap().metrics;
-        assert_eq!(one, (7 * 34 + 18 + 16) + (8 * (1 + 4 * 32)) + 8 * (1 + 3 * 32));
-        assert_eq!(one, 2080);
+        assert_eq!(one, (7 * 34 + 18 + 16) + (8 * (1 + 4 * 32) + 4 * (1 + 3 * 32)) + 8 * (1 + 3 * 32));
+        assert_eq!(one, 2468);
     }
 
     fn g5_12xlarge(gpus: u32) -> NodeFacts {

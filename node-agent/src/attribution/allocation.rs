@@ -101,6 +101,7 @@ pub fn summarize(allocatable: &[u32], allocated: &[u32], idle: &[bool], cores_pe
         devices_allocatable: devices.iter().filter(|(_, d)| d.allocatable > 0).count() as u32,
         devices_allocated: devices.iter().filter(|(_, d)| d.allocated > 0).count() as u32,
         devices,
+        pods: Vec::new(),
     }
 }
 

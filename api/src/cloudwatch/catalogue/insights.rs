@@ -15,8 +15,10 @@
 //! the kubelet says can be and is allocated (`neuron_node_neuroncores`), device plugin and
 //! DRA alike, once it has said so. Left out, as the agent cannot know them: the sets with
 //! `UltraServer` (neuron-monitor's `ultraserver_id` is not in the reports this agent reads)
-//! and with `Service` (no watch of Services), and the pods' capacity metrics
-//! (`pod_neuroncore_request`, …), which need the pods' resource requests.
+//! and with `Service` (no watch of Services). The pods' capacity metrics
+//! (`pod_neuroncore_request`, `…_limit`, `…_usage_total`, `…_reserved_capacity`) count the
+//! cores allocated to each pod: an extended resource's request, limit and allocation are
+//! one number, and a claim's devices have no request but their cores.
 //!
 //! Where the CloudWatch agent is wrong, the names stay and the values are right: each
 //! core is credited to the pod that holds it (the agent copies one pod onto every core),
@@ -54,6 +56,8 @@ pub enum Level {
     Device,
     /// One value per node (node family only).
     Node,
+    /// One value per pod (pod family only).
+    Pod,
     /// One value per NVIDIA GPU (and pod or container holding it).
     Gpu,
 }
@@ -79,6 +83,35 @@ pub enum Source {
     Gpu(GpuValue),
     /// A count of the node's NeuronCores by allocation (`neuron_node_neuroncores`).
     Capacity(Capacity),
+    /// The NeuronCores allocated to one pod.
+    PodCapacity(PodCapacity),
+}
+
+/// What Container Insights' pod NeuronCore capacity metrics say of the cores allocated to
+/// a pod: an extended resource's request is its limit, and what is allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodCapacity {
+    Request,
+    Limit,
+    UsageTotal,
+    /// The pod's cores over the node's allocatable ones, percent.
+    ReservedCapacity,
+}
+
+impl PodCapacity {
+    pub const ALL: [PodCapacity; 4] =
+        [PodCapacity::Request, PodCapacity::Limit, PodCapacity::UsageTotal, PodCapacity::ReservedCapacity];
+
+    /// The value from the pod's `held` cores and the node's `allocatable` ones; `None`: a
+    /// share of no allocatable core.
+    pub fn value(self, held: u32, allocatable: u32) -> Option<f64> {
+        match self {
+            PodCapacity::Request | PodCapacity::Limit | PodCapacity::UsageTotal => Some(f64::from(held)),
+            PodCapacity::ReservedCapacity => {
+                (allocatable > 0).then(|| (f64::from(held) / f64::from(allocatable) * 100.0).min(100.0))
+            }
+        }
+    }
 }
 
 /// What Container Insights' NeuronCore capacity metrics say of the node's allocatable and
@@ -133,7 +166,7 @@ impl Source {
             Source::Utilization => Some(RuntimeGroup::NeuroncoreCounters),
             Source::CoreMemory(_) | Source::CoreMemoryTotal | Source::DeviceMemory => Some(RuntimeGroup::MemoryUsed),
             Source::ExecutionErrors | Source::LatencyP50 => Some(RuntimeGroup::ExecutionStats),
-            Source::EccEvents | Source::Gpu(_) | Source::Capacity(_) => None,
+            Source::EccEvents | Source::Gpu(_) | Source::Capacity(_) | Source::PodCapacity(_) => None,
         }
     }
 
@@ -271,8 +304,15 @@ pub fn dimension_sets(family: Family, level: Level) -> &'static [&'static [Dimen
             &[ClusterName, Namespace, PodName, FullPodName, ContainerName],
             &[ClusterName, Namespace, PodName, FullPodName, ContainerName, GpuDevice],
         ],
-        // Pods and containers have no node-level values.
-        (Family::Pod | Family::Container, Level::Node) => &[],
+        // Container Insights' pod sets without `Service` and the devices.
+        (Family::Pod, Level::Pod) => &[
+            &[ClusterName],
+            &[ClusterName, Namespace],
+            &[ClusterName, Namespace, PodName],
+            &[ClusterName, Namespace, PodName, FullPodName],
+        ],
+        // Pods and containers have no node-level values, nodes and containers no pod-level ones.
+        (Family::Pod | Family::Container, Level::Node) | (Family::Node | Family::Container, Level::Pod) => &[],
     }
 }
 
@@ -372,19 +412,32 @@ const NODE_ONLY: [Metric; 8] = {
     ]
 };
 
+/// A pod capacity metric.
+const fn pod_capacity(name: &'static str, unit: Unit, value: PodCapacity) -> Metric {
+    metric(name, Family::Pod, unit, Level::Pod, Source::PodCapacity(value))
+}
+
+const POD_ONLY: [Metric; 4] = [
+    pod_capacity("pod_neuroncore_request", Unit::Count, PodCapacity::Request),
+    pod_capacity("pod_neuroncore_limit", Unit::Count, PodCapacity::Limit),
+    pod_capacity("pod_neuroncore_usage_total", Unit::Count, PodCapacity::UsageTotal),
+    pod_capacity("pod_neuroncore_reserved_capacity", Unit::Percent, PodCapacity::ReservedCapacity),
+];
+
 /// Every Container Insights metric, in a fixed order: node, pod, container.
-pub const METRICS: [Metric; 32] = {
-    let mut out = [NODE[0]; 32];
+pub const METRICS: [Metric; 36] = {
+    let mut out = [NODE[0]; 36];
     let mut i = 0;
     while i < 8 {
         out[i] = NODE[i];
+        out[8 + i] = NODE_ONLY[i];
         out[16 + i] = POD[i];
-        out[24 + i] = CONTAINER[i];
+        out[28 + i] = CONTAINER[i];
         i += 1;
     }
     let mut j = 0;
-    while j < 8 {
-        out[8 + j] = NODE_ONLY[j];
+    while j < 4 {
+        out[24 + j] = POD_ONLY[j];
         j += 1;
     }
     out
@@ -476,13 +529,16 @@ mod tests {
         // unhealthy under its pod): at most 100 %, nothing negative.
         assert_eq!(values(0, 0), [Some(0.0), Some(0.0), None, None, Some(0.0)]);
         assert_eq!(values(2, 4), [Some(2.0), Some(4.0), Some(100.0), Some(0.0), Some(0.0)]);
+        let pod = |held, allocatable| PodCapacity::ALL.map(|c| c.value(held, allocatable));
+        assert_eq!(pod(8, 32), [Some(8.0), Some(8.0), Some(8.0), Some(25.0)]);
+        assert_eq!(pod(2, 0), [Some(2.0), Some(2.0), Some(2.0), None]);
     }
 
     /// The reference's list, written out: (name, unit, the dimension names of each set).
     #[test]
     fn names_units_and_sets_are_container_insights_own() {
         let names: BTreeSet<&str> = METRICS.iter().map(|m| m.name).collect();
-        assert_eq!(names.len(), 32, "each name once");
+        assert_eq!(names.len(), 36, "each name once");
         for suffix in [
             "neuroncore_utilization",
             "neuroncore_memory_usage_constants",
@@ -506,6 +562,10 @@ mod tests {
             "node_neuroncore_reserved_capacity",
             "node_neuroncore_unreserved_capacity",
             "node_neuroncore_available_capacity",
+            "pod_neuroncore_request",
+            "pod_neuroncore_limit",
+            "pod_neuroncore_usage_total",
+            "pod_neuroncore_reserved_capacity",
         ] {
             assert!(names.contains(name), "{name}");
         }

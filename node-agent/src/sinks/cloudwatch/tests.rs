@@ -503,7 +503,29 @@ fn container_insights_capacity_metrics_come_from_the_allocation() {
     assert_eq!(node_value("node_neuroncore_unreserved_capacity"), 75.0);
     let per_node = ops.iter().find(|d| d.key.name == "node_neuroncore_limit" && dims(d).len() == 3).expect("per node");
     assert_eq!(value(per_node, "NodeName").as_deref(), Some("node-a"));
-    assert!(!insights(Some("team-a"), &state).iter().any(|d| d.key.name.contains("neuroncore_limit")));
+    assert!(!insights(Some("team-a"), &state).iter().any(|d| d.key.name.starts_with("node_")));
+
+    // Each pod's cores: its request, limit and usage, and its share of the node's.
+    let pods = two_pods(&mut state);
+    if let Some(allocation) = &mut state.allocation {
+        allocation.pods = vec![(pods[0].clone(), 6), (pods[1].clone(), 2)];
+    }
+    let pod_value = |datums: &[Datum], name: &str, pod: &str| {
+        let datum = datums.iter().find(|d| d.key.name == name && value(d, "FullPodName").as_deref() == Some(pod));
+        datum.map(gauge_sum)
+    };
+    let ops = insights(None, &state);
+    for name in ["pod_neuroncore_request", "pod_neuroncore_limit", "pod_neuroncore_usage_total"] {
+        assert_eq!(pod_value(&ops, name, &pods[0].pod), Some(6.0), "{name}");
+        assert_eq!(pod_value(&ops, name, &pods[1].pod), Some(2.0), "{name}");
+    }
+    assert_eq!(pod_value(&ops, "pod_neuroncore_reserved_capacity", &pods[0].pod), Some(18.75));
+    let owner = ops.iter().find(|d| d.key.name == "pod_neuroncore_request" && dims(d).len() == 3).expect("by owner");
+    assert_eq!(value(owner, "PodName").as_deref(), Some("train"));
+    // A team sees its own pods' capacity only.
+    let team = insights(Some("team-a"), &state);
+    assert_eq!(pod_value(&team, "pod_neuroncore_request", &pods[0].pod), Some(6.0));
+    assert_eq!(pod_value(&team, "pod_neuroncore_request", &pods[1].pod), None);
 }
 
 #[test]

@@ -21,6 +21,7 @@ fn exposition_with(lines: &[String], routing: SharedRouting) -> Exposition {
         devices_allocatable: 1,
         devices_allocated: 1,
         devices: vec![(0, counts)],
+        pods: Vec::new(),
     });
     Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), Default::default(), routing)
 }

@@ -17,7 +17,9 @@
 use std::collections::BTreeMap;
 
 use api::{
-    cloudwatch::catalogue::insights::{core_value, device_value, metric_of, Capacity, Dimension, Family, Source},
+    cloudwatch::catalogue::insights::{
+        core_value, device_value, metric_of, Capacity, Dimension, Family, PodCapacity, Source,
+    },
     monitor_config::RuntimeGroup,
 };
 
@@ -131,6 +133,24 @@ impl View {
         }
         if self.node_level {
             self.sample_ecc(state, acc, emit_counts, &device_of);
+        }
+        self.sample_pod_capacity(state, acc);
+    }
+
+    /// The cores allocated to each pod this route sees.
+    fn sample_pod_capacity(&self, state: &NodeState, acc: &mut Accumulator) {
+        let Some(allocation) = &state.allocation else { return };
+        let instance = &*state.instance;
+        for (pod, held) in &allocation.pods {
+            if self.route.namespace.as_ref().is_some_and(|ns| *ns != pod.namespace) {
+                continue;
+            }
+            let place = Place { instance, pod: Some(pod), core: None, device: None, gpu_device: None };
+            for capacity in PodCapacity::ALL {
+                if let Some(value) = capacity.value(*held, allocation.cores.allocatable) {
+                    self.emit(acc, Family::Pod, Source::PodCapacity(capacity), place, Value::Gauge(value));
+                }
+            }
         }
     }
 
