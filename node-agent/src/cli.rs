@@ -132,7 +132,8 @@ pub struct SourceArgs {
     /// Server-side duration of each call of the agent's watches (its ConfigMap, its pods),
     /// 5s to 290s: a quiet call is renewed from where it stopped, a connection that went
     /// silently dead is found within this plus 5 s; every API request is bounded by this
-    /// plus 10 s. Each node makes 2 watch requests per period: 100/s per 1,000 nodes at 20 s.
+    /// plus 10 s. Each node makes 2 watch requests per period: 100/s per 1,000 nodes at 20 s
+    /// (3, 150/s, where its ResourceSlices are watched).
     #[arg(long, env = "NEURON_AGENT_API_WATCH_TIMEOUT", default_value = kubernetes::DEFAULT_WATCH_TIMEOUT_FLAG, value_parser = parse_watch_timeout)]
     pub api_watch_timeout: Duration,
 

@@ -147,12 +147,13 @@ pub struct SliceWatcher {
     pub gpus: GpuHolding,
     pub metrics: AttributionMetrics,
     pub watch_timeout: Duration,
-    /// Set by the kubelet poller when an answer lists DRA claims.
+    /// Set by the kubelet poller when an answer lists DRA claims, or the device plugin
+    /// allocates no Neuron device.
     pub wanted: watch::Receiver<bool>,
 }
 
 impl SliceWatcher {
-    /// Waits until DRA claims are seen, then watches until `shutdown`; errors are logged
+    /// Waits until the slices are wanted, then watches until `shutdown`; errors are logged
     /// and retried with backoff, the known devices stay.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let wanted = tokio::select! {
@@ -172,7 +173,8 @@ impl SliceWatcher {
         };
         let api = Api::<ResourceSlice>::all(self.client.clone());
         let mut events = std::pin::pin!(watch.events(api, shutdown));
-        info!(node = %self.node, "the kubelet lists DRA claims: watching the ResourceSlices of this node");
+        info!(node = %self.node, "the kubelet lists DRA claims, or no Neuron device of a device plugin: watching the \
+               ResourceSlices of this node");
         let mut listing: BTreeMap<String, Summary> = BTreeMap::new();
         // `None` until the first listing is done.
         let mut slices: Option<BTreeMap<String, Summary>> = None;
