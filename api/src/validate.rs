@@ -464,7 +464,10 @@ use self::{
     sinks::{check_cloudwatch, check_otlp, check_series, prometheus_route},
     tag_filter::check_tag_filter,
 };
-pub use self::{health::check_condition_type, selector::Selector};
+pub use self::{
+    health::{check_condition_type, check_error_name, MAX_THRESHOLD_WINDOW, MIN_THRESHOLD_WINDOW},
+    selector::Selector,
+};
 /// Re-exported: callers check a log group where they check the rest of a config.
 pub use crate::cloudwatch::logs::check_log_group;
 

@@ -335,6 +335,7 @@ impl SysfsReader {
             }
             {
                 let mut model = self.health.lock().unwrap_or_else(|p| p.into_inner());
+                model.set_thresholds(&self.options.settings.borrow().thresholds);
                 let changes = model.apply_reading(reading, unix_now(), Instant::now());
                 announce(&changes, &model, self.feed.as_ref());
                 self.writer.save(&mut model);
@@ -465,6 +466,7 @@ impl KmsgReader {
             self.metrics.refused_by("kmsg_field", batch.refused);
         }
         let mut model = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        model.set_thresholds(&self.options.settings.borrow().thresholds);
         let changes = model.apply_events(batch.events, batch.last_seq, unix_now());
         if changes.names_over_limit > 0 {
             self.metrics.refused_by("error_name", changes.names_over_limit);
