@@ -25,7 +25,7 @@ pub const APPLIED_HASH_ANNOTATION: &str = "neuronmonitor.io/applied-hash";
 /// Label (value `"true"`) on every node ConfigMap, so the operator can select them.
 pub const MANAGED_LABEL: &str = "neuronmonitor.io/node-config";
 /// Annotation naming the node a ConfigMap is for (node names can be too long for a label).
-pub const NODE_ANNOTATION: &str = "neuronmonitor.io/node";
+pub const NODE_ANNOTATION: &str = crate::names::NODE_ANNOTATION;
 /// The merged neuron-monitor configuration alone, for people reading the ConfigMap.
 pub const MONITOR_CONFIG_KEY: &str = "neuron-monitor.json";
 const CONFIGMAP_PREFIX: &str = "neuron-monitor-node-";

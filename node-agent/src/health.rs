@@ -13,6 +13,7 @@
 //!   `neuron_agent_health_*`;
 //! - [`node`]: with `--node-name`, the Node condition `NeuronHealth` and an Event per
 //!   new fault; [`taint`]: the optional NoSchedule taint of a node with a fatal error;
+//!   [`device_taint`]: the optional DeviceTaintRule of each unhealthy DRA-managed device;
 //! - [`logs`]: with a log group, a JSON event per new fault and per state change in
 //!   CloudWatch Logs, one stream per instance;
 //! - [`settings`]: the health settings in force (flags, then the node configuration).
@@ -20,6 +21,7 @@
 //! Each reader runs on a thread of its own (blocking reads, `poll()`), and takes the
 //! model's lock only to fold a reading or a batch of records in.
 
+pub mod device_taint;
 pub mod gpu_readers;
 pub mod kmsg;
 pub mod logs;
