@@ -574,7 +574,7 @@ pub struct NeuronMonitorConfigStatus {
     /// `Accepted`: the spec is valid, within the cluster's tenancy policy, fits the
     /// limits on every node it matches, and is rendered (reasons: Valid, InvalidSpec,
     /// TooLarge, NamespaceLimit, NodeLimit, TooManyLabels, TooManySeries, OutsidePolicy,
-    /// CostCeiling, NoMatchingNodes). `Ready`: every matched node runs it (Applied,
+    /// CostCeiling, Unsupported, NoMatchingNodes). `Ready`: every matched node runs it (Applied,
     /// Applying, WriteFailed, NotAccepted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

@@ -92,10 +92,13 @@ pub enum Refusal {
     OutsidePolicy,
     /// The namespace's configs would cost more than its monthly ceiling.
     CostCeiling,
+    /// The cluster's API server does not serve what the config asks for (the
+    /// DeviceTaintRule API of `spec.health.deviceTaints`).
+    Unsupported,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 8] = [
+    pub const ALL: [Refusal; 9] = [
         Refusal::InvalidSpec,
         Refusal::TooLarge,
         Refusal::NamespaceLimit,
@@ -104,6 +107,7 @@ impl Refusal {
         Refusal::TooManySeries,
         Refusal::OutsidePolicy,
         Refusal::CostCeiling,
+        Refusal::Unsupported,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -116,6 +120,7 @@ impl Refusal {
             Refusal::TooManySeries => "TooManySeries",
             Refusal::OutsidePolicy => "OutsidePolicy",
             Refusal::CostCeiling => "CostCeiling",
+            Refusal::Unsupported => "Unsupported",
         }
     }
 }
