@@ -147,8 +147,8 @@ fn a_device_fault_gets_a_device_taint_rule_for_that_device_alone_until_a_driver_
     }));
     assert!(condition.is_some(), "the condition still says the device is faulty");
 
-    // A driver reload clears the fault: the rule goes.
-    driver.inject(&["reload"]);
+    // A driver reload clears the fault (its counters back to zero): the rule goes.
+    driver.inject(&["reload:3"]);
     let gone = rt.block_on(wait_for(WAIT, || async { rules_of(&rules, &node).await.filter(Vec::is_empty) }));
     assert_eq!(gone, Some(vec![]), "the rule is deleted once the device is healthy");
     let deleted = agent
