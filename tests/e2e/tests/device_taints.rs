@@ -36,6 +36,9 @@ fn assert_refused(what: &str, answer: (u16, String)) {
     );
 }
 
+/// A change of a rule's object.
+type Edit<'a> = Box<dyn FnOnce(&mut serde_json::Value) + 'a>;
+
 fn rule(node: &str, pool: &str, device: &str) -> Rule {
     Rule {
         name: rule_name(node, device),
@@ -107,7 +110,7 @@ async fn the_admission_policy_holds_the_agent_to_rules_of_its_own_nodes_devices(
 
     // Named as its own but selecting B's pool, another driver, the whole pool, or with
     // another taint key: refused.
-    let cases: [(&str, Box<dyn FnOnce(&mut serde_json::Value)>); 5] = [
+    let cases: [(&str, Edit<'_>); 5] = [
         ("another node's pool", Box::new(|o| o["spec"]["deviceSelector"]["pool"] = node_b.clone().into())),
         ("another driver", Box::new(|o| o["spec"]["deviceSelector"]["driver"] = "gpu.nvidia.com".into())),
         ("the whole pool", Box::new(|o| o["spec"]["deviceSelector"]["device"] = serde_json::Value::Null)),
