@@ -20,8 +20,8 @@ use crate::{
     gpu_groups::GpuGroup,
     limits::{
         MAX_CLOUDWATCH_NAMESPACE_BYTES, MAX_DATUM_DIMENSIONS, MAX_ERROR_NAME_BYTES, MAX_EXTRA_LABELS,
-        MAX_LOG_GROUP_BYTES, MAX_OTLP_ENDPOINT_BYTES, MAX_ROLLUPS, MAX_RUNTIME_ENTRIES, MAX_SECRET_NAME_BYTES,
-        MAX_TAG_FILTER_BYTES, MAX_TAINT_ERRORS,
+        MAX_FAULT_THRESHOLDS, MAX_LOG_GROUP_BYTES, MAX_OTLP_ENDPOINT_BYTES, MAX_ROLLUPS, MAX_RUNTIME_ENTRIES,
+        MAX_SECRET_NAME_BYTES, MAX_TAG_FILTER_BYTES, MAX_TAINT_ERRORS, MAX_THRESHOLD_COUNT,
     },
     monitor_config::{RuntimeGroup, SystemGroup},
     region::MAX_REGION_BYTES,
@@ -172,7 +172,82 @@ pub struct HealthSpec {
     /// instance. Absent: no CloudWatch Logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logs: Option<HealthLogsSpec>,
+
+    /// On nodes whose Neuron devices Dynamic Resource Allocation manages (driver
+    /// `neuron.aws.com`): a DeviceTaintRule for each unhealthy device alone, removed when
+    /// the device is healthy again. Needs the DeviceTaintRule API (Kubernetes 1.33 to 1.35
+    /// with its alpha feature gates, served by default from 1.36); a config asking for it
+    /// elsewhere is refused. Default: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_taints: Option<HealthDeviceTaintsSpec>,
+
+    /// How many occurrences of an error within a window turn a device unhealthy, per error
+    /// name (a kernel-log record or a counter's increase is an occurrence). An error not
+    /// listed turns it unhealthy at its first occurrence. Default: none listed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_FAULT_THRESHOLDS), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["error"]))]
+    pub thresholds: Option<Vec<FaultThresholdSpec>>,
 }
+
+/// What a DeviceTaintRule's taint does to the claims of the device (and their pods).
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DeviceTaintEffect {
+    /// Informs (Kubernetes 1.35 and later): nothing is kept off the device.
+    #[serde(rename = "None")]
+    Inform,
+    /// New claims do not get the device; pods already on it stay.
+    #[default]
+    NoSchedule,
+    /// As NoSchedule, and the pods already using the device are evicted.
+    NoExecute,
+}
+
+impl DeviceTaintEffect {
+    /// The value of the taint's `effect`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceTaintEffect::Inform => "None",
+            DeviceTaintEffect::NoSchedule => "NoSchedule",
+            DeviceTaintEffect::NoExecute => "NoExecute",
+        }
+    }
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthDeviceTaintsSpec {
+    /// Publish a DeviceTaintRule for each unhealthy device. Default: false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+
+    /// The taint's effect: `None` (to inform; Kubernetes 1.35 and later), `NoSchedule` or
+    /// `NoExecute`. Default: NoSchedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<DeviceTaintEffect>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FaultThresholdSpec {
+    /// The error name (`NEURON_HW_ERR` names, or the agent's names for counted sysfs
+    /// signals such as EXECUTION_HARDWARE_ERROR).
+    #[schemars(length(max = MAX_ERROR_NAME_BYTES), regex(pattern = ERROR_NAME_PATTERN))]
+    #[x_kube(validation = Rule::new(NOT_A_STATE_RULE).message("is a state, not an error that occurs: it turns the device unhealthy while it lasts"))]
+    pub error: String,
+
+    /// Occurrences within `window` that turn the device unhealthy (1 to 100).
+    #[schemars(range(min = 1, max = MAX_THRESHOLD_COUNT))]
+    pub count: u32,
+
+    /// The window the occurrences are counted in (1s to 24h), such as 10m.
+    #[schemars(length(max = 16), regex(pattern = PERIOD_PATTERN))]
+    #[x_kube(validation = Rule::new(LOOK_BACK_RULE).message(WINDOW_MESSAGE))]
+    pub window: String,
+}
+
+const WINDOW_MESSAGE: &str = "must be a duration from 1s to 24h, such as 10m";
+/// The names of [`crate::node_config::STATE_ERRORS`], as CEL sees them.
+const NOT_A_STATE_RULE: &str = "!(self in ['DEVICE_STATE_INVALID', 'UNHEALTHY_COMPONENT'])";
 
 const LOOK_BACK_RULE: &str = "duration(self) >= duration('1s') && duration(self) <= duration('24h')";
 const LOOK_BACK_MESSAGE: &str = "must be a duration from 1s to 24h, such as 5m";
@@ -499,7 +574,7 @@ pub struct NeuronMonitorConfigStatus {
     /// `Accepted`: the spec is valid, within the cluster's tenancy policy, fits the
     /// limits on every node it matches, and is rendered (reasons: Valid, InvalidSpec,
     /// TooLarge, NamespaceLimit, NodeLimit, TooManyLabels, TooManySeries, OutsidePolicy,
-    /// CostCeiling, NoMatchingNodes). `Ready`: every matched node runs it (Applied,
+    /// CostCeiling, Unsupported, NoMatchingNodes). `Ready`: every matched node runs it (Applied,
     /// Applying, WriteFailed, NotAccepted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -563,4 +638,14 @@ pub struct ModeCost {
     pub bytes_per_month: Option<i64>,
     /// USD a month, e.g. `"12.34"`.
     pub monthly_usd: String,
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_schema_refuses_a_threshold_for_every_state() {
+        for state in crate::node_config::STATE_ERRORS {
+            assert!(super::NOT_A_STATE_RULE.contains(&format!("'{state}'")), "{state}");
+        }
+    }
 }

@@ -5,6 +5,7 @@
 //! - [`hardware`]: the Neuron instance types and the device plugin's resources.
 //! - [`duration`]: the `"500ms"` / `"5s"` / `"2m"` strings neuron-monitor uses.
 //! - [`monitor_config`]: the neuron-monitor configuration file (`neuron-monitor -c FILE`).
+//! - [`device_taints`]: the DeviceTaintRules the agent publishes for unhealthy DRA devices.
 //! - [`node_config`]: what the operator renders for one node (the monitor configuration and
 //!   the routes), its ConfigMap's names and the content hash.
 //! - [`report`]: one NDJSON document that neuron-monitor writes per refresh.
@@ -33,6 +34,7 @@
 pub mod cloudwatch;
 #[cfg(feature = "crd")]
 pub mod crd;
+pub mod device_taints;
 pub mod duration;
 pub mod gpu_groups;
 pub mod hardware;

@@ -128,6 +128,12 @@ pub const MAX_LABEL_VALUE_CHARS: usize = 128;
 pub const MAX_TAINT_ERRORS: usize = 32;
 pub const MAX_ERROR_NAME_BYTES: usize = 64;
 
+/// Fault thresholds of one config (`spec.health.thresholds`): one per error name, and
+/// the documented names are 7; the occurrences one may ask for (each kept as a time in
+/// the agent's health state until the window passes it, so the bound sizes that file).
+pub const MAX_FAULT_THRESHOLDS: usize = 16;
+pub const MAX_THRESHOLD_COUNT: u32 = 100;
+
 /// Bytes of a CloudWatch Logs log group name (CloudWatch Logs' own bound).
 pub const MAX_LOG_GROUP_BYTES: usize = 512;
 

@@ -12,3 +12,12 @@ pub const AGENT_MANAGER: &str = "neuron-node-agent";
 /// The Secret the operator mirrors the configs' OTLP headers into and the agent reads them
 /// from, unless `--otlp-headers-secret` names another (the chart passes its own).
 pub const OTLP_HEADERS_SECRET: &str = "neuron-monitor-otlp-headers";
+
+/// The key of the agent's taints: its Node's NoSchedule taint and the taint of its
+/// DeviceTaintRules; the value names the error.
+pub const TAINT_KEY: &str = "neuronmonitor.io/hardware-error";
+
+/// The annotation naming the node an object is for, in full (node names can be too long
+/// for a label): on the node ConfigMaps (the operator's) and the DeviceTaintRules (the
+/// agent's).
+pub const NODE_ANNOTATION: &str = "neuronmonitor.io/node";

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::hash::content_hash;
 use crate::{
-    crd::{CloudWatchSinkSpec, OtlpSinkSpec},
+    crd::{CloudWatchSinkSpec, DeviceTaintEffect, OtlpSinkSpec},
     duration::Period,
     gpu_groups::GpuGroups,
     monitor_config::{MonitorConfig, RuntimeGroup, SystemGroup},
@@ -25,7 +25,7 @@ pub const APPLIED_HASH_ANNOTATION: &str = "neuronmonitor.io/applied-hash";
 /// Label (value `"true"`) on every node ConfigMap, so the operator can select them.
 pub const MANAGED_LABEL: &str = "neuronmonitor.io/node-config";
 /// Annotation naming the node a ConfigMap is for (node names can be too long for a label).
-pub const NODE_ANNOTATION: &str = "neuronmonitor.io/node";
+pub const NODE_ANNOTATION: &str = crate::names::NODE_ANNOTATION;
 /// The merged neuron-monitor configuration alone, for people reading the ConfigMap.
 pub const MONITOR_CONFIG_KEY: &str = "neuron-monitor.json";
 const CONFIGMAP_PREFIX: &str = "neuron-monitor-node-";
@@ -112,7 +112,36 @@ pub struct NodeHealth {
     /// The CloudWatch Logs event stream; `None`: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logs: Option<LogDestination>,
+    /// A DeviceTaintRule per unhealthy DRA-managed device; `None`: off. Absent from the
+    /// JSON when `None`, so configurations without it keep their content hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_taints: Option<NodeDeviceTaints>,
+    /// Occurrences within a window that turn a device unhealthy, per error name (sorted
+    /// by name, each once); an error not listed: its first occurrence. Absent from the
+    /// JSON when empty, so configurations without thresholds keep their content hash.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub thresholds: Vec<FaultThreshold>,
 }
+
+/// The DeviceTaintRules of the node's unhealthy devices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDeviceTaints {
+    pub effect: DeviceTaintEffect,
+}
+
+/// `count` occurrences of `error` within `window` turn a device unhealthy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FaultThreshold {
+    pub error: String,
+    pub count: u32,
+    pub window: Period,
+}
+
+/// The error names of states rather than occurrences (a device state, an unhealthy
+/// component): they last as long as the driver says so, and take no threshold.
+pub const STATE_ERRORS: [&str; 2] = ["DEVICE_STATE_INVALID", "UNHEALTHY_COMPONENT"];
 
 /// The error names that taint the node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -92,10 +92,13 @@ pub enum Refusal {
     OutsidePolicy,
     /// The namespace's configs would cost more than its monthly ceiling.
     CostCeiling,
+    /// The cluster's API server does not serve what the config asks for (the
+    /// DeviceTaintRule API of `spec.health.deviceTaints`).
+    Unsupported,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 8] = [
+    pub const ALL: [Refusal; 9] = [
         Refusal::InvalidSpec,
         Refusal::TooLarge,
         Refusal::NamespaceLimit,
@@ -104,6 +107,7 @@ impl Refusal {
         Refusal::TooManySeries,
         Refusal::OutsidePolicy,
         Refusal::CostCeiling,
+        Refusal::Unsupported,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -116,6 +120,7 @@ impl Refusal {
             Refusal::TooManySeries => "TooManySeries",
             Refusal::OutsidePolicy => "OutsidePolicy",
             Refusal::CostCeiling => "CostCeiling",
+            Refusal::Unsupported => "Unsupported",
         }
     }
 }
@@ -464,7 +469,10 @@ use self::{
     sinks::{check_cloudwatch, check_otlp, check_series, prometheus_route},
     tag_filter::check_tag_filter,
 };
-pub use self::{health::check_condition_type, selector::Selector};
+pub use self::{
+    health::{check_condition_type, check_error_name, MAX_THRESHOLD_WINDOW, MIN_THRESHOLD_WINDOW},
+    selector::Selector,
+};
 /// Re-exported: callers check a log group where they check the rest of a config.
 pub use crate::cloudwatch::logs::check_log_group;
 

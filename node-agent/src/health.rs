@@ -13,6 +13,7 @@
 //!   `neuron_agent_health_*`;
 //! - [`node`]: with `--node-name`, the Node condition `NeuronHealth` and an Event per
 //!   new fault; [`taint`]: the optional NoSchedule taint of a node with a fatal error;
+//!   [`device_taint`]: the optional DeviceTaintRule of each unhealthy DRA-managed device;
 //! - [`logs`]: with a log group, a JSON event per new fault and per state change in
 //!   CloudWatch Logs, one stream per instance;
 //! - [`settings`]: the health settings in force (flags, then the node configuration).
@@ -20,6 +21,7 @@
 //! Each reader runs on a thread of its own (blocking reads, `poll()`), and takes the
 //! model's lock only to fold a reading or a batch of records in.
 
+pub mod device_taint;
 pub mod gpu_readers;
 pub mod kmsg;
 pub mod logs;
@@ -335,6 +337,7 @@ impl SysfsReader {
             }
             {
                 let mut model = self.health.lock().unwrap_or_else(|p| p.into_inner());
+                model.set_thresholds(&self.options.settings.borrow().thresholds);
                 let changes = model.apply_reading(reading, unix_now(), Instant::now());
                 announce(&changes, &model, self.feed.as_ref());
                 self.writer.save(&mut model);
@@ -465,6 +468,7 @@ impl KmsgReader {
             self.metrics.refused_by("kmsg_field", batch.refused);
         }
         let mut model = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        model.set_thresholds(&self.options.settings.borrow().thresholds);
         let changes = model.apply_events(batch.events, batch.last_seq, unix_now());
         if changes.names_over_limit > 0 {
             self.metrics.refused_by("error_name", changes.names_over_limit);

@@ -21,6 +21,7 @@ use neuron_node_agent::{
     gpu::{self, GpuCollector, GpuMetrics, GpuSnapshot, GpuSource},
     health::{
         self,
+        device_taint::{DeviceTaintMetrics, DeviceTainter},
         logs::{self, LogDestination, LogMetrics, LogSink},
         metrics::HealthCollector,
         settings::SettingsReceiver,
@@ -164,7 +165,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let (readers, log_sink) = agent.readers(&configured, &flow);
     agent.sinks(&configured, &flow, &readers, log_sink, client.as_ref());
-    let taint_metrics = TaintMetrics::register(&mut agent.registry);
+    let taint_metrics =
+        (TaintMetrics::register(&mut agent.registry), DeviceTaintMetrics::register(&mut agent.registry));
     let gpu_only = agent.gpu_only(&readers);
     agent.serve(&configured, &flow, &readers, gpu_only, client.as_ref()).await?;
     if let (Some(node), Some(client)) = (agent.args.source.node_name.clone(), client) {
@@ -544,7 +546,7 @@ impl Agent {
         &mut self,
         client: kube::Client,
         node: String,
-        metrics: TaintMetrics,
+        (metrics, device_metrics): (TaintMetrics, DeviceTaintMetrics),
         configured: &Configured,
         flow: &Flow,
         readers: &Readers,
@@ -564,6 +566,16 @@ impl Agent {
         self.tasks.spawn("node health reporter", reporter.run(self.shutdown.clone()));
         let identity = NodeIdentity { client: client.clone(), node: node.clone(), state: flow.state.clone() };
         self.tasks.spawn("node identity", identity.run(self.shutdown.clone()));
+        let device_tainter = DeviceTainter {
+            client: client.clone(),
+            node: node.clone(),
+            health: readers.health.clone(),
+            settings: settings(),
+            devices: devices(),
+            dra_wanted: flow.attribution.as_ref().map(attribution::Sources::dra_wanted),
+            metrics: device_metrics,
+        };
+        self.tasks.spawn("device tainter", device_tainter.run(self.shutdown.clone()));
         let tainter = Tainter { client, node, health: readers.health.clone(), settings: settings(), metrics };
         self.tasks.spawn("tainter", tainter.run(self.shutdown.clone()));
     }

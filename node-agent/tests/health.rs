@@ -397,3 +397,39 @@ fn a_blocking_sysfs_file_does_not_freeze_the_other_devices() {
     assert_eq!(m.value("neuron_agent_health_sysfs_stuck_reads", &[]), Some(1.0));
     assert_eq!(state_of(&m, "1").as_deref(), Some("unknown"));
 }
+
+/// Fault thresholds (`spec.health.thresholds`, here from a configuration file) through the
+/// fake kernel log: with two DMA errors in ten minutes needed, the first record is counted
+/// and leaves its device healthy, the second makes it unhealthy; another device and an
+/// error without a threshold are as before (unhealthy at the first record).
+#[test]
+fn a_threshold_needs_its_count_of_kernel_records_before_the_device_is_unhealthy() {
+    let driver = FakeDriver::start("trn1.32xlarge");
+    let dir = TempDir::new("thresholds");
+    let config = dir.write(
+        "config.yaml",
+        "apiVersion: neuronmonitor.io/v1alpha1\nkind: NeuronMonitorConfig\nmetadata:\n  name: fleet\nspec:\n  health:\n    \
+         thresholds:\n    - {error: DMA_ERROR, count: 2, window: 10m}\n",
+    );
+    let mut args = driver.agent_args();
+    args.extend(["--config".to_owned(), config.display().to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = Agent::start(&["--instance-type=trn1.32xlarge"], &args);
+    agent.wait_for("16 healthy devices", WAIT, |m| {
+        (0..16).all(|d| state_of(m, &d.to_string()).as_deref() == Some("healthy")).then_some(())
+    });
+    let record = |seq: u32, text: &str| driver.record(&format!("3,{seq},{},-;{text}", now_usec()));
+    record(2001, "NEURON_HW_ERR=DMA_ERROR nd-id=5 nc-id=0 action=TERMINATE_INSTANCE");
+    agent.wait_for("the first record counted", WAIT, |m| {
+        let n = m.sum("neuron_hardware_errors_total", &[("neuron_device_index", "5"), ("error", "DMA_ERROR")]);
+        (n == 1.0).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(state_of(&agent.metrics(), "5").as_deref(), Some("healthy"), "one of two");
+    record(2002, "NEURON_HW_ERR=DMA_ERROR nd-id=5 nc-id=0 action=TERMINATE_INSTANCE");
+    wait_state(&agent, "5", "unhealthy");
+    // Without a threshold: the first record.
+    record(2003, "NEURON_HW_ERR=NC_UNCORRECTABLE_ERROR nd-id=6 nc-id=0 action=TERMINATE_INSTANCE");
+    wait_state(&agent, "6", "unhealthy");
+    assert_eq!(state_of(&agent.metrics(), "7").as_deref(), Some("healthy"));
+}

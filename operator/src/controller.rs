@@ -43,6 +43,7 @@ use tracing::{debug, info, warn};
 
 mod accepted;
 mod admission;
+mod cluster_apis;
 mod pace;
 mod pending;
 mod policy;
@@ -138,6 +139,8 @@ pub struct Controller {
     pending: pending::PendingWrites,
     /// How fast each namespace's config changes are adopted.
     pace: pace::ChangePace,
+    /// What the API server serves that configs may ask for.
+    cluster_apis: cluster_apis::ClusterApis,
 }
 
 /// Which watches have completed their first listing. Kept here rather than asked of the
@@ -266,6 +269,7 @@ impl Controller {
             writes_in_flight: options.writes_in_flight.max(1),
             pending: Default::default(),
             pace: Default::default(),
+            cluster_apis: Default::default(),
         })
     }
 
@@ -367,7 +371,8 @@ impl Controller {
         self.metrics.nodes.set(nodes.len() as i64);
 
         let policy = self.tenancy.current(&self.metrics, &self.recorder).await;
-        let admission = self.admit(&configs, &nodes, &policy);
+        let device_taints = self.cluster_apis.device_taints(&self.client, &configs).await;
+        let admission = self.admit(&configs, &nodes, &policy, device_taints);
         let mut failures = WriteFailures::default();
         // Before the nodes get a new version: a restart must find it recorded.
         for config in &admission.to_record {

@@ -84,7 +84,7 @@ impl OperatorMetrics {
         registry.register(
             "refused_configs",
             "NeuronMonitorConfigs not accepted in the last pass, by reason (InvalidSpec, TooLarge, \
-             NamespaceLimit, NodeLimit, TooManyLabels, TooManySeries, OutsidePolicy, CostCeiling)",
+             NamespaceLimit, NodeLimit, TooManyLabels, TooManySeries, OutsidePolicy, CostCeiling, Unsupported)",
             m.refused_configs.clone(),
         );
         registry.register(

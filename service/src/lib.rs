@@ -10,11 +10,13 @@
 //!   plain or HTTPS ([`tls`]: a certificate from files, reloaded when they change), with an
 //!   optional plain-HTTP probe port.
 //! - [`auth`]: who may read `/metrics`: TokenReview and SubjectAccessReview, cached.
+//! - [`device_taints`]: whether the API server serves DeviceTaintRules, and at which version.
 //! - [`labels`]: the label sets of those modules' metrics.
 //! - [`ratelimit`]: logs that could repeat per request or per report, rate-limited.
 
 pub mod auth;
 pub mod cli;
+pub mod device_taints;
 pub mod http;
 pub mod labels;
 pub mod process;

@@ -55,7 +55,16 @@ type options struct {
 	// reach the API server at.
 	nodeName string
 	nodeIP   net.IP
+	// Further kube-apiserver flags, after the built-in ones (e.g. an alpha
+	// API: --feature-gates=... --runtime-config=...).
+	apiserverArgs []string
 }
+
+// repeated collects each use of a flag.
+type repeated []string
+
+func (r *repeated) String() string     { return strings.Join(*r, " ") }
+func (r *repeated) Set(v string) error { *r = append(*r, v); return nil }
 
 // nodeMode says whether a real node will run against this control plane.
 func (o *options) nodeMode() bool { return o.nodeName != "" }
@@ -75,6 +84,7 @@ func main() {
 	flag.DurationVar(&o.readyTimeout, "ready-timeout", 2*time.Minute, "give up if not ready within this time")
 	flag.StringVar(&o.nodeName, "node-name", "", "serve a real node of this name: ServiceAccount admission, the controllers pods need, a kubelet kubeconfig (needs --node-ip)")
 	nodeIP := flag.String("node-ip", "", "with --node-name: the host address the API server listens on, which pods reach through the kubernetes Service")
+	flag.Var((*repeated)(&o.apiserverArgs), "apiserver-arg", "a further kube-apiserver flag, such as --runtime-config=resource.k8s.io/v1alpha3=true (repeatable)")
 	flag.Parse()
 	if err := o.parseNode(*nodeIP); err != nil {
 		fmt.Fprintln(stderr, "controlplane:", err)
@@ -386,6 +396,7 @@ func runAPIServer(ctx context.Context, o *options, ln net.Listener, etcdURL stri
 		"--profiling=false",
 	}
 	args = append(args, admissionArgs(o)...)
+	args = append(args, o.apiserverArgs...)
 	if err := parseFlags(s.Flags(), args); err != nil {
 		return err
 	}

@@ -3,17 +3,22 @@
 
 use std::collections::BTreeSet;
 
-use crate::crd::{HealthSpec, KUBELET_CONDITION_TYPES};
+use crate::crd::{FaultThresholdSpec, HealthSpec, KUBELET_CONDITION_TYPES};
 use crate::duration::Period;
-use crate::limits::{MAX_ERROR_NAME_BYTES, MAX_TAINT_ERRORS};
-use crate::node_config::{LogDestination, NodeHealth, NodeTaint, DEFAULT_LOG_GROUP};
+use crate::limits::{MAX_ERROR_NAME_BYTES, MAX_FAULT_THRESHOLDS, MAX_TAINT_ERRORS, MAX_THRESHOLD_COUNT};
+use crate::node_config::{
+    FaultThreshold, LogDestination, NodeDeviceTaints, NodeHealth, NodeTaint, DEFAULT_LOG_GROUP, STATE_ERRORS,
+};
 use crate::{cloudwatch::logs::check_log_group, region::valid_region};
 
 use super::{ConfigKey, Invalid};
 
-/// Bounds of `kmsgLookBack` (the schema's CEL rule says the same).
+/// Bounds of `kmsgLookBack` and of a threshold's `window` (the schema's CEL rule says the
+/// same).
 const MIN_LOOK_BACK: Period = Period::from_secs(1);
 const MAX_LOOK_BACK: Period = Period::from_secs(24 * 3600);
+pub const MIN_THRESHOLD_WINDOW: Period = MIN_LOOK_BACK;
+pub const MAX_THRESHOLD_WINDOW: Period = MAX_LOOK_BACK;
 
 /// Checks `spec.health` and resolves it for the nodes. `cluster_wide`: the config is in
 /// the operator's namespace, the only one whose configs may set it.
@@ -73,13 +78,66 @@ pub(super) fn node_health(
             Some(LogDestination { group, region: logs.region.clone() })
         }
     };
+    let device_taints = spec
+        .device_taints
+        .as_ref()
+        .filter(|d| d.enabled == Some(true))
+        .map(|d| NodeDeviceTaints { effect: d.effect.unwrap_or_default() });
+    let thresholds = thresholds(spec.thresholds.as_deref().unwrap_or_default())?;
     Ok(Some(NodeHealth {
         config: key.to_string(),
         condition_type: spec.condition_type.clone(),
         taint,
         kmsg_look_back,
         logs,
+        device_taints,
+        thresholds,
     }))
+}
+
+/// The fault thresholds, sorted by error name: each name once, never a state's, a count
+/// from 1 to [`MAX_THRESHOLD_COUNT`], a window from 1s to 24h.
+fn thresholds(specs: &[FaultThresholdSpec]) -> Result<Vec<FaultThreshold>, Invalid> {
+    let field = "spec.health.thresholds";
+    if specs.len() > MAX_FAULT_THRESHOLDS {
+        return Err(Invalid::new(field, format!("at most {MAX_FAULT_THRESHOLDS} thresholds")));
+    }
+    let mut out: Vec<FaultThreshold> = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        let at = |part: &str| format!("{field}[{i}].{part}");
+        check_error_name(&spec.error).map_err(|reason| Invalid::new(at("error"), reason))?;
+        if STATE_ERRORS.contains(&spec.error.as_str()) {
+            let reason = "is a state, not an error that occurs: it turns the device unhealthy while it lasts";
+            return Err(Invalid::new(at("error"), reason));
+        }
+        if out.iter().any(|t| t.error == spec.error) {
+            return Err(Invalid::new(at("error"), format!("{} has a threshold already", spec.error)));
+        }
+        if !(1..=MAX_THRESHOLD_COUNT).contains(&spec.count) {
+            return Err(Invalid::new(at("count"), format!("must be from 1 to {MAX_THRESHOLD_COUNT}")));
+        }
+        let range = "must be a duration from 1s to 24h, such as 10m";
+        let window: Period = spec.window.parse().map_err(|e| Invalid::new(at("window"), format!("{e}; {range}")))?;
+        if !(MIN_THRESHOLD_WINDOW..=MAX_THRESHOLD_WINDOW).contains(&window) {
+            return Err(Invalid::new(at("window"), format!("{:?} {range}", spec.window)));
+        }
+        out.push(FaultThreshold { error: spec.error.clone(), count: spec.count, window });
+    }
+    out.sort_by(|a, b| a.error.cmp(&b.error));
+    Ok(out)
+}
+
+/// An error name: A-Z, 0-9 and `_`, starting with a letter, at most [`MAX_ERROR_NAME_BYTES`].
+pub fn check_error_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let valid = name.len() <= MAX_ERROR_NAME_BYTES
+        && chars.next().is_some_and(|c| c.is_ascii_uppercase())
+        && chars.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+    if valid {
+        Ok(())
+    } else {
+        Err(format!("is not an error name (A-Z, 0-9 and _, starting with a letter, at most {MAX_ERROR_NAME_BYTES})"))
+    }
 }
 
 /// A Node condition type the health condition may take: an optional DNS-subdomain
@@ -130,18 +188,7 @@ fn taint_errors(errors: &[String]) -> Result<Vec<String>, Invalid> {
     }
     let mut out = BTreeSet::new();
     for (i, name) in errors.iter().enumerate() {
-        let mut chars = name.chars();
-        let valid = name.len() <= MAX_ERROR_NAME_BYTES
-            && chars.next().is_some_and(|c| c.is_ascii_uppercase())
-            && chars.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
-        if !valid {
-            return Err(Invalid::new(
-                format!("{field}[{i}]"),
-                format!(
-                    "is not an error name (A-Z, 0-9 and _, starting with a letter, at most {MAX_ERROR_NAME_BYTES})"
-                ),
-            ));
-        }
+        check_error_name(name).map_err(|reason| Invalid::new(format!("{field}[{i}]"), reason))?;
         if !out.insert(name.clone()) {
             return Err(Invalid::new(format!("{field}[{i}]"), format!("{name} is listed twice")));
         }

@@ -547,6 +547,65 @@ fn invalid_health_values_are_refused_by_field() {
 }
 
 #[test]
+fn thresholds_resolve_sorted_and_device_taints_default_to_no_schedule() {
+    use crate::{
+        crd::DeviceTaintEffect,
+        node_config::{FaultThreshold, NodeDeviceTaints},
+    };
+    let h = valid(OPERATOR_NS, json!({"health": {}})).health.expect("health");
+    assert_eq!((h.device_taints, h.thresholds.len()), (None, 0), "off and none by default");
+    let h = valid(
+        OPERATOR_NS,
+        json!({"health": {"deviceTaints": {"enabled": true}, "thresholds": [
+            {"error": "SRAM_UNCORRECTABLE_ERROR", "count": 3, "window": "10m"},
+            {"error": "DMA_ERROR", "count": 1, "window": "1s"}]}}),
+    )
+    .health
+    .expect("health");
+    assert_eq!(h.device_taints, Some(NodeDeviceTaints { effect: DeviceTaintEffect::NoSchedule }));
+    let threshold =
+        |error: &str, count, window| FaultThreshold { error: error.to_owned(), count, window: secs(window) };
+    assert_eq!(h.thresholds, [threshold("DMA_ERROR", 1, 1), threshold("SRAM_UNCORRECTABLE_ERROR", 3, 600)], "sorted");
+    let inform = valid(OPERATOR_NS, json!({"health": {"deviceTaints": {"enabled": true, "effect": "None"}}}));
+    assert_eq!(inform.health.unwrap().device_taints.unwrap().effect, DeviceTaintEffect::Inform);
+    let off = valid(OPERATOR_NS, json!({"health": {"deviceTaints": {"enabled": false, "effect": "NoExecute"}}}));
+    assert_eq!(off.health.unwrap().device_taints, None);
+}
+
+#[test]
+fn a_health_section_without_the_new_settings_renders_the_same_bytes() {
+    let h = valid(OPERATOR_NS, json!({"health": {"taint": {"enabled": true}}})).health.expect("health");
+    let json = serde_json::to_string(&h).unwrap();
+    assert!(!json.contains("thresholds") && !json.contains("deviceTaints"), "{json}");
+    assert_eq!(
+        json,
+        r#"{"config":"neuron-monitor/c","taint":{"errors":["DMA_ERROR","HANG_ON_COLLECTIVES","HBM_UNCORRECTABLE_ERROR","NC_UNCORRECTABLE_ERROR","SRAM_UNCORRECTABLE_ERROR"]}}"#
+    );
+}
+
+#[test]
+fn invalid_thresholds_are_refused_by_field() {
+    let t = |error: &str, count: i64, window: &str| json!({"error": error, "count": count, "window": window});
+    let cases = [
+        (vec![t("dma", 1, "1m")], "spec.health.thresholds[0].error"),
+        (vec![t("DEVICE_STATE_INVALID", 2, "1m")], "spec.health.thresholds[0].error"),
+        (vec![t("UNHEALTHY_COMPONENT", 2, "1m")], "spec.health.thresholds[0].error"),
+        (vec![t("DMA_ERROR", 2, "1m"), t("DMA_ERROR", 3, "1m")], "spec.health.thresholds[1].error"),
+        (vec![t("DMA_ERROR", 0, "1m")], "spec.health.thresholds[0].count"),
+        (vec![t("DMA_ERROR", 101, "1m")], "spec.health.thresholds[0].count"),
+        (vec![t("DMA_ERROR", 2, "500ms")], "spec.health.thresholds[0].window"),
+        (vec![t("DMA_ERROR", 2, "25h")], "spec.health.thresholds[0].window"),
+        (vec![t("DMA_ERROR", 2, "often")], "spec.health.thresholds[0].window"),
+    ];
+    for (thresholds, field) in cases {
+        let refused = invalid(OPERATOR_NS, json!({"health": {"thresholds": thresholds}}));
+        assert_eq!(refused.field, field, "{refused}");
+    }
+    let many: Vec<_> = (0..17).map(|i| t(&format!("E{i}"), 2, "1m")).collect();
+    assert_eq!(invalid(OPERATOR_NS, json!({"health": {"thresholds": many}})).field, "spec.health.thresholds");
+}
+
+#[test]
 fn prometheus_target_labels_and_the_metrics_own_are_refused_as_extra_labels() {
     for name in ["job", "instance", "node", "agent_pod", "mode", "pod", "neuroncore"] {
         let e = invalid("team-a", json!({"sinks": {"prometheus": {"extraLabels": {name: "x"}}}}));

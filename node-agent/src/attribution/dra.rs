@@ -257,6 +257,21 @@ impl<D: Clone> DeviceTable<D> {
         }
     }
 
+    /// The (pool, device name) that stands for `wanted`, the first in name order when
+    /// several do (the agent's DeviceTaintRules name a device by it).
+    pub fn name_of(&self, wanted: &D) -> Option<(&str, &str)>
+    where
+        D: PartialEq,
+    {
+        let names = self.pools.iter().flat_map(|(pool, devices)| {
+            devices
+                .iter()
+                .filter(|(_, d)| d.as_ref() == Some(wanted))
+                .map(move |(name, _)| (pool.as_str(), name.as_str()))
+        });
+        names.min()
+    }
+
     /// What the claimed device `c` stands for.
     pub fn claimed(&self, c: &ClaimedDevice) -> Result<&D, Unresolved> {
         if c.malformed {

@@ -421,6 +421,13 @@ impl DeviceOwnership {
         self.merge()
     }
 
+    /// The (pool, DRA device name) of the Neuron device `index` in this node's
+    /// ResourceSlices; `None` before they are listed or when none names it.
+    pub fn dra_name(&self, index: u32) -> Option<(String, String)> {
+        let (pool, name) = self.dra_devices.as_ref()?.name_of(&index)?;
+        Some((pool.to_owned(), name.to_owned()))
+    }
+
     /// The Neuron devices of this node's ResourceSlices. Returns the claimed devices newly
     /// found unresolvable.
     pub fn set_dra_devices(&mut self, table: DeviceTable<u32>) -> Vec<Unresolvable> {

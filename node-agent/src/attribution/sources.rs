@@ -89,6 +89,12 @@ impl Sources {
         self.devices.clone()
     }
 
+    /// What starts the ResourceSlice watch (with [`Sources::spawn_feeds`]): the kubelet
+    /// listing DRA claims, or the health's DeviceTaintRules, which name devices by them.
+    pub fn dra_wanted(&self) -> watch::Sender<bool> {
+        self.dra_wanted.clone()
+    }
+
     /// Which pod holds each EFA device (for the EFA series' pods).
     pub fn efa_holders(&self) -> EfaHolders {
         EfaHolders::new(self.pods.clone(), self.devices.clone())

@@ -14,6 +14,8 @@
 //! - neuron-monitor's reports are a third source ([`HealthModel::apply_monitor`]), for what
 //!   the other two did not already say: its uncorrected ECC events for a device without a
 //!   sysfs reading, and executions failed by a hardware error on a device with no reason.
+//! - A fault whose error has a threshold ([`thresholds`]) becomes a reason only once it
+//!   occurred that often within the window; until then its occurrences wait.
 
 use std::{
     collections::BTreeMap,
@@ -21,14 +23,16 @@ use std::{
 };
 
 use api::{
-    limits::{MAX_HEALTH_ERROR_NAMES, MAX_HEALTH_REASONS_PER_DEVICE, MAX_NEURON_DEVICES},
+    limits::{MAX_HEALTH_ERROR_NAMES, MAX_HEALTH_REASONS_PER_DEVICE, MAX_NEURON_DEVICES, MAX_THRESHOLD_COUNT},
     node_config::DEFAULT_TAINT_ERRORS,
 };
 use serde::{Deserialize, Serialize};
 
 pub mod gpus;
+pub mod thresholds;
 
 pub use self::gpus::{GpuHealth, GpuHealthModel, PersistedGpu};
+use self::thresholds::{FaultGate, Pending, Seen, Thresholds, MAX_PENDING_FAULTS};
 use super::{
     kmsg::{Event, HwError, Refusal},
     sysfs::{DeviceReading, DeviceState, Ecc, NodeReading, Power, CORE_ERRORS, REPAIRABLE_HBM_ERROR},
@@ -207,6 +211,8 @@ pub struct HealthModel {
     pub reloads: u64,
     /// The NVIDIA GPUs: the second kind of device.
     pub gpus: GpuHealthModel,
+    /// The fault thresholds in force and the faults below them.
+    pub gate: FaultGate,
     heartbeat_timeout: Duration,
 }
 
@@ -272,7 +278,15 @@ impl HealthModel {
             restored: Vec::new(),
             reloads: 0,
             gpus: GpuHealthModel::default(),
+            gate: FaultGate::default(),
             heartbeat_timeout,
+        }
+    }
+
+    /// Puts `thresholds` in force (from the next occurrence on).
+    pub fn set_thresholds(&mut self, thresholds: &Thresholds) {
+        if !std::sync::Arc::ptr_eq(&self.gate.thresholds, thresholds) {
+            self.gate.thresholds = thresholds.clone();
         }
     }
 
@@ -357,6 +371,10 @@ impl HealthModel {
             }
             for reason in sysfs_reasons(&reading, now) {
                 let new = !device.reasons.contains_key(&key(&reason));
+                if new && !self.gate.admits(index, &key(&reason), Seen::Counter(reason.count), now) {
+                    self.dirty = true;
+                    continue;
+                }
                 if device.upsert(reason.clone(), false) {
                     self.dirty = true;
                     if new {
@@ -380,6 +398,8 @@ impl HealthModel {
         }
         changes.reasons_cleared |= !self.node_reasons.is_empty();
         self.node_reasons.clear();
+        // The counters start again from zero, and what occurred before is repaired.
+        self.gate.pending.clear();
         self.dirty = true;
     }
 
@@ -422,6 +442,10 @@ impl HealthModel {
             }
             let device = self.devices.entry(index).or_default();
             let new = !device.reasons.contains_key(&key(&reason));
+            if new && !self.gate.admits(index, &key(&reason), Seen::Counter(reason.count), now) {
+                self.dirty = true;
+                continue;
+            }
             if device.upsert(reason.clone(), false) {
                 self.dirty = true;
                 if new {
@@ -501,6 +525,9 @@ impl HealthModel {
         self.dirty = true;
         let device = self.devices.entry(e.device).or_default();
         let new = !device.reasons.contains_key(&key(&reason));
+        if new && !self.gate.admits(e.device, &key(&reason), Seen::Once, now) {
+            return;
+        }
         device.upsert(reason.clone(), true);
         if new {
             changes.new_faults.push((Some(e.device), reason));
@@ -551,6 +578,18 @@ impl HealthModel {
             node_reasons: self.node_reasons.values().cloned().collect(),
             kernel_errors: self.kernel_errors.iter().map(|((d, n), c)| (*d, n.clone(), *c)).collect(),
             gpus: self.gpus.persisted(),
+            pending: self
+                .gate
+                .pending
+                .iter()
+                .map(|((device, error, component, counter), pending)| PersistedPending {
+                    device: *device,
+                    error: error.clone(),
+                    component: component.clone(),
+                    counter: counter.clone(),
+                    pending: pending.clone(),
+                })
+                .collect(),
         }
     }
 
@@ -577,6 +616,11 @@ impl HealthModel {
             .chain(self.node_reasons.keys().map(|k| (None, k)))
             .map(|(d, (e, c, n))| (d, e.clone(), c.clone(), n.clone()))
             .collect();
+        for p in saved.pending.into_iter().filter(|p| p.device < MAX_NEURON_DEVICES).take(MAX_PENDING_FAULTS) {
+            let mut pending = p.pending;
+            pending.times.truncate(MAX_THRESHOLD_COUNT as usize);
+            self.gate.pending.insert((p.device, p.error, p.component, p.counter), pending);
+        }
         for (d, n, c) in saved.kernel_errors.into_iter().take(MAX_HEALTH_ERROR_NAMES * 4) {
             if d.is_none_or(|d| d < MAX_NEURON_DEVICES) {
                 self.kernel_errors.insert((d, n), c);
@@ -658,6 +702,19 @@ pub struct Persisted {
     /// The GPUs' faults and Xid counts (absent in files of agents without GPUs).
     #[serde(default)]
     pub gpus: Vec<PersistedGpu>,
+    /// The faults below their threshold (absent without any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<PersistedPending>,
+}
+
+/// A fault below its threshold, as persisted.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PersistedPending {
+    pub device: u32,
+    pub error: String,
+    pub component: String,
+    pub counter: String,
+    pub pending: Pending,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,10 +5,17 @@
 //! without a restart: the Node condition's type, the taint, the kernel-log look-back
 //! (taken at the reader's next start) and the CloudWatch Logs destination.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use api::node_config::{LogDestination, NodeHealth};
+use api::{
+    crd::DeviceTaintEffect,
+    limits::MAX_THRESHOLD_COUNT,
+    node_config::{FaultThreshold, LogDestination, NodeHealth, STATE_ERRORS},
+    validate::{check_error_name, MAX_THRESHOLD_WINDOW, MIN_THRESHOLD_WINDOW},
+};
 use tokio::sync::watch;
+
+use super::model::thresholds::{Threshold, Thresholds};
 
 /// What the flags give when no config sets health.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +39,11 @@ pub struct HealthSettings {
     pub taint_errors: Option<Vec<String>>,
     /// Where the hardware events go in CloudWatch Logs; `None`: nowhere.
     pub logs: Option<LogDestination>,
+    /// The effect of the DeviceTaintRule of each unhealthy DRA-managed device; `None`: no
+    /// rules.
+    pub device_taints: Option<DeviceTaintEffect>,
+    /// The fault thresholds by error name (none: a fault at its first occurrence).
+    pub thresholds: Thresholds,
 }
 
 /// The receiving end: each reader takes the current value when it needs it.
@@ -47,6 +59,8 @@ impl HealthDefaults {
                 kmsg_look_back: self.kmsg_look_back,
                 taint_errors: None,
                 logs: None,
+                device_taints: None,
+                thresholds: Thresholds::default(),
             };
         };
         // The operator checked the type; a hand-written node configuration may not have:
@@ -67,8 +81,27 @@ impl HealthDefaults {
                 errors
             }),
             logs: health.logs.clone(),
+            device_taints: health.device_taints.map(|d| d.effect),
+            thresholds: thresholds(&health.thresholds),
         }
     }
+}
+
+/// The thresholds a node configuration gives, those the operator's rules refuse left out
+/// (a hand-written configuration has not been through them); the first of a name counts.
+fn thresholds(given: &[FaultThreshold]) -> Thresholds {
+    let mut out = BTreeMap::new();
+    for t in given {
+        let valid = check_error_name(&t.error).is_ok()
+            && !STATE_ERRORS.contains(&t.error.as_str())
+            && (1..=MAX_THRESHOLD_COUNT).contains(&t.count)
+            && (MIN_THRESHOLD_WINDOW..=MAX_THRESHOLD_WINDOW).contains(&t.window);
+        if valid {
+            let threshold = Threshold { count: t.count, window_secs: t.window.as_duration().as_secs() };
+            out.entry(t.error.clone()).or_insert(threshold);
+        }
+    }
+    Arc::new(out)
 }
 
 /// A channel carrying the flags' settings until a configuration says otherwise.
@@ -106,5 +139,29 @@ mod tests {
 
         let kubelet = NodeHealth { condition_type: Some("Ready".to_owned()), ..health };
         assert_eq!(defaults().resolve(Some(&kubelet)).condition_type, "NeuronHealth", "never the kubelet's Ready");
+    }
+
+    #[test]
+    fn thresholds_the_operator_would_refuse_are_left_out() {
+        let t = |error: &str, count, window| FaultThreshold {
+            error: error.to_owned(),
+            count,
+            window: Period::from_secs(window),
+        };
+        let health = NodeHealth {
+            thresholds: vec![
+                t("DMA_ERROR", 3, 60),
+                t("DMA_ERROR", 5, 60),
+                t("UNHEALTHY_COMPONENT", 2, 60),
+                t("NC_UNCORRECTABLE_ERROR", 0, 60),
+                t("HBM_UNCORRECTABLE_ERROR", 2, 2 * 86_400),
+                t("lower", 2, 60),
+            ],
+            ..NodeHealth::default()
+        };
+        let s = defaults().resolve(Some(&health));
+        assert_eq!(s.thresholds.len(), 1, "{:?}", s.thresholds);
+        assert_eq!(s.thresholds["DMA_ERROR"], Threshold { count: 3, window_secs: 60 }, "the first of a name");
+        assert!(defaults().resolve(None).thresholds.is_empty());
     }
 }

@@ -29,7 +29,7 @@ use tracing::{info, warn};
 use super::{model::HealthModel, settings::SettingsReceiver, SharedHealth};
 
 /// The taint the agent puts on its Node; its value names the fault.
-pub const TAINT_KEY: &str = "neuronmonitor.io/hardware-error";
+pub const TAINT_KEY: &str = api::names::TAINT_KEY;
 pub const TAINT_EFFECT: &str = "NoSchedule";
 /// How often the model is compared with what the Node should carry.
 const TICK: Duration = Duration::from_millis(250);
@@ -89,19 +89,6 @@ pub fn wanted(model: &HealthModel, errors: Option<&[String]>) -> Option<String> 
     faults.map(|r| r.error.as_str()).filter(|e| errors.iter().any(|x| x == e)).min().map(str::to_owned)
 }
 
-/// A taint value must be a label value: at most 63 characters, alphanumeric at both ends.
-fn label_value(error: &str) -> String {
-    let valid = error.len() <= 63
-        && error.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        && error.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && error.chars().last().is_some_and(|c| c.is_ascii_alphanumeric());
-    if valid {
-        error.to_owned()
-    } else {
-        String::new()
-    }
-}
-
 /// The Node's taints with ours set to `wanted` (removed when `None`), others untouched;
 /// `None` when nothing changes.
 pub fn taints_with(current: &[Taint], wanted: Option<&str>) -> Option<Vec<Taint>> {
@@ -110,7 +97,7 @@ pub fn taints_with(current: &[Taint], wanted: Option<&str>) -> Option<Vec<Taint>
     if let Some(error) = wanted {
         taints.push(Taint {
             key: TAINT_KEY.to_owned(),
-            value: Some(label_value(error)).filter(|v| !v.is_empty()),
+            value: api::device_taints::taint_value(error),
             effect: TAINT_EFFECT.to_owned(),
             time_added: None,
         });

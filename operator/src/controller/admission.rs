@@ -1,6 +1,7 @@
 //! Which version of each config is rendered, and what users are told: each config is
 //! validated (`api::validate`), held to its namespace's tenancy rules on its matched
-//! nodes (`api::tenancy::check_targets`), priced in every mode (`api::cloudwatch::cost`),
+//! nodes (`api::tenancy::check_targets`), held to what the API server serves
+//! ([`super::cluster_apis`]), priced in every mode (`api::cloudwatch::cost`),
 //! and a namespace's configs are held to its monthly cost ceiling
 //! (`api::tenancy::share_ceiling`, oldest first).
 //!
@@ -25,7 +26,11 @@ use api::{
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use super::{accepted, Controller, Verdict};
+use super::{
+    accepted,
+    cluster_apis::{check_device_taints, DeviceTaintApi},
+    Controller, Verdict,
+};
 use crate::nodes;
 
 /// What a pass renders and tells.
@@ -200,6 +205,7 @@ impl Controller {
         configs: &[Arc<NeuronMonitorConfig>],
         nodes: &[Arc<Node>],
         policy: &TenancyPolicy,
+        device_taints: DeviceTaintApi,
     ) -> Admission {
         let fleet = Fleet::new(nodes);
         let mut last_good = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
@@ -208,7 +214,10 @@ impl Controller {
         // A deleted config's announcement is forgotten with it.
         self.announced.lock().unwrap_or_else(|p| p.into_inner()).retain(|uid, _| live.contains(uid));
 
-        let check = |object: &Arc<NeuronMonitorConfig>, valid| self.check(&fleet, policy, object, valid);
+        let check = |object: &Arc<NeuronMonitorConfig>, valid: ValidConfig| {
+            check_device_taints(&valid, device_taints)?;
+            self.check(&fleet, policy, object, valid)
+        };
         // Each config's current version, and its last accepted one where that is within
         // the policy (re-checked only when it differs from the current one). The last
         // accepted version comes from memory, else from the config's record of it.

@@ -141,6 +141,20 @@ pub struct ControlPlane {
 }
 
 static CONTROL_PLANE: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+static DEVICE_TAINTS_CONTROL_PLANE: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+
+/// The kube-apiserver flags that serve the alpha DeviceTaintRule API
+/// (`resource.k8s.io/v1alpha3`) of Kubernetes 1.33 to 1.35; the gate
+/// `DRADeviceTaintRules` exists from 1.35 (`NEURON_K8S_VERSION`, as tests/tools/install.sh
+/// reads it, names an older control plane).
+pub fn device_taint_apiserver_flags() -> Vec<String> {
+    let version = std::env::var("NEURON_K8S_VERSION").unwrap_or_default();
+    let gates = match version.as_str() {
+        "1.33" | "1.34" => "DRADeviceTaints=true",
+        _ => "DRADeviceTaints=true,DRADeviceTaintRules=true",
+    };
+    vec![format!("--feature-gates={gates}"), "--runtime-config=resource.k8s.io/v1alpha3=true".to_owned()]
+}
 
 impl ControlPlane {
     /// The control plane of this test binary, started on first use.
@@ -151,9 +165,28 @@ impl ControlPlane {
         }
     }
 
+    /// A second control plane of this test binary, serving the alpha DeviceTaintRule API
+    /// ([`device_taint_apiserver_flags`]), started on first use; the shared one does not
+    /// serve it, as a cluster of Kubernetes 1.33 to 1.35 does not by default.
+    pub fn with_device_taints() -> &'static ControlPlane {
+        let started = DEVICE_TAINTS_CONTROL_PLANE.get_or_init(|| {
+            let flags: Vec<String> =
+                device_taint_apiserver_flags().iter().map(|f| format!("--apiserver-arg={f}")).collect();
+            Self::start_with(&flags).map_err(|e| format!("{e:#}"))
+        });
+        match started {
+            Ok(cp) => cp,
+            Err(e) => panic!("the test control plane with DeviceTaintRules did not start: {e}"),
+        }
+    }
+
     fn start() -> anyhow::Result<ControlPlane> {
+        Self::start_with(&[])
+    }
+
+    fn start_with(args: &[String]) -> anyhow::Result<ControlPlane> {
         let mut command = Command::new(tool("controlplane"));
-        command.stdin(Stdio::null()).stderr(Stdio::inherit());
+        command.args(args).stdin(Stdio::null()).stderr(Stdio::inherit());
         let (pid, mut stdout) = spawn_tied(command, libc::SIGTERM)?;
         let mut line = String::new();
         stdout.read_line(&mut line).with_context(|| format!("reading the control plane's (pid {pid}) ready line"))?;

@@ -239,7 +239,7 @@ async fn configs_render_into_node_configmaps_with_status_and_clean_up() {
 async fn invalid_configs_are_refused_at_admission_naming_the_field() {
     let _serial = SERIAL.lock().await;
     let s = Scenario::new("nm-admission").await;
-    let cases: [(&str, &str); 18] = [
+    let cases: [(&str, &str); 24] = [
         ("  period: 500ms\n", "spec.period"),
         ("  period: 2h\n", "spec.period"),
         ("  runtimes:\n  - metrics:\n    - type: gpu_counters\n", "spec.runtimes[0].metrics[0].type"),
@@ -256,6 +256,18 @@ async fn invalid_configs_are_refused_at_admission_naming_the_field() {
         ("  health:\n    taint:\n      enabled: true\n      errors: [dma_error]\n", "spec.health.taint.errors[0]"),
         ("  health:\n    logs:\n      group: aws/neuron\n", "spec.health.logs.group"),
         ("  health:\n    logs:\n      region: us_west_2\n", "spec.health.logs.region"),
+        ("  health:\n    deviceTaints:\n      effect: PreferNoSchedule\n", "spec.health.deviceTaints.effect"),
+        ("  health:\n    thresholds:\n    - {error: DMA_ERROR, count: 0, window: 1m}\n", "spec.health.thresholds[0].count"),
+        ("  health:\n    thresholds:\n    - {error: DMA_ERROR, count: 101, window: 1m}\n", "spec.health.thresholds[0].count"),
+        ("  health:\n    thresholds:\n    - {error: DMA_ERROR, count: 2, window: 25h}\n", "spec.health.thresholds[0].window"),
+        (
+            "  health:\n    thresholds:\n    - {error: UNHEALTHY_COMPONENT, count: 2, window: 1m}\n",
+            "spec.health.thresholds[0].error",
+        ),
+        (
+            "  health:\n    thresholds:\n    - {error: DMA_ERROR, count: 2, window: 1m}\n    - {error: DMA_ERROR, count: 3, window: 1m}\n",
+            "spec.health.thresholds[1]",
+        ),
         ("  gpu:\n    period: 500ms\n", "spec.gpu.period"),
         ("  gpu:\n    period: 2h\n", "spec.gpu.period"),
         ("  gpu:\n    enabled: sometimes\n", "spec.gpu.enabled"),
@@ -410,6 +422,39 @@ async fn what_admission_cannot_check_is_reported_and_changes_nothing() {
         .await;
     assert_eq!(healer.1, "InvalidSpec");
     assert!(healer.2.contains("spec.health"), "{healer:?}");
+    Api::<Node>::all(s.client.clone()).delete(&node, &DeleteParams::default()).await.unwrap();
+}
+
+/// `spec.health.deviceTaints` on a cluster whose API server serves no DeviceTaintRule
+/// (the test control plane, Kubernetes 1.35 without the alpha API, as clusters run by
+/// default): refused in the config's status with the reason, the field named, and never
+/// rendered; the same config without it is accepted, its thresholds rendered.
+#[tokio::test]
+async fn device_taints_are_refused_where_the_api_is_not_served() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-devtaint").await;
+    let (_operator, _) = s.operator();
+    let node = format!("{}-trn", s.run);
+    s.node(&node, "trn1.32xlarge").await;
+    let thresholds = "    thresholds:\n    - {error: DMA_ERROR, count: 3, window: 10m}\n";
+    let spec = format!("  health:\n    deviceTaints:\n      enabled: true\n      effect: NoExecute\n{thresholds}");
+    assert!(s.apply(&config_yaml(&s.ns, "fleet", &s.run, &spec)).0);
+    let refused = s
+        .wait("Accepted=False", || async { s.condition(&s.ns, "fleet", "Accepted").await.filter(|c| c.0 == "False") })
+        .await;
+    assert_eq!(refused.1, "Unsupported", "{refused:?}");
+    assert!(refused.2.contains("spec.health.deviceTaints") && refused.2.contains("DeviceTaintRule"), "{refused:?}");
+    assert!(s.node_config(&node).await.is_none_or(|c| c.health.is_none()), "never rendered");
+
+    let spec = format!("  health:\n    deviceTaints:\n      enabled: false\n{thresholds}");
+    assert!(s.apply(&config_yaml(&s.ns, "fleet", &s.run, &spec)).0);
+    let health =
+        s.wait("the thresholds rendered", || async { s.node_config(&node).await.and_then(|c| c.health) }).await;
+    assert_eq!(health.device_taints, None);
+    assert_eq!(health.thresholds.len(), 1);
+    assert_eq!((health.thresholds[0].error.as_str(), health.thresholds[0].count), ("DMA_ERROR", 3));
+    let accepted = s.condition(&s.ns, "fleet", "Accepted").await.expect("a condition");
+    assert_eq!(accepted.0, "True", "{accepted:?}");
     Api::<Node>::all(s.client.clone()).delete(&node, &DeleteParams::default()).await.unwrap();
 }
 

@@ -147,8 +147,9 @@ pub struct SliceWatcher {
     pub gpus: GpuHolding,
     pub metrics: AttributionMetrics,
     pub watch_timeout: Duration,
-    /// Set by the kubelet poller when an answer lists DRA claims, or the device plugin
-    /// allocates no Neuron device.
+    /// Set when the slices are needed: by the kubelet poller when an answer lists DRA
+    /// claims or the device plugin allocates no Neuron device, or by the health's
+    /// DeviceTaintRules (which name devices by them).
     pub wanted: watch::Receiver<bool>,
 }
 
@@ -173,8 +174,8 @@ impl SliceWatcher {
         };
         let api = Api::<ResourceSlice>::all(self.client.clone());
         let mut events = std::pin::pin!(watch.events(api, shutdown));
-        info!(node = %self.node, "the kubelet lists DRA claims, or no Neuron device of a device plugin: watching the \
-               ResourceSlices of this node");
+        info!(node = %self.node, "this node's ResourceSlices are needed (DRA claims, no Neuron device of a device \
+               plugin, or DeviceTaintRules): watching them");
         let mut listing: BTreeMap<String, Summary> = BTreeMap::new();
         // `None` until the first listing is done.
         let mut slices: Option<BTreeMap<String, Summary>> = None;

@@ -289,3 +289,21 @@ fn a_claim_holder_names_the_claim_after_the_pod_labels() {
     );
     assert_eq!((holder.namespace.as_str(), holder.container.as_str()), ("ml", "main"));
 }
+
+#[test]
+fn a_device_index_is_named_back_by_its_pool_and_name() {
+    let t = table();
+    assert_eq!(t.name_of(&1), Some((POOL, "neurondevice1")));
+    let twice = slice("other", 1, &[("zz", Some(1)), ("b", Some(1))]);
+    let s = slice(POOL, 1, &[("neurondevice1", Some(1))]);
+    assert_eq!(
+        DeviceTable::from_slices([&s, &twice]).name_of(&1),
+        Some(("ip-10-0-0-1.us-west-2.compute.internal", "neurondevice1")),
+        "the first in name order"
+    );
+    assert_eq!(t.name_of(&63), None, "listed by no slice");
+    let mut ownership = DeviceOwnership::default();
+    assert_eq!(ownership.dra_name(1), None, "before the slices are listed");
+    ownership.set_dra_devices(t);
+    assert_eq!(ownership.dra_name(1), Some((POOL.to_owned(), "neurondevice1".to_owned())));
+}

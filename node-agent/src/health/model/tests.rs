@@ -308,3 +308,82 @@ fn updates_report_the_state_changes_they_make() {
     let changes = m.apply_events(vec![event("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=1")], Some(3), 14);
     assert_eq!((changes.new_faults.len(), changes.state_changes.len()), (1, 0));
 }
+
+fn with_thresholds(m: &mut HealthModel, thresholds: &[(&str, u32, u64)]) {
+    let map = thresholds
+        .iter()
+        .map(|(e, count, window_secs)| {
+            ((*e).to_owned(), thresholds::Threshold { count: *count, window_secs: *window_secs })
+        })
+        .collect();
+    m.set_thresholds(&std::sync::Arc::new(map));
+}
+
+#[test]
+fn a_thresholded_error_turns_its_device_unhealthy_only_at_the_count_within_the_window() {
+    let mut m = model();
+    with_thresholds(&mut m, &[("DMA_ERROR", 3, 600)]);
+    m.apply_reading(node(vec![ready(0), ready(1)]), 10, Instant::now());
+    let dma = |m: &mut HealthModel, at| m.apply_events(vec![event("NEURON_HW_ERR=DMA_ERROR nd-id=0")], None, at);
+    assert!(dma(&mut m, 100).new_faults.is_empty());
+    assert!(dma(&mut m, 200).new_faults.is_empty());
+    assert_eq!(m.devices[&0].state(), State::Healthy, "two of three");
+    assert_eq!(m.kernel_errors[&(Some(0), "DMA_ERROR".to_owned())], 2, "every record counted");
+    // Outside the window: the first is forgotten.
+    assert!(dma(&mut m, 701).new_faults.is_empty());
+    assert_eq!(m.devices[&0].state(), State::Healthy);
+    let changes = dma(&mut m, 702);
+    assert_eq!(changes.new_faults.len(), 1, "200, 701 and 702 within 10 minutes");
+    assert_eq!(m.devices[&0].state(), State::Unhealthy);
+    assert_eq!(m.devices[&0].worst().unwrap().first_seen, 702);
+    // Another error name keeps its first occurrence.
+    m.apply_events(vec![event("NEURON_HW_ERR=NC_UNCORRECTABLE_ERROR nd-id=1")], None, 703);
+    assert_eq!(m.devices[&1].state(), State::Unhealthy);
+}
+
+#[test]
+fn a_thresholded_counter_counts_its_increases() {
+    let mut m = model();
+    with_thresholds(&mut m, &[("HBM_UNCORRECTABLE_ERROR", 3, 60)]);
+    let ecc = |n| {
+        let mut d = ready(0);
+        d.ecc[0] = Some(n);
+        node(vec![d])
+    };
+    m.apply_reading(ecc(1), 10, Instant::now());
+    m.apply_reading(ecc(2), 20, Instant::now());
+    m.apply_reading(ecc(2), 30, Instant::now());
+    assert_eq!(m.devices[&0].state(), State::Healthy, "two increases in a minute");
+    let changes = m.apply_reading(ecc(3), 40, Instant::now());
+    assert_eq!(changes.new_faults.len(), 1);
+    assert_eq!(m.devices[&0].worst().unwrap().count, 3);
+}
+
+#[test]
+fn pending_occurrences_survive_a_restart_and_a_driver_reload_forgets_them() {
+    let mut m = model();
+    with_thresholds(&mut m, &[("DMA_ERROR", 2, 600)]);
+    m.apply_reading(node(vec![ready(0)]), 10, Instant::now());
+    m.apply_events(vec![event("NEURON_HW_ERR=DMA_ERROR nd-id=0")], Some(7), 100);
+    assert_eq!(m.devices[&0].state(), State::Healthy);
+    let text = serde_json::to_string(&m.persisted()).unwrap();
+    let mut restarted = model();
+    assert!(restarted.restore(serde_json::from_str(&text).unwrap()));
+    with_thresholds(&mut restarted, &[("DMA_ERROR", 2, 600)]);
+    restarted.apply_reading(node(vec![ready(0)]), 110, Instant::now());
+    restarted.apply_events(vec![event("NEURON_HW_ERR=DMA_ERROR nd-id=0")], Some(8), 120);
+    assert_eq!(restarted.devices[&0].state(), State::Unhealthy, "the first occurrence was kept");
+
+    // A reload in between: the count starts again.
+    let mut m = model();
+    with_thresholds(&mut m, &[("DMA_ERROR", 2, 600)]);
+    m.apply_reading(node(vec![ready(0)]), 10, Instant::now());
+    m.apply_events(vec![event("NEURON_HW_ERR=DMA_ERROR nd-id=0")], None, 100);
+    m.apply_reading(NodeReading::default(), 101, Instant::now());
+    m.apply_reading(node(vec![ready(0)]), 102, Instant::now());
+    assert!(m.gate.pending.is_empty(), "{:?}", m.gate.pending);
+    m.apply_events(vec![event("NEURON_HW_ERR=DMA_ERROR nd-id=0")], None, 103);
+    assert_eq!(m.devices[&0].state(), State::Healthy, "one occurrence since the reload");
+    // A file without pending faults has no key for them (older agents read it).
+    assert!(!serde_json::to_string(&model().persisted()).unwrap().contains("pending"));
+}
