@@ -7,20 +7,14 @@ mod support;
 
 use std::{ffi::OsStr, time::Duration};
 
-use api::{
-    crd::NeuronMonitorConfig,
-    device_taints::{node_label, rule_name, NODE_LABEL, TAINT_KEY},
-    node_config::{configmap_name, CONFIG_HASH_ANNOTATION, NODE_CONFIG_KEY},
-    render::{render, RenderedNode},
-    validate::validate,
-};
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use api::device_taints::{node_label, rule_name, NODE_LABEL, TAINT_KEY};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
-    api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams},
+    api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams},
     Api, Client,
 };
 use neuron_e2e::{random_u32, wait_for, ControlPlane};
-use support::{driver::FakeDriver, sim, Agent};
+use support::{driver::FakeDriver, node_config::write_node_config, sim, Agent};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -52,27 +46,6 @@ async fn publish_slice(client: &Client, node: &str, devices: u32) {
         .create(&PostParams::default(), &slice)
         .await
         .expect("create the ResourceSlice");
-}
-
-/// Writes the node's ConfigMap as the operator renders it for one config of the
-/// operator's namespace with this `health` section.
-async fn write_node_config(client: &Client, namespace: &str, node: &str, health: serde_json::Value) {
-    let spec = serde_json::json!({ "health": health });
-    let mut config = NeuronMonitorConfig::new("fleet", serde_json::from_value(spec).expect("spec"));
-    config.metadata.namespace = Some(namespace.to_owned());
-    let valid = validate(&config, namespace).expect("a valid config");
-    let rendered = RenderedNode::new(render(&[&valid])).expect("rendered");
-    let cm = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": { "name": configmap_name(node), "namespace": namespace,
-                      "annotations": { CONFIG_HASH_ANNOTATION: rendered.hash } },
-        "data": { NODE_CONFIG_KEY: rendered.json },
-    });
-    Api::<ConfigMap>::namespaced(client.clone(), namespace)
-        .patch(&configmap_name(node), &PatchParams::apply("e2e").force(), &Patch::Apply(&cm))
-        .await
-        .expect("write the node ConfigMap");
 }
 
 /// The rules of `node`: (name, pool, device, taint key, value, effect).

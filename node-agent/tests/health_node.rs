@@ -8,18 +8,12 @@ mod support;
 
 use std::{ffi::OsStr, time::Duration};
 
-use api::{
-    crd::NeuronMonitorConfig,
-    node_config::{configmap_name, CONFIG_HASH_ANNOTATION, NODE_CONFIG_KEY},
-    render::{render, RenderedNode},
-    validate::validate,
-};
 use k8s_openapi::api::{
-    core::v1::{ConfigMap, Node, Taint},
+    core::v1::{Node, Taint},
     events::v1::Event,
 };
 use kube::{
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, ListParams, PostParams},
     Api, Client,
 };
 use neuron_e2e::{random_u32, wait_for, ControlPlane};
@@ -28,6 +22,7 @@ use neuron_node_agent::health::taint::TAINT_KEY;
 use support::{
     driver::FakeDriver,
     kubelet::{holding, PodResourcesServer},
+    node_config::write_node_config,
     sim, Agent, TempDir,
 };
 
@@ -124,27 +119,6 @@ fn a_fault_sets_the_node_condition_and_publishes_an_event_naming_the_pod() {
 /// The node's taints.
 async fn taints(nodes: &Api<Node>, node: &str) -> Option<Vec<Taint>> {
     Some(nodes.get(node).await.ok()?.spec?.taints.unwrap_or_default())
-}
-
-/// Writes the node's ConfigMap in `namespace` as the operator renders it for one config of
-/// the operator's namespace with this `health` section.
-async fn write_node_config(client: &Client, namespace: &str, node: &str, health: serde_json::Value) {
-    let spec = serde_json::json!({ "health": health });
-    let mut config = NeuronMonitorConfig::new("fleet", serde_json::from_value(spec).expect("spec"));
-    config.metadata.namespace = Some(namespace.to_owned());
-    let valid = validate(&config, namespace).expect("a valid config");
-    let rendered = RenderedNode::new(render(&[&valid])).expect("rendered");
-    let cm = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": { "name": configmap_name(node), "namespace": namespace,
-                      "annotations": { CONFIG_HASH_ANNOTATION: rendered.hash } },
-        "data": { NODE_CONFIG_KEY: rendered.json },
-    });
-    Api::<ConfigMap>::namespaced(client.clone(), namespace)
-        .patch(&configmap_name(node), &PatchParams::apply("e2e").force(), &Patch::Apply(&cm))
-        .await
-        .expect("write the node ConfigMap");
 }
 
 /// Tainting is off by default and follows the node configuration at runtime: on, a fatal

@@ -9,6 +9,7 @@ pub mod blackhole;
 pub mod cloudwatch;
 pub mod driver;
 pub mod kubelet;
+pub mod node_config;
 
 use std::{
     collections::BTreeMap,
