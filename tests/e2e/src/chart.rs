@@ -131,3 +131,24 @@ pub fn chart_env(container: &Value, fields: &[(&str, String)]) -> Vec<(String, S
         })
         .collect()
 }
+
+/// The status code and message of an API answer (200 and "" for a success).
+pub fn api_answer(result: Result<impl Sized, kube::Error>) -> (u16, String) {
+    match result {
+        Ok(_) => (200, String::new()),
+        Err(kube::Error::Api(e)) => (e.code, e.message),
+        Err(e) => panic!("not an API answer: {e}"),
+    }
+}
+
+/// Asserts a write was refused by the chart's admission policy with a message saying
+/// `says`.
+#[track_caller]
+pub fn assert_refused(what: &str, answer: (u16, String), says: &str) {
+    let (code, message) = answer;
+    assert_eq!(code, 403, "{what}: expected a refusal, got {code} {message}");
+    assert!(
+        message.contains("ValidatingAdmissionPolicy") && message.contains(says),
+        "{what}: the refusal says {says:?}: {message}"
+    );
+}

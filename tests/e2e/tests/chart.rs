@@ -28,7 +28,10 @@ use kube::{
     Api, Client, ResourceExt,
 };
 use neuron_e2e::{
-    chart::{chart_args, chart_dir, chart_env, documents, find, helm, kind, one, run, strings, template_as},
+    chart::{
+        api_answer, assert_refused, chart_args, chart_dir, chart_env, documents, find, helm, kind, one, run, strings,
+        template_as,
+    },
     fixture_path, free_port, http_get, https, kubectl,
     prometheus::Prometheus,
     random_u32, repo_root, sample, spawn_tied, tool, wait_for, workspace_bin, ControlPlane, Process, NODE_NAME_EXTRA,
@@ -595,8 +598,11 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
 
 #[tokio::test]
 async fn wrong_values_are_refused_naming_the_field() {
-    let cases: [(&[&str], &str); 17] = [
+    let cases: [(&[&str], &str); 19] = [
         (&["--set", "operator.replicas=two"], "/operator/replicas"),
+        // Beyond what the agent's --idle-core-window takes: refused before a crash loop.
+        (&["--set", "agent.idleCores.window=25h"], "/agent/idleCores/window"),
+        (&["--set", "agent.idleCores.window=500ms"], "/agent/idleCores/window"),
         (&["--set", "agent.deviceAccess=root"], "/agent/deviceAccess"),
         (&["--set", "agent.neuronMonitor.source=usr"], "/agent/neuronMonitor/source"),
         (&["--set", "agent.period=5"], "/agent/period"),
@@ -1409,27 +1415,6 @@ async fn neuron_node(admin: &Client) -> String {
     .unwrap();
     Api::<Node>::all(admin.clone()).create(&PostParams::default(), &node).await.unwrap();
     name
-}
-
-/// The status code and message of an API answer (200 and "" for a success).
-fn api_answer(result: Result<impl Sized, kube::Error>) -> (u16, String) {
-    match result {
-        Ok(_) => (200, String::new()),
-        Err(kube::Error::Api(e)) => (e.code, e.message),
-        Err(e) => panic!("not an API answer: {e}"),
-    }
-}
-
-/// Asserts a write was refused by the chart's admission policy with a message saying
-/// `says`.
-#[track_caller]
-fn assert_refused(what: &str, answer: (u16, String), says: &str) {
-    let (code, message) = answer;
-    assert_eq!(code, 403, "{what}: expected a refusal, got {code} {message}");
-    assert!(
-        message.contains("ValidatingAdmissionPolicy") && message.contains(says),
-        "{what}: the refusal says {says:?}: {message}"
-    );
 }
 
 /// The chart's ValidatingAdmissionPolicy on the real API server: the agent's

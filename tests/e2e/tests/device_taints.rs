@@ -12,29 +12,12 @@ use kube::{
     Api,
 };
 use neuron_e2e::{
-    chart::{documents, find, kind, one, template_as},
+    chart::{api_answer, assert_refused, documents, find, kind, one, template_as},
     kubectl, random_u32, wait_for, ControlPlane,
 };
 
-/// The status code and message of an API answer (200 and "" for a success).
-fn api_answer(result: Result<impl Sized, kube::Error>) -> (u16, String) {
-    match result {
-        Ok(_) => (200, String::new()),
-        Err(kube::Error::Api(e)) => (e.code, e.message),
-        Err(e) => panic!("not an API answer: {e}"),
-    }
-}
-
-#[track_caller]
-fn assert_refused(what: &str, answer: (u16, String)) {
-    let (code, message) = answer;
-    assert_eq!(code, 403, "{what}: expected a refusal, got {code} {message}");
-    assert!(
-        message.contains("ValidatingAdmissionPolicy")
-            && message.contains("DeviceTaintRules of the neuron.aws.com devices"),
-        "{what}: the refusal names the rule: {message}"
-    );
-}
+/// What the chart's admission policy says when it refuses a rule.
+const REFUSAL: &str = "DeviceTaintRules of the neuron.aws.com devices";
 
 /// A change of a rule's object.
 type Edit<'a> = Box<dyn FnOnce(&mut serde_json::Value) + 'a>;
@@ -98,7 +81,11 @@ async fn the_admission_policy_holds_the_agent_to_rules_of_its_own_nodes_devices(
     .await
     .expect("the policy in force");
     println!("admission policy in force {:?} after it was applied", started.elapsed());
-    assert_refused("node B's device", api_answer(as_agent.create(&post, &object(&theirs, &node_b, |_| {})).await));
+    assert_refused(
+        "node B's device",
+        api_answer(as_agent.create(&post, &object(&theirs, &node_b, |_| {})).await),
+        REFUSAL,
+    );
 
     // Its own node's device: created, and deleted.
     let ours = rule(&node_a, &node_a, "neurondevice3");
@@ -122,11 +109,15 @@ async fn the_admission_policy_holds_the_agent_to_rules_of_its_own_nodes_devices(
     ];
     for (what, edit) in cases {
         let answer = api_answer(as_agent.create(&post, &object(&ours, &node_a, edit)).await);
-        assert_refused(what, answer);
+        assert_refused(what, answer, REFUSAL);
     }
 
     // B's rule, made by an administrator: the agent on A may not delete it.
     as_admin.create(&post, &object(&theirs, &node_b, |_| {})).await.expect("the administrator creates B's rule");
-    assert_refused("deleting node B's rule", api_answer(as_agent.delete(&theirs.name, &DeleteParams::default()).await));
+    assert_refused(
+        "deleting node B's rule",
+        api_answer(as_agent.delete(&theirs.name, &DeleteParams::default()).await),
+        REFUSAL,
+    );
     as_admin.delete(&theirs.name, &DeleteParams::default()).await.expect("the administrator deletes it");
 }
