@@ -280,6 +280,8 @@ struct CoreOwners {
     /// Each core's holder as the series of the core name it: its owner, with the claim
     /// through which it holds the core where that is a DRA claim.
     held: Vec<Option<Arc<PodRef>>>,
+    /// How many cores each pod owns, by namespace and name.
+    per_pod: Vec<(Arc<PodRef>, u32)>,
 }
 
 /// The cores the node can allocate and has allocated, rebuilt when the devices or the
@@ -290,7 +292,6 @@ struct AllocatedCores {
     /// `None`: unknown (see [`DeviceOwnership::allocatable_cores`]).
     allocatable: Option<Vec<u32>>,
     allocated: Vec<u32>,
-    cores_per_device: Option<u32>,
 }
 
 impl AllocatedCores {
@@ -300,7 +301,6 @@ impl AllocatedCores {
             return;
         }
         self.key = key;
-        self.cores_per_device = cores_per_device;
         self.allocatable = devices.allocatable_cores(cores_per_device);
         let cores = devices.allocations().iter().flat_map(|a| a.cores(cores_per_device));
         self.allocated = cores.filter(|c| *c < MAX_CORES).collect();
@@ -316,7 +316,7 @@ impl AllocatedCores {
         policy: IdlePolicy,
         now: Instant,
     ) -> Option<AllocationState> {
-        let (allocatable, cores_per_device) = (self.allocatable.as_deref()?, self.cores_per_device?);
+        let (allocatable, cores_per_device) = (self.allocatable.as_deref()?, self.key?.1?);
         let used = state.runtimes.iter().flat_map(|rt| &rt.cores);
         let idle = idle.tick(used, &self.allocated, policy, now);
         Some(allocation::summarize(allocatable, &self.allocated, &idle, cores_per_device))
@@ -332,10 +332,10 @@ impl CoreOwners {
         self.held.get(core as usize).and_then(Option::as_ref)
     }
 
-    /// How many cores each pod owns, by namespace and name.
-    fn cores_per_pod(&self) -> Vec<(Arc<PodRef>, u32)> {
+    /// How many cores each pod of `by_core` owns, by namespace and name.
+    fn cores_per_pod(by_core: &[Option<Arc<PodRef>>]) -> Vec<(Arc<PodRef>, u32)> {
         let mut pods: Vec<(Arc<PodRef>, u32)> = Vec::new();
-        for owner in self.by_core.iter().flatten() {
+        for owner in by_core.iter().flatten() {
             let wanted = (owner.namespace.as_str(), owner.pod.as_str());
             match pods.binary_search_by(|(p, _)| (p.namespace.as_str(), p.pod.as_str()).cmp(&wanted)) {
                 Ok(at) => pods[at].1 += 1,
@@ -379,7 +379,8 @@ impl CoreOwners {
                 }
             }
         }
-        *self = CoreOwners { key, by_core, held };
+        let per_pod = Self::cores_per_pod(&by_core);
+        *self = CoreOwners { key, by_core, held, per_pod };
     }
 }
 
@@ -484,7 +485,7 @@ impl Attribution {
         drop(devices);
         state.allocation = cache.allocation.summary(&mut cache.idle, state, self.idle_policy, Instant::now());
         if let Some(allocation) = &mut state.allocation {
-            allocation.pods = cache.owners.cores_per_pod();
+            allocation.pods.clone_from(&cache.owners.per_pod);
         }
 
         let mut tally = Tally::default();
