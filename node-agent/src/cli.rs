@@ -554,6 +554,17 @@ fn parse_idle_window(s: &str) -> Result<Duration, String> {
 mod tests {
     use super::*;
 
+    /// The chart's schema takes whole s, m or h from 1s to 24h: the agent takes each edge.
+    #[test]
+    fn the_idle_window_takes_what_the_chart_schema_lets_through() {
+        for ok in ["1s", "9999s", "1440m", "24h"] {
+            assert!(parse_idle_window(ok).is_ok(), "{ok}");
+        }
+        for refused in ["0s", "500ms", "25h", "1441m"] {
+            assert!(parse_idle_window(refused).is_err(), "{refused}");
+        }
+    }
+
     #[test]
     fn the_flags_are_consistent() {
         FLAVOR.apply(Args::command()).debug_assert();
