@@ -226,12 +226,21 @@ pub struct Driver {
     devices: Vec<Device>,
 }
 
+/// Replaces `path` by a file holding `text`, so that a reader sees the old or the new
+/// text, never part of it. The directory is made only when missing: the simulated
+/// kernel's writes are part of what the agent bench measures, and most are to a tree that
+/// exists.
 pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
     let dir = path.parent().context("a file in a directory")?;
-    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let tmp = dir.join(format!(".{name}.sim-tmp"));
-    fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    if let Err(e) = fs::write(&tmp, text) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(e).with_context(|| format!("writing {}", tmp.display()));
+        }
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    }
     fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
 }
 

@@ -7,14 +7,20 @@
 //! device `k` of `E` carries the traffic of the Neuron devices `d` with `d × E / D = k`
 //! (`D` devices), 200 MiB/s sent per fully busy NeuronCore. Every other counter follows
 //! from the bytes sent and received, so the tree is deterministic. Trainium2 also has the
-//! counters of newer drivers (RDMA write, retransmissions). Files are replaced
-//! atomically, and only when their value changed. A simulator started on an existing tree
+//! counters of newer drivers (RDMA write, retransmissions). A file is written only when
+//! its value changed, in place as the kernel's counters change (same file: a reader may
+//! hold it open), the new value over the old one: a counter only grows, so its text never
+//! gets shorter (a read racing the write could see the two values' digits mixed, a window
+//! of nanoseconds; sysfs has none). A value that would (none here) replaces the file
+//! atomically instead. A
+//! simulator started on an existing tree
 //! (the agent restarts neuron-monitor) continues its counters: only a driver reload
 //! would start them from zero.
 
 use std::{
     collections::BTreeMap,
-    os::unix::fs::symlink,
+    fs::OpenOptions,
+    os::unix::fs::{symlink, FileExt},
     path::{Path, PathBuf},
     thread::sleep,
     time::{Duration, Instant},
@@ -184,8 +190,9 @@ impl FakeEfa {
                 .map(|(name, value)| (port.join(name), value))
                 .chain(device_counters.iter().map(|(name, value)| (d.dir.join("hw_counters").join(name), *value)));
             for (path, value) in files {
-                if self.written.get(&path) != Some(&value) {
-                    write_atomic(&path, &format!("{value}\n"))?;
+                let before = self.written.get(&path).copied();
+                if before != Some(value) {
+                    write_counter(&path, before, value)?;
                     self.written.insert(path, value);
                 }
             }
@@ -203,6 +210,18 @@ impl FakeEfa {
             self.write()?;
         }
     }
+}
+
+/// Writes `value` over `before` in place when its text is no shorter (no reader ever
+/// sees an empty file), else replaces the file.
+fn write_counter(path: &Path, before: Option<u64>, value: u64) -> Result<()> {
+    let text = format!("{value}\n");
+    let grows = before.is_some_and(|b| text.len() >= b.to_string().len() + 1);
+    if !grows {
+        return write_atomic(path, &text);
+    }
+    let file = OpenOptions::new().write(true).open(path).with_context(|| format!("opening {}", path.display()))?;
+    file.write_all_at(text.as_bytes(), 0).with_context(|| format!("writing {}", path.display()))
 }
 
 /// The value a file of an existing tree holds; 0 without one.
