@@ -4,23 +4,31 @@
 //! - `baseline/read_files`: `std::fs::read` of the same 544 files by their paths, the
 //!   floor of any reader; the other numbers read as ratios to it;
 //! - `read_16`: one read of the tree by the agent's reader (listings, links, bounds,
-//!   parsing), what the agent pays after each report, off the report path;
+//!   parsing), what the agent pays after each report, off the report path; its counter
+//!   files held open from the read before, as a sysfs tree's stay;
+//! - `read_16_reopened`: the same, each file opened for the read (as every file a writer
+//!   replaced since the read before is);
 //! - `read_none`: the same on a node without EFA (no `class/infiniband`);
 //! - `render_16`: the EFA series of one `/metrics` scrape, every device held by a pod.
 //!
 //! Run: `cargo bench -p neuron-node-agent --bench efa`.
 
-use std::{os::unix::fs::symlink, path::Path, sync::Arc};
+use std::{
+    os::unix::fs::symlink,
+    path::Path,
+    sync::{Arc, Mutex},
+};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use neuron_node_agent::{
     efa::{encode_efa, sysfs, EfaMetrics, EfaReader},
     routing::Routing,
-    series::Scope,
-    state::{InstanceLabels, PodRef},
+    series::{Exported, FamilyEncoder, Scope},
+    sinks::prometheus::{Exposition, Format},
+    state::{InstanceLabels, NodeState, PodRef},
 };
 use neuron_test_support::TempDir;
-use prometheus_client::{collector::Collector, encoding::DescriptorEncoder, registry::Registry};
+use prometheus_client::registry::Registry;
 
 const PORT_COUNTERS: [&str; 22] = [
     "tx_bytes",
@@ -92,15 +100,9 @@ fn efa_tree(root: &Path) -> Vec<std::path::PathBuf> {
 /// The EFA series of the devices, as one scrape encodes them.
 struct Efa(Vec<sysfs::Device>, Vec<(String, Arc<PodRef>)>, Routing);
 
-impl std::fmt::Debug for Efa {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Efa")
-    }
-}
-
-impl Collector for Efa {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        encode_efa(&self.0, &InstanceLabels::default(), &self.1, Scope::Exposition(&self.2), &mut encoder)
+impl Exported for Efa {
+    fn export(&self, encoder: &mut dyn FamilyEncoder) -> Result<(), std::fmt::Error> {
+        encode_efa(&self.0, &InstanceLabels::default(), &self.1, Scope::Exposition(&self.2), encoder)
     }
 }
 
@@ -119,6 +121,7 @@ fn efa(c: &mut Criterion) {
         b.iter(|| files.iter().map(|f| std::fs::read(f).expect("read").len()).sum::<usize>())
     });
     group.bench_function("read_16", |b| b.iter(|| reader.read()));
+    group.bench_function("read_16_reopened", |b| b.iter(|| sysfs::read(&root)));
     let none = EfaReader::new(root.join("none"), EfaMetrics::register(&mut Registry::default()));
     group.bench_function("read_none", |b| b.iter(|| none.read()));
 
@@ -136,15 +139,10 @@ fn efa(c: &mut Criterion) {
             (d.name.clone(), Arc::new(pod))
         })
         .collect();
-    let mut registry = Registry::default();
-    registry.register_collector(Box::new(Efa(reading.devices, holders, Routing::default())));
-    group.bench_function("render_16", |b| {
-        b.iter(|| {
-            let mut text = String::with_capacity(256 * 1024);
-            prometheus_client::encoding::text::encode(&mut text, &registry).expect("render");
-            text
-        })
-    });
+    let state = Arc::new(Mutex::new(NodeState::default()));
+    let mut exposition = Exposition::new(Registry::default(), state, Default::default(), Default::default());
+    exposition.export(Box::new(Efa(reading.devices, holders, Routing::default())));
+    group.bench_function("render_16", |b| b.iter(|| exposition.render(Format::OpenMetrics).expect("render")));
     group.finish();
 }
 

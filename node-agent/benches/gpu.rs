@@ -11,18 +11,22 @@
 //! Run: `cargo build --release -p nvidia-ml-fake && cargo bench -p neuron-node-agent --bench gpu`
 //! (`NVML_FAKE_LIBRARY=path` names another build of the library).
 
-use std::path::PathBuf;
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
 
 use api::gpu_groups::GpuGroups;
 use criterion::{criterion_group, criterion_main, Criterion};
 use neuron_node_agent::{
     gpu::{dcgm::encode_gpus, nvml::NvmlReader, GpuHolders, GpuMetrics, GpuSnapshot},
     routing::Routing,
-    series::Scope,
-    state::InstanceLabels,
+    series::{Exported, FamilyEncoder, Scope},
+    sinks::prometheus::{Exposition, Format},
+    state::{InstanceLabels, NodeState},
 };
 use neuron_test_support::TempDir;
-use prometheus_client::{collector::Collector, encoding::DescriptorEncoder, registry::Registry};
+use prometheus_client::registry::Registry;
 
 const CONFIG: &str = "instance_type: p5.48xlarge
 processes:
@@ -51,16 +55,10 @@ fn fake_library() -> PathBuf {
 /// The GPU series of a snapshot, as one scrape encodes them.
 struct Gpus(GpuSnapshot, Routing);
 
-impl std::fmt::Debug for Gpus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Gpus")
-    }
-}
-
-impl Collector for Gpus {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+impl Exported for Gpus {
+    fn export(&self, encoder: &mut dyn FamilyEncoder) -> Result<(), std::fmt::Error> {
         let (instance, holders) = (InstanceLabels::default(), GpuHolders::new());
-        encode_gpus(&self.0, "node-1", &instance, &holders, Scope::Exposition(&self.1), &mut encoder)
+        encode_gpus(&self.0, "node-1", &instance, &holders, Scope::Exposition(&self.1), encoder)
     }
 }
 
@@ -84,18 +82,13 @@ fn gpu(c: &mut Criterion) {
     });
     group.bench_function("read_8", |b| b.iter(|| reader.read(GpuGroups::ALL)));
 
-    let mut registry = Registry::default();
-    registry.register_collector(Box::new(Gpus(snapshot, Routing::default())));
-    let mut page = String::new();
-    prometheus_client::encoding::text::encode(&mut page, &registry).expect("render");
+    let state = Arc::new(Mutex::new(NodeState::default()));
+    let mut exposition = Exposition::new(Registry::default(), state, Default::default(), Default::default());
+    exposition.export(Box::new(Gpus(snapshot, Routing::default())));
+    let page = exposition.render(Format::OpenMetrics).expect("render");
     assert_eq!(page.matches("DCGM_FI_DEV_GPU_UTIL{").count(), 8);
-    group.bench_function("render_8", |b| {
-        b.iter(|| {
-            page.clear();
-            prometheus_client::encoding::text::encode(&mut page, &registry).expect("render");
-            page.len()
-        })
-    });
+    drop(page);
+    group.bench_function("render_8", |b| b.iter(|| exposition.render(Format::OpenMetrics).expect("render")));
     group.finish();
     drop(dir);
 }

@@ -123,9 +123,9 @@ impl Drop for BusyReaders {
 }
 
 fn exposition(state: &Arc<Mutex<NodeState>>, health: Option<&Arc<Mutex<HealthModel>>>) -> Exposition {
-    let mut registry = Registry::default();
+    let mut exposition = Exposition::new(Registry::default(), state.clone(), Default::default(), Default::default());
     if let Some(health) = health {
-        registry.register_collector(Box::new(HealthCollector {
+        exposition.export(Box::new(HealthCollector {
             health: health.clone(),
             state: state.clone(),
             devices: None,
@@ -133,7 +133,7 @@ fn exposition(state: &Arc<Mutex<NodeState>>, health: Option<&Arc<Mutex<HealthMod
             neuron: true,
         }));
     }
-    Exposition::new(registry, state.clone(), Default::default(), Default::default())
+    exposition
 }
 
 fn health(c: &mut Criterion) {

@@ -19,8 +19,6 @@ use std::{
 };
 
 use prometheus_client::{
-    collector::Collector,
-    encoding::DescriptorEncoder,
     metrics::{counter::Counter, family::Family as MetricFamily, gauge::Gauge, MetricType},
     registry::Registry,
 };
@@ -31,12 +29,12 @@ use tracing::{debug, info, warn};
 use crate::{
     attribution::EfaHolders,
     routing::SharedRouting,
-    series::{Family, FamilyEncoder, Labels, Scope},
+    series::{Exported, Family, FamilyEncoder, Labels, Scope},
     state::{InstanceLabels, NodeState, PodRef},
     telemetry::ReasonLabel,
     timed_read::{self, TimedReads},
 };
-use sysfs::{Device, Reading, Skip};
+use sysfs::{Device, HeldFiles, Reading, Skip};
 
 /// The EFA devices of the latest read, sorted by name.
 pub type SharedEfa = Arc<Mutex<Vec<Device>>>;
@@ -48,6 +46,7 @@ pub struct EfaMetrics {
     pub read_seconds: Gauge<f64, AtomicU64>,
     pub devices: Gauge,
     pub reloads: Counter,
+    pub held_files: Gauge,
 }
 
 impl EfaMetrics {
@@ -63,6 +62,11 @@ impl EfaMetrics {
         r.register("read_seconds", "Time the latest read of the EFA devices' counters took", m.read_seconds.clone());
         r.register("devices", "EFA devices the latest read found", m.devices.clone());
         r.register(
+            "held_files",
+            "Counter files held open from one read of the EFA devices to the next (read again with one pread each)",
+            m.held_files.clone(),
+        );
+        r.register(
             "driver_reloads",
             "Reads in which an EFA device's counters went back: the driver was reloaded and started them from zero",
             m.reloads.clone(),
@@ -77,25 +81,43 @@ pub struct EfaReader {
     pub metrics: EfaMetrics,
     /// The tree's reads, with their deadline.
     reads: Mutex<TimedReads>,
+    /// The counter files held open between reads; taken by a read while it runs (a read
+    /// stuck past its deadline keeps its own, and the next starts without any).
+    held: Arc<Mutex<HeldFiles>>,
+    max_held: usize,
 }
 
 impl EfaReader {
     pub fn new(sysfs_root: PathBuf, metrics: EfaMetrics) -> EfaReader {
-        EfaReader { sysfs_root, metrics, reads: Mutex::new(TimedReads::new("efa-read", timed_read::READ_DEADLINE)) }
+        let max_held = held_files_bound();
+        EfaReader {
+            sysfs_root,
+            metrics,
+            reads: Mutex::new(TimedReads::new("efa-read", timed_read::READ_DEADLINE)),
+            held: Arc::new(Mutex::new(HeldFiles::new(max_held))),
+            max_held,
+        }
     }
 
     /// Reads the tree within the read deadline (a file whose read does not return is
     /// skipped, as `stuck`); counts what was left out and times the read.
     pub fn read(&self) -> Reading {
         let started = Instant::now();
-        let root = self.sysfs_root.clone();
+        let (root, held, max_held) = (self.sysfs_root.clone(), self.held.clone(), self.max_held);
         let mut reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
-        let (reading, missed) = reads.run_around_stuck(move |watch| sysfs::read_watched(&root, watch));
+        let (reading, missed) = reads.run_around_stuck(move |watch| {
+            let lock = || held.lock().unwrap_or_else(|p| p.into_inner());
+            let mut files = std::mem::replace(&mut *lock(), HeldFiles::new(max_held));
+            let reading = sysfs::read_watched(&root, watch, &mut files);
+            *lock() = files;
+            reading
+        });
         drop(reads);
         let mut reading = reading.unwrap_or_default();
         reading.skipped[Skip::Stuck as usize] += missed.len() as u64;
         self.metrics.read_seconds.set(started.elapsed().as_secs_f64());
         self.metrics.devices.set(reading.devices.len() as i64);
+        self.metrics.held_files.set(self.held.lock().unwrap_or_else(|p| p.into_inner()).len() as i64);
         for (why, n) in Skip::ALL.iter().zip(reading.skipped).filter(|(_, n)| *n > 0) {
             self.metrics.failures.get_or_create(&ReasonLabel { reason: why.as_str() }).inc_by(n);
             // Each read would say it again: debug level only, the counter tells.
@@ -103,6 +125,16 @@ impl EfaReader {
         }
         reading
     }
+}
+
+/// Counter files an EFA reader holds open: as many as a read may take, within a quarter
+/// of the descriptors the process may open (the rest are for its sockets and other
+/// readers; a container's soft limit may be as low as 1,024).
+fn held_files_bound() -> usize {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit only writes the struct it is given.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 { limit.rlim_cur } else { 1024 };
+    usize::try_from(soft / 4).unwrap_or(usize::MAX).min(sysfs::MAX_EFA_COUNTERS)
 }
 
 /// Reads the EFA counters at start, after each applied report and after `interval`
@@ -189,17 +221,11 @@ pub struct EfaCollector {
     pub routing: SharedRouting,
 }
 
-impl fmt::Debug for EfaCollector {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("EfaCollector")
-    }
-}
-
-impl Collector for EfaCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+impl Exported for EfaCollector {
+    fn export(&self, encoder: &mut dyn FamilyEncoder) -> Result<(), fmt::Error> {
         let instance = self.state.lock().unwrap_or_else(|p| p.into_inner()).instance.clone();
         let routing = self.routing.current();
-        self.source.encode(&instance, Scope::Exposition(&routing), &mut encoder)
+        self.source.encode(&instance, Scope::Exposition(&routing), encoder)
     }
 }
 
@@ -275,7 +301,10 @@ fn help(counter: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{routing::Routing, sinks::prometheus::openmetrics_to_classic};
+    use crate::{
+        routing::Routing,
+        sinks::prometheus::{render_families, Format},
+    };
     use api::node_config::{NodeConfig, PrometheusRoute, Route, RouteRuntimes};
     use sysfs::{Counter, Port};
 
@@ -311,19 +340,15 @@ mod tests {
         }
     }
 
-    impl Collector for Table {
-        fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+    impl Exported for Table {
+        fn export(&self, encoder: &mut dyn FamilyEncoder) -> Result<(), fmt::Error> {
             let instance = InstanceLabels { instance_type: "trn1.32xlarge".into(), ..InstanceLabels::default() };
-            encode_efa(&self.0, &instance, &self.1, Scope::Exposition(&self.2), &mut encoder)
+            encode_efa(&self.0, &instance, &self.1, Scope::Exposition(&self.2), encoder)
         }
     }
 
     fn render(table: Table) -> String {
-        let mut registry = Registry::default();
-        registry.register_collector(Box::new(table));
-        let mut open = String::new();
-        prometheus_client::encoding::text::encode(&mut open, &registry).unwrap();
-        openmetrics_to_classic(&open)
+        render_families(&table, Format::Classic)
     }
 
     fn team_route(namespace: &str) -> Route {

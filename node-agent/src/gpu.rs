@@ -21,8 +21,6 @@ use std::{
 
 use api::gpu_groups::{GpuGroup, GpuGroups};
 use prometheus_client::{
-    collector::Collector,
-    encoding::DescriptorEncoder,
     metrics::{counter::Counter, family::Family as MetricFamily, gauge::Gauge},
     registry::Registry,
 };
@@ -32,7 +30,7 @@ use tracing::{info, warn};
 
 use crate::{
     routing::SharedRouting,
-    series::{FamilyEncoder, Scope},
+    series::{Exported, FamilyEncoder, Scope},
     state::{InstanceLabels, NodeState, PodRef},
     telemetry::ReasonLabel,
 };
@@ -334,17 +332,11 @@ pub struct GpuCollector {
     pub routing: SharedRouting,
 }
 
-impl fmt::Debug for GpuCollector {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("GpuCollector")
-    }
-}
-
-impl Collector for GpuCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+impl Exported for GpuCollector {
+    fn export(&self, encoder: &mut dyn FamilyEncoder) -> Result<(), fmt::Error> {
         let instance = self.state.lock().unwrap_or_else(|p| p.into_inner()).instance.clone();
         let routing = self.routing.current();
-        self.source.encode(&instance, Scope::Exposition(&routing), &mut encoder)
+        self.source.encode(&instance, Scope::Exposition(&routing), encoder)
     }
 }
 

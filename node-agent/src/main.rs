@@ -40,6 +40,7 @@ use neuron_node_agent::{
         otlp::{self, encode::Identity, telemetry::OtlpMetrics},
         prometheus::Exposition,
     },
+    series::Exported,
     state::NodeState,
     telemetry::AgentMetrics,
 };
@@ -95,12 +96,15 @@ const WORKER_THREADS: usize = 2;
 /// which wait their turn beyond it. Tokio's default, 512, let the pool follow bursts.
 const MAX_BLOCKING_THREADS: usize = 8;
 
-/// What every phase shares: the flags, the registry, the agent's metrics, the critical
-/// tasks and the shutdown they all follow.
+/// What every phase shares: the flags, the registry, the sources of `/metrics`, the
+/// agent's metrics, the critical tasks and the shutdown they all follow.
 struct Agent {
     args: Args,
     started: SystemTime,
+    /// The agent's own metrics.
     registry: Registry,
+    /// The readers' families on `/metrics`, after the node state's.
+    exported: Vec<Box<dyn Exported>>,
     metrics: AgentMetrics,
     tasks: CriticalTasks,
     shutdown: CancellationToken,
@@ -151,6 +155,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args,
         started: SystemTime::now(),
         registry,
+        exported: Vec::new(),
         metrics,
         tasks: CriticalTasks::new(),
         shutdown: CancellationToken::new(),
@@ -386,7 +391,7 @@ impl Agent {
         );
         let efa =
             EfaSource { table: efa_table, holders: flow.attribution.as_ref().map(attribution::Sources::efa_holders) };
-        self.registry.register_collector(Box::new(EfaCollector {
+        self.exported.push(Box::new(EfaCollector {
             source: efa.clone(),
             state: flow.state.clone(),
             routing: activator.routing(),
@@ -396,7 +401,7 @@ impl Agent {
         let gpu = nvml.and_then(|reader| self.gpus(flow, activator, reader, gpu_tx, gpu_snapshots));
         let readers = Readers { health, devices, processes, efa, gpu };
         let neuron = !self.gpu_only(&readers);
-        self.registry.register_collector(Box::new(readers.health_families(flow, neuron)));
+        self.exported.push(Box::new(readers.health_families(flow, neuron)));
         (readers, log_sink)
     }
 
@@ -419,7 +424,7 @@ impl Agent {
         };
         let source = GpuSource { snapshot, holders, process_pods, hostname: hostname.into() };
         self.tasks.spawn("GPU collector", gpu::follow(reader, period, tx, self.shutdown.clone()));
-        self.registry.register_collector(Box::new(GpuCollector {
+        self.exported.push(Box::new(GpuCollector {
             source: source.clone(),
             state: flow.state.clone(),
             routing: activator.routing(),
@@ -500,7 +505,11 @@ impl Agent {
     ) -> anyhow::Result<()> {
         let registry = std::mem::take(&mut self.registry);
         let state = flow.state.clone();
-        let exposition = Exposition::new(registry, state, readers.processes.clone(), configured.activator.routing());
+        let mut exposition =
+            Exposition::new(registry, state, readers.processes.clone(), configured.activator.routing());
+        for source in std::mem::take(&mut self.exported) {
+            exposition.export(source);
+        }
         let http_state = Arc::new(HttpState {
             exposition,
             pipeline: flow.pipeline.clone(),

@@ -10,13 +10,7 @@ use api::{
     monitor_config::{RuntimeGroup, SystemGroup},
     node_config::Route,
 };
-use prometheus_client::{
-    encoding::{
-        DescriptorEncoder, EncodeLabel, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelSetEncoder,
-        LabelValueEncoder,
-    },
-    metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
-};
+use prometheus_client::metrics::MetricType;
 
 use crate::{
     routing::{PrometheusView, Routing, Selection},
@@ -90,18 +84,10 @@ pub trait FamilyEncoder {
     fn encode_family(&mut self, family: &Family<'_>) -> Result<(), fmt::Error>;
 }
 
-impl FamilyEncoder for DescriptorEncoder<'_> {
-    fn encode_family(&mut self, family: &Family<'_>) -> Result<(), fmt::Error> {
-        let mut metric = self.encode_descriptor(&family.name, family.help, None, family.kind)?;
-        for (labels, value) in &family.series {
-            match family.kind {
-                MetricType::Info => metric.encode_info(labels)?,
-                MetricType::Counter => ConstCounter::new(*value).encode(metric.encode_family(labels)?)?,
-                _ => ConstGauge::new(*value).encode(metric.encode_family(labels)?)?,
-            }
-        }
-        Ok(())
-    }
+/// A source of families on `/metrics` (the node state, EFA, health, GPUs). The exposition
+/// writes their text itself; prometheus-client's registry holds the agent's own metrics.
+pub trait Exported: Send + Sync {
+    fn export(&self, encoder: &mut dyn FamilyEncoder) -> Result<(), fmt::Error>;
 }
 
 /// One label value: text, or a number written without allocation.
@@ -116,15 +102,6 @@ impl fmt::Display for Value<'_> {
         match self {
             Value::Text(t) => f.write_str(t),
             Value::Number(n) => write!(f, "{n}"),
-        }
-    }
-}
-
-impl EncodeLabelValue for Value<'_> {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), fmt::Error> {
-        match self {
-            Value::Text(t) => t.encode(encoder),
-            Value::Number(n) => n.encode(encoder),
         }
     }
 }
@@ -193,6 +170,11 @@ impl<'a> Labels<'a> {
         self.pod
     }
 
+    /// The host's labels, every series' first six.
+    pub fn instance(&self) -> &'a InstanceLabels {
+        self.instance
+    }
+
     /// Every label in order, as the exposition writes them; stops at the first error.
     pub fn try_for_each<E>(&self, mut f: impl FnMut(&str, Value<'_>) -> Result<(), E>) -> Result<(), E> {
         let i = self.instance;
@@ -206,6 +188,14 @@ impl<'a> Labels<'a> {
         ] {
             f(key, Value::Text(value))?;
         }
+        self.try_for_each_after_instance(f)
+    }
+
+    /// The labels after the instance's, in order.
+    pub fn try_for_each_after_instance<E>(
+        &self,
+        mut f: impl FnMut(&str, Value<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
         if let Some(rt) = self.runtime {
             f("runtime_tag", Value::Text(&rt.runtime_tag))?;
         }
@@ -235,12 +225,6 @@ impl<'a> Labels<'a> {
             f(key, Value::Text(value))?;
         }
         Ok(())
-    }
-}
-
-impl EncodeLabelSet for Labels<'_> {
-    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
-        self.try_for_each(|key, value| (key, value).encode(encoder.encode_label()))
     }
 }
 
@@ -279,6 +263,10 @@ impl<'s> Family<'s> {
         self.help
     }
 
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The name as `/metrics` serves it in the classic format: counters end in `_total`,
     /// info metrics in `_info` (see
     /// [`openmetrics_to_classic`](crate::sinks::prometheus::openmetrics_to_classic)).
@@ -298,5 +286,49 @@ pub(crate) fn classic_suffix(kind: MetricType) -> &'static str {
         MetricType::Counter => "_total",
         MetricType::Info => "_info",
         _ => "",
+    }
+}
+
+/// prometheus-client's encoding of the families: what the exposition's own text encoder
+/// (`sinks::prometheus::text`) is checked against.
+#[cfg(test)]
+mod reference {
+    use prometheus_client::{
+        encoding::{
+            DescriptorEncoder, EncodeLabel, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelSetEncoder,
+            LabelValueEncoder,
+        },
+        metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
+    };
+
+    use super::*;
+
+    impl FamilyEncoder for DescriptorEncoder<'_> {
+        fn encode_family(&mut self, family: &Family<'_>) -> Result<(), fmt::Error> {
+            let mut metric = self.encode_descriptor(&family.name, family.help, None, family.kind)?;
+            for (labels, value) in &family.series {
+                match family.kind {
+                    MetricType::Info => metric.encode_info(labels)?,
+                    MetricType::Counter => ConstCounter::new(*value).encode(metric.encode_family(labels)?)?,
+                    _ => ConstGauge::new(*value).encode(metric.encode_family(labels)?)?,
+                }
+            }
+            Ok(())
+        }
+    }
+
+    impl EncodeLabelValue for Value<'_> {
+        fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), fmt::Error> {
+            match self {
+                Value::Text(t) => t.encode(encoder),
+                Value::Number(n) => n.encode(encoder),
+            }
+        }
+    }
+
+    impl EncodeLabelSet for Labels<'_> {
+        fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
+            self.try_for_each(|key, value| (key, value).encode(encoder.encode_label()))
+        }
     }
 }

@@ -126,12 +126,15 @@ fn efa_counters_land_on_the_pods_holding_the_devices_with_the_simulators_values(
     // Every counter the simulator wrote, with its value: port counters with `port`,
     // device counters without (the values of one read of the tree, between two advances).
     let tree = sys.join("class/infiniband/rdmap16s27");
-    agent.wait_for("the series equal the simulator's files", WAIT, |m| {
+    let m = agent.wait_for("the series equal the simulator's files", WAIT, |m| {
         let port = files(&tree.join("ports/1/hw_counters"));
         let device = files(&tree.join("hw_counters"));
         (port.len() == 13 && series(m, "rdmap16s27", Some("1")) == port && series(m, "rdmap16s27", None) == device)
-            .then_some(())
+            .then(|| m.clone())
     });
+    // Read again and again through the files held open since the first read: all of them.
+    let counters_per_device = 13 + files(&tree.join("hw_counters")).len();
+    assert_eq!(m.value("neuron_agent_efa_held_files", &[]), Some((8 * counters_per_device) as f64));
     assert_eq!(m.sum("neuron_agent_efa_read_failures_total", &[]), 0.0, "{}", m.text);
     assert!(m.value("neuron_agent_efa_read_seconds", &[]).is_some());
     let complaints = support::promtool_complaints(&m.text);

@@ -14,7 +14,10 @@
 //! no `class/infiniband`, or none of its devices EFA, reads as no device: not an error.
 
 use std::{
-    fs, io,
+    collections::HashMap,
+    fs::{self, File},
+    io,
+    os::unix::fs::DirEntryExt,
     path::{Path, PathBuf},
 };
 
@@ -199,8 +202,8 @@ fn is_efa(dir: &Path, watch: &Watch) -> bool {
 /// a writer's temporary file may be), at most `max` of them; more are counted as
 /// [`Skip::Limit`] (once) and the rest of the listing is not read. A name that is not
 /// UTF-8 is counted as [`Skip::BadName`]. Each name comes with whether its entry is a
-/// regular file (without following a link).
-fn list(dir: &Path, max: usize, reading: &mut Reading, watch: &Watch) -> io::Result<Vec<(String, bool)>> {
+/// regular file (without following a link) and its inode.
+fn list(dir: &Path, max: usize, reading: &mut Reading, watch: &Watch) -> io::Result<Vec<Entry>> {
     let mut names = Vec::new();
     watch.access(dir, |dir| {
         for entry in fs::read_dir(dir)? {
@@ -220,22 +223,70 @@ fn list(dir: &Path, max: usize, reading: &mut Reading, watch: &Watch) -> io::Res
                 break;
             }
             let is_file = entry.file_type().is_ok_and(|t| t.is_file());
-            names.push((name, is_file));
+            names.push(Entry { name, is_file, inode: entry.ino() });
         }
         Ok(())
     })?;
-    names.sort_unstable();
+    names.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     Ok(names)
 }
 
-/// Reads every EFA device under the sysfs root `root`, without a deadline. Never writes.
+/// A directory entry, as [`list`] gives it.
+struct Entry {
+    name: String,
+    is_file: bool,
+    inode: u64,
+}
+
+/// Reads every EFA device under the sysfs root `root`, without a deadline, holding no
+/// file open. Never writes.
 pub fn read(root: &Path) -> Reading {
-    read_watched(root, &Watch::untimed())
+    read_watched(root, &Watch::untimed(), &mut HeldFiles::new(0))
+}
+
+/// Counter files kept open from one read to the next, so that a read costs one `pread`
+/// per counter instead of an open, a read and a close (three times the system calls,
+/// most of a read's cost). A file is opened again when its directory lists another inode
+/// under its name (a driver reload makes new files, a writer may rename a new one over
+/// it) and closed when it is no longer listed. At most `max` are held; the others are
+/// opened for each read.
+#[derive(Default)]
+pub struct HeldFiles {
+    max: usize,
+    /// By `hw_counters` directory: each file's name, inode and descriptor, by name.
+    dirs: HashMap<PathBuf, Vec<(String, u64, File)>>,
+    held: usize,
+}
+
+impl HeldFiles {
+    pub fn new(max: usize) -> Self {
+        HeldFiles { max, ..HeldFiles::default() }
+    }
+
+    /// Files held open.
+    pub fn len(&self) -> usize {
+        self.held
+    }
 }
 
 /// Reads every EFA device under the sysfs root `root`, each file through `watch` (the
-/// files stuck earlier skipped, as [`Skip::Stuck`]). Never writes.
-pub fn read_watched(root: &Path, watch: &Watch) -> Reading {
+/// files stuck earlier skipped, as [`Skip::Stuck`]), reading the files `held` holds and
+/// leaving it holding those of this read. Never writes.
+pub fn read_watched(root: &Path, watch: &Watch, held: &mut HeldFiles) -> Reading {
+    let mut before = std::mem::take(&mut held.dirs);
+    held.held = 0;
+    let reading = read_devices(root, watch, &mut before, held);
+    // What `before` still holds is no longer listed: closed here.
+    drop(before);
+    reading
+}
+
+fn read_devices(
+    root: &Path,
+    watch: &Watch,
+    before: &mut HashMap<PathBuf, Vec<(String, u64, File)>>,
+    held: &mut HeldFiles,
+) -> Reading {
     let mut reading = Reading::default();
     let class = root.join(INFINIBAND_DIR);
     let names = match list(&class, MAX_RDMA_DEVICES, &mut reading, watch) {
@@ -248,7 +299,7 @@ pub fn read_watched(root: &Path, watch: &Watch) -> Reading {
         }
     };
     reading.rdma_class = true;
-    for (name, _) in names {
+    for Entry { name, .. } in names {
         let dir = class.join(&name);
         if !is_efa(&dir, watch) {
             reading.other_devices += 1;
@@ -262,25 +313,34 @@ pub fn read_watched(root: &Path, watch: &Watch) -> Reading {
             reading.skip(Skip::Limit);
             continue;
         }
-        let device = read_device(name, &dir, &mut reading, watch);
+        let mut files = Files { watch, before: &mut *before, held: &mut *held };
+        let device = read_device(name, &dir, &mut reading, &mut files);
         reading.devices.push(device);
     }
     reading
 }
 
-fn read_device(name: String, dir: &Path, reading: &mut Reading, watch: &Watch) -> Device {
-    let counters = read_counters(&dir.join("hw_counters"), reading, watch);
+/// How a read reaches the counter files: through `watch`, with the files held open
+/// since the previous read (`before`) and those it leaves open (`held`).
+struct Files<'r> {
+    watch: &'r Watch,
+    before: &'r mut HashMap<PathBuf, Vec<(String, u64, File)>>,
+    held: &'r mut HeldFiles,
+}
+
+fn read_device(name: String, dir: &Path, reading: &mut Reading, files: &mut Files<'_>) -> Device {
+    let counters = read_counters(&dir.join("hw_counters"), reading, files);
     let mut ports = Vec::new();
-    match list(&dir.join("ports"), MAX_PORTS, reading, watch) {
+    match list(&dir.join("ports"), MAX_PORTS, reading, files.watch) {
         Ok(entries) => {
-            for (entry, _) in entries {
+            for Entry { name: entry, .. } in entries {
                 let number = entry.parse::<u32>().ok().filter(|n| (1..=MAX_PORT_NUMBER).contains(n));
                 match number {
                     // Parsed back, so `01` and `1` are not two ports.
                     Some(number) if number.to_string() == entry => {
                         let path: PathBuf =
                             [dir, Path::new("ports"), Path::new(&entry), Path::new("hw_counters")].iter().collect();
-                        ports.push(Port { number, counters: read_counters(&path, reading, watch) });
+                        ports.push(Port { number, counters: read_counters(&path, reading, files) });
                     }
                     _ => reading.skip(Skip::BadName),
                 }
@@ -293,8 +353,14 @@ fn read_device(name: String, dir: &Path, reading: &mut Reading, watch: &Watch) -
     Device { name, counters, ports }
 }
 
+/// A counter file's value: a u64 decimal and its newline.
+fn parse(bytes: &[u8]) -> Option<u64> {
+    std::str::from_utf8(bytes).ok().and_then(parse_counter)
+}
+
 /// The counters of one `hw_counters` directory, sorted by name; none when it does not exist.
-fn read_counters(dir: &Path, reading: &mut Reading, watch: &Watch) -> Vec<Counter> {
+fn read_counters(dir: &Path, reading: &mut Reading, files: &mut Files<'_>) -> Vec<Counter> {
+    let watch = files.watch;
     let entries = match list(dir, MAX_COUNTERS_PER_DIR, reading, watch) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Vec::new(),
@@ -303,8 +369,13 @@ fn read_counters(dir: &Path, reading: &mut Reading, watch: &Watch) -> Vec<Counte
             return Vec::new();
         }
     };
+    let mut before = files.before.remove(dir).unwrap_or_default();
+    let mut held = Vec::new();
+    // Opened when a file is not held already.
+    let mut dir_fd = None;
+    let mut buf = [0u8; MAX_COUNTER_FILE_BYTES as usize + 1];
     let mut counters = Vec::with_capacity(entries.len());
-    for (name, is_file) in entries {
+    for Entry { name, is_file, inode } in entries {
         if reading.counters == MAX_EFA_COUNTERS {
             // Once per directory: the rest of it is not read.
             reading.skip(Skip::Limit);
@@ -319,20 +390,43 @@ fn read_counters(dir: &Path, reading: &mut Reading, watch: &Watch) -> Vec<Counte
             reading.skip(Skip::NotAFile);
             continue;
         }
-        let value = watch
-            .access(&dir.join(&name), |path| Ok(procfs::read_bounded(path, MAX_COUNTER_FILE_BYTES)))
-            .map_err(|e| Skip::from_io(&e))
-            .and_then(|read| read.map_err(Skip::from))
-            .and_then(|bytes| std::str::from_utf8(&bytes).ok().and_then(parse_counter).ok_or(Skip::Malformed));
-        match value {
-            Ok(value) => {
+        let kept = before.iter().position(|(n, i, _)| *n == name && *i == inode).map(|at| before.swap_remove(at).2);
+        let read = watch.access(&dir.join(&name), |_| {
+            let file = match kept {
+                Some(file) => file,
+                None => match open_in(dir, &mut dir_fd).and_then(|d| d.open_file(&name)) {
+                    Ok(file) => file,
+                    Err(failure) => return Ok(Err(failure)),
+                },
+            };
+            let value = procfs::read_whole(&file, &mut buf).map(parse);
+            Ok(value.map(|value| (value, file)))
+        });
+        match read.map_err(|e| Skip::from_io(&e)).and_then(|read| read.map_err(Skip::from)) {
+            Ok((Some(value), file)) => {
                 reading.counters += 1;
+                if files.held.held < files.held.max {
+                    files.held.held += 1;
+                    held.push((name.clone(), inode, file));
+                }
                 counters.push(Counter { name, value });
             }
+            Ok((None, _)) => reading.skip(Skip::Malformed),
             Err(why) => reading.skip(why),
         }
     }
+    if !held.is_empty() {
+        files.held.dirs.insert(dir.to_owned(), held);
+    }
     counters
+}
+
+/// The directory `dir`, opened at its first use in a read.
+fn open_in<'d>(dir: &Path, dir_fd: &'d mut Option<procfs::Dir>) -> Result<&'d procfs::Dir, Failure> {
+    if dir_fd.is_none() {
+        *dir_fd = Some(procfs::Dir::open(dir).map_err(|e| Failure::from_io(&e))?);
+    }
+    dir_fd.as_ref().ok_or(Failure::Other)
 }
 
 #[cfg(test)]
@@ -402,6 +496,44 @@ mod tests {
         );
     }
 
+    /// Counter files are held open from one read to the next, within their bound, and
+    /// still read what the files hold now: a value written in place, a file a writer
+    /// renamed over the old one (opened again), a file gone (closed), a new one (opened).
+    #[test]
+    fn counter_files_are_held_open_between_reads_and_follow_the_tree() {
+        let tree = TempDir::new("efa-sysfs");
+        let dev = device(&tree, "rdmap16s27", "0000:10:1b.0", "efa");
+        let port = tree.0.join(&dev).join("ports/1/hw_counters");
+        // The reader's path to it, through the class directory's link.
+        let port_listed = tree.0.join(INFINIBAND_DIR).join("rdmap16s27/ports/1/hw_counters");
+        tree.write(format!("{dev}/ports/1/hw_counters/tx_bytes"), "1\n");
+        tree.write(format!("{dev}/ports/1/hw_counters/rx_bytes"), "2\n");
+        tree.write(format!("{dev}/hw_counters/cmds_err"), "3\n");
+        let mut held = HeldFiles::new(8);
+        let reading = read_watched(&tree.0, &Watch::untimed(), &mut held);
+        assert_eq!(reading.devices[0].ports[0].counters, counters(&[("rx_bytes", 2), ("tx_bytes", 1)]));
+        assert_eq!(held.len(), 3);
+        let tx_before = held.dirs[&port_listed].iter().find(|(n, ..)| n == "tx_bytes").map(|(_, inode, _)| *inode);
+
+        tree.write(format!("{dev}/ports/1/hw_counters/tx_bytes"), "10\n");
+        tree.write(format!("{dev}/ports/1/hw_counters/.rx_bytes.new"), "20\n");
+        fs::rename(port.join(".rx_bytes.new"), port.join("rx_bytes")).unwrap();
+        fs::remove_file(tree.0.join(&dev).join("hw_counters/cmds_err")).unwrap();
+        tree.write(format!("{dev}/hw_counters/keep_alive_rcvd"), "4\n");
+        let reading = read_watched(&tree.0, &Watch::untimed(), &mut held);
+        assert_eq!(reading.devices[0].ports[0].counters, counters(&[("rx_bytes", 20), ("tx_bytes", 10)]));
+        assert_eq!(reading.devices[0].counters, counters(&[("keep_alive_rcvd", 4)]));
+        assert_eq!(reading.skipped, [0; 9]);
+        assert_eq!(held.len(), 3, "cmds_err closed, keep_alive_rcvd opened");
+        let tx_after = held.dirs[&port_listed].iter().find(|(n, ..)| n == "tx_bytes").map(|(_, inode, _)| *inode);
+        assert_eq!(tx_before, tx_after, "a file written in place is the one held");
+
+        let mut one = HeldFiles::new(1);
+        let bounded = read_watched(&tree.0, &Watch::untimed(), &mut one);
+        assert_eq!(bounded, reading, "beyond the bound, files are opened for each read");
+        assert_eq!(one.len(), 1);
+    }
+
     /// Issue 24, fault 5: a counter whose earlier read never returned is not opened again,
     /// and the device's other counters are still read.
     #[test]
@@ -412,7 +544,7 @@ mod tests {
         tree.write(format!("{port}/tx_bytes"), "1\n");
         tree.write(format!("{port}/rx_bytes"), "2\n");
         let stuck = tree.0.join(INFINIBAND_DIR).join("rdmap16s27/ports/1/hw_counters/rx_bytes");
-        let reading = read_watched(&tree.0, &Watch::with_stuck([stuck]));
+        let reading = read_watched(&tree.0, &Watch::with_stuck([stuck]), &mut HeldFiles::new(8));
         assert_eq!(reading.devices[0].ports[0].counters, counters(&[("tx_bytes", 1)]));
         assert_eq!(skipped(&reading, Skip::Stuck), 1);
     }

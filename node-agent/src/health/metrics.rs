@@ -8,7 +8,7 @@ use std::{
 };
 
 use api::limits::{MAX_NEURON_DEVICES, MAX_REPORT_LABEL_VALUE_BYTES};
-use prometheus_client::{collector::Collector, encoding::DescriptorEncoder, metrics::MetricType};
+use prometheus_client::metrics::MetricType;
 
 pub mod gpus;
 
@@ -19,7 +19,7 @@ use super::{
 };
 use crate::{
     attribution::podresources::{SharedDevices, Unit},
-    series::{Family, FamilyEncoder, Labels},
+    series::{Exported, Family, FamilyEncoder, Labels},
     state::NodeState,
 };
 
@@ -37,15 +37,9 @@ pub struct HealthCollector {
     pub neuron: bool,
 }
 
-impl fmt::Debug for HealthCollector {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("HealthCollector")
-    }
-}
-
-impl Collector for HealthCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
-        self.encode_into(&mut encoder)
+impl Exported for HealthCollector {
+    fn export(&self, encoder: &mut dyn FamilyEncoder) -> Result<(), fmt::Error> {
+        self.encode_into(encoder)
     }
 }
 

@@ -3,8 +3,13 @@
 //! read and written) and the `fd` directory (open descriptors, counted up to a bound).
 
 use std::{
-    fs::File,
+    ffi::CString,
+    fs::{File, OpenOptions},
     io::{self, Read},
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::fs::{FileExt, OpenOptionsExt},
+    },
     path::Path,
 };
 
@@ -42,7 +47,7 @@ impl Failure {
         }
     }
 
-    fn from_io(e: &io::Error) -> Self {
+    pub(crate) fn from_io(e: &io::Error) -> Self {
         match e.kind() {
             io::ErrorKind::NotFound => Failure::Gone,
             io::ErrorKind::PermissionDenied => Failure::Denied,
@@ -80,6 +85,54 @@ pub fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, Failure> {
         return Err(Failure::TooLarge);
     }
     Ok(bytes)
+}
+
+/// A directory held open, so that each of its many small files is opened by name
+/// (`openat`): the kernel walks one path component instead of the whole path, which on a
+/// sysfs tree behind links was most of what opening a counter cost.
+pub struct Dir(File);
+
+impl Dir {
+    pub fn open(path: &Path) -> io::Result<Dir> {
+        OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(path).map(Dir)
+    }
+
+    /// Opens the file `name` of this directory for reading. Never follows a link (a tree
+    /// could point it anywhere) and never blocks on opening a FIFO.
+    pub fn open_file(&self, name: &str) -> Result<File, Failure> {
+        let name = CString::new(name).map_err(|_| Failure::Other)?;
+        let flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+        // SAFETY: a valid directory descriptor (owned by `self`) and a NUL-terminated name.
+        let fd = unsafe { libc::openat(self.0.as_raw_fd(), name.as_ptr(), flags) };
+        if fd < 0 {
+            return Err(Failure::from_io(&io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+}
+
+/// Reads `file` from its start into `buf`, whose length is one more than the file may
+/// hold: the bytes read, or [`Failure::TooLarge`] when they fill `buf`. Read at an offset,
+/// so a file held open gives its current content each time (a sysfs attribute is
+/// generated anew by a read from its start). A read shorter than asked ends the file: a
+/// regular file and a sysfs attribute give all they have at once, so a counter costs one
+/// read, not two.
+pub fn read_whole<'b>(file: &File, buf: &'b mut [u8]) -> Result<&'b [u8], Failure> {
+    let mut len = 0;
+    while len < buf.len() {
+        let asked = buf.len() - len;
+        let n = match file.read_at(&mut buf[len..], len as u64) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Failure::from_io(&e)),
+        };
+        len += n;
+        if n < asked {
+            return Ok(&buf[..len]);
+        }
+    }
+    Err(Failure::TooLarge)
 }
 
 /// Parses `stat`: `pid (comm) state ppid …`. The command name may hold spaces, `)` and
@@ -143,6 +196,35 @@ mod tests {
         94360834412544 94360837276533 140734588461040 0 0 0 16386 16781312 1073745102 0 0 0 17 \
         11 0 0 0 0 0 94360838158480 94360838420264 94360850354176 140734588464766 \
         140734588464843 140734588464843 140734588467161 0\n";
+
+    #[test]
+    fn small_files_are_opened_by_name_and_read_whole_within_their_bound() {
+        let tree = TempDir::new("procfs-dir");
+        tree.write("value", "18446744073709551615\n");
+        tree.write("full", "x".repeat(8));
+        tree.write("over", "x".repeat(9));
+        std::os::unix::fs::symlink(tree.path().join("value"), tree.path().join("link")).unwrap();
+        let fifo = CString::new(tree.path().join("fifo").into_os_string().into_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let dir = Dir::open(tree.path()).unwrap();
+        let read = |name: &str, buf: &mut [u8]| -> Result<Vec<u8>, Failure> {
+            Ok(read_whole(&dir.open_file(name)?, buf)?.to_vec())
+        };
+        let mut buf = [0u8; 64];
+        assert_eq!(read("value", &mut buf), Ok(b"18446744073709551615\n".to_vec()));
+        let mut nine = [0u8; 9];
+        assert_eq!(read("full", &mut nine), Ok(b"xxxxxxxx".to_vec()));
+        assert_eq!(read("over", &mut nine), Err(Failure::TooLarge));
+        assert_eq!(read("gone", &mut buf), Err(Failure::Gone));
+        // A link is not followed, and a FIFO neither blocks nor is read.
+        assert_eq!(read("link", &mut buf), Err(Failure::Other));
+        assert_eq!(read("fifo", &mut buf), Err(Failure::Other));
+        // A file held open reads what it holds now, from its start.
+        let held = dir.open_file("value").unwrap();
+        tree.write("value", "7\n");
+        assert_eq!(read_whole(&held, &mut buf), Ok(&b"7\n"[..]));
+        assert!(Dir::open(&tree.path().join("value")).is_err(), "a file is no directory");
+    }
 
     #[test]
     fn stat_fields_come_after_the_last_parenthesis() {

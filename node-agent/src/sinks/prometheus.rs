@@ -5,15 +5,17 @@
 //! One piece of code ([`encode_node`]) produces the families of a [`Scope`]: `/metrics`'
 //! (what every Prometheus route exports) or one route's (what its OTLP sink sends: a
 //! team's config its namespace's applications, the operator namespace's config also the
-//! node-level series). Each family goes to a [`FamilyEncoder`]: prometheus-client's
-//! descriptor encoder here, an OTLP request in `sinks::otlp`.
+//! node-level series). Each family goes to a [`FamilyEncoder`]: the page's text encoder
+//! ([`text::TextEncoder`]) here, an OTLP request in `sinks::otlp`.
 //!
-//! The node state is encoded on each scrape by a [`Collector`], so a series that left
-//! the state (a runtime that exited) leaves the exposition at once, with no bookkeeping.
-//! prometheus-client writes OpenMetrics; [`Exposition::render`] converts it to the
-//! classic text format unless the scraper asked for OpenMetrics. Both texts are written
-//! into buffers the renders reuse ([`Buffers`]): a page of half a megabyte built afresh
-//! on each scrape cost a megabyte of new memory and ~245 page faults every time.
+//! The node state, like every [`Exported`] source, is encoded on each scrape, so a series
+//! that left the state (a runtime that exited) leaves the exposition at once, with no
+//! bookkeeping. The sources' families are written in the scraper's format directly; the
+//! agent's own metrics (prometheus-client's registry, a small part of the page) are
+//! written by prometheus-client and converted when the classic format is asked for. The
+//! page is written into buffers the renders reuse ([`Buffers`]): a page of half a
+//! megabyte built afresh on each scrape cost a megabyte of new memory and ~245 page
+//! faults every time.
 
 use std::{
     collections::BTreeMap,
@@ -26,17 +28,14 @@ use api::{
     monitor_config::{RuntimeGroup, SystemGroup},
     report::DeviceEccCounters,
 };
-use prometheus_client::{
-    collector::Collector,
-    encoding::{text, DescriptorEncoder},
-    metrics::MetricType,
-    registry::Registry,
-};
+use prometheus_client::{encoding::text as own_metrics, metrics::MetricType, registry::Registry};
+
+mod text;
 
 use crate::{
     processes::{ProcessSample, SharedProcesses},
     routing::{PrometheusView, SharedRouting},
-    series::{classic_suffix, Family, FamilyEncoder, Labels, Scope},
+    series::{classic_suffix, Exported, Family, FamilyEncoder, Labels, Scope},
     state::{IdleCore, InstanceLabels, LoadedModels, NamedValues, NodeState, RuntimeState},
 };
 
@@ -68,15 +67,18 @@ impl Format {
 
 /// Everything `/metrics` serves: the agent's own registry plus the node state.
 pub struct Exposition {
+    /// The agent's own metrics.
     registry: Registry,
+    /// The node state's families, then those of the other sources, in the page's order.
+    exported: Vec<Box<dyn Exported>>,
     /// Renders at once: each holds a whole exposition in memory, so a burst of scrapes
     /// waits here rather than multiplying the agent's memory.
     renders: tokio::sync::Semaphore,
     buffers: Arc<Buffers>,
 }
 
-/// The text buffers of the renders, kept between scrapes: two per render slot (the
-/// OpenMetrics text and its classic conversion).
+/// The text buffers of the renders, kept between scrapes: two per render slot (the page,
+/// and the agent's own metrics before their classic conversion).
 #[derive(Default)]
 struct Buffers(Mutex<Vec<String>>);
 
@@ -148,13 +150,22 @@ const CONCURRENT_RENDERS: usize = 2;
 impl Exposition {
     /// `processes`: the latest read of the runtimes' processes, joined to them by PID.
     pub fn new(
-        mut registry: Registry,
+        registry: Registry,
         state: Arc<Mutex<NodeState>>,
         processes: SharedProcesses,
         routing: SharedRouting,
     ) -> Self {
-        registry.register_collector(Box::new(NodeCollector { state, processes, routing }));
-        Exposition { registry, renders: tokio::sync::Semaphore::new(CONCURRENT_RENDERS), buffers: Arc::default() }
+        Exposition {
+            registry,
+            exported: vec![Box::new(NodeCollector { state, processes, routing })],
+            renders: tokio::sync::Semaphore::new(CONCURRENT_RENDERS),
+            buffers: Arc::default(),
+        }
+    }
+
+    /// Adds a source's families to the page, after those there.
+    pub fn export(&mut self, source: Box<dyn Exported>) {
+        self.exported.push(source);
     }
 
     /// Waits for one of the [`CONCURRENT_RENDERS`] render slots; hold it while rendering.
@@ -168,17 +179,24 @@ impl Exposition {
     }
 
     pub fn render(&self, format: Format) -> Result<Rendered, fmt::Error> {
-        let rendered = |text| Rendered { text, buffers: self.buffers.clone() };
-        let mut open = rendered(self.buffers.take());
-        text::encode(&mut open.text, &self.registry)?;
-        Ok(match format {
-            Format::OpenMetrics => open,
+        let mut page = Rendered { text: self.buffers.take(), buffers: self.buffers.clone() };
+        match format {
+            Format::OpenMetrics => own_metrics::encode_registry(&mut page.text, &self.registry)?,
             Format::Classic => {
-                let mut classic = rendered(self.buffers.take());
-                write_classic(&open, &mut classic.text);
-                classic
+                let mut open = self.buffers.take();
+                own_metrics::encode_registry(&mut open, &self.registry)?;
+                write_classic(&open, &mut page.text);
+                self.buffers.give(open);
             }
-        })
+        }
+        let mut encoder = text::TextEncoder::new(&mut page.text, format);
+        for source in &self.exported {
+            source.export(&mut encoder)?;
+        }
+        if format == Format::OpenMetrics {
+            own_metrics::encode_eof(&mut page.text)?;
+        }
+        Ok(page)
     }
 }
 
@@ -188,21 +206,15 @@ struct NodeCollector {
     routing: SharedRouting,
 }
 
-impl fmt::Debug for NodeCollector {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("NodeCollector")
-    }
-}
-
-impl Collector for NodeCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+impl Exported for NodeCollector {
+    fn export(&self, encoder: &mut dyn FamilyEncoder) -> Result<(), fmt::Error> {
         let routing = self.routing.current();
         // A poisoned lock only means an update panicked half-way; the data is still the
         // best there is, and a scrape must not fail because of it.
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // Taken after the state's lock, never the other way (the reader holds one at a time).
         let processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
-        encode_node(&state, &processes, Scope::Exposition(&routing), &mut encoder)
+        encode_node(&state, &processes, Scope::Exposition(&routing), encoder)
     }
 }
 
@@ -750,6 +762,14 @@ pub fn openmetrics_to_classic(open: &str) -> String {
     let mut out = String::with_capacity(open.len());
     write_classic(open, &mut out);
     out
+}
+
+/// The page's text of one source's families alone.
+#[cfg(test)]
+pub(crate) fn render_families(source: &dyn Exported, format: Format) -> String {
+    let mut page = String::new();
+    let _ = source.export(&mut text::TextEncoder::new(&mut page, format));
+    page
 }
 
 /// Appends the classic text of the OpenMetrics `open` to `out`.

@@ -193,10 +193,10 @@ fn a_cluster_wide_sink_sends_exactly_what_metrics_shows() {
         counters: vec![counter("cmds_err", 3)],
         ports: vec![Port { number: 1, counters: vec![counter("rx_bytes", 1 << 40), counter("tx_bytes", 4096)] }],
     });
-    let mut registry = Registry::default();
     let collector = EfaCollector { source: efa.clone(), state: state.clone(), routing: routing.clone() };
-    registry.register_collector(Box::new(collector));
-    let text = Exposition::new(registry, state.clone(), Default::default(), routing).render(Format::Classic).unwrap();
+    let mut exposition = Exposition::new(Registry::default(), state.clone(), Default::default(), routing);
+    exposition.export(Box::new(collector));
+    let text = exposition.render(Format::Classic).unwrap();
     let scraped = exposition_series(&text);
     let mut sink = sink_over(&ops, state, SystemTime::now());
     sink.sources.efa = efa;

@@ -456,3 +456,49 @@ fn a_render_reuses_the_buffers_of_the_renders_before_it() {
     buffers.give(String::with_capacity(MAX_KEPT_BUFFER + 1));
     assert!(buffers.0.lock().unwrap().iter().all(|b| b.capacity() <= MAX_KEPT_BUFFER));
 }
+
+/// The page's own text encoder writes, byte for byte, what prometheus-client's encoder
+/// wrote, in both formats: every family of the 32-runtime fixture, with pods, a
+/// configuration's labels, the loaded models' info family and label values to escape.
+#[test]
+fn the_pages_text_is_what_prometheus_client_wrote() {
+    use crate::state::PodRef;
+    use prometheus_client::{collector::Collector, encoding::DescriptorEncoder};
+
+    struct Reference(NodeCollector);
+    impl fmt::Debug for Reference {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("Reference")
+        }
+    }
+    impl Collector for Reference {
+        fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+            self.0.export(&mut encoder)
+        }
+    }
+
+    let mut state = NodeState::default();
+    state.apply(&Report::parse(&fixture(TRN1N_32)).unwrap());
+    let pod = Arc::new(PodRef {
+        namespace: "team-a".into(),
+        pod: "train-0".into(),
+        owner: "train".into(),
+        container: "main".into(),
+        labels: vec![("label_note".into(), "a \"quoted\\ value\nover two lines".into())],
+    });
+    for rt in state.runtimes.iter_mut().step_by(2) {
+        Arc::make_mut(&mut rt.labels).pod = Some(pod.clone());
+    }
+    let state = Arc::new(Mutex::new(state));
+    let node = || NodeCollector { state: state.clone(), processes: Default::default(), routing: with_model_info() };
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Reference(node())));
+    let mut reference = String::new();
+    own_metrics::encode(&mut reference, &registry).unwrap();
+    assert!(reference.contains(r#"label_note="a \"quoted\\ value\nover two lines""#), "escaped");
+    assert!(reference.contains("neuron_runtime_loaded_model_info{"), "an info family");
+
+    let open = render_families(&node(), Format::OpenMetrics) + "# EOF\n";
+    assert_eq!(open, reference);
+    assert_eq!(render_families(&node(), Format::Classic), openmetrics_to_classic(&reference));
+}
