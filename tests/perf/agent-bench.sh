@@ -10,6 +10,9 @@
 #
 # Environment:
 #   DURATION=120        seconds measured (after WARMUP=10 s); 20 is enough for a CI run
+#   PROFILE=release     the cargo profile both are built with; dist: the images' (whole-program
+#                       optimization, ~10 minutes a build here), for the shipped figures; a
+#                       baseline from before the dist profile existed needs BASE_BIN
 #   NEW_BIN=DIR         a dir holding neuron-node-agent and neuron-monitor-sim: no build
 #   BASE_BIN=DIR        the same for the baseline (BASELINE_REV is then only a label)
 #   SYSFS=sim|none      sim (default): the simulator's driver tree and 16 EFA devices, so
@@ -41,22 +44,23 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-build() { # build SRC TARGET_DIR OUT_DIR: release agent and simulator of SRC into OUT_DIR.
-    (cd "$1" && CARGO_TARGET_DIR=$2 cargo build --release --quiet -p neuron-node-agent -p neuron-monitor-sim --bins)
+PROFILE=${PROFILE:-release}
+build() { # build SRC TARGET_DIR OUT_DIR: the agent and simulator of SRC into OUT_DIR.
+    (cd "$1" && CARGO_TARGET_DIR=$2 cargo build --profile "$PROFILE" --quiet -p neuron-node-agent -p neuron-monitor-sim --bins)
     mkdir -p "$3"
-    cp "$2/release/neuron-node-agent" "$2/release/neuron-monitor-sim" "$3/"
+    cp "$2/$PROFILE/neuron-node-agent" "$2/$PROFILE/neuron-monitor-sim" "$3/"
 }
 
 new_bin=${NEW_BIN:-}
 if [[ -z $new_bin ]]; then
-    echo "building the working tree (release)" >&2
+    echo "building the working tree ($PROFILE)" >&2
     build "$repo" "$target" "$work/new-bin"
     new_bin=$work/new-bin
 fi
 base_bin=${BASE_BIN:-}
 if [[ -z $base_bin ]]; then
     rev=$(git -C "$repo" rev-parse --verify "$base_rev^{commit}")
-    echo "building $base_rev ($rev) (release)" >&2
+    echo "building $base_rev ($rev) ($PROFILE)" >&2
     git -C "$repo" worktree add --quiet --detach "$work/base-src" "$rev"
     build "$work/base-src" "$target/agent-bench-base" "$work/base-bin"
     base_bin=$work/base-bin
