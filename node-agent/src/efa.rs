@@ -117,7 +117,7 @@ impl EfaReader {
         reading.skipped[Skip::Stuck as usize] += missed.len() as u64;
         self.metrics.read_seconds.set(started.elapsed().as_secs_f64());
         self.metrics.devices.set(reading.devices.len() as i64);
-        self.metrics.held_files.set(self.held.lock().unwrap_or_else(|p| p.into_inner()).len() as i64);
+        self.metrics.held_files.set(self.held.lock().unwrap_or_else(|p| p.into_inner()).count() as i64);
         for (why, n) in Skip::ALL.iter().zip(reading.skipped).filter(|(_, n)| *n > 0) {
             self.metrics.failures.get_or_create(&ReasonLabel { reason: why.as_str() }).inc_by(n);
             // Each read would say it again: debug level only, the counter tells.

@@ -35,12 +35,12 @@ use neuron_node_agent::{
     monitor::{group, LaunchSpec, Supervisor},
     pipeline::Pipeline,
     processes::{self, ProcReader, ProcessMetrics, SharedProcesses},
+    series::Exported,
     sinks::{
         cloudwatch::{self, telemetry::CloudWatchMetrics},
         otlp::{self, encode::Identity, telemetry::OtlpMetrics},
         prometheus::Exposition,
     },
-    series::Exported,
     state::NodeState,
     telemetry::AgentMetrics,
 };

@@ -192,10 +192,7 @@ impl<'a> Labels<'a> {
     }
 
     /// The labels after the instance's, in order.
-    pub fn try_for_each_after_instance<E>(
-        &self,
-        mut f: impl FnMut(&str, Value<'_>) -> Result<(), E>,
-    ) -> Result<(), E> {
+    pub fn try_for_each_after_instance<E>(&self, mut f: impl FnMut(&str, Value<'_>) -> Result<(), E>) -> Result<(), E> {
         if let Some(rt) = self.runtime {
             f("runtime_tag", Value::Text(&rt.runtime_tag))?;
         }

@@ -212,12 +212,11 @@ impl FakeEfa {
     }
 }
 
-/// Writes `value` over `before` in place when its text is no shorter (no reader ever
-/// sees an empty file), else replaces the file.
+/// Writes `value` over `before` in place when it is no lower (its text is then no
+/// shorter, so no reader ever sees an empty file or a stale tail), else replaces the file.
 fn write_counter(path: &Path, before: Option<u64>, value: u64) -> Result<()> {
     let text = format!("{value}\n");
-    let grows = before.is_some_and(|b| text.len() >= b.to_string().len() + 1);
-    if !grows {
+    if before.is_none_or(|b| value < b) {
         return write_atomic(path, &text);
     }
     let file = OpenOptions::new().write(true).open(path).with_context(|| format!("opening {}", path.display()))?;

@@ -264,7 +264,7 @@ impl HeldFiles {
     }
 
     /// Files held open.
-    pub fn len(&self) -> usize {
+    pub fn count(&self) -> usize {
         self.held
     }
 }
@@ -512,7 +512,7 @@ mod tests {
         let mut held = HeldFiles::new(8);
         let reading = read_watched(&tree.0, &Watch::untimed(), &mut held);
         assert_eq!(reading.devices[0].ports[0].counters, counters(&[("rx_bytes", 2), ("tx_bytes", 1)]));
-        assert_eq!(held.len(), 3);
+        assert_eq!(held.count(), 3);
         let tx_before = held.dirs[&port_listed].iter().find(|(n, ..)| n == "tx_bytes").map(|(_, inode, _)| *inode);
 
         tree.write(format!("{dev}/ports/1/hw_counters/tx_bytes"), "10\n");
@@ -524,14 +524,14 @@ mod tests {
         assert_eq!(reading.devices[0].ports[0].counters, counters(&[("rx_bytes", 20), ("tx_bytes", 10)]));
         assert_eq!(reading.devices[0].counters, counters(&[("keep_alive_rcvd", 4)]));
         assert_eq!(reading.skipped, [0; 9]);
-        assert_eq!(held.len(), 3, "cmds_err closed, keep_alive_rcvd opened");
+        assert_eq!(held.count(), 3, "cmds_err closed, keep_alive_rcvd opened");
         let tx_after = held.dirs[&port_listed].iter().find(|(n, ..)| n == "tx_bytes").map(|(_, inode, _)| *inode);
         assert_eq!(tx_before, tx_after, "a file written in place is the one held");
 
         let mut one = HeldFiles::new(1);
         let bounded = read_watched(&tree.0, &Watch::untimed(), &mut one);
         assert_eq!(bounded, reading, "beyond the bound, files are opened for each read");
-        assert_eq!(one.len(), 1);
+        assert_eq!(one.count(), 1);
     }
 
     /// Issue 24, fault 5: a counter whose earlier read never returned is not opened again,
