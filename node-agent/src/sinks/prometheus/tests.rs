@@ -438,7 +438,7 @@ fn a_render_reuses_the_buffers_of_the_renders_before_it() {
     let first = exposition.render(Format::Classic).unwrap();
     let page = first.to_string();
     drop(first);
-    // The OpenMetrics text and its classic conversion, both kept.
+    // The page and the agent's own metrics before their classic conversion, both kept.
     let kept: Vec<(*const u8, usize)> = buffers.0.lock().unwrap().iter().map(|b| (b.as_ptr(), b.capacity())).collect();
     assert_eq!(kept.len(), 2);
     let second = exposition.render(Format::Classic).unwrap();

@@ -90,7 +90,7 @@ impl FamilyEncoder for TextEncoder<'_> {
 
 /// A family's type as each format names it: the classic one has no `info` (a gauge of 1)
 /// and says `untyped` for `unknown`.
-pub(super) fn type_name(kind: MetricType, format: Format) -> &'static str {
+fn type_name(kind: MetricType, format: Format) -> &'static str {
     match (kind, format) {
         (MetricType::Counter, _) => "counter",
         (MetricType::Gauge, _) => "gauge",
