@@ -25,6 +25,17 @@ pub const NEURON_DRA_DEVICE_ID: &str = "deviceId";
 pub const NEURON_DRA_RESOURCE_TYPE: &str = "resourceType";
 pub const NEURON_DRA_DEVICE_TYPE: &str = "neuron_device";
 
+/// EFA on DRA: AWS's EFA DRA driver is DRANET (kubernetes-sigs/dranet, AWS's `aws-dranet`
+/// chart), whose driver name is `dra.net`; the DeviceClass `efa.networking.k8s.aws` selects
+/// its EFA devices. A device of its ResourceSlices names its RDMA device (the name under
+/// `/sys/class/infiniband`, as the EFA device plugin's ids do) in the string attribute
+/// `rdmaDevice` (qualified: `dra.net/rdmaDevice`); a network device without RDMA has none.
+/// Facts of EKS's user guide ("Manage EFA devices on Amazon EKS") and DRANET's attribute
+/// list.
+pub const EFA_DRA_DRIVER: &str = "dra.net";
+pub const EFA_DRA_DEVICE_CLASS: &str = "efa.networking.k8s.aws";
+pub const EFA_DRA_RDMA_DEVICE: &str = "rdmaDevice";
+
 /// NVIDIA's DRA driver for GPUs (k8s-dra-driver-gpu) and the attributes of the devices
 /// it publishes that say which GPU one is: every device's `type` (`gpu` for a whole GPU,
 /// `mig` for a MIG device; others, such as passthrough devices, are no GPU NVML reads

@@ -387,8 +387,8 @@ impl CoreOwners {
 /// (EFA device name, the container holding it), sorted by device.
 pub type EfaHeld = Arc<[(String, Arc<PodRef>)]>;
 
-/// Which pod holds each EFA device, by the kubelet's account (the EFA series' pods);
-/// cloning shares it.
+/// Which pod holds each EFA device, by the kubelet's account (the EFA series' pods, and
+/// the claim where DRA allocated it); cloning shares it.
 #[derive(Clone)]
 pub struct EfaHolders {
     pods: SharedPods,
@@ -422,7 +422,11 @@ impl EfaHolders {
                     continue;
                 }
                 if let Some(owner) = pods.container(&a.namespace, &a.pod, &a.container) {
-                    holders.push((a.device.clone(), owner.clone()));
+                    let holder = match &a.claim {
+                        None => owner.clone(),
+                        Some(claim) => Arc::new(dra::claim_holder(owner, claim)),
+                    };
+                    holders.push((a.device.clone(), holder));
                 }
             }
             *cache = HeldCache { key, held: holders.into() };

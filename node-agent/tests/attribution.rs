@@ -14,8 +14,8 @@ use neuron_e2e::{random_u32, ControlPlane};
 use neuron_node_agent::attribution::podresources::{self, proto::ContainerDevices, NEURON, NEURONCORE, NEURONDEVICE};
 use support::{
     kubelet::{
-        claiming, container_id, containerd_cgroup, holding, holding_ids, running_pod, stat_line, FakeProc,
-        PodResourcesServer,
+        claiming, container_id, containerd_cgroup, create_slice, holding, holding_ids, running_pod, stat_line,
+        FakeProc, PodResourcesServer,
     },
     Agent, Metrics, Prometheus, TempDir,
 };
@@ -547,10 +547,7 @@ fn the_pods_holding_each_gpu_and_running_each_gpu_process() {
 /// device-plugin cores; the devices nobody claims keep reporting, without a pod.
 #[test]
 fn dra_claims_resolved_through_the_nodes_resource_slices_attribute_runtimes_and_cores() {
-    use kube::{
-        api::{ApiResource, DynamicObject, GroupVersionKind, PostParams},
-        ResourceExt,
-    };
+    use kube::{api::PostParams, ResourceExt};
     use neuron_node_agent::attribution::dra::{CLAIM_NAMESPACE_LABEL, CLAIM_NAME_LABEL};
 
     let rt = runtime();
@@ -565,24 +562,13 @@ fn dra_claims_resolved_through_the_nodes_resource_slices_attribute_runtimes_and_
     proc.process(4102, &containerd_cgroup(&uid_serve, &cid_serve));
 
     // The node's ResourceSlice, as the Neuron DRA driver publishes it (pool: the node).
-    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
-    let slices: Api<DynamicObject> =
-        Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, "resourceslices"));
     let device = |i: u32| {
         serde_json::json!({"name": format!("neurondevice{i}"), "attributes": {
             "deviceId": {"int": i}, "instanceType": {"string": "trn1.32xlarge"},
             "resourceType": {"string": "neuron_device"}}})
     };
-    let slice: DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": format!("{node}-neuron")},
-        "spec": {"driver": "neuron.aws.com", "nodeName": node,
-                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                 "devices": (0..16).filter(|i| *i != 9).map(device).collect::<Vec<_>>()}
-    }))
-    .expect("a ResourceSlice");
-    let created =
-        rt.block_on(slices.create(&PostParams::default(), &slice)).expect("the API server serves resource.k8s.io/v1");
+    let devices = (0..16).filter(|i| *i != 9).map(device).collect();
+    let (slices, created) = rt.block_on(create_slice(&client, &node, "neuron.aws.com", devices));
 
     let dir = TempDir::new("kubelet-dra");
     let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
@@ -676,10 +662,6 @@ fn create_gpu_slice(
     gpus: &[(String, String)],
     migs: &[(String, String)],
 ) -> kube::Api<kube::api::DynamicObject> {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
-    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
-    let slices: Api<DynamicObject> =
-        Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, "resourceslices"));
     let whole = gpus.iter().map(|(name, uuid)| {
         serde_json::json!({"name": name, "attributes": {"type": {"string": "gpu"}, "uuid": {"string": uuid},
                            "productName": {"string": "NVIDIA A100-SXM4-40GB"}, "driverVersion": {"version": "550.54.15"}}})
@@ -688,16 +670,7 @@ fn create_gpu_slice(
         serde_json::json!({"name": name, "attributes": {"type": {"string": "mig"}, "parentUUID": {"string": parent},
                            "profile": {"string": "1g.5gb"}}})
     });
-    let slice: DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": format!("{node}-gpu.nvidia.com")},
-        "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
-                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                 "devices": whole.chain(mig).collect::<Vec<_>>()}
-    }))
-    .expect("a ResourceSlice");
-    rt.block_on(slices.create(&PostParams::default(), &slice)).expect("the API server serves resource.k8s.io/v1");
-    slices
+    rt.block_on(create_slice(client, node, "gpu.nvidia.com", whole.chain(mig).collect())).0
 }
 
 /// A p4d.24xlarge (8 × A100 on the fake NVML library, GPU 1 in MIG mode) whose GPUs are

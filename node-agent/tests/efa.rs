@@ -188,3 +188,93 @@ fn a_node_without_efa_exports_none_and_says_so_once() {
     assert_eq!(efa.len(), 1, "{efa:#?}");
     assert!(efa[0].contains(r#""level":"INFO""#) && efa[0].contains("no EFA device"), "{}", efa[0]);
 }
+
+/// A node moving to DRA: `train` holds two EFA devices through a claim of AWS's EFA DRA
+/// driver (DRANET, `dra.net`), resolved through the node's ResourceSlice in the real API
+/// server, while `serve` still holds one through the EFA device plugin.
+#[test]
+fn efa_devices_claimed_through_dra_name_their_pods_and_claims_beside_the_device_plugins() {
+    use api::hardware::EFA_DRA_DRIVER;
+    use kube::ResourceExt;
+    use neuron_node_agent::attribution::dra::{CLAIM_NAMESPACE_LABEL, CLAIM_NAME_LABEL};
+    use support::kubelet::{claiming, create_slice, holding};
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let cp = ControlPlane::shared();
+    let node = format!("neuron-efa-dra-{:08x}", random_u32());
+    let (a, b) = rt.block_on(async { (cp.namespace("efa-dra-a").await, cp.namespace("efa-dra-b").await) });
+    let client = rt.block_on(cp.client());
+    let (cid_a, cid_b) = (container_id(0xed1), container_id(0xed2));
+    rt.block_on(running_pod(&client, &a, "train", &node, "main", &cid_a));
+    rt.block_on(running_pod(&client, &b, "serve", &node, "srv", &cid_b));
+    // DRANET names devices after their PCI address; the EFA ones carry their RDMA device,
+    // a plain network interface none.
+    let efa = |name: &str, rdma: &str| {
+        serde_json::json!({"name": name, "attributes": {
+            "dra.net/rdmaDevice": {"string": rdma}, "dra.net/rdma": {"bool": true},
+            "dra.net/pciDevice": {"string": "Elastic Fabric Adapter (EFA)"}}})
+    };
+    let ena = serde_json::json!({"name": "ens5", "attributes": {
+        "dra.net/ifName": {"string": "ens5"}, "dra.net/rdma": {"bool": false}}});
+    let devices = vec![efa("pci-0000-10-1b-0", "rdmap16s27"), efa("pci-0000-20-1b-0", "rdmap32s27"), ena];
+    let (slices, slice) = rt.block_on(create_slice(&client, &node, EFA_DRA_DRIVER, devices));
+
+    let dir = TempDir::new("efa-dra");
+    let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
+    let mut train = holding(&a, "train", "main", NEURONDEVICE, &[0, 1]);
+    let claimed = ["pci-0000-10-1b-0", "pci-0000-20-1b-0", "ens5", "pci-0000-99-1b-0"];
+    train.containers[0].dynamic_resources =
+        claiming(&a, "train", "main", "efa-pair", (EFA_DRA_DRIVER, &node), &claimed).containers[0]
+            .dynamic_resources
+            .clone();
+    kubelet.set(vec![train, holding_with_efa(&b, "serve", "srv", (NEURONCORE, &[4, 5]), &["rdmap24s27"])]);
+    let sys = dir.0.join("sys");
+    let sim_sysfs = format!("--sysfs-root={}", sys.display());
+    let apps = ["--instance-type=trn1.32xlarge", sim_sysfs.as_str()];
+    let path = |p: &Path| p.to_str().expect("utf-8 path").to_owned();
+    let args = [
+        "--period=500ms".to_owned(),
+        "--node-name".to_owned(),
+        node.clone(),
+        "--pod-resources-socket".to_owned(),
+        path(&kubelet.socket),
+        "--pod-resources-interval=300ms".to_owned(),
+        "--sysfs-root".to_owned(),
+        path(&sys),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = Agent::start_with_env(support::sim(), &apps, &args, &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))]);
+
+    let claim_of = |m: &Metrics, device: &str| -> Option<(String, String)> {
+        let sample = m.find("efa_tx_bytes_total", &[("efa_device", device)]).into_iter().next()?;
+        let label = |k: &str| sample.labels.get(k).cloned();
+        Some((label(CLAIM_NAMESPACE_LABEL)?, label(CLAIM_NAME_LABEL)?))
+    };
+    let m = agent.wait_for("the claimed EFA devices attributed", WAIT, |m| {
+        let done = pod_of(m, "rdmap16s27") == Some((a.as_str(), "train", "main"))
+            && pod_of(m, "rdmap32s27") == Some((a.as_str(), "train", "main"))
+            && pod_of(m, "rdmap24s27") == Some((b.as_str(), "serve", "srv"));
+        done.then(|| m.clone())
+    });
+    for device in ["rdmap16s27", "rdmap32s27"] {
+        assert_eq!(claim_of(&m, device), Some((a.clone(), "efa-pair".to_owned())), "{device}");
+    }
+    let serve = &m.find("efa_tx_bytes_total", &[("efa_device", "rdmap24s27")])[0];
+    assert!(!serve.labels.contains_key(CLAIM_NAME_LABEL), "the device plugin's: {:?}", serve.labels);
+    // The devices nobody holds keep reporting, without a pod.
+    let unheld = m.find("efa_tx_bytes_total", &[]).into_iter().filter(|s| !s.labels.contains_key("pod")).count();
+    assert_eq!(unheld, 8 - 3);
+    // The unpublished device is counted; the claimed interface without RDMA is no EFA's.
+    assert_eq!(m.value("neuron_agent_dra_devices", &[("driver", EFA_DRA_DRIVER)]), Some(3.0));
+    assert_eq!(m.value("neuron_agent_dra_devices_unresolved_total", &[("reason", "unknown_device")]), Some(1.0));
+    assert_eq!(m.sum("neuron_agent_dra_devices_unresolved_total", &[]), 1.0);
+    let complaints = support::promtool_complaints(&m.text);
+    assert!(complaints.iter().all(|c| c == support::ACCEPTED_LINT), "promtool: {complaints:#?}");
+
+    // The claim ends: its devices go on without the pod.
+    kubelet.set(vec![holding_with_efa(&b, "serve", "srv", (NEURONCORE, &[4, 5]), &["rdmap24s27"])]);
+    agent.wait_for("the claim's devices without a pod", WAIT, |m| {
+        (pod_of(m, "rdmap16s27").is_none() && claim_of(m, "rdmap16s27").is_none()).then_some(())
+    });
+    rt.block_on(slices.delete(&slice.name_any(), &Default::default())).expect("delete the slice");
+}

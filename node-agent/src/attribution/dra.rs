@@ -1,17 +1,20 @@
 //! Devices allocated through Dynamic Resource Allocation (DRA): Neuron devices (AWS's
-//! driver) and NVIDIA GPUs (NVIDIA's driver, [`nvidia`]), by one machinery per [`Driver`].
+//! driver), EFA devices (AWS's EFA driver, [`efa`]) and NVIDIA GPUs (NVIDIA's driver,
+//! [`nvidia`]), by one machinery per [`Driver`].
 //!
 //! The kubelet's pod-resources answer names, per container, each claim's devices by
 //! driver, pool and DRA device name; the node's ResourceSlices ([`slices`]) say what each
 //! name stands for (a Neuron device's index, the driver's `deviceId` attribute; a GPU's
 //! UUID). Resolved, a claimed Neuron device is an [`Allocation`] of a whole device, as the
 //! device plugin's are, carrying its claim: both kinds of allocation feed one attribution,
-//! on one node too; a claimed GPU is a holder of it ([`super::gpus`]), likewise.
+//! on one node too; a claimed EFA device is an EFA allocation, a claimed GPU a holder of
+//! it ([`super::gpus`]), likewise.
 //!
 //! A claimed device that cannot be resolved (malformed, listed by no ResourceSlice of
 //! this node, listed without an index) is left out of the allocations: its device keeps
 //! reporting, without the pod; it is counted and logged once while the kubelet lists it.
 
+pub mod efa;
 pub mod nvidia;
 pub mod slices;
 

@@ -25,7 +25,11 @@ use tonic_prost::ProstCodec;
 use tracing::{debug, info, warn};
 
 use super::{
-    dra::{self, Claim, ClaimedDevice, DeviceTable, Driver, Neuron, Unresolvable, UnresolvedLog},
+    dra::{
+        self,
+        efa::{Efa, NetDevice},
+        Claim, ClaimedDevice, DeviceTable, Driver, Neuron, Unresolvable, UnresolvedLog,
+    },
     gpus::GpuHolding,
     AttributionMetrics, DeviceSource,
 };
@@ -286,13 +290,15 @@ pub fn allocations(response: &proto::ListPodResourcesResponse) -> (Vec<Allocatio
 }
 
 /// One EFA device held by one container: the EFA device plugin's device id is the
-/// device's name under `/sys/class/infiniband`.
+/// device's name under `/sys/class/infiniband`, as is a claimed one's RDMA device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EfaAllocation {
     pub namespace: String,
     pub pod: String,
     pub container: String,
     pub device: String,
+    /// The DRA claim it was allocated to; `None`: the device plugin's.
+    pub claim: Option<Arc<Claim>>,
 }
 
 /// EFA allocations kept from one answer (a node has at most 32 EFA devices; 64 are read),
@@ -320,12 +326,12 @@ pub fn efa_allocations(response: &proto::ListPodResourcesResponse) -> (Vec<EfaAl
                         pod: pod.name.clone(),
                         container: container.name.clone(),
                         device: id.clone(),
+                        claim: None,
                     });
                 }
             }
         }
     }
-    out.sort_by(|a, b| a.device.cmp(&b.device));
     (out, unreadable)
 }
 
@@ -367,8 +373,8 @@ pub struct DeviceOwnership {
     unresolved: UnresolvedLog,
     /// `None`: no `neuron_k8s_info` (not asked for, or in error).
     monitor: Option<Vec<Allocation>>,
-    /// The EFA devices the kubelet says are held.
-    efa: Vec<EfaAllocation>,
+    /// Who holds each EFA device, by the kubelet's account.
+    efa: EfaOwnership,
     /// What the device plugin can allocate; `None`: the kubelet did not say.
     plugin_allocatable: Option<Vec<(Unit, u32)>>,
     generation: u64,
@@ -383,6 +389,37 @@ struct KubeletAnswer {
     claimed: Vec<ClaimedDevice>,
     /// Both: the device plugin's and the resolved claimed devices.
     merged: Vec<Allocation>,
+}
+
+/// The EFA devices held: the device plugin's and the DRA claims', as for Neuron devices.
+#[derive(Debug, Default)]
+struct EfaOwnership {
+    plugin: Vec<EfaAllocation>,
+    /// The claims' devices of AWS's EFA DRA driver, by name.
+    claimed: Vec<ClaimedDevice>,
+    /// Its devices in this node's ResourceSlices; `None` until they are listed.
+    dra_devices: Option<DeviceTable<NetDevice>>,
+    unresolved: UnresolvedLog,
+    /// Both, sorted by device.
+    merged: Vec<EfaAllocation>,
+}
+
+impl EfaOwnership {
+    /// Rebuilds the merged allocations; returns the claimed devices newly found
+    /// unresolvable (none before the slices are listed).
+    fn merge(&mut self) -> Vec<Unresolvable> {
+        let mut merged = self.plugin.clone();
+        let mut fresh = Vec::new();
+        if let Some(table) = &self.dra_devices {
+            let (resolved, unresolvable) = dra::efa::resolve(&self.claimed, table);
+            merged.extend(resolved);
+            fresh = self.unresolved.fresh(unresolvable);
+        }
+        // Stable: of a device listed twice, the first listed stays first.
+        merged.sort_by(|a, b| a.device.cmp(&b.device));
+        self.merged = merged;
+        fresh
+    }
 }
 
 pub type SharedDevices = Arc<RwLock<DeviceOwnership>>;
@@ -506,16 +543,32 @@ impl DeviceOwnership {
         Some(cores)
     }
 
-    /// The EFA devices held, sorted by device name.
+    /// The EFA devices held, the device plugin's and the claims', sorted by device name.
     pub fn efa(&self) -> &[EfaAllocation] {
-        &self.efa
+        &self.efa.merged
     }
 
-    pub fn set_efa(&mut self, efa: Vec<EfaAllocation>) {
-        if self.efa != efa {
-            self.efa = efa;
-            self.generation += 1;
+    /// The kubelet's EFA allocations: the device plugin's and the claimed devices. Returns
+    /// the claimed devices newly found unresolvable.
+    pub fn set_efa(&mut self, plugin: Vec<EfaAllocation>, claimed: Vec<ClaimedDevice>) -> Vec<Unresolvable> {
+        if self.efa.plugin == plugin && self.efa.claimed == claimed {
+            return Vec::new();
         }
+        self.efa.plugin = plugin;
+        self.efa.claimed = claimed;
+        self.generation += 1;
+        self.efa.merge()
+    }
+
+    /// The EFA driver's devices of this node's ResourceSlices. Returns the claimed devices
+    /// newly found unresolvable.
+    pub fn set_efa_dra_devices(&mut self, table: DeviceTable<NetDevice>) -> Vec<Unresolvable> {
+        if self.efa.dra_devices.as_ref() == Some(&table) {
+            return Vec::new();
+        }
+        self.efa.dra_devices = Some(table);
+        self.generation += 1;
+        self.efa.merge()
     }
 }
 
@@ -529,7 +582,7 @@ pub struct KubeletPoller {
     pub devices: SharedDevices,
     /// Who holds each NVIDIA GPU, by the same answers.
     pub gpus: GpuHolding,
-    /// Set once an answer lists DRA claims of Neuron devices or GPUs: this node's
+    /// Set once an answer lists DRA claims of Neuron or EFA devices or GPUs: this node's
     /// ResourceSlices are then watched ([`dra::slices`]), and only then.
     pub dra_wanted: tokio::sync::watch::Sender<bool>,
     pub metrics: AttributionMetrics,
@@ -564,6 +617,7 @@ impl KubeletPoller {
                     let (allocations, mut unreadable) = allocations(&response);
                     let claimed = dra::claimed_devices(&response, Neuron::NAME);
                     let (efa, efa_unreadable) = efa_allocations(&response);
+                    let efa_claimed = dra::claimed_devices(&response, Efa::NAME);
                     unreadable.extend(efa_unreadable);
                     // Said once per distinct set, not on every poll.
                     if !unreadable.is_empty() && unreadable != reported_unreadable {
@@ -576,18 +630,19 @@ impl KubeletPoller {
                     failing = false;
                     last_success = Some(Instant::now());
                     let count = allocations.len() + claimed.len();
-                    let neuron_claims = !claimed.is_empty();
+                    let claims = !claimed.is_empty() || !efa_claimed.is_empty();
                     let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
                     let unresolvable = devices.set_kubelet(allocations, claimed);
-                    devices.set_efa(efa);
+                    let efa_unresolvable = devices.set_efa(efa, efa_claimed);
                     devices.set_plugin_allocatable(plugin_allocatable);
                     // Without the device plugin's devices, the node's (if any) are DRA's:
                     // its ResourceSlices say what can be allocated.
                     let dra_node = devices.plugin_allocates_nothing();
                     drop(devices);
                     dra::report_unresolved(&unresolvable, Neuron::NAME, &self.metrics);
+                    dra::report_unresolved(&efa_unresolvable, Efa::NAME, &self.metrics);
                     let gpu_claims = self.gpus.refresh(&response, &mut reported_gpu_ids);
-                    if neuron_claims || gpu_claims || dra_node {
+                    if claims || gpu_claims || dra_node {
                         self.dra_wanted.send_if_modified(|wanted| !std::mem::replace(wanted, true));
                     }
                     self.metrics.kubelet_requests.get_or_create(&super::ResultLabel { result: "ok" }).inc();
@@ -607,16 +662,17 @@ impl KubeletPoller {
                     failing = true;
                     let expired = last_success.is_none_or(|t| t.elapsed() >= self.keep_for);
                     let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
-                    if expired && (devices.kubelet.is_some() || !devices.efa.is_empty()) {
-                        warn!(
-                            "the kubelet's last known device allocations are too old; cores and EFA devices are no \
-                               longer credited by its account"
-                        );
-                        devices.forget_kubelet();
-                        devices.set_efa(Vec::new());
-                        devices.set_plugin_allocatable(None);
-                    }
                     if expired {
+                        if devices.kubelet.is_some() || !devices.efa().is_empty() {
+                            warn!(
+                                "the kubelet's last known device allocations are too old; cores and EFA devices are \
+                                 no longer credited by its account"
+                            );
+                        }
+                        // Each forgets only what is still known.
+                        devices.forget_kubelet();
+                        devices.set_efa(Vec::new(), Vec::new());
+                        devices.set_plugin_allocatable(None);
                         self.gpus.forget();
                     }
                 }
@@ -705,7 +761,7 @@ mod tests {
         let (efa, unreadable) = efa_allocations(&response);
         let summary: Vec<(&str, &str, &str)> =
             efa.iter().map(|a| (a.pod.as_str(), a.container.as_str(), a.device.as_str())).collect();
-        assert_eq!(summary, vec![("train", "main", "rdmap16s27"), ("train", "main", "rdmap32s27")]);
+        assert_eq!(summary, vec![("train", "main", "rdmap32s27"), ("train", "main", "rdmap16s27")], "answer order");
         assert_eq!(unreadable.len(), 2);
         assert_eq!(unreadable[0], "vpc.amazonaws.com/efa=../etc");
         assert!(unreadable[1].len() <= EFA.len() + 1 + 64, "bounded: {}", unreadable[1]);

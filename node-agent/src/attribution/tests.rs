@@ -299,21 +299,15 @@ fn a_process_in_an_ecs_task_takes_the_task_and_container_the_ecs_agent_lists() {
 fn efa_devices_go_to_the_listed_containers_holding_them() {
     let f = Fixture::new();
     f.pods(&[pod(1, "a", "train", "Running", &[("main", 1)]), pod(2, "b", "serve", "Running", &[("srv", 2)])]);
-    let efa = |ns: &str, pod: &str, container: &str, device: &str| podresources::EfaAllocation {
-        namespace: ns.into(),
-        pod: pod.into(),
-        container: container.into(),
-        device: device.into(),
-    };
-    f.devices.write().unwrap().set_efa(vec![
-        efa("a", "train", "main", "rdmap16s27"),
-        efa("b", "serve", "srv", "rdmap24s27"),
-        efa("a", "gone", "main", "rdmap32s27"),
-    ]);
+    f.devices.write().unwrap().set_efa(
+        vec![
+            efa("b", "serve", "srv", "rdmap24s27"),
+            efa("a", "train", "main", "rdmap16s27"),
+            efa("a", "gone", "main", "rdmap32s27"),
+        ],
+        Vec::new(),
+    );
     let holders = EfaHolders::new(f.pods.clone(), f.devices.clone());
-    let summary = |h: &[(String, Arc<PodRef>)]| -> Vec<(String, String, String)> {
-        h.iter().map(|(d, p)| (d.clone(), p.pod.clone(), p.container.clone())).collect()
-    };
     let current = holders.current();
     assert_eq!(
         summary(&current),
@@ -324,6 +318,78 @@ fn efa_devices_go_to_the_listed_containers_holding_them() {
     // serve finishes: its device is no longer credited to it.
     f.pods(&[pod(1, "a", "train", "Running", &[("main", 1)]), pod(2, "b", "serve", "Succeeded", &[("srv", 2)])]);
     assert_eq!(summary(&holders.current()), [("rdmap16s27".into(), "train".into(), "main".into())]);
+}
+
+fn efa(ns: &str, pod: &str, container: &str, device: &str) -> podresources::EfaAllocation {
+    podresources::EfaAllocation {
+        namespace: ns.into(),
+        pod: pod.into(),
+        container: container.into(),
+        device: device.into(),
+        claim: None,
+    }
+}
+
+/// (device, pod, container) of each EFA holder.
+fn summary(h: &[(String, Arc<PodRef>)]) -> Vec<(String, String, String)> {
+    h.iter().map(|(d, p)| (d.clone(), p.pod.clone(), p.container.clone())).collect()
+}
+
+#[test]
+fn efa_devices_claimed_through_dra_carry_their_pods_and_claims_beside_the_device_plugins() {
+    use dra::{efa::NetDevice, Claim, ClaimedDevice, DeviceTable, Slice, Unresolved};
+    let f = Fixture::new();
+    f.pods(&[pod(1, "a", "train", "Running", &[("main", 1)]), pod(2, "b", "serve", "Running", &[("srv", 2)])]);
+    let claimed = |pod: &str, device: &str| ClaimedDevice {
+        namespace: "a".into(),
+        pod: pod.into(),
+        container: "main".into(),
+        claim: Arc::new(Claim { namespace: "a".into(), name: "efa-pair".into() }),
+        pool: "node-a".into(),
+        device: device.into(),
+        malformed: false,
+    };
+    // A migration: serve holds one through the device plugin, train two through a claim.
+    let claims =
+        vec![claimed("train", "pci-0000-20-1b-0"), claimed("train", "pci-0000-10-1b-0"), claimed("train", "gone")];
+    let fresh = f.devices.write().unwrap().set_efa(vec![efa("b", "serve", "srv", "rdmap48s27")], claims);
+    assert!(fresh.is_empty(), "nothing is unresolvable before the slices are listed");
+    let holders = EfaHolders::new(f.pods.clone(), f.devices.clone());
+    assert_eq!(summary(&holders.current()), [("rdmap48s27".into(), "serve".into(), "srv".into())]);
+
+    let slice = Slice {
+        pool: "node-a".into(),
+        generation: 1,
+        devices: vec![
+            ("pci-0000-10-1b-0".into(), Some(NetDevice::Rdma("rdmap16s27".into()))),
+            ("pci-0000-20-1b-0".into(), Some(NetDevice::Rdma("rdmap32s27".into()))),
+            ("pci-0000-30-1b-0".into(), Some(NetDevice::Rdma("rdmap64s27".into()))),
+        ],
+    };
+    let fresh = f.devices.write().unwrap().set_efa_dra_devices(DeviceTable::from_slices([&slice]));
+    let reasons: Vec<(&str, Unresolved)> = fresh.iter().map(|u| (u.device.as_str(), u.reason)).collect();
+    assert_eq!(reasons, [("gone", Unresolved::UnknownDevice)]);
+    let current = holders.current();
+    assert_eq!(
+        summary(&current),
+        [
+            ("rdmap16s27".into(), "train".into(), "main".into()),
+            ("rdmap32s27".into(), "train".into(), "main".into()),
+            ("rdmap48s27".into(), "serve".into(), "srv".into()),
+        ],
+        "sorted by device; rdmap64s27, claimed by nobody, has no holder"
+    );
+    let labels =
+        |i: usize| -> Vec<(&str, &str)> { current[i].1.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect() };
+    // The pod's labels, then the claim's.
+    assert_eq!(labels(0), [("label_app", "train"), ("dra_claim_namespace", "a"), ("dra_claim_name", "efa-pair")]);
+    assert_eq!(labels(2), [("label_app", "serve")], "the device plugin's holder names no claim");
+    // The same answer again resolves nothing anew; a slice change says nothing twice.
+    let devices = f.devices.read().unwrap().efa().to_vec();
+    assert_eq!(devices.len(), 3);
+    let again =
+        f.devices.write().unwrap().set_efa_dra_devices(DeviceTable::from_slices([&Slice { generation: 2, ..slice }]));
+    assert!(again.is_empty(), "{again:?}");
 }
 
 /// `report` (2 devices × 2 cores) with a `neuron_k8s_info` group of `cores` and `devices`

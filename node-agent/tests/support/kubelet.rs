@@ -433,3 +433,29 @@ impl TwoTeams {
         ]
     }
 }
+
+/// Creates in the API server the ResourceSlice `driver` publishes for `node` (one pool,
+/// named after the node, generation 1) with `devices` (the API's JSON); returns the slices'
+/// API and the slice.
+pub async fn create_slice(
+    client: &kube::Client,
+    node: &str,
+    driver: &str,
+    devices: Vec<serde_json::Value>,
+) -> (kube::Api<kube::api::DynamicObject>, kube::api::DynamicObject) {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
+    let slices: kube::Api<DynamicObject> =
+        kube::Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, "resourceslices"));
+    let slice: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": format!("{node}-{driver}")},
+        "spec": {"driver": driver, "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "devices": devices}
+    }))
+    .expect("a ResourceSlice");
+    let created =
+        slices.create(&PostParams::default(), &slice).await.expect("the API server serves resource.k8s.io/v1");
+    (slices, created)
+}

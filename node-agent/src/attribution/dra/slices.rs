@@ -1,7 +1,8 @@
 //! This node's ResourceSlices (`resource.k8s.io/v1`), watched with the field selector
-//! `spec.nodeName=<node>` once the kubelet lists a DRA claim of a Neuron device or GPU:
-//! each read driver's devices by pool and name, with what they stand for (a Neuron
-//! device's index for [`super::resolve`], a GPU for [`crate::attribution::gpus`]).
+//! `spec.nodeName=<node>` once the kubelet lists a DRA claim of a Neuron or EFA device or
+//! a GPU: each read driver's devices by pool and name, with what they stand for (a Neuron
+//! device's index for [`super::resolve`], an EFA device's name for [`super::efa::resolve`],
+//! a GPU for [`crate::attribution::gpus`]).
 //!
 //! The slice is read as its own small type (only the fields used here): the
 //! `k8s-openapi` feature the workspace builds has no `resource.k8s.io/v1`, and the
@@ -18,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use super::{
+    efa::{Efa, NetDevice},
     nvidia::{GpuDevice, Nvidia},
     report_unresolved, DeviceTable, Driver, Neuron, Slice, MAX_NAME_BYTES,
 };
@@ -27,7 +29,8 @@ use crate::{
 };
 
 /// Devices read from one slice (the API allows 128 per slice; a node has at most
-/// [`api::limits::MAX_NEURON_DEVICES`] Neuron devices, [`crate::gpu::MAX_GPUS`] GPUs).
+/// [`api::limits::MAX_NEURON_DEVICES`] Neuron devices, [`crate::gpu::MAX_GPUS`] GPUs, 32
+/// EFA devices beside its other network devices).
 const MAX_SLICE_DEVICES: usize = 128;
 /// Slices of the read drivers kept for one node.
 const MAX_SLICES: usize = 64;
@@ -111,6 +114,7 @@ impl kube::Resource for ResourceSlice {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Summary {
     Neuron(Slice<u32>),
+    Efa(Slice<NetDevice>),
     Nvidia(Slice<GpuDevice>),
 }
 
@@ -118,6 +122,7 @@ pub enum Summary {
 pub fn summary(slice: &ResourceSlice) -> Option<Summary> {
     match slice.spec.driver.as_str() {
         Neuron::NAME => summary_of::<Neuron>(&slice.spec).map(Summary::Neuron),
+        Efa::NAME => summary_of::<Efa>(&slice.spec).map(Summary::Efa),
         Nvidia::NAME => summary_of::<Nvidia>(&slice.spec).map(Summary::Nvidia),
         _ => None,
     }
@@ -205,14 +210,21 @@ impl SliceWatcher {
     /// Each driver's table to its users (the GPUs' is read at the kubelet's next answer).
     fn publish(&self, slices: &BTreeMap<String, Summary>) {
         let neuron = slices.values().filter_map(|s| if let Summary::Neuron(s) = s { Some(s) } else { None });
+        let efa = slices.values().filter_map(|s| if let Summary::Efa(s) = s { Some(s) } else { None });
         let nvidia = slices.values().filter_map(|s| if let Summary::Nvidia(s) = s { Some(s) } else { None });
-        let (neuron, nvidia) = (DeviceTable::from_slices(neuron), DeviceTable::from_slices(nvidia));
+        let (neuron, efa, nvidia) =
+            (DeviceTable::from_slices(neuron), DeviceTable::from_slices(efa), DeviceTable::from_slices(nvidia));
         let count = |driver| self.metrics.dra_devices.get_or_create(&DriverLabel { driver }).clone();
         count(Neuron::NAME).set(neuron.len() as i64);
+        count(Efa::NAME).set(efa.len() as i64);
         count(Nvidia::NAME).set(nvidia.len() as i64);
         self.gpus.set_dra_devices(nvidia);
-        let unresolvable = self.devices.write().unwrap_or_else(|p| p.into_inner()).set_dra_devices(neuron);
+        let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
+        let unresolvable = devices.set_dra_devices(neuron);
+        let efa_unresolvable = devices.set_efa_dra_devices(efa);
+        drop(devices);
         report_unresolved(&unresolvable, Neuron::NAME, &self.metrics);
+        report_unresolved(&efa_unresolvable, Efa::NAME, &self.metrics);
     }
 }
 
