@@ -20,9 +20,10 @@
 # address). Neuron devices are allocated by the test device plugin (the default) or, with
 # REALNODE_ALLOCATION=dra, by the test DRA driver instead (tests/controlplane/dradriver:
 # DeviceClass neuron.aws.com, the devices in a ResourceSlice, claims prepared through CDI
-# specs under DIR/dra/cdi; containerd 1.6 has no CDI support, so on such a node its runc
-# is the driver's wrapper, which applies a pod's CDI devices before runc creates its
-# containers). The images (agent with the simulator as its neuron-monitor, operator, pause)
+# specs under DIR/dra/cdi; the EFA devices as AWS's EFA DRA driver publishes them, driver
+# dra.net, DeviceClass efa.networking.k8s.aws; containerd 1.6 has no CDI support, so on
+# such a node its runc is the driver's wrapper, which applies a pod's CDI devices before
+# runc creates its containers). The images (agent with the simulator as its neuron-monitor, operator, pause)
 # are built with umoci from the workspace's binaries and imported into containerd: no
 # registry, no container engine.
 #
@@ -553,18 +554,23 @@ start_allocation() {
 }
 
 # start_dra_driver: the test DRA driver, for the simulated instance's hardware, with the
-# simulated driver's version; waits until its ResourceSlice is published.
+# simulated driver's version; waits until its ResourceSlices are published (the EFA
+# devices' too, where the instance type has some).
 start_dra_driver() {
     "$(workspace_bin)/neuron-monitor-sim" hardware --instance-type "$INSTANCE_TYPE" >"$dir/host/hardware.json" ||
         fail "the simulator does not know the instance type $INSTANCE_TYPE"
     start dradriver neuron-sim-dradriver --hardware "$dir/host/hardware.json" --node-name "$NODE_NAME" \
         --kubeconfig "$dir/cp/admin.kubeconfig" --driver-version "$(<"$dir/node-sys/module/neuron/version")" \
         --cdi-dir "$dir/dra/cdi" --consumers-dir "$dir/dra/consumers"
-    wait_until dradriver "neuron.aws.com ResourceSlice of the node" node_has_slice
+    wait_until dradriver "neuron.aws.com ResourceSlice of the node" node_has_slice neuron.aws.com
+    if ! grep -q '"efa_devices":\[\]' "$dir/host/hardware.json"; then
+        wait_until dradriver "dra.net (EFA) ResourceSlice of the node" node_has_slice dra.net
+    fi
 }
 
+# node_has_slice DRIVER: the node has a ResourceSlice of DRIVER.
 node_has_slice() {
-    [[ $(api "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=$NODE_NAME") == *'"driver":"neuron.aws.com"'* ]]
+    [[ $(api "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=$NODE_NAME") == *"\"driver\":\"$1\""* ]]
 }
 
 # start_device_plugin: the test device plugin, for the simulated instance's hardware as

@@ -13,6 +13,9 @@
 //     NEURON_RT_VISIBLE_CORES of the claimed devices (what the device plugin's Allocate
 //     gives, and what `neuron-monitor-sim app` reads), and unprepares it by removing it.
 //
+// Where the instance type has EFA devices, the same process also stands in for AWS's EFA
+// DRA driver (efa.go): driver dra.net, DeviceClass efa.networking.k8s.aws.
+//
 // The hardware comes from `neuron-monitor-sim hardware` (--hardware), as for the test
 // device plugin.
 //
@@ -60,9 +63,10 @@ const (
 
 // hardware is what `neuron-monitor-sim hardware` prints.
 type hardware struct {
-	InstanceType   string `json:"instance_type"`
-	Devices        int    `json:"devices"`
-	CoresPerDevice int    `json:"cores_per_device"`
+	InstanceType   string   `json:"instance_type"`
+	Devices        int      `json:"devices"`
+	CoresPerDevice int      `json:"cores_per_device"`
+	EfaDevices     []string `json:"efa_devices"`
 }
 
 type driver struct {
@@ -106,7 +110,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := ensureDeviceClass(ctx, client); err != nil {
+	if err := ensureDeviceClass(ctx, client, driverName, fmt.Sprintf("device.driver == %q", driverName)); err != nil {
 		log.Fatalf("dradriver: DeviceClass %s: %v", driverName, err)
 	}
 	d := &driver{hw: hw, cdiDir: *cdiDir, consumersDir: *consumersDir}
@@ -122,7 +126,38 @@ func main() {
 		log.Fatalf("dradriver: publishing the ResourceSlice: %v", err)
 	}
 	log.Printf("dradriver: %s: %d devices published in pool %s", driverName, hw.Devices, *nodeName)
+	if len(hw.EfaDevices) > 0 {
+		stopEfa, err := startEfa(ctx, client, hw, *nodeName, *registryDir, filepath.Join(filepath.Dir(*pluginDir), efaDriverName))
+		if err != nil {
+			log.Fatalf("dradriver: %s: %v", efaDriverName, err)
+		}
+		defer stopEfa()
+	}
 	<-ctx.Done()
+}
+
+// startEfa starts the EFA half: its DeviceClass, its kubelet plugin and its ResourceSlice.
+func startEfa(ctx context.Context, client kubernetes.Interface, hw hardware, nodeName, registryDir, pluginDir string) (func(), error) {
+	if err := os.MkdirAll(pluginDir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := ensureDeviceClass(ctx, client, efaDeviceClass, efaDeviceClassSelector()); err != nil {
+		return nil, fmt.Errorf("DeviceClass %s: %v", efaDeviceClass, err)
+	}
+	devices, byName := efaDevices(hw.EfaDevices)
+	helper, err := kubeletplugin.Start(ctx, &efaDriver{devices: byName},
+		kubeletplugin.DriverName(efaDriverName), kubeletplugin.NodeName(nodeName), kubeletplugin.KubeClient(client),
+		kubeletplugin.RegistrarDirectoryPath(registryDir), kubeletplugin.PluginDataDirectoryPath(pluginDir))
+	if err != nil {
+		return nil, fmt.Errorf("starting the kubelet plugin: %v", err)
+	}
+	pool := resourceslice.Pool{Slices: []resourceslice.Slice{{Devices: devices}}}
+	if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{nodeName: pool}}); err != nil {
+		helper.Stop()
+		return nil, fmt.Errorf("publishing the ResourceSlice: %v", err)
+	}
+	log.Printf("dradriver: %s: %d EFA devices published in pool %s", efaDriverName, len(devices), nodeName)
+	return helper.Stop, nil
 }
 
 func readHardware(path string) (hardware, error) {
@@ -135,19 +170,19 @@ func readHardware(path string) (hardware, error) {
 		return hw, fmt.Errorf("%s: %v", path, err)
 	}
 	// The largest instance has 16 devices of 8 cores; a slice holds at most 128 devices.
-	if hw.Devices < 1 || hw.Devices > 64 || hw.CoresPerDevice < 1 || hw.CoresPerDevice > 16 {
+	if hw.Devices < 1 || hw.Devices > 64 || hw.CoresPerDevice < 1 || hw.CoresPerDevice > 16 || len(hw.EfaDevices) > 64 {
 		return hw, fmt.Errorf("%s: implausible hardware %+v", path, hw)
 	}
 	return hw, nil
 }
 
-// ensureDeviceClass creates the DeviceClass selecting the driver's devices, as AWS's
-// chart does; an existing one is kept.
-func ensureDeviceClass(ctx context.Context, client kubernetes.Interface) error {
+// ensureDeviceClass creates the DeviceClass `name` selecting devices by the CEL
+// `expression`, as AWS's charts do; an existing one is kept.
+func ensureDeviceClass(ctx context.Context, client kubernetes.Interface, name, expression string) error {
 	class := &resourceapi.DeviceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: driverName},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{
-			CEL: &resourceapi.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", driverName)},
+			CEL: &resourceapi.CELDeviceSelector{Expression: expression},
 		}}},
 	}
 	_, err := client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{})

@@ -4,13 +4,16 @@
 //! its cores (from the claim's CDI device) and is attributed on the agent's /metrics
 //! through the kubelet's pod-resources `dynamic_resources` and the node's ResourceSlice;
 //! the idle cores of a device another pod claims carry that claim; a device nobody
-//! claims keeps reporting, without a pod.
+//! claims keeps reporting, without a pod. The application's pod also claims an EFA device
+//! of the test driver's EFA half (AWS's EFA DRA driver's names: `dra.net`,
+//! `efa.networking.k8s.aws`), whose series then carry the pod and the claim.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     time::{Duration, Instant},
 };
 
+use api::hardware::{EFA_DRA_DEVICE_CLASS, EFA_DRA_DRIVER};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{
     api::{ApiResource, DynamicObject, PostParams},
@@ -44,6 +47,10 @@ async fn neuron_devices_claimed_through_dra_are_attributed_on_a_real_node() {
     let client = node.client().await;
     let slice = published_devices(&client, &node.info.node).await;
     assert_eq!(slice.len() as u64, hardware["devices"].as_u64().expect("devices"), "the ResourceSlice: {slice:?}");
+    let efa_slice = published_efa_devices(&client, &node.info.node).await;
+    let efa_names: BTreeSet<&str> = efa_slice.values().map(String::as_str).collect();
+    let efa_hardware = hardware["efa_devices"].as_array().expect("efa_devices");
+    assert_eq!(efa_names, efa_hardware.iter().filter_map(|d| d.as_str()).collect(), "the EFA ResourceSlice");
 
     // Allocated cores count as idle after 2 s (not 10 minutes) in this test.
     helm_install_with(&node, &["--set", "agent.idleCores.window=2s"]);
@@ -56,16 +63,18 @@ async fn neuron_devices_claimed_through_dra_are_attributed_on_a_real_node() {
     let ns = serde_json::from_value(json!({ "metadata": { "name": TEAM } })).expect("a Namespace");
     namespaces.create(&PostParams::default(), &ns).await.expect("the team's namespace");
 
-    // The application's pod: attributed from the claim's allocation on.
+    // The application's pod, with a Neuron device and an EFA device: attributed from the
+    // claim's allocation on.
     let created = Instant::now();
     claim_pod(
         &client,
         "trainer",
         &node.info.images.agent,
         &["neuron-monitor-sim", "app", "--tag", TAG, "--util", "70"],
+        true,
     )
     .await;
-    let device = allocated_device(&client, "trainer-neuron").await;
+    let device = allocated_device(&client, "trainer-neuron", DRIVER).await;
     let allocated = Instant::now();
     let index = *slice.get(&device).unwrap_or_else(|| panic!("{device} is not in the ResourceSlice {slice:?}"));
     let cores: Vec<u32> = (index * cores_per_device..(index + 1) * cores_per_device).collect();
@@ -92,10 +101,30 @@ async fn neuron_devices_claimed_through_dra_are_attributed_on_a_real_node() {
     let holders = health_series(&page()).into_iter().find(|(d, ..)| *d == index.to_string()).map(|(_, _, p, _)| p);
     assert_eq!(holders.as_deref(), Some(format!("{TEAM}/trainer").as_str()), "device {index}'s health series");
 
+    // The claimed EFA device's series carry the pod and the claim; the others neither.
+    let efa_device = allocated_device(&client, "trainer-efa", EFA_DRA_DRIVER).await;
+    let rdma = efa_slice.get(&efa_device).unwrap_or_else(|| panic!("{efa_device} is not in {efa_slice:?}")).clone();
+    let want = [TEAM, "trainer", "app", TEAM, "trainer-efa"].map(str::to_owned);
+    let efa_seen = wait_for(Duration::from_secs(30), || {
+        std::future::ready((efa_holders(&page()).get(&rdma) == Some(&want)).then_some(()))
+    })
+    .await;
+    let holders = efa_holders(&page());
+    assert!(efa_seen.is_some(), "EFA device {rdma} (claimed {efa_device}): {:?}, want {want:?}", holders.get(&rdma));
+    assert_eq!(holders.len(), efa_names.len(), "every EFA device reports: {holders:?}");
+    let others = holders.iter().filter(|(d, _)| **d != rdma);
+    assert!(others.clone().all(|(_, labels)| labels.iter().all(String::is_empty)), "{holders:?}");
+    let listed = podresources::list(&node.info.kubelet_root.join("pod-resources/kubelet.sock")).await;
+    let listed = claimed_devices(&listed.expect("the kubelet's pod-resources answer"), EFA_DRA_DRIVER);
+    assert_eq!(
+        listed.iter().map(|c| (c.claim.name.as_str(), c.device.as_str())).collect::<Vec<_>>(),
+        [("trainer-efa", efa_device.as_str())]
+    );
+
     // A pod that holds its claimed device idle: the device's idle cores carry the pod and
     // the claim.
-    claim_pod(&client, "holder", &node.info.images.pause, &["/pause"]).await;
-    let held = allocated_device(&client, "holder-neuron").await;
+    claim_pod(&client, "holder", &node.info.images.pause, &["/pause"], false).await;
+    let held = allocated_device(&client, "holder-neuron", DRIVER).await;
     let held_index = slice[&held];
     let held_cores: BTreeSet<String> =
         (held_index * cores_per_device..(held_index + 1) * cores_per_device).map(|c| c.to_string()).collect();
@@ -176,32 +205,70 @@ async fn published_devices(client: &Client, node: &str) -> BTreeMap<String, u32>
     devices
 }
 
-/// Pod `name` of TEAM, its container `app` holding ResourceClaim `<name>-neuron` (one
-/// device of class neuron.aws.com) and running `command` of `image`.
-async fn claim_pod(client: &Client, name: &str, image: &str, command: &[&str]) {
+/// The node's published EFA devices (the EFA half's slice): name → `dra.net/rdmaDevice`.
+async fn published_efa_devices(client: &Client, node: &str) -> BTreeMap<String, String> {
+    let slices: Api<DynamicObject> = Api::all_with(client.clone(), &resource("ResourceSlice", "resourceslices"));
+    let list = slices
+        .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .expect("the node's ResourceSlices");
+    let ours = list.items.into_iter().filter(|s| s.data["spec"]["driver"] == EFA_DRA_DRIVER);
+    let devices: Vec<serde_json::Value> =
+        ours.flat_map(|s| s.data["spec"]["devices"].as_array().cloned().unwrap_or_default()).collect();
+    let rdma = |d: &serde_json::Value| d["attributes"]["dra.net/rdmaDevice"]["string"].as_str().map(str::to_owned);
+    devices.iter().filter_map(|d| Some((d["name"].as_str()?.to_owned(), rdma(d)?))).collect()
+}
+
+/// Each EFA device's (namespace, pod, container, claim namespace, claim name) on its
+/// `efa_tx_bytes_total` (empty where absent).
+fn efa_holders(page: &str) -> BTreeMap<String, [String; 5]> {
+    page.lines()
+        .filter_map(|line| line.strip_prefix("efa_tx_bytes_total{"))
+        .filter_map(|rest| rest.split_once('}').map(|(labels, _)| labels_of(labels)))
+        .filter_map(|labels| {
+            let holder = ["namespace", "pod", "container", "dra_claim_namespace", "dra_claim_name"]
+                .map(|k| labels.get(k).cloned().unwrap_or_default());
+            Some((labels.get("efa_device")?.clone(), holder))
+        })
+        .collect()
+}
+
+/// Pod `name` of TEAM, its container (`app`, the holder's `idle`) holding ResourceClaim
+/// `<name>-neuron` (one device of class neuron.aws.com), and with `efa` also
+/// `<name>-efa` (one of class efa.networking.k8s.aws), running `command` of `image`.
+async fn claim_pod(client: &Client, name: &str, image: &str, command: &[&str], efa: bool) {
     let claims: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), TEAM, &resource("ResourceClaim", "resourceclaims"));
-    let claim: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": { "name": format!("{name}-neuron") },
-        "spec": { "devices": { "requests": [
-            { "name": "neuron", "exactly": { "deviceClassName": DRIVER, "count": 1 } }
-        ] } },
-    }))
-    .expect("a ResourceClaim");
-    claims.create(&PostParams::default(), &claim).await.expect("creating the ResourceClaim");
+    let mut wanted = vec![("neuron", DRIVER)];
+    if efa {
+        wanted.push(("efa", EFA_DRA_DEVICE_CLASS));
+    }
+    for (request, class) in &wanted {
+        let claim: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": { "name": format!("{name}-{request}") },
+            "spec": { "devices": { "requests": [
+                { "name": request, "exactly": { "deviceClassName": class, "count": 1 } }
+            ] } },
+        }))
+        .expect("a ResourceClaim");
+        claims.create(&PostParams::default(), &claim).await.expect("creating the ResourceClaim");
+    }
     let container = if name == "holder" { "idle" } else { "app" };
+    let pod_claims: Vec<_> =
+        wanted.iter().map(|(r, _)| json!({ "name": r, "resourceClaimName": format!("{name}-{r}") })).collect();
+    let container_claims: Vec<_> = wanted.iter().map(|(r, _)| json!({ "name": r })).collect();
     let pod: Pod = serde_json::from_value(json!({
         "metadata": { "name": name },
         "spec": {
             "terminationGracePeriodSeconds": 5,
-            "resourceClaims": [{ "name": "neuron", "resourceClaimName": format!("{name}-neuron") }],
+            "resourceClaims": pod_claims,
             "containers": [{
                 "name": container,
                 "image": image,
                 "imagePullPolicy": "Never",
                 "command": command,
-                "resources": { "claims": [{ "name": "neuron" }] },
+                "resources": { "claims": container_claims },
                 "securityContext": { "runAsNonRoot": true, "allowPrivilegeEscalation": false,
                                      "readOnlyRootFilesystem": true, "capabilities": { "drop": ["ALL"] } },
             }],
@@ -211,8 +278,8 @@ async fn claim_pod(client: &Client, name: &str, image: &str, command: &[&str]) {
     Api::<Pod>::namespaced(client.clone(), TEAM).create(&PostParams::default(), &pod).await.expect("creating the pod");
 }
 
-/// The device the scheduler allocated to claim TEAM/`claim`, once it has.
-async fn allocated_device(client: &Client, claim: &str) -> String {
+/// The device of `driver` the scheduler allocated to claim TEAM/`claim`, once it has.
+async fn allocated_device(client: &Client, claim: &str, driver: &str) -> String {
     let claims: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), TEAM, &resource("ResourceClaim", "resourceclaims"));
     let device = wait_for(Duration::from_secs(60), || {
@@ -221,7 +288,7 @@ async fn allocated_device(client: &Client, claim: &str) -> String {
             let c = claims.get(claim).await.ok()?;
             let results = c.data["status"]["allocation"]["devices"]["results"].as_array()?.clone();
             assert_eq!(results.len(), 1, "claim {claim} of one device: {results:?}");
-            assert_eq!(results[0]["driver"], DRIVER, "{results:?}");
+            assert_eq!(results[0]["driver"], driver, "{results:?}");
             results[0]["device"].as_str().map(str::to_owned)
         }
     })
