@@ -106,8 +106,12 @@ impl fmt::Display for Value<'_> {
     }
 }
 
+/// Labels of the metric itself a series has at most (the device health state: index,
+/// state, pods, claims).
+const MAX_EXTRA_LABELS: usize = 4;
+
 /// The labels of one series: instance labels, the runtime's labels if any, its pod's
-/// labels if any, and up to three labels of the metric itself.
+/// labels if any, and up to [`MAX_EXTRA_LABELS`] labels of the metric itself.
 pub struct Labels<'a> {
     instance: &'a InstanceLabels,
     runtime: Option<&'a RuntimeLabels>,
@@ -115,14 +119,14 @@ pub struct Labels<'a> {
     pod: Option<&'a PodRef>,
     /// Labels a NeuronMonitorConfig adds to its runtimes' series.
     config: Option<&'a BTreeMap<String, String>>,
-    extra: [Option<(&'static str, Value<'a>)>; 3],
+    extra: [Option<(&'static str, Value<'a>)>; MAX_EXTRA_LABELS],
     /// More labels of the metric itself (an info series' fields), after `extra`.
     fields: &'a [(&'static str, String)],
 }
 
 impl<'a> Labels<'a> {
     pub(crate) fn node(instance: &'a InstanceLabels) -> Self {
-        Labels { instance, runtime: None, pod: None, config: None, extra: [None; 3], fields: &[] }
+        Labels { instance, runtime: None, pod: None, config: None, extra: [None; MAX_EXTRA_LABELS], fields: &[] }
     }
 
     pub(crate) fn runtime(rt: &'a RuntimeLabels, view: &'a PrometheusView) -> Self {
@@ -132,7 +136,7 @@ impl<'a> Labels<'a> {
             runtime: Some(rt),
             pod: rt.pod.as_deref(),
             config,
-            extra: [None; 3],
+            extra: [None; MAX_EXTRA_LABELS],
             fields: &[],
         }
     }
@@ -147,7 +151,9 @@ impl<'a> Labels<'a> {
     }
 
     fn with(mut self, key: &'static str, value: Value<'a>) -> Self {
-        if let Some(slot) = self.extra.iter_mut().find(|s| s.is_none()) {
+        let slot = self.extra.iter_mut().find(|s| s.is_none());
+        debug_assert!(slot.is_some(), "more than {MAX_EXTRA_LABELS} labels of the metric itself: {key} left out");
+        if let Some(slot) = slot {
             *slot = Some((key, value));
         }
         self

@@ -630,6 +630,15 @@ fn dra_claims_resolved_through_the_nodes_resource_slices_attribute_runtimes_and_
     }
     assert_eq!(idle_claim(&m, "5", "pod").as_deref(), Some("serve"));
     assert_eq!(idle_claim(&m, "5", CLAIM_NAME_LABEL), None);
+    // The claimed device's health series names the claim; the device plugin's, none.
+    let health = |device: &str, key: &str| -> Option<String> {
+        let state = m.find("neuron_device_health_state", &[("neuron_device_index", device)]);
+        state.first().and_then(|s| s.labels.get(key).cloned())
+    };
+    assert_eq!(health("6", "dra_claims"), Some(format!("{ns}/neurons")));
+    assert_eq!(health("6", "pods"), Some(format!("{ns}/dra-train")));
+    assert_eq!(health("2", "pods"), Some(format!("{other}/serve")));
+    assert_eq!(health("2", "dra_claims"), None);
     // Devices nobody claims keep reporting, without a pod (device 9, claimed but
     // unpublished, among them).
     let idle = cores(&m, None);

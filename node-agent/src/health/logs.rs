@@ -421,8 +421,8 @@ impl LogSink {
             let health = self.health.lock().unwrap_or_else(|p| p.into_inner());
             let ownership = devices.read().unwrap_or_else(|p| p.into_inner());
             let holding = holders(ownership.allocations(), &health, cores_per_device);
-            if let Some(pods) = holding.get(&device).filter(|p| !p.is_empty()) {
-                record.pods = pods.split(',').map(str::to_owned).collect();
+            if let Some(h) = holding.get(&device).filter(|h| !h.pods.is_empty()) {
+                record.pods = h.pods.split(',').map(str::to_owned).collect();
             }
         }
         queue.push([record]);

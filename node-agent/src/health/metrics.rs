@@ -1,5 +1,6 @@
 //! The health model on `/metrics`, with the instance labels of the other node-level
-//! series and, on the device health series, the pods holding the device.
+//! series and, on the device health series, the pods holding the device (and the DRA
+//! claims they hold it through).
 
 use std::{
     collections::BTreeMap,
@@ -81,13 +82,22 @@ impl HealthCollector {
     }
 }
 
-/// The pods holding each device, `namespace/pod` joined by commas, bounded.
+/// Who holds one device: the pods, and the DRA claims they hold it through, each as
+/// `namespace/name` joined by commas in name order, bounded.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceHolders {
+    pub pods: String,
+    /// Empty where no claim holds it (the device plugin's allocations).
+    pub claims: String,
+}
+
+/// Who holds each device.
 pub(crate) fn holders(
     allocations: &[crate::attribution::podresources::Allocation],
     health: &HealthModel,
     cores_per_device: Option<u32>,
-) -> BTreeMap<u32, String> {
-    let mut by_device: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+) -> BTreeMap<u32, DeviceHolders> {
+    let mut by_device: BTreeMap<u32, (Vec<String>, Vec<String>)> = BTreeMap::new();
     for a in allocations {
         let device = match a.unit {
             Unit::Device => Some(a.id),
@@ -97,29 +107,29 @@ pub(crate) fn holders(
                 .map(|n| a.id / n),
         };
         if let Some(device) = device.filter(|d| *d < MAX_NEURON_DEVICES) {
-            let pod = format!("{}/{}", a.namespace, a.pod);
-            let list = by_device.entry(device).or_default();
-            if !list.contains(&pod) {
-                list.push(pod);
-            }
+            let (pods, claims) = by_device.entry(device).or_default();
+            pods.push(format!("{}/{}", a.namespace, a.pod));
+            claims.extend(a.claim.as_ref().map(|c| format!("{}/{}", c.namespace, c.name)));
         }
     }
+    let joined = |mut names: Vec<String>| {
+        names.sort();
+        names.dedup();
+        let mut joined = String::new();
+        for name in names {
+            if joined.len() + name.len() + 1 > MAX_REPORT_LABEL_VALUE_BYTES {
+                break;
+            }
+            if !joined.is_empty() {
+                joined.push(',');
+            }
+            joined.push_str(&name);
+        }
+        joined
+    };
     by_device
         .into_iter()
-        .map(|(d, mut pods)| {
-            pods.sort();
-            let mut joined = String::new();
-            for pod in pods {
-                if joined.len() + pod.len() + 1 > MAX_REPORT_LABEL_VALUE_BYTES {
-                    break;
-                }
-                if !joined.is_empty() {
-                    joined.push(',');
-                }
-                joined.push_str(&pod);
-            }
-            (d, joined)
-        })
+        .map(|(d, (pods, claims))| (d, DeviceHolders { pods: joined(pods), claims: joined(claims) }))
         .collect()
 }
 
@@ -129,7 +139,7 @@ pub fn encode_health(
     health: &HealthModel,
     instance: &crate::state::InstanceLabels,
     devices_reported: u32,
-    pods: Option<&BTreeMap<u32, String>>,
+    pods: Option<&BTreeMap<u32, DeviceHolders>>,
     encoder: &mut dyn FamilyEncoder,
 ) -> Result<(), fmt::Error> {
     let mut indices: Vec<u32> = health.devices.keys().copied().chain(0..devices_reported).collect();
@@ -145,23 +155,26 @@ fn encode_states(
     health: &HealthModel,
     instance: &crate::state::InstanceLabels,
     indices: &[u32],
-    pods: Option<&BTreeMap<u32, String>>,
+    pods: Option<&BTreeMap<u32, DeviceHolders>>,
     encoder: &mut dyn FamilyEncoder,
 ) -> Result<(), fmt::Error> {
     let state_of = |i: u32| health.devices.get(&i).map(|d| d.state()).unwrap_or(State::Unknown);
     let mut f = Family::new(
         "neuron_device_health_state",
         "1 for the Neuron device's current health state (healthy, unhealthy, unknown), 0 for the two others; \
-         pods: the pods holding the device",
+         pods: the pods holding the device; dra_claims: the DRA claims they hold it through",
         MetricType::Gauge,
     );
     for i in indices {
         let state = state_of(*i);
-        let holding = pods.and_then(|p| p.get(i)).map(String::as_str);
+        let holding = pods.and_then(|p| p.get(i));
         for s in State::ALL {
             let mut labels = Labels::node(instance).number("neuron_device_index", *i).text("state", s.as_str());
             if pods.is_some() {
-                labels = labels.text("pods", holding.unwrap_or_default());
+                labels = labels.text("pods", holding.map_or("", |h| h.pods.as_str()));
+            }
+            if let Some(h) = holding.filter(|h| !h.claims.is_empty()) {
+                labels = labels.text("dra_claims", &h.claims);
             }
             f.push(labels, Some(f64::from(u8::from(s == state))));
         }
@@ -354,4 +367,55 @@ fn encode_readings(
         f.push(Labels::node(instance).text("version", version), Some(1.0));
     }
     f.write(encoder)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use super::*;
+    use crate::attribution::{dra::Claim, podresources::Allocation};
+
+    fn allocation(pod: &str, unit: Unit, id: u32, claim: Option<&str>) -> Allocation {
+        Allocation {
+            namespace: "ml".into(),
+            pod: pod.into(),
+            container: "main".into(),
+            unit,
+            id,
+            claim: claim.map(|name| Arc::new(Claim { namespace: "ml".into(), name: name.into() })),
+        }
+    }
+
+    #[test]
+    fn a_device_names_its_pods_and_the_claims_they_hold_it_through() {
+        let health = HealthModel::new("boot".into(), Duration::from_secs(60));
+        let allocations = [
+            allocation("serve", Unit::Core, 4, None),
+            allocation("serve", Unit::Core, 5, None),
+            allocation("train", Unit::Device, 3, Some("neurons")),
+            allocation("eval", Unit::Device, 3, Some("shared")),
+            allocation("train", Unit::Device, 3, Some("neurons")),
+        ];
+        let by_device = holders(&allocations, &health, Some(2));
+        assert_eq!(by_device[&2], DeviceHolders { pods: "ml/serve".into(), claims: String::new() });
+        assert_eq!(
+            by_device[&3],
+            DeviceHolders { pods: "ml/eval,ml/train".into(), claims: "ml/neurons,ml/shared".into() }
+        );
+        assert_eq!(by_device.len(), 2);
+    }
+
+    #[test]
+    fn the_lists_are_cut_at_a_label_values_bound() {
+        let health = HealthModel::new("boot".into(), Duration::from_secs(60));
+        let many: Vec<Allocation> = (0..200)
+            .map(|i| allocation(&format!("pod-{i:03}"), Unit::Device, 0, Some(&format!("claim-{i:03}"))))
+            .collect();
+        let h = &holders(&many, &health, None)[&0];
+        for list in [&h.pods, &h.claims] {
+            assert!(list.len() <= MAX_REPORT_LABEL_VALUE_BYTES, "{}", list.len());
+            assert!(list.starts_with("ml/") && !list.ends_with(','), "whole names: {list}");
+        }
+    }
 }
