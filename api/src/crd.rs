@@ -434,6 +434,9 @@ pub enum CloudWatchMetric {
     /// 1 while the device has a fatal hardware fault, 0 while it is healthy; nothing
     /// while its health is unknown (an alarm treats missing data as it chooses).
     NeurondeviceUnhealthy,
+    /// The node's NeuronCores by allocation state (`State`: allocatable, allocated,
+    /// allocated_idle), from what the kubelet says (device plugin and DRA alike).
+    NeuronNodeNeuroncores,
 }
 
 /// How a CloudWatch sink names what it publishes.

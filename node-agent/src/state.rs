@@ -141,7 +141,8 @@ pub struct AllocationState {
 impl CoreAllocation {
     /// The values of the `state` label, with their counts.
     pub fn by_state(&self) -> [(&'static str, u32); 3] {
-        [("allocatable", self.allocatable), ("allocated", self.allocated), ("allocated_idle", self.allocated_idle)]
+        let [allocatable, allocated, idle] = api::cloudwatch::catalogue::ALLOCATION_STATES;
+        [(allocatable, self.allocatable), (allocated, self.allocated), (idle, self.allocated_idle)]
     }
 }
 

@@ -1192,6 +1192,90 @@ fn container_insights_naming_publishes_exactly_its_names_and_sets() {
     assert!(sum > 0.0 && sum <= errors, "{sum} of {errors}");
 }
 
+/// The node's cores by allocation state, from the kubelet's allocatable devices and the
+/// pods' allocations, in LocalStack: the classic `neuron_node_neuroncores` by `State`, and
+/// Container Insights' node and pod capacity metrics.
+#[test]
+fn the_nodes_allocation_reaches_cloudwatch_in_both_namings() {
+    use api::crd::CloudWatchNaming;
+    use neuron_node_agent::attribution::podresources::{proto::ContainerDevices, NEURONCORE, NEURONDEVICE};
+    use support::kubelet::{container_id, holding, PodResourcesServer};
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let cp = neuron_e2e::ControlPlane::shared();
+    let node = format!("neuron-alloc-{:08x}", neuron_e2e::random_u32());
+    let ns = rt.block_on(cp.namespace("cw-alloc"));
+    let client = rt.block_on(cp.client());
+    rt.block_on(running_pod(&client, &ns, "train", &node, "main", &container_id(0xa7)));
+    let dir = support::TempDir::new("kubelet-alloc");
+    let kubelet = PodResourcesServer::start(&dir.0.join("kubelet.sock"));
+    let ids = |n: u32| (0..n).map(|i| i.to_string()).collect();
+    kubelet.set_allocatable(Some(vec![
+        ContainerDevices { resource_name: NEURONDEVICE.into(), device_ids: ids(16) },
+        ContainerDevices { resource_name: NEURONCORE.into(), device_ids: ids(32) },
+    ]));
+    // train holds 4 cores and runs nothing on them: allocated, and idle after 1 s.
+    kubelet.set(vec![holding(&ns, "train", "main", NEURONCORE, &[0, 1, 2, 3])]);
+
+    let cw = CloudWatch::start();
+    let insights = CloudWatchSinkSpec {
+        namespace: cw.namespace("ContainerInsights"),
+        naming: Some(CloudWatchNaming::ContainerInsights),
+        flush_interval: Some("1s".to_owned()),
+        ..Default::default()
+    };
+    let config = node_config(vec![
+        route("ops/classic", None, None, sink(&cw, "Ops/Neuron", &[Dimension::ClusterName], "1s")),
+        route("ops/insights", None, None, insights),
+    ]);
+    let socket = kubelet.socket.to_str().expect("utf-8 path");
+    let args = ["--cluster-name", "prod", "--node-name", &node, "--pod-resources-socket", socket];
+    let args = [&args[..], &["--pod-resources-interval", "300ms", "--idle-core-window", "1s"]].concat();
+    let kubeconfig = cp.kubeconfig.as_os_str();
+    // The one application runs on a core no pod holds.
+    let sim = ["--instance-type=trn1.32xlarge", "--app=tag=other,cores=8,util=50"];
+    let agent =
+        support::cloudwatch::start_agent_with_env(&sim, &config, cw.addr(), &args, &[("KUBECONFIG", kubeconfig)]);
+    agent.wait_for("train's cores allocated and idle", Duration::from_secs(30), |m| {
+        (m.value("neuron_node_neuroncores", &[("state", "allocated_idle")]) == Some(4.0)).then_some(())
+    });
+    let stored = |name: &str, dimension: (&str, &str), value: f64| {
+        cw.stored().iter().any(|s| {
+            s.name == name && s.dimensions.get(dimension.0).map(String::as_str) == Some(dimension.1) && s.value == value
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(stored("neuron_node_neuroncores", ("State", "allocated_idle"), 4.0)
+        && stored("pod_neuroncore_request", ("FullPodName", "train"), 4.0))
+    {
+        assert!(Instant::now() < deadline, "the allocation never reached LocalStack: {:?}", cw.stored());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let classic = |state: &str| {
+        statistic(&cw, "Ops/Neuron", "neuron_node_neuroncores", &[("ClusterName", "prod"), ("State", state)], "Maximum")
+    };
+    assert_eq!(
+        (classic("allocatable"), classic("allocated"), classic("allocated_idle")),
+        (Some(32.0), Some(4.0), Some(4.0))
+    );
+    let classic_units: BTreeSet<String> = list_metrics(&cw, "Ops/Neuron", &[])
+        .iter()
+        .filter(|m| m.metric_name() == Some("neuron_node_neuroncores"))
+        .flat_map(|m| units(&cw, m))
+        .collect();
+    assert_eq!(classic_units, BTreeSet::from(["Count".to_owned()]));
+    let node_level = |name: &str| statistic(&cw, "ContainerInsights", name, &[("ClusterName", "prod")], "Maximum");
+    assert_eq!(node_level("node_neuroncore_limit"), Some(32.0));
+    assert_eq!(node_level("node_neuroncore_usage_total"), Some(4.0));
+    assert_eq!(node_level("node_neuroncore_available_capacity"), Some(28.0));
+    assert_eq!(node_level("node_neuroncore_reserved_capacity"), Some(12.5));
+    let pod = [("ClusterName", "prod"), ("Namespace", ns.as_str()), ("PodName", "train"), ("FullPodName", "train")];
+    let pod_level = |name: &str| statistic(&cw, "ContainerInsights", name, &pod, "Maximum");
+    assert_eq!((pod_level("pod_neuroncore_request"), pod_level("pod_neuroncore_limit")), (Some(4.0), Some(4.0)));
+    assert_eq!(pod_level("pod_neuroncore_reserved_capacity"), Some(12.5));
+}
+
 /// Every Container Insights set has `ClusterName`: without `--cluster-name` the sink is
 /// left out, counted and logged, while a classic sink beside it runs.
 #[test]

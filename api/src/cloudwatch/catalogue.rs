@@ -49,6 +49,8 @@ pub enum Level {
     Runtime,
     /// One series per device of the node, no application (node-level configs only).
     NodeDevice,
+    /// One series per node (node-level configs only).
+    Node,
     /// One series per NVIDIA GPU (and pod holding it, where the set names the pod).
     Gpu,
 }
@@ -65,6 +67,8 @@ pub struct MetricShape {
     pub split: Option<(&'static str, &'static [&'static str])>,
     /// The metric group it is read from; `None`: the system group below.
     pub runtime_group: Option<RuntimeGroup>,
+    /// `None` with no runtime group either: no neuron-monitor group (the agent's own
+    /// account of the node), for configs that see the node-level series.
     pub system_group: Option<SystemGroup>,
 }
 
@@ -76,6 +80,9 @@ pub const STATUS_TYPES: [&str; 6] =
 pub const LATENCY_PERCENTILES: [&str; 2] = ["p50", "p99"];
 pub const ECC_EVENT_TYPES: [&str; 4] =
     ["mem_ecc_corrected", "mem_ecc_uncorrected", "sram_ecc_corrected", "sram_ecc_uncorrected"];
+/// The allocation states of the node's cores: the values of `state` on `/metrics`
+/// (`neuron_node_neuroncores`, `neuron_device_neuroncores`) and of the classic `State`.
+pub const ALLOCATION_STATES: [&str; 3] = ["allocatable", "allocated", "allocated_idle"];
 
 const fn shape(
     metric: CloudWatchMetric,
@@ -90,7 +97,7 @@ const fn shape(
 }
 
 /// Every metric a sink can publish, in a fixed order.
-pub const CATALOGUE: [MetricShape; 12] = {
+pub const CATALOGUE: [MetricShape; 13] = {
     use CloudWatchMetric as M;
     use Level::*;
     use Unit::*;
@@ -159,6 +166,15 @@ pub const CATALOGUE: [MetricShape; 12] = {
             None,
         ),
         shape(M::NeurondeviceUnhealthy, "neurondevice_unhealthy", Count, NodeDevice, None, None),
+        MetricShape {
+            metric: M::NeuronNodeNeuroncores,
+            name: "neuron_node_neuroncores",
+            unit: Count,
+            level: Node,
+            split: Some(("State", &ALLOCATION_STATES)),
+            runtime_group: None,
+            system_group: None,
+        },
     ]
 };
 
@@ -204,12 +220,14 @@ pub fn dimension_name(d: Dimension) -> &'static str {
 pub fn applies(d: Dimension, level: Level) -> bool {
     match d {
         Dimension::NeuronCore => level == Level::Core,
-        Dimension::NeuronDevice => !matches!(level, Level::Runtime | Level::Gpu),
+        Dimension::NeuronDevice => !matches!(level, Level::Runtime | Level::Gpu | Level::Node),
         // A GPU is held by a pod, never by a Neuron application or an ECS task.
         Dimension::RuntimeTag | Dimension::TaskArn | Dimension::TaskDefinitionFamily => {
-            !matches!(level, Level::NodeDevice | Level::Gpu)
+            !matches!(level, Level::NodeDevice | Level::Gpu | Level::Node)
         }
-        Dimension::Namespace | Dimension::PodName | Dimension::ContainerName => level != Level::NodeDevice,
+        Dimension::Namespace | Dimension::PodName | Dimension::ContainerName => {
+            !matches!(level, Level::NodeDevice | Level::Node)
+        }
         _ => true,
     }
 }
@@ -241,7 +259,8 @@ pub(crate) fn collected_groups(
 
 /// The metrics a config publishes with the classic naming: its allow-list (default: all)
 /// restricted to the groups it collects. ECC counters need the node-level group, which
-/// only configs that see the node-level groups (those in the operator's namespace) get.
+/// only configs that see the node-level groups (those in the operator's namespace) get;
+/// the allocation counts need no group, only that view.
 pub fn published_metrics(spec: &NeuronMonitorConfigSpec, sees_node_level: bool) -> Vec<&'static MetricShape> {
     let Some(cloudwatch) = spec.sinks.as_ref().and_then(|s| s.cloudwatch.as_ref()) else {
         return Vec::new();
@@ -253,7 +272,7 @@ pub fn published_metrics(spec: &NeuronMonitorConfigSpec, sees_node_level: bool) 
         .filter(|s| match (s.runtime_group, s.system_group) {
             (Some(g), _) => runtime_groups.contains(&g),
             (None, Some(g)) => system_groups.contains(&g),
-            (None, None) => false,
+            (None, None) => sees_node_level,
         })
         .collect()
 }

@@ -463,6 +463,8 @@ fn combinations(level: Level, set: &[Dimension], nodes: &Kinds) -> u64 {
                 (n.devices(), false)
             }
             Level::RuntimeDevice | Level::Runtime if per_app => (cores, true),
+            // The allocation counts of a node without NeuronCores (a GPU node): none.
+            Level::Node if cores == 0 => (0, false),
             _ => (1, false),
         }
     };
@@ -717,8 +719,9 @@ mod tests {
         });
         let namespaced = estimate(&s, false, &[trn1_32()]).unwrap().metrics;
         let ops = estimate(&s, true, &[trn1_32()]).unwrap().metrics;
-        // ECC events of 4 kinds and the health of each of the 16 devices.
-        assert_eq!(ops - namespaced, (4 + 1) * 16);
+        // ECC events of 4 kinds and the health of each of the 16 devices, and the node's
+        // cores in 3 allocation states.
+        assert_eq!(ops - namespaced, (4 + 1) * 16 + 3);
         // Without `systemMetrics`, a config in the operator's namespace collects every
         // node-level group (as validation decides), ECC included.
         let default_ops = estimate(&spec(sink(None)), true, &[trn1_32()]).unwrap().metrics;

@@ -50,7 +50,7 @@ use std::collections::BTreeMap;
 
 use super::{flush_seconds, Kinds, ModeCost, NodeFacts, Prices};
 use crate::{
-    cloudwatch::catalogue::{collected_groups, ERROR_TYPES, STATUS_TYPES},
+    cloudwatch::catalogue::{collected_groups, ALLOCATION_STATES, ERROR_TYPES, STATUS_TYPES},
     crd::NeuronMonitorConfigSpec,
     hardware::{Generation, InstanceType},
     monitor_config::{RuntimeGroup, SystemGroup},
@@ -135,8 +135,6 @@ const fn family(
 
 const MEMORY_NONE: &[(&str, &[&str])] = &[("memory_location", &["None"])];
 const USER_SYSTEM: [&str; 2] = ["user", "system"];
-/// The values of `state` on the NeuronCore allocation families.
-const CORE_ALLOCATION_STATES: [&str; 3] = ["allocatable", "allocated", "allocated_idle"];
 
 /// The family of one series per loaded model: exported only for configs that ask
 /// (`sinks.prometheus.loadedModelInfo`).
@@ -219,9 +217,9 @@ const FAMILIES: [Family; 36] = {
             &[("neuron_device_count", &["16"]), ("neuroncore_per_device_count", &["2"])],
         ),
         // On Kubernetes, once the kubelet says what can be allocated.
-        family("neuron_node_neuroncores", false, Node, NodeInfo, &[("state", &CORE_ALLOCATION_STATES)]),
+        family("neuron_node_neuroncores", false, Node, NodeInfo, &[("state", &ALLOCATION_STATES)]),
         family("neuron_node_neuron_devices", false, Node, NodeInfo, &[("state", &["allocatable", "allocated"])]),
-        family("neuron_device_neuroncores", false, Device, NodeInfo, &[("state", &CORE_ALLOCATION_STATES)]),
+        family("neuron_device_neuroncores", false, Device, NodeInfo, &[("state", &ALLOCATION_STATES)]),
         // The documented peaks of a Trainium (NeuronCore-v2) core.
         family(
             "neuroncore_peak_flops",

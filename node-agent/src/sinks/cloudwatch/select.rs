@@ -188,6 +188,20 @@ impl View {
                 }
             }
         }
+        self.sample_allocation(acc, state);
+    }
+
+    /// The node's cores by allocation state, for a config that sees the node; nothing
+    /// before the kubelet says (off Kubernetes, never).
+    fn sample_allocation(&self, acc: &mut Accumulator, state: &NodeState) {
+        let metric = CloudWatchMetric::NeuronNodeNeuroncores;
+        let (Some(allocation), true) = (&state.allocation, self.sees_node && self.publishes(metric)) else { return };
+        let origin =
+            Origin { instance: &state.instance, runtime_tag: None, pod: None, ecs: None, core: None, device: None };
+        let split = shape_of(metric).split.map(|(dimension, _)| dimension);
+        for (name, cores) in allocation.cores.by_state() {
+            self.gauge(acc, metric, origin, split.map(|d| (d, name)), f64::from(cores));
+        }
     }
 
     fn sample_memory(

@@ -528,6 +528,38 @@ fn container_insights_capacity_metrics_come_from_the_allocation() {
     assert_eq!(pod_value(&team, "pod_neuroncore_request", &pods[1].pod), None);
 }
 
+/// Classic naming: the node's cores by allocation state, one datum per state and set,
+/// for a config that sees the node; a team's gets none, nor does an allow-list without
+/// it, nor a node whose kubelet has not said.
+#[test]
+fn classic_allocation_counts_come_from_the_allocation() {
+    let agent = AgentDimensions { cluster_name: Some("prod".into()), node_name: Some("node-a".into()) };
+    let mut spec = cw("Neuron");
+    spec.rollups = Some(vec![vec![Dimension::ClusterName]]);
+    let mut state = state_of(TRN1N_32);
+    let counts = |datums: &[Datum]| -> Vec<(String, Vec<String>, f64)> {
+        let ours = datums.iter().filter(|d| d.key.name == "neuron_node_neuroncores");
+        let names = |d: &Datum| dims(d).into_iter().map(str::to_owned).collect();
+        ours.map(|d| (value(d, "State").unwrap_or_default(), names(d), gauge_sum(d))).collect()
+    };
+    assert!(counts(&sample(route(None, None, spec.clone()), &state, &agent)).is_empty(), "no allocation known");
+    let cores = crate::state::CoreAllocation { allocatable: 32, allocated: 8, allocated_idle: 2 };
+    state.allocation = Some(crate::state::AllocationState { cores, ..Default::default() });
+    let ops = counts(&sample(route(None, None, spec.clone()), &state, &agent));
+    let rollup = ops.iter().filter(|(_, dims, _)| *dims == vec!["ClusterName", "State"]);
+    let by_state: Vec<(&str, f64)> = rollup.map(|(s, _, v)| (s.as_str(), *v)).collect();
+    assert_eq!(by_state, [("allocatable", 32.0), ("allocated", 8.0), ("allocated_idle", 2.0)]);
+    assert_eq!(ops.len(), 6, "three states under two sets: {ops:?}");
+    for (_, dims, _) in &ops {
+        for per_device in ["NeuronCore", "NeuronDevice", "PodName", "RuntimeTag"] {
+            assert!(!dims.iter().any(|d| d == per_device), "{dims:?}");
+        }
+    }
+    assert!(counts(&sample(route(Some("team-a"), None, spec.clone()), &state, &agent)).is_empty());
+    spec.metrics = Some(vec![CloudWatchMetric::NeuroncoreUtilization]);
+    assert!(counts(&sample(route(None, None, spec), &state, &agent)).is_empty(), "not in the allow-list");
+}
+
 #[test]
 fn container_insights_leaves_out_sets_with_unknown_values() {
     let mut state = state_of(TRN1N_32);
