@@ -1,5 +1,6 @@
-//! The DeviceTaintRules the node agent publishes for the unhealthy Neuron devices that
-//! Dynamic Resource Allocation manages (`spec.health.deviceTaints`): the API's versions
+//! The DeviceTaintRules the node agent publishes for the unhealthy Neuron devices and
+//! NVIDIA GPUs that Dynamic Resource Allocation manages (`spec.health.deviceTaints`;
+//! drivers [`DRIVERS`]): the API's versions
 //! and which one is used, what each rule is named and labelled, and what it says. The
 //! operator refuses the option where no version is served; the chart's admission policy
 //! holds an agent to rules of its own node's devices by the same names.
@@ -9,11 +10,17 @@
 //! version enabled with `--runtime-config`), `v1beta2` from 1.36, `v1` from 1.37. The
 //! taint effect `None` is accepted from 1.35.
 
-use crate::{hardware::NEURON_DRA_DRIVER, hash::content_hash};
+use crate::{
+    hardware::{NEURON_DRA_DRIVER, NVIDIA_DRA_DRIVER},
+    hash::content_hash,
+};
 
 pub const GROUP: &str = "resource.k8s.io";
 pub const KIND: &str = "DeviceTaintRule";
 pub const PLURAL: &str = "devicetaintrules";
+/// The DRA drivers whose devices the agent taints (the chart's admission policy allows
+/// these and no other).
+pub const DRIVERS: [&str; 2] = [NEURON_DRA_DRIVER, NVIDIA_DRA_DRIVER];
 /// The served versions the agent may use, the preferred first.
 pub const VERSIONS: [&str; 3] = ["v1", "v1beta2", "v1alpha3"];
 
@@ -79,6 +86,8 @@ pub fn taint_value(error: &str) -> Option<String> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rule {
     pub name: String,
+    /// One of [`DRIVERS`].
+    pub driver: &'static str,
     pub pool: String,
     pub device: String,
     /// The error that made the device unhealthy, when it is a label value.
@@ -97,7 +106,7 @@ impl Rule {
                 "annotations": { NODE_ANNOTATION: node },
             },
             "spec": {
-                "deviceSelector": { "driver": NEURON_DRA_DRIVER, "pool": self.pool, "device": self.device },
+                "deviceSelector": { "driver": self.driver, "pool": self.pool, "device": self.device },
                 "taint": { "key": TAINT_KEY, "value": self.value, "effect": self.effect },
             },
         })
@@ -140,6 +149,7 @@ mod tests {
         assert_eq!(taint_value("_X"), None);
         let rule = Rule {
             name: "n".into(),
+            driver: NEURON_DRA_DRIVER,
             pool: "node-a".into(),
             device: "neurondevice0".into(),
             value: Some("DMA_ERROR".into()),

@@ -581,6 +581,7 @@ impl Agent {
             health: readers.health.clone(),
             settings: settings(),
             devices: devices(),
+            gpus: flow.attribution.as_ref().map(attribution::Sources::gpu_holding),
             dra_wanted: flow.attribution.as_ref().map(attribution::Sources::dra_wanted),
             metrics: device_metrics,
         };

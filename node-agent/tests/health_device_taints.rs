@@ -1,11 +1,12 @@
 //! DeviceTaintRules of unhealthy DRA-managed devices (`spec.health.deviceTaints`), on a
 //! real API server that serves the alpha `resource.k8s.io/v1alpha3` API
 //! (`ControlPlane::with_device_taints`): a device fault produces a rule for that device
-//! alone, with the configured effect; a driver reload removes it.
+//! alone, with the configured effect; a driver reload removes it. On a GPU node, an Xid 79
+//! of one GPU produces a rule for that GPU's device of NVIDIA's driver alone.
 
 mod support;
 
-use std::{ffi::OsStr, time::Duration};
+use std::{ffi::OsStr, io::Write, time::Duration};
 
 use api::device_taints::{node_label, rule_name, NODE_LABEL, TAINT_KEY};
 use k8s_openapi::api::core::v1::Node;
@@ -48,17 +49,18 @@ async fn publish_slice(client: &Client, node: &str, devices: u32) {
         .expect("create the ResourceSlice");
 }
 
-/// The rules of `node`: (name, pool, device, taint key, value, effect).
-async fn rules_of(rules: &Api<DynamicObject>, node: &str) -> Option<Vec<[String; 6]>> {
+/// The rules of `node`: (name, driver, pool, device, taint key, value, effect).
+async fn rules_of(rules: &Api<DynamicObject>, node: &str) -> Option<Vec<[String; 7]>> {
     let listed = rules.list(&ListParams::default().labels(&format!("{NODE_LABEL}={}", node_label(node)))).await.ok()?;
     let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
-    let mut out: Vec<[String; 6]> = listed
+    let mut out: Vec<[String; 7]> = listed
         .items
         .iter()
         .map(|r| {
             let (selector, taint) = (&r.data["spec"]["deviceSelector"], &r.data["spec"]["taint"]);
             [
                 r.metadata.name.clone().unwrap_or_default(),
+                text(&selector["driver"]),
                 text(&selector["pool"]),
                 text(&selector["device"]),
                 text(&taint["key"]),
@@ -103,8 +105,15 @@ fn a_device_fault_gets_a_device_taint_rule_for_that_device_alone_until_a_driver_
 
     driver.inject(&["dma:3"]);
     let name = rule_name(&node, "neurondevice3");
-    let want =
-        [name.clone(), node.clone(), "neurondevice3".into(), TAINT_KEY.into(), "DMA_ERROR".into(), "NoExecute".into()];
+    let want = [
+        name.clone(),
+        "neuron.aws.com".into(),
+        node.clone(),
+        "neurondevice3".into(),
+        TAINT_KEY.into(),
+        "DMA_ERROR".into(),
+        "NoExecute".into(),
+    ];
     let got = rt.block_on(wait_for(WAIT, || async { rules_of(&rules, &node).await.filter(|r| !r.is_empty()) }));
     assert_eq!(got, Some(vec![want]), "one rule, for device 3 alone");
     let m = agent.metrics();
@@ -128,4 +137,79 @@ fn a_device_fault_gets_a_device_taint_rule_for_that_device_alone_until_a_driver_
         .metrics()
         .sum("neuron_agent_health_device_taint_writes_total", &[("action", "delete"), ("result", "written")]);
     assert_eq!(deleted, 1.0);
+}
+
+/// A p5.48xlarge on the fake NVML library whose GPUs NVIDIA's DRA driver publishes
+/// (`gpu-<i>`, by UUID): an Xid 79 record of GPU 0 gives one rule, for `gpu-0`.
+#[test]
+fn an_xid_79_gets_a_device_taint_rule_for_that_gpus_device_of_nvidias_driver() {
+    let rt = runtime();
+    let cp = ControlPlane::with_device_taints();
+    let client = rt.block_on(cp.client());
+    let namespace = rt.block_on(cp.namespace("nm-gpu-devtaint"));
+    let node = format!("gpu-dt-{:08x}", random_u32());
+    let object: Node = serde_json::from_value(serde_json::json!({ "metadata": { "name": node } })).expect("node");
+    rt.block_on(Api::<Node>::all(client.clone()).create(&PostParams::default(), &object)).expect("create the Node");
+    let health = serde_json::json!({ "deviceTaints": { "enabled": true, "effect": "NoSchedule" } });
+    rt.block_on(write_node_config(&client, &namespace, &node, health));
+    let rules = api(&client, "v1alpha3", "DeviceTaintRule", "devicetaintrules");
+
+    let dir = support::TempDir::new("gpu-devtaint");
+    let config = dir.0.join("nvml.yaml");
+    std::fs::write(&config, "instance_type: p5.48xlarge\n").expect("fake NVML config");
+    let kmsg = dir.0.join("kmsg");
+    std::fs::write(&kmsg, "").expect("kmsg file");
+    let library = neuron_e2e::workspace_bin("libnvidia_ml_fake.so").display().to_string();
+    let args = [
+        "--nvml-library",
+        &library,
+        "--kmsg-path",
+        kmsg.to_str().expect("utf-8 path"),
+        "--period",
+        "500ms",
+        "--node-name",
+        &node,
+        "--config-namespace",
+        &namespace,
+    ];
+    let env = [("KUBECONFIG", OsStr::new(&cp.kubeconfig)), ("FAKE_NVML_CONFIG", config.as_os_str())];
+    let agent = Agent::start_with_env(sim(), &[], &args, &env);
+    let uuids = agent.wait_for("the GPUs read", WAIT, |m| {
+        let healthy = m.find("gpu_health_state", &[("state", "healthy")]);
+        let uuids: Vec<(String, String)> = healthy
+            .iter()
+            .filter(|s| s.value == 1.0)
+            .filter_map(|s| Some((s.labels.get("gpu")?.clone(), s.labels.get("UUID")?.clone())))
+            .collect();
+        (uuids.len() == 8).then_some(uuids)
+    });
+    let devices = uuids.iter().map(|(gpu, uuid)| {
+        serde_json::json!({"name": format!("gpu-{gpu}"), "attributes": {
+            "type": {"string": "gpu"}, "uuid": {"string": uuid}}})
+    });
+    rt.block_on(support::kubelet::create_slice(&client, &node, "gpu.nvidia.com", devices.collect()));
+    assert_eq!(rt.block_on(rules_of(&rules, &node)), Some(vec![]), "healthy: no rule");
+
+    // GPU 0 (PCI 0000:53:00) falls off the bus, as the kernel log says.
+    let uptime = std::fs::read_to_string("/proc/uptime").expect("/proc/uptime");
+    let secs: f64 = uptime.split_whitespace().next().and_then(|s| s.parse().ok()).expect("uptime");
+    let mut file = std::fs::OpenOptions::new().append(true).open(&kmsg).expect("kmsg");
+    writeln!(
+        file,
+        "3,1,{},-;NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=python, GPU has fallen off the bus.",
+        (secs * 1e6) as u64
+    )
+    .expect("append the record");
+    let want = [
+        rule_name(&node, "gpu-0"),
+        "gpu.nvidia.com".into(),
+        node.clone(),
+        "gpu-0".into(),
+        TAINT_KEY.into(),
+        "XID_79".into(),
+        "NoSchedule".into(),
+    ];
+    let got = rt.block_on(wait_for(WAIT, || async { rules_of(&rules, &node).await.filter(|r| !r.is_empty()) }));
+    assert_eq!(got, Some(vec![want]), "one rule, for GPU 0's device alone");
+    assert_eq!(agent.metrics().value("neuron_agent_health_device_taint_unnamed_devices", &[]), Some(0.0));
 }

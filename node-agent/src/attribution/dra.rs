@@ -261,18 +261,27 @@ impl<D: Clone> DeviceTable<D> {
     }
 
     /// The (pool, device name) that stands for `wanted`, the first in name order when
-    /// several do (the agent's DeviceTaintRules name a device by it).
+    /// several do (the agent's DeviceTaintRules name a Neuron device by it).
     pub fn name_of(&self, wanted: &D) -> Option<(&str, &str)>
     where
         D: PartialEq,
     {
-        let names = self.pools.iter().flat_map(|(pool, devices)| {
-            devices
-                .iter()
-                .filter(|(_, d)| d.as_ref() == Some(wanted))
-                .map(move |(name, _)| (pool.as_str(), name.as_str()))
-        });
-        names.min()
+        self.names_of(|d| d == wanted).into_iter().next()
+    }
+
+    /// Every (pool, device name) whose device `stands_for` says yes to, in name order (a
+    /// GPU in MIG mode is several devices).
+    pub fn names_of(&self, stands_for: impl Fn(&D) -> bool) -> Vec<(&str, &str)> {
+        let mut names: Vec<(&str, &str)> = self
+            .pools
+            .iter()
+            .flat_map(|(pool, devices)| {
+                let ours = devices.iter().filter(|(_, d)| d.as_ref().is_some_and(&stands_for));
+                ours.map(move |(name, _)| (pool.as_str(), name.as_str()))
+            })
+            .collect();
+        names.sort_unstable();
+        names
     }
 
     /// What the claimed device `c` stands for.

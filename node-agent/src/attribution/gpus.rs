@@ -45,7 +45,10 @@ use super::{
     read_placement, resolve, AttributionMetrics, UNREADABLE_RETRY,
 };
 use crate::{
-    gpu::{GpuHolder, GpuHolders, GpuProcessPods, GpuSnapshot, SharedGpuHolders, SharedGpuProcessPods, MAX_GPUS},
+    gpu::{
+        GpuHolder, GpuHolders, GpuIdentity, GpuProcessPods, GpuSnapshot, SharedGpuHolders, SharedGpuProcessPods,
+        MAX_GPUS,
+    },
     telemetry::ReasonLabel,
 };
 
@@ -369,6 +372,21 @@ impl GpuHolding {
     /// answer.
     pub fn set_dra_devices(&self, table: DeviceTable<GpuDevice>) {
         self.claimed.lock().unwrap_or_else(|p| p.into_inner()).table = Some(table);
+    }
+
+    /// The (pool, device name) of each device of NVIDIA's driver that stands for the GPU
+    /// `identity` (the GPU, or each of its MIG devices) in this node's ResourceSlices;
+    /// none before they are listed.
+    pub fn dra_names(&self, identity: &GpuIdentity) -> Vec<(String, String)> {
+        let claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(table) = &claimed.table else { return Vec::new() };
+        let is_it = |d: &GpuDevice| match d {
+            GpuDevice::Uuid(u) => *u == identity.uuid,
+            GpuDevice::Index(i) => *i == identity.index,
+            // A MIG device that names no parent: not one the GPU's UUID finds.
+            GpuDevice::Mig(_) => false,
+        };
+        table.names_of(is_it).into_iter().map(|(pool, name)| (pool.to_owned(), name.to_owned())).collect()
     }
 
     /// Starts resolving the NVIDIA ids of the answers against the GPUs of `snapshot`;

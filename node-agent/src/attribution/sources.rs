@@ -95,6 +95,11 @@ impl Sources {
         self.dra_wanted.clone()
     }
 
+    /// Who holds each GPU, and the GPUs' DRA names (for their DeviceTaintRules).
+    pub fn gpu_holding(&self) -> GpuHolding {
+        self.gpus.clone()
+    }
+
     /// Which pod holds each EFA device (for the EFA series' pods).
     pub fn efa_holders(&self) -> EfaHolders {
         EfaHolders::new(self.pods.clone(), self.devices.clone())

@@ -1,7 +1,8 @@
-//! The optional DeviceTaintRules of the unhealthy Neuron devices that Dynamic Resource
-//! Allocation manages (`spec.health.deviceTaints`, off by default): while it is on, each
-//! unhealthy device this node's ResourceSlices name (driver `neuron.aws.com`) has a rule
-//! of its own ([`api::device_taints`]: named after the node and the device, labelled and
+//! The optional DeviceTaintRules of the unhealthy Neuron devices and NVIDIA GPUs that
+//! Dynamic Resource Allocation manages (`spec.health.deviceTaints`, off by default): while
+//! it is on, each unhealthy device this node's ResourceSlices name (driver
+//! `neuron.aws.com`; for a GPU, `gpu.nvidia.com`: the GPU and each of its MIG devices) has
+//! a rule of its own ([`api::device_taints`]: named after the node and the device, labelled and
 //! annotated with the node), with the effect the configuration gives; the rule goes when
 //! the device is healthy again (a driver reload, a reboot) or the option is turned off.
 //! The Node condition, its Events and the node taint are not affected.
@@ -18,6 +19,7 @@ use std::{collections::BTreeMap, time::Duration};
 use api::{
     crd::DeviceTaintEffect,
     device_taints::{node_label, rule_name, taint_value, Rule, NODE_ANNOTATION, NODE_LABEL},
+    hardware::{NEURON_DRA_DRIVER, NVIDIA_DRA_DRIVER},
     names::AGENT_MANAGER,
 };
 use kube::{
@@ -40,7 +42,8 @@ use super::{
     SharedHealth,
 };
 use crate::{
-    attribution::podresources::SharedDevices,
+    attribution::{gpus::GpuHolding, podresources::SharedDevices},
+    gpu::GpuIdentity,
     ratelimit::{Decision, RateLimit},
 };
 
@@ -97,24 +100,45 @@ impl DeviceTaintMetrics {
     }
 }
 
-/// The rules the model calls for under `effect`, and how many unhealthy devices have no
-/// DRA name (`dra_name`: a device index's pool and name).
-pub fn wanted(
+/// How the unhealthy devices are named in this node's ResourceSlices.
+pub struct DraNames<N, G> {
+    /// A Neuron device index's (pool, name).
+    pub neuron: N,
+    /// Each (pool, name) of NVIDIA's driver that stands for a GPU.
+    pub gpu: G,
+}
+
+/// The rules the model calls for under `effect`, and how many unhealthy devices (Neuron
+/// devices and GPUs) have no DRA name.
+pub fn wanted<N, G>(
     model: &HealthModel,
     node: &str,
     effect: DeviceTaintEffect,
-    dra_name: impl Fn(u32) -> Option<(String, String)>,
-) -> (BTreeMap<String, Rule>, usize) {
+    names: DraNames<N, G>,
+) -> (BTreeMap<String, Rule>, usize)
+where
+    N: Fn(u32) -> Option<(String, String)>,
+    G: Fn(&GpuIdentity) -> Vec<(String, String)>,
+{
     let mut rules = BTreeMap::new();
     let mut unnamed = 0;
-    for (index, device) in model.devices.iter().filter(|(_, d)| d.state() == State::Unhealthy) {
-        let Some((pool, name)) = dra_name(*index) else {
-            unnamed += 1;
-            continue;
-        };
-        let value = device.worst().and_then(|r| taint_value(&r.error));
-        let rule = Rule { name: rule_name(node, &name), pool, device: name, value, effect: effect.as_str() };
+    let mut add = |driver, (pool, name): (String, String), value: Option<String>| {
+        let rule = Rule { name: rule_name(node, &name), driver, pool, device: name, value, effect: effect.as_str() };
         rules.insert(rule.name.clone(), rule);
+    };
+    for (index, device) in model.devices.iter().filter(|(_, d)| d.state() == State::Unhealthy) {
+        match (names.neuron)(*index) {
+            Some(name) => add(NEURON_DRA_DRIVER, name, device.worst().and_then(|r| taint_value(&r.error))),
+            None => unnamed += 1,
+        }
+    }
+    // A GPU's fault outlives a stale collection: only its reasons make it unhealthy.
+    for gpu in model.gpus.gpus.values().filter(|g| g.state(false) == State::Unhealthy) {
+        let gpu_names = (names.gpu)(&gpu.identity);
+        unnamed += usize::from(gpu_names.is_empty());
+        for name in gpu_names {
+            add(NVIDIA_DRA_DRIVER, name, gpu.worst().and_then(|r| taint_value(&r.error)));
+        }
     }
     (rules, unnamed)
 }
@@ -174,6 +198,8 @@ pub struct DeviceTainter {
     /// The DRA names of the Neuron devices; `None` without attribution (no rule can name a
     /// device).
     pub devices: Option<SharedDevices>,
+    /// The DRA names of the GPUs; `None` without attribution.
+    pub gpus: Option<GpuHolding>,
     /// Starts the ResourceSlice watch.
     pub dra_wanted: Option<watch::Sender<bool>>,
     pub metrics: DeviceTaintMetrics,
@@ -330,11 +356,14 @@ impl DeviceTainter {
         if !model.read_once {
             return None;
         }
-        let dra_name = |index| self.devices.as_ref()?.read().unwrap_or_else(|e| e.into_inner()).dra_name(index);
-        let (want, unnamed) = wanted(&model, &self.node, effect, dra_name);
+        let names = DraNames {
+            neuron: |index| self.devices.as_ref()?.read().unwrap_or_else(|e| e.into_inner()).dra_name(index),
+            gpu: |gpu: &GpuIdentity| self.gpus.as_ref().map(|g| g.dra_names(gpu)).unwrap_or_default(),
+        };
+        let (want, unnamed) = wanted(&model, &self.node, effect, names);
         self.metrics.unnamed.set(unnamed as i64);
         if unnamed > 0 && !std::mem::replace(&mut p.said_unnamed, true) {
-            info!(unnamed, "unhealthy Neuron devices that no ResourceSlice of this node names get no DeviceTaintRule");
+            info!(unnamed, "unhealthy devices that no ResourceSlice of this node names get no DeviceTaintRule");
         }
         Some(want)
     }
@@ -404,27 +433,68 @@ mod tests {
         (i < 2).then(|| ("node-a".to_owned(), format!("neurondevice{i}")))
     }
 
+    /// GPU 0 is a whole device, GPU 1 in MIG mode two, GPU 2 in no slice.
+    fn gpu_names(gpu: &GpuIdentity) -> Vec<(String, String)> {
+        let name = |n: &str| ("node-a".to_owned(), n.to_owned());
+        match gpu.index {
+            0 => vec![name("gpu-0")],
+            1 => vec![name("gpu-1-mig-0"), name("gpu-1-mig-1")],
+            _ => Vec::new(),
+        }
+    }
+
+    fn no_gpus(_: &GpuIdentity) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     #[test]
     fn only_unhealthy_devices_with_a_dra_name_get_a_rule() {
         let mut model = HealthModel::with_ready_devices(3);
-        assert_eq!(wanted(&model, "node-a", DeviceTaintEffect::NoSchedule, names).0.len(), 0, "all healthy");
+        let both = || DraNames { neuron: names, gpu: no_gpus };
+        assert_eq!(wanted(&model, "node-a", DeviceTaintEffect::NoSchedule, both()).0.len(), 0, "all healthy");
         for (seq, text) in ["NEURON_HW_ERR=DMA_ERROR nd-id=1", "NEURON_HW_ERR=DMA_ERROR nd-id=2"].iter().enumerate() {
             model.apply_events(vec![(Some(seq as u64), kernel_event(text).unwrap())], None, 5);
         }
-        let (rules, unnamed) = wanted(&model, "node-a", DeviceTaintEffect::NoExecute, names);
+        let (rules, unnamed) = wanted(&model, "node-a", DeviceTaintEffect::NoExecute, both());
         assert_eq!(unnamed, 1, "device 2 is in no ResourceSlice");
         let rule = &rules["neuron-monitor-node-a-neurondevice1"];
         assert_eq!(
-            (rule.pool.as_str(), rule.device.as_str(), rule.value.as_deref(), rule.effect),
-            ("node-a", "neurondevice1", Some("DMA_ERROR"), "NoExecute")
+            (rule.driver, rule.pool.as_str(), rule.device.as_str(), rule.value.as_deref(), rule.effect),
+            ("neuron.aws.com", "node-a", "neurondevice1", Some("DMA_ERROR"), "NoExecute")
         );
         assert_eq!(rules.len(), 1, "device 0 is healthy");
+    }
+
+    #[test]
+    fn an_unhealthy_gpu_gets_a_rule_per_device_of_nvidias_driver_that_stands_for_it() {
+        let mut model = HealthModel::with_ready_devices(0);
+        let gpu = |index: u32| crate::gpu::Gpu {
+            identity: GpuIdentity { index, uuid: format!("GPU-{index}"), ..GpuIdentity::default() },
+            ..Default::default()
+        };
+        let snapshot =
+            crate::gpu::GpuSnapshot { gpus: (0..3).map(gpu).collect(), collections: 1, ..Default::default() };
+        model.apply_gpu_snapshot(&snapshot, 1);
+        for index in [1, 2] {
+            model.apply_nvml_xid(index, 79, 2);
+        }
+        let names = DraNames { neuron: |_| None, gpu: gpu_names };
+        let (rules, unnamed) = wanted(&model, "node-a", DeviceTaintEffect::NoSchedule, names);
+        assert_eq!(unnamed, 1, "GPU 2 is in no ResourceSlice");
+        let summary: Vec<(&str, &str, Option<&str>)> =
+            rules.values().map(|r| (r.driver, r.device.as_str(), r.value.as_deref())).collect();
+        assert_eq!(
+            summary,
+            [("gpu.nvidia.com", "gpu-1-mig-0", Some("XID_79")), ("gpu.nvidia.com", "gpu-1-mig-1", Some("XID_79"))],
+            "GPU 0 is healthy; GPU 1's two MIG devices"
+        );
     }
 
     #[test]
     fn rules_of_another_device_or_effect_are_replaced_and_the_rest_kept() {
         let rule = |name: &str, device: &str, effect| Rule {
             name: name.to_owned(),
+            driver: NEURON_DRA_DRIVER,
             pool: "p".to_owned(),
             device: device.to_owned(),
             value: None,

@@ -1,8 +1,8 @@
 //! The chart's admission policy for the agent's DeviceTaintRules, on a real API server
 //! that serves the alpha DeviceTaintRule API (`ControlPlane::with_device_taints`): the
 //! agent's ServiceAccount, with a token bound to a pod on node A, creates and deletes
-//! rules of node A's devices, and nothing of node B's, nor of another driver, nor of a
-//! whole pool, nor another taint key, nor an update.
+//! rules of node A's Neuron devices and GPUs, and nothing of node B's, nor of another
+//! driver, nor of a whole pool, nor another taint key, nor an update.
 
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ use neuron_e2e::{
 };
 
 /// What the chart's admission policy says when it refuses a rule.
-const REFUSAL: &str = "DeviceTaintRules of the neuron.aws.com devices";
+const REFUSAL: &str = "DeviceTaintRules of the neuron.aws.com and gpu.nvidia.com devices";
 
 /// A change of a rule's object.
 type Edit<'a> = Box<dyn FnOnce(&mut serde_json::Value) + 'a>;
@@ -25,6 +25,7 @@ type Edit<'a> = Box<dyn FnOnce(&mut serde_json::Value) + 'a>;
 fn rule(node: &str, pool: &str, device: &str) -> Rule {
     Rule {
         name: rule_name(node, device),
+        driver: api::hardware::NEURON_DRA_DRIVER,
         pool: pool.to_owned(),
         device: device.to_owned(),
         value: Some("DMA_ERROR".to_owned()),
@@ -94,12 +95,16 @@ async fn the_admission_policy_holds_the_agent_to_rules_of_its_own_nodes_devices(
     let update = Patch::Merge(serde_json::json!({ "spec": { "taint": { "effect": "NoExecute" } } }));
     assert_eq!(api_answer(as_agent.patch(&ours.name, &PatchParams::default(), &update).await).0, 403);
     assert_eq!(api_answer(as_agent.delete(&ours.name, &DeleteParams::default()).await), (200, String::new()));
+    // Its own node's GPU (NVIDIA's driver), likewise.
+    let gpu = Rule { driver: api::hardware::NVIDIA_DRA_DRIVER, ..rule(&node_a, &node_a, "gpu-2") };
+    assert_eq!(api_answer(as_agent.create(&post, &object(&gpu, &node_a, |_| {})).await), (200, String::new()));
+    assert_eq!(api_answer(as_agent.delete(&gpu.name, &DeleteParams::default()).await), (200, String::new()));
 
     // Named as its own but selecting B's pool, another driver, the whole pool, or with
     // another taint key: refused.
     let cases: [(&str, Edit<'_>); 5] = [
         ("another node's pool", Box::new(|o| o["spec"]["deviceSelector"]["pool"] = node_b.clone().into())),
-        ("another driver", Box::new(|o| o["spec"]["deviceSelector"]["driver"] = "gpu.nvidia.com".into())),
+        ("another driver", Box::new(|o| o["spec"]["deviceSelector"]["driver"] = "gpu.amd.com".into())),
         ("the whole pool", Box::new(|o| o["spec"]["deviceSelector"]["device"] = serde_json::Value::Null)),
         ("another taint key", Box::new(|o| o["spec"]["taint"]["key"] = "example.com/broken".into())),
         (
