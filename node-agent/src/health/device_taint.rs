@@ -409,8 +409,9 @@ impl DeviceTainter {
             let existing =
                 Existing { pool: rule.pool.clone(), device: rule.device.clone(), effect: rule.effect.to_owned() };
             now.insert(rule.name.clone(), existing);
-            info!(rule = %rule.name, device = %rule.device, effect = rule.effect,
-                  error = rule.value.as_deref().unwrap_or_default(), "created a DeviceTaintRule for an unhealthy device");
+            info!(rule = %rule.name, driver = rule.driver, device = %rule.device, effect = rule.effect,
+                  error = rule.value.as_deref().unwrap_or_default(), api_version = %served.resource.api_version,
+                  "created a DeviceTaintRule for an unhealthy device");
         }
         Ok(false)
     }

@@ -67,7 +67,13 @@ pub fn tool(name: &str) -> PathBuf {
     let tools_dir =
         std::env::var_os("NEURON_TOOLS_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target/tools"));
     let path_dirs: Vec<PathBuf> = std::env::var_os("PATH").iter().flat_map(std::env::split_paths).collect();
-    std::iter::once(tools_dir.join("bin"))
+    // NEURON_K8S_VERSION's control plane and node binaries first (tests/tools/install.sh
+    // builds them there), else the default version's.
+    let version = std::env::var("NEURON_K8S_VERSION").ok().filter(|v| !v.is_empty());
+    let version_dir = version.map(|v| tools_dir.join(format!("k8s-v{v}/bin")));
+    version_dir
+        .into_iter()
+        .chain(std::iter::once(tools_dir.join("bin")))
         .chain(path_dirs)
         .map(|dir| dir.join(name))
         .find(|p| p.is_file())

@@ -430,7 +430,7 @@ async fn what_admission_cannot_check_is_reported_and_changes_nothing() {
 /// default): refused in the config's status with the reason, the field named, and never
 /// rendered; the same config without it is accepted, its thresholds rendered.
 #[tokio::test]
-async fn device_taints_are_refused_where_the_api_is_not_served() {
+async fn device_taints_are_refused_where_the_api_is_not_served_and_rendered_where_it_is() {
     let _serial = SERIAL.lock().await;
     let s = Scenario::new("nm-devtaint").await;
     let (_operator, _) = s.operator();
@@ -439,18 +439,37 @@ async fn device_taints_are_refused_where_the_api_is_not_served() {
     let thresholds = "    thresholds:\n    - {error: DMA_ERROR, count: 3, window: 10m}\n";
     let spec = format!("  health:\n    deviceTaints:\n      enabled: true\n      effect: NoExecute\n{thresholds}");
     assert!(s.apply(&config_yaml(&s.ns, "fleet", &s.run, &spec)).0);
-    let refused = s
-        .wait("Accepted=False", || async { s.condition(&s.ns, "fleet", "Accepted").await.filter(|c| c.0 == "False") })
-        .await;
-    assert_eq!(refused.1, "Unsupported", "{refused:?}");
-    assert!(refused.2.contains("spec.health.deviceTaints") && refused.2.contains("DeviceTaintRule"), "{refused:?}");
-    assert!(s.node_config(&node).await.is_none_or(|c| c.health.is_none()), "never rendered");
+    // Kubernetes 1.37 serves DeviceTaintRules (v1) by default, earlier versions only with
+    // the alpha API turned on, which this control plane does not.
+    let (ok, resources, err) = kubectl(s.cp, &["api-resources", "--api-group=resource.k8s.io", "-o", "name"], None);
+    assert!(ok, "{err}");
+    if resources.lines().any(|r| r.starts_with("devicetaintrules")) {
+        let health = s
+            .wait("the device taints rendered", || async {
+                s.node_config(&node).await.and_then(|c| c.health).filter(|h| h.device_taints.is_some())
+            })
+            .await;
+        assert_eq!(health.device_taints.map(|d| d.effect), Some(api::crd::DeviceTaintEffect::NoExecute));
+        s.wait("Accepted=True", || async { s.condition(&s.ns, "fleet", "Accepted").await.filter(|c| c.0 == "True") })
+            .await;
+    } else {
+        let refused = s
+            .wait("Accepted=False", || async {
+                s.condition(&s.ns, "fleet", "Accepted").await.filter(|c| c.0 == "False")
+            })
+            .await;
+        assert_eq!(refused.1, "Unsupported", "{refused:?}");
+        assert!(refused.2.contains("spec.health.deviceTaints") && refused.2.contains("DeviceTaintRule"), "{refused:?}");
+        assert!(s.node_config(&node).await.is_none_or(|c| c.health.is_none()), "never rendered");
+    }
 
     let spec = format!("  health:\n    deviceTaints:\n      enabled: false\n{thresholds}");
     assert!(s.apply(&config_yaml(&s.ns, "fleet", &s.run, &spec)).0);
-    let health =
-        s.wait("the thresholds rendered", || async { s.node_config(&node).await.and_then(|c| c.health) }).await;
-    assert_eq!(health.device_taints, None);
+    let health = s
+        .wait("the thresholds rendered without device taints", || async {
+            s.node_config(&node).await.and_then(|c| c.health).filter(|h| h.device_taints.is_none())
+        })
+        .await;
     assert_eq!(health.thresholds.len(), 1);
     assert_eq!((health.thresholds[0].error.as_str(), health.thresholds[0].count), ("DMA_ERROR", 3));
     // The status follows the rendering: accepted once written.
