@@ -664,6 +664,13 @@ async fn wrong_values_are_refused_naming_the_field() {
 
 /// The rules a ServiceAccount has in `namespace`, as `group/resource[/name]:verb`,
 /// without the self-review rules every authenticated user has.
+/// The rules `client` has in `namespace` beyond `baseline` (what every ServiceAccount
+/// has by the API server's default roles, which change between Kubernetes versions: 1.37
+/// gives every user ClusterTrustBundles to read).
+async fn rules_beyond(client: Client, baseline: &BTreeSet<String>, namespace: &str) -> BTreeSet<String> {
+    rules_of(client, namespace).await.difference(baseline).cloned().collect()
+}
+
 async fn rules_of(client: Client, namespace: &str) -> BTreeSet<String> {
     let review = SelfSubjectRulesReview {
         spec: SelfSubjectRulesReviewSpec { namespace: Some(namespace.to_owned()) },
@@ -675,10 +682,6 @@ async fn rules_of(client: Client, namespace: &str) -> BTreeSet<String> {
     let mut rules = BTreeSet::new();
     for rule in status.resource_rules {
         let groups = rule.api_groups.unwrap_or_default();
-        // Every user's own reviews (system:basic-user); not the reviews of others' tokens.
-        if rule.resources.iter().flatten().all(|r| r.starts_with("selfsubject")) {
-            continue;
-        }
         let names = rule.resource_names.filter(|n| !n.is_empty()).unwrap_or_else(|| vec![String::new()]);
         for group in &groups {
             for resource in rule.resources.iter().flatten() {
@@ -835,9 +838,12 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
     let agent_container = one(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0].clone();
     let default_config = one(&docs, "NeuronMonitorConfig")["metadata"]["name"].as_str().unwrap().to_owned();
 
-    // Exactly these rules, in the release namespace and elsewhere.
+    // Exactly these rules, in the release namespace and elsewhere, beyond those of a
+    // ServiceAccount no binding names.
     let operator_client = cp.service_account_client(&ns, &operator_sa).await;
     let agent_client = cp.service_account_client(&ns, &agent_sa).await;
+    let nobody = cp.service_account_client(&ns, "bound-to-nothing").await;
+    let (baseline_here, baseline_team) = (rules_of(nobody.clone(), &ns).await, rules_of(nobody, &team).await);
     let operator_cluster = [
         "neuronmonitor.io/neuronmonitorconfigs:list",
         "neuronmonitor.io/neuronmonitorconfigs:watch",
@@ -864,8 +870,8 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         "coordination.k8s.io/leases/neuron-operator:update",
         "/secrets/nm-neuron-monitor-otlp-headers:patch",
     ]));
-    assert_eq!(rules_of(operator_client.clone(), &ns).await, operator_here);
-    assert_eq!(rules_of(operator_client.clone(), &team).await, set(&operator_cluster));
+    assert_eq!(rules_beyond(operator_client.clone(), &baseline_here, &ns).await, operator_here);
+    assert_eq!(rules_beyond(operator_client.clone(), &baseline_team, &team).await, set(&operator_cluster));
     let agent_cluster = [
         "/pods:list",
         "/pods:watch",
@@ -892,8 +898,8 @@ async fn installed_chart_runs_the_operator_and_agent_with_exactly_its_rbac() {
         "/secrets/nm-neuron-monitor-otlp-headers:list",
         "/secrets/nm-neuron-monitor-otlp-headers:watch",
     ]));
-    assert_eq!(rules_of(agent_client.clone(), &ns).await, agent_here);
-    assert_eq!(rules_of(agent_client.clone(), &team).await, set(&agent_cluster));
+    assert_eq!(rules_beyond(agent_client.clone(), &baseline_here, &ns).await, agent_here);
+    assert_eq!(rules_beyond(agent_client.clone(), &baseline_team, &team).await, set(&agent_cluster));
 
     // A Neuron node (no kubelet runs here: a Node object is enough for both binaries).
     let node_name = neuron_node(&admin).await;
