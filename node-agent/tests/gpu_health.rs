@@ -7,7 +7,7 @@
 
 mod support;
 
-use std::{ffi::OsStr, io::Write, path::Path, time::Duration};
+use std::{ffi::OsStr, path::Path, time::Duration};
 
 use k8s_openapi::api::{core::v1::Node, events::v1::Event};
 use kube::{
@@ -17,6 +17,7 @@ use kube::{
 use neuron_e2e::{random_u32, wait_for, ControlPlane};
 use support::{
     cloudwatch::{logs_client, start_agent_without_file, LocalStack},
+    driver::append_kmsg_record,
     sim, Agent, Metrics, TempDir,
 };
 
@@ -37,16 +38,6 @@ fn gpu_node(dir: &Path, nvml_xid: u32) -> (std::path::PathBuf, std::path::PathBu
     let kmsg = dir.join("kmsg");
     std::fs::write(&kmsg, "").expect("kmsg file");
     (config, kmsg)
-}
-
-/// Appends a record `<prefix>,<seq>,<now>,-;<text>`, stamped with the time since boot so
-/// that the reader takes it whether it reads it as history (look-back) or as new.
-fn append(kmsg: &Path, prefix: u32, seq: u64, text: &str) {
-    let uptime = std::fs::read_to_string("/proc/uptime").expect("/proc/uptime");
-    let secs: f64 = uptime.split_whitespace().next().and_then(|s| s.parse().ok()).expect("uptime");
-    let usec = (secs * 1e6) as u64;
-    let mut file = std::fs::OpenOptions::new().append(true).open(kmsg).expect("kmsg");
-    writeln!(file, "{prefix},{seq},{usec},-;{text}").expect("append a record");
 }
 
 fn start(config: &Path, kmsg: &Path, extra: &[&str], env: &[(&str, &OsStr)]) -> Agent {
@@ -70,10 +61,10 @@ fn an_xid_79_record_makes_its_gpu_unhealthy_on_metrics_and_hostile_records_are_r
     agent.wait_for("GPU 0 healthy", WAIT, |m| (state(m, "0", "healthy")? == 1.0).then_some(()));
 
     // A user's write to /dev/kmsg (facility user), an address no GPU has, a malformed code.
-    append(&kmsg, 12, 10, &XID_79.replace("53:00", "64:00"));
-    append(&kmsg, 3, 11, "NVRM: Xid (PCI:0000:99:00): 79, pid=1, name=a, b");
-    append(&kmsg, 3, 12, "NVRM: Xid (PCI:0000:64:00): 99999999999, pid=1, name=a, b");
-    append(&kmsg, 3, 13, XID_79);
+    append_kmsg_record(&kmsg, 12, 10, &XID_79.replace("53:00", "64:00"));
+    append_kmsg_record(&kmsg, 3, 11, "NVRM: Xid (PCI:0000:99:00): 79, pid=1, name=a, b");
+    append_kmsg_record(&kmsg, 3, 12, "NVRM: Xid (PCI:0000:64:00): 99999999999, pid=1, name=a, b");
+    append_kmsg_record(&kmsg, 3, 13, XID_79);
     let m = agent.wait_for("GPU 0 unhealthy", WAIT, |m| (state(m, "0", "unhealthy")? == 1.0).then(|| m.clone()));
     assert_eq!(state(&m, "0", "healthy"), Some(0.0));
     // No Neuron device on this node: no Neuron health (it could only say `unknown`).
@@ -122,7 +113,7 @@ fn an_xid_79_record_sets_the_gpu_condition_and_an_event_and_nvml_xids_count_as_f
     let first = rt.block_on(wait_for(WAIT, || async { condition("GpuHealth").await.filter(|(s, _)| s == "True") }));
     assert_eq!(first, Some(("True".to_owned(), "XID_48".to_owned())));
 
-    append(&kmsg, 3, 20, XID_79);
+    append_kmsg_record(&kmsg, 3, 20, XID_79);
     let latest = rt.block_on(wait_for(WAIT, || async { condition("GpuHealth").await.filter(|(_, r)| r == "XID_79") }));
     assert_eq!(latest, Some(("True".to_owned(), "XID_79".to_owned())), "the latest fault names it");
 
@@ -189,7 +180,7 @@ fn an_xid_79_record_reaches_the_cloudwatch_logs_stream_naming_the_gpu() {
     ];
     let agent = start_agent_without_file(&[], ls.addr, &args, &[("FAKE_NVML_CONFIG", config.as_os_str())]);
     agent.wait_for("GPU 0 healthy", WAIT, |m| (state(m, "0", "healthy")? == 1.0).then_some(()));
-    append(&kmsg, 3, 30, XID_79);
+    append_kmsg_record(&kmsg, 3, 30, XID_79);
     agent.wait_for("GPU 0 unhealthy", WAIT, |m| (state(m, "0", "unhealthy")? == 1.0).then_some(()));
     // No neuron-monitor gives an instance id: the stream is named after the host, 30 s on.
     let start = std::time::Instant::now();

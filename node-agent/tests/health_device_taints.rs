@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::{ffi::OsStr, io::Write, time::Duration};
+use std::{ffi::OsStr, time::Duration};
 
 use api::device_taints::{node_label, rule_name, NODE_LABEL, TAINT_KEY};
 use k8s_openapi::api::core::v1::Node;
@@ -35,18 +35,19 @@ async fn publish_slice(client: &Client, node: &str, devices: u32) {
         serde_json::json!({"name": format!("neurondevice{i}"), "attributes": {
             "deviceId": {"int": i}, "resourceType": {"string": "neuron_device"}}})
     };
-    let slice: DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": format!("{node}-neuron")},
-        "spec": {"driver": "neuron.aws.com", "nodeName": node,
-                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                 "devices": (0..devices).map(device).collect::<Vec<_>>()}
-    }))
-    .expect("a ResourceSlice");
-    api(client, "v1", "ResourceSlice", "resourceslices")
-        .create(&PostParams::default(), &slice)
-        .await
-        .expect("create the ResourceSlice");
+    support::kubelet::create_slice(client, node, "neuron.aws.com", (0..devices).map(device).collect()).await;
+}
+
+/// A Node named `<prefix>-<random>` in the API server, and the node configuration of a
+/// namespace of its own asking for DeviceTaintRules with `effect`: (namespace, node).
+async fn tainting_node(cp: &ControlPlane, client: &Client, prefix: &str, effect: &str) -> (String, String) {
+    let namespace = cp.namespace(&format!("nm-{prefix}")).await;
+    let node = format!("{prefix}-{:08x}", random_u32());
+    let object: Node = serde_json::from_value(serde_json::json!({ "metadata": { "name": node } })).expect("node");
+    Api::<Node>::all(client.clone()).create(&PostParams::default(), &object).await.expect("create the Node");
+    let health = serde_json::json!({ "deviceTaints": { "enabled": true, "effect": effect } });
+    write_node_config(client, &namespace, &node, health).await;
+    (namespace, node)
 }
 
 /// The rules of `node`: (name, driver, pool, device, taint key, value, effect).
@@ -78,13 +79,8 @@ fn a_device_fault_gets_a_device_taint_rule_for_that_device_alone_until_a_driver_
     let rt = runtime();
     let cp = ControlPlane::with_device_taints();
     let client = rt.block_on(cp.client());
-    let namespace = rt.block_on(cp.namespace("nm-devtaint"));
-    let node = format!("neuron-dt-{:08x}", random_u32());
-    let object: Node = serde_json::from_value(serde_json::json!({ "metadata": { "name": node } })).expect("node");
-    rt.block_on(Api::<Node>::all(client.clone()).create(&PostParams::default(), &object)).expect("create the Node");
+    let (namespace, node) = rt.block_on(tainting_node(cp, &client, "neuron-dt", "NoExecute"));
     rt.block_on(publish_slice(&client, &node, 16));
-    let health = serde_json::json!({ "deviceTaints": { "enabled": true, "effect": "NoExecute" } });
-    rt.block_on(write_node_config(&client, &namespace, &node, health));
     let rules = api(&client, "v1alpha3", "DeviceTaintRule", "devicetaintrules");
 
     let driver = FakeDriver::start("trn1.32xlarge");
@@ -146,12 +142,7 @@ fn an_xid_79_gets_a_device_taint_rule_for_that_gpus_device_of_nvidias_driver() {
     let rt = runtime();
     let cp = ControlPlane::with_device_taints();
     let client = rt.block_on(cp.client());
-    let namespace = rt.block_on(cp.namespace("nm-gpu-devtaint"));
-    let node = format!("gpu-dt-{:08x}", random_u32());
-    let object: Node = serde_json::from_value(serde_json::json!({ "metadata": { "name": node } })).expect("node");
-    rt.block_on(Api::<Node>::all(client.clone()).create(&PostParams::default(), &object)).expect("create the Node");
-    let health = serde_json::json!({ "deviceTaints": { "enabled": true, "effect": "NoSchedule" } });
-    rt.block_on(write_node_config(&client, &namespace, &node, health));
+    let (namespace, node) = rt.block_on(tainting_node(cp, &client, "gpu-dt", "NoSchedule"));
     let rules = api(&client, "v1alpha3", "DeviceTaintRule", "devicetaintrules");
 
     let dir = support::TempDir::new("gpu-devtaint");
@@ -191,15 +182,8 @@ fn an_xid_79_gets_a_device_taint_rule_for_that_gpus_device_of_nvidias_driver() {
     assert_eq!(rt.block_on(rules_of(&rules, &node)), Some(vec![]), "healthy: no rule");
 
     // GPU 0 (PCI 0000:53:00) falls off the bus, as the kernel log says.
-    let uptime = std::fs::read_to_string("/proc/uptime").expect("/proc/uptime");
-    let secs: f64 = uptime.split_whitespace().next().and_then(|s| s.parse().ok()).expect("uptime");
-    let mut file = std::fs::OpenOptions::new().append(true).open(&kmsg).expect("kmsg");
-    writeln!(
-        file,
-        "3,1,{},-;NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=python, GPU has fallen off the bus.",
-        (secs * 1e6) as u64
-    )
-    .expect("append the record");
+    let record = "NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=python, GPU has fallen off the bus.";
+    support::driver::append_kmsg_record(&kmsg, 3, 1, record);
     let want = [
         rule_name(&node, "gpu-0"),
         "gpu.nvidia.com".into(),

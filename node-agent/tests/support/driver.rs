@@ -96,3 +96,14 @@ impl Drop for FakeDriver {
         let _ = self.child.wait();
     }
 }
+
+/// Appends to the kernel-log file `kmsg` a record `<prefix>,<seq>,<now>,-;<text>`,
+/// stamped with the time since boot so that the reader takes it whether it reads it as
+/// history (look-back) or as new (the GPU tests' kernel log, which no fake driver writes).
+pub fn append_kmsg_record(kmsg: &std::path::Path, prefix: u32, seq: u64, text: &str) {
+    let uptime = std::fs::read_to_string("/proc/uptime").expect("/proc/uptime");
+    let secs: f64 = uptime.split_whitespace().next().and_then(|s| s.parse().ok()).expect("uptime");
+    let usec = (secs * 1e6) as u64;
+    let mut file = std::fs::OpenOptions::new().append(true).open(kmsg).expect("kmsg");
+    writeln!(file, "{prefix},{seq},{usec},-;{text}").expect("append a record");
+}
