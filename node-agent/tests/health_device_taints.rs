@@ -15,7 +15,11 @@ use kube::{
     Api, Client,
 };
 use neuron_e2e::{random_u32, wait_for, ControlPlane};
-use support::{driver::FakeDriver, node_config::write_node_config, sim, Agent};
+use support::{
+    driver::{wait_for_core_counter, FakeDriver},
+    node_config::write_node_config,
+    sim, Agent,
+};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -126,6 +130,7 @@ fn a_device_fault_gets_a_device_taint_rule_for_that_device_alone_until_a_driver_
     assert!(condition.is_some(), "the condition still says the device is faulty");
 
     // A driver reload clears the fault (its counters back to zero): the rule goes.
+    wait_for_core_counter(&agent, "3", "0", "hw_dma_abort_error");
     driver.inject(&["reload:3"]);
     let gone = rt.block_on(wait_for(WAIT, || async { rules_of(&rules, &node).await.filter(Vec::is_empty) }));
     assert_eq!(gone, Some(vec![]), "the rule is deleted once the device is healthy");

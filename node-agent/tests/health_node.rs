@@ -20,7 +20,7 @@ use neuron_e2e::{random_u32, wait_for, ControlPlane};
 use neuron_node_agent::attribution::podresources::NEURONDEVICE;
 use neuron_node_agent::health::taint::TAINT_KEY;
 use support::{
-    driver::FakeDriver,
+    driver::{wait_for_core_counter, FakeDriver},
     kubelet::{holding, PodResourcesServer},
     node_config::write_node_config,
     sim, Agent, TempDir,
@@ -185,13 +185,8 @@ fn the_agent_taints_its_node_on_a_fatal_fault_as_its_configuration_says() {
     assert_eq!(m.find("neuron_agent_health_taint_active", &[])[0].value, 1.0);
     let writes = m.find("neuron_agent_health_taint_writes_total", &[("action", "add"), ("result", "written")]);
     assert_eq!(writes[0].value, 1.0);
-    // A driver reload clears the fault, and the taint. The agent tells a reload by the
-    // counters going down, so it must have read them up first: a real driver wakes the
-    // reader at the fault (sysfs_notify), the fake tree's regular files cannot.
-    agent.wait_for("the fault's counter read from the tree", WAIT, |m| {
-        let labels = [("neuron_device_index", "0"), ("neuroncore", "0"), ("error", "hw_nc_ue_error")];
-        m.find("neuroncore_hardware_errors_total", &labels).first().filter(|s| s.value >= 1.0).map(|_| ())
-    });
+    // A driver reload clears the fault, and the taint.
+    wait_for_core_counter(&agent, "0", "0", "hw_nc_ue_error");
     driver.inject(&["reload"]);
     let cleared = rt
         .block_on(wait_for(WAIT, || async { condition(&nodes, &node).await.filter(|(status, _)| status == "False") }));

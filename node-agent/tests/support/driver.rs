@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use super::{sim, TempDir};
+use super::{sim, Agent, TempDir};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -106,4 +106,15 @@ pub fn append_kmsg_record(kmsg: &std::path::Path, prefix: u32, seq: u64, text: &
     let usec = (secs * 1e6) as u64;
     let mut file = std::fs::OpenOptions::new().append(true).open(kmsg).expect("kmsg");
     writeln!(file, "{prefix},{seq},{usec},-;{text}").expect("append a record");
+}
+
+/// Waits until the agent has read a fault's core counter (`error`: hw_nc_ue_error,
+/// hw_dma_abort_error, …) from the tree. The agent tells a driver reload by the counters
+/// going down, so a test reloads only after this: a real driver wakes the reader at the
+/// fault (sysfs_notify), the fake tree's regular files cannot.
+pub fn wait_for_core_counter(agent: &Agent, device: &str, core: &str, error: &str) {
+    let labels = [("neuron_device_index", device), ("neuroncore", core), ("error", error)];
+    agent.wait_for("the fault's counter read from the tree", WAIT, |m| {
+        m.find("neuroncore_hardware_errors_total", &labels).first().filter(|s| s.value >= 1.0).map(|_| ())
+    });
 }
