@@ -17,7 +17,7 @@ use std::{
     collections::HashMap,
     fs::{self, File},
     io,
-    os::unix::fs::DirEntryExt,
+    os::unix::fs::{DirEntryExt, MetadataExt},
     path::{Path, PathBuf},
 };
 
@@ -203,39 +203,100 @@ fn is_efa(dir: &Path, watch: &Watch) -> bool {
 /// [`Skip::Limit`] (once) and the rest of the listing is not read. A name that is not
 /// UTF-8 is counted as [`Skip::BadName`]. Each name comes with whether its entry is a
 /// regular file (without following a link) and its inode.
-fn list(dir: &Path, max: usize, reading: &mut Reading, watch: &Watch) -> io::Result<Vec<Entry>> {
-    let mut names = Vec::new();
+///
+/// A directory listed by the previous read and unchanged since (its [`Stamp`]: one
+/// `stat`) is not listed again: its listing, and what it counted, are taken from
+/// `listed`. Sysfs makes a device's files when the device registers (a reload makes new
+/// directories), and a writer that adds, renames or removes a file in a fake tree
+/// changes the directory's change time.
+fn list(
+    dir: &Path,
+    max: usize,
+    reading: &mut Reading,
+    watch: &Watch,
+    listed: &mut Listed<'_>,
+) -> io::Result<Vec<Entry>> {
+    let stamp = watch.access(dir, |dir| fs::metadata(dir).map(|m| Stamp::of(&m)))?;
+    let listing = match listed.before.remove(dir).filter(|l| l.stamp == stamp) {
+        Some(listing) => listing,
+        None => {
+            *listed.anew += 1;
+            list_now(dir, max, stamp, watch)?
+        }
+    };
+    for skip in &listing.skips {
+        reading.skip(*skip);
+    }
+    let entries = listing.entries.clone();
+    listed.now.insert(dir.to_owned(), listing);
+    Ok(entries)
+}
+
+fn list_now(dir: &Path, max: usize, stamp: Stamp, watch: &Watch) -> io::Result<Listing> {
+    let mut listing = Listing { stamp, entries: Vec::new(), skips: Vec::new() };
     watch.access(dir, |dir| {
         for entry in fs::read_dir(dir)? {
             let Ok(entry) = entry else {
-                reading.skip(Skip::Other);
+                listing.skips.push(Skip::Other);
                 continue;
             };
             let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-                reading.skip(Skip::BadName);
+                listing.skips.push(Skip::BadName);
                 continue;
             };
             if name.starts_with('.') {
                 continue;
             }
-            if names.len() == max {
-                reading.skip(Skip::Limit);
+            if listing.entries.len() == max {
+                listing.skips.push(Skip::Limit);
                 break;
             }
             let is_file = entry.file_type().is_ok_and(|t| t.is_file());
-            names.push(Entry { name, is_file, inode: entry.ino() });
+            listing.entries.push(Entry { name, is_file, inode: entry.ino() });
         }
         Ok(())
     })?;
-    names.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-    Ok(names)
+    listing.entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    Ok(listing)
 }
 
 /// A directory entry, as [`list`] gives it.
+#[derive(Clone)]
 struct Entry {
     name: String,
     is_file: bool,
     inode: u64,
+}
+
+/// A directory's identity and change time (set by the kernel at each entry added,
+/// renamed or removed; unlike the modification time, no writer can set it back):
+/// another means it may list otherwise.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    device: u64,
+    inode: u64,
+    changed: (i64, i64),
+}
+
+impl Stamp {
+    fn of(m: &fs::Metadata) -> Self {
+        Stamp { device: m.dev(), inode: m.ino(), changed: (m.ctime(), m.ctime_nsec()) }
+    }
+}
+
+/// A directory's entries as listed, with its stamp then and what the listing counted.
+struct Listing {
+    stamp: Stamp,
+    entries: Vec<Entry>,
+    skips: Vec<Skip>,
+}
+
+/// The listings of the previous read (taken when used again) and those of this one,
+/// and how many of these were listed anew.
+struct Listed<'r> {
+    before: &'r mut HashMap<PathBuf, Listing>,
+    now: &'r mut HashMap<PathBuf, Listing>,
+    anew: &'r mut usize,
 }
 
 /// Reads every EFA device under the sysfs root `root`, without a deadline, holding no
@@ -256,6 +317,9 @@ pub struct HeldFiles {
     /// By `hw_counters` directory: each file's name, inode and descriptor, by name.
     dirs: HashMap<PathBuf, Vec<(String, u64, File)>>,
     held: usize,
+    /// The directories the read listed, by path, and how many it listed anew.
+    listings: HashMap<PathBuf, Listing>,
+    listed_anew: usize,
 }
 
 impl HeldFiles {
@@ -267,6 +331,11 @@ impl HeldFiles {
     pub fn count(&self) -> usize {
         self.held
     }
+
+    /// Directories the latest read listed, not taking the previous read's listing.
+    pub fn listed_anew(&self) -> usize {
+        self.listed_anew
+    }
 }
 
 /// Reads every EFA device under the sysfs root `root`, each file through `watch` (the
@@ -274,22 +343,29 @@ impl HeldFiles {
 /// leaving it holding those of this read. Never writes.
 pub fn read_watched(root: &Path, watch: &Watch, held: &mut HeldFiles) -> Reading {
     let mut before = std::mem::take(&mut held.dirs);
+    let mut listed_before = std::mem::take(&mut held.listings);
+    let mut listed_now = HashMap::with_capacity(listed_before.len());
+    let mut anew = 0;
     held.held = 0;
-    let reading = read_devices(root, watch, &mut before, held);
+    let mut files = Files {
+        watch,
+        before: &mut before,
+        held: &mut *held,
+        listed: Listed { before: &mut listed_before, now: &mut listed_now, anew: &mut anew },
+    };
+    let reading = read_devices(root, &mut files);
     // What `before` still holds is no longer listed: closed here.
     drop(before);
+    held.listings = listed_now;
+    held.listed_anew = anew;
     reading
 }
 
-fn read_devices(
-    root: &Path,
-    watch: &Watch,
-    before: &mut HashMap<PathBuf, Vec<(String, u64, File)>>,
-    held: &mut HeldFiles,
-) -> Reading {
+fn read_devices(root: &Path, files: &mut Files<'_>) -> Reading {
     let mut reading = Reading::default();
     let class = root.join(INFINIBAND_DIR);
-    let names = match list(&class, MAX_RDMA_DEVICES, &mut reading, watch) {
+    let watch = files.watch;
+    let names = match list(&class, MAX_RDMA_DEVICES, &mut reading, watch, &mut files.listed) {
         Ok(names) => names,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return reading,
         Err(e) => {
@@ -313,25 +389,26 @@ fn read_devices(
             reading.skip(Skip::Limit);
             continue;
         }
-        let mut files = Files { watch, before: &mut *before, held: &mut *held };
-        let device = read_device(name, &dir, &mut reading, &mut files);
+        let device = read_device(name, &dir, &mut reading, files);
         reading.devices.push(device);
     }
     reading
 }
 
 /// How a read reaches the counter files: through `watch`, with the files held open
-/// since the previous read (`before`) and those it leaves open (`held`).
+/// since the previous read (`before`) and those it leaves open (`held`), and the
+/// directories' listings.
 struct Files<'r> {
     watch: &'r Watch,
     before: &'r mut HashMap<PathBuf, Vec<(String, u64, File)>>,
     held: &'r mut HeldFiles,
+    listed: Listed<'r>,
 }
 
 fn read_device(name: String, dir: &Path, reading: &mut Reading, files: &mut Files<'_>) -> Device {
     let counters = read_counters(&dir.join("hw_counters"), reading, files);
     let mut ports = Vec::new();
-    match list(&dir.join("ports"), MAX_PORTS, reading, files.watch) {
+    match list(&dir.join("ports"), MAX_PORTS, reading, files.watch, &mut files.listed) {
         Ok(entries) => {
             for Entry { name: entry, .. } in entries {
                 let number = entry.parse::<u32>().ok().filter(|n| (1..=MAX_PORT_NUMBER).contains(n));
@@ -361,7 +438,7 @@ fn parse(bytes: &[u8]) -> Option<u64> {
 /// The counters of one `hw_counters` directory, sorted by name; none when it does not exist.
 fn read_counters(dir: &Path, reading: &mut Reading, files: &mut Files<'_>) -> Vec<Counter> {
     let watch = files.watch;
-    let entries = match list(dir, MAX_COUNTERS_PER_DIR, reading, watch) {
+    let entries = match list(dir, MAX_COUNTERS_PER_DIR, reading, watch, &mut files.listed) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Vec::new(),
         Err(e) => {
@@ -525,6 +602,7 @@ mod tests {
         assert_eq!(reading.devices[0].counters, counters(&[("keep_alive_rcvd", 4)]));
         assert_eq!(reading.skipped, [0; 9]);
         assert_eq!(held.count(), 3, "cmds_err closed, keep_alive_rcvd opened");
+        assert_eq!(held.listed_anew(), 2, "the two directories a file was renamed, removed or added in");
         let tx_after = held.dirs[&port_listed].iter().find(|(n, ..)| n == "tx_bytes").map(|(_, inode, _)| *inode);
         assert_eq!(tx_before, tx_after, "a file written in place is the one held");
 
@@ -532,6 +610,27 @@ mod tests {
         let bounded = read_watched(&tree.0, &Watch::untimed(), &mut one);
         assert_eq!(bounded, reading, "beyond the bound, files are opened for each read");
         assert_eq!(one.count(), 1);
+    }
+
+    /// An unchanged tree is not listed again: the second read stats its directories, reads
+    /// the held files, and counts what the first read's listings counted.
+    #[test]
+    fn an_unchanged_directory_is_not_listed_again() {
+        let tree = TempDir::new("efa-sysfs");
+        let dev = device(&tree, "rdmap16s27", "0000:10:1b.0", "efa");
+        tree.write(format!("{dev}/ports/1/hw_counters/tx_bytes"), "1\n");
+        tree.write(format!("{dev}/ports/1/hw_counters/Bad-Name"), "2\n");
+        tree.write(format!("{dev}/hw_counters/cmds_err"), "3\n");
+        let mut held = HeldFiles::new(8);
+        let first = read_watched(&tree.0, &Watch::untimed(), &mut held);
+        // The class directory, the device's hw_counters, its ports, port 1's hw_counters.
+        assert_eq!(held.listed_anew(), 4);
+        assert_eq!(skipped(&first, Skip::BadName), 1);
+        tree.write(format!("{dev}/ports/1/hw_counters/tx_bytes"), "10\n");
+        let second = read_watched(&tree.0, &Watch::untimed(), &mut held);
+        assert_eq!(held.listed_anew(), 0);
+        assert_eq!(second.devices[0].ports[0].counters, counters(&[("tx_bytes", 10)]), "written in place");
+        assert_eq!(skipped(&second, Skip::BadName), 1, "counted again from the kept listing");
     }
 
     /// Issue 24, fault 5: a counter whose earlier read never returned is not opened again,

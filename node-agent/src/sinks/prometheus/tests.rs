@@ -502,3 +502,29 @@ fn the_pages_text_is_what_prometheus_client_wrote() {
     assert_eq!(open, reference);
     assert_eq!(render_families(&node(), Format::Classic), openmetrics_to_classic(&reference));
 }
+
+/// Series of two hosts' labels interleaved in one family, a copy of one of them, and the
+/// same labels again in the next family: each series carries its own host's labels (the
+/// encoder writes the host's labels from a cache it checks by address within a family).
+#[test]
+fn each_series_carries_its_own_hosts_labels() {
+    use crate::state::InstanceLabels;
+    let a = InstanceLabels { instance_id: "i-a".into(), ..InstanceLabels::default() };
+    let b = InstanceLabels { instance_id: "i-b".into(), ..InstanceLabels::default() };
+    let b_copy = b.clone();
+    let mut page = String::new();
+    let mut encoder = text::TextEncoder::new(&mut page, Format::Classic);
+    for (name, hosts) in [("one", [&a, &b, &b_copy, &a]), ("two", [&b_copy, &a, &a, &b])] {
+        let mut family = Family::new(name, "help", MetricType::Gauge);
+        for (i, host) in (0u32..).zip(hosts) {
+            family.push(Labels::node(host).number("n", i), Some(1.0));
+        }
+        family.write(&mut encoder).unwrap();
+    }
+    let ids: Vec<&str> = page
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split("instance_id=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(ids, ["i-a", "i-b", "i-b", "i-a", "i-b", "i-a", "i-a", "i-b"]);
+}

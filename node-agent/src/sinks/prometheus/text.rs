@@ -20,11 +20,17 @@ pub struct TextEncoder<'p> {
     format: Format,
     /// The instance labels of the latest series, and their text.
     instance: Option<(InstanceLabels, String)>,
+    /// The address of the instance labels found equal to `instance` within the family
+    /// being written (0: none yet). A family borrows its labels for the whole of
+    /// [`FamilyEncoder::encode_family`], so none is freed meanwhile and the same address
+    /// is the same labels: their seven strings are compared once a family, not once a
+    /// series (that compare was half the render).
+    same_as_cached: usize,
 }
 
 impl<'p> TextEncoder<'p> {
     pub fn new(page: &'p mut String, format: Format) -> Self {
-        TextEncoder { page, format, instance: None }
+        TextEncoder { page, format, instance: None, same_as_cached: 0 }
     }
 
     /// `# HELP` and `# TYPE`: in the classic format under the samples' name (with its
@@ -47,9 +53,15 @@ impl<'p> TextEncoder<'p> {
 
     fn write_labels(&mut self, labels: &Labels<'_>) {
         let instance = labels.instance();
+        let address = std::ptr::from_ref(instance) as usize;
         let cached = match &self.instance {
-            Some((labels, text)) if labels == instance => text,
+            Some((_, text)) if self.same_as_cached == address => text,
+            Some((labels, text)) if labels == instance => {
+                self.same_as_cached = address;
+                text
+            }
             _ => {
+                self.same_as_cached = address;
                 let mut text = String::with_capacity(256);
                 let _ = Labels::node(instance).try_for_each(|key, value| {
                     let comma = !text.is_empty();
@@ -70,6 +82,7 @@ impl<'p> TextEncoder<'p> {
 
 impl FamilyEncoder for TextEncoder<'_> {
     fn encode_family(&mut self, family: &Family<'_>) -> Result<(), fmt::Error> {
+        self.same_as_cached = 0;
         self.write_descriptor(family);
         let suffix = classic_suffix(family.kind());
         for (labels, value) in family.series() {
