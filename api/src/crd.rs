@@ -437,7 +437,14 @@ pub enum CloudWatchMetric {
     /// The node's NeuronCores by allocation state (`State`: allocatable, allocated,
     /// allocated_idle), from what the kubelet says (device plugin and DRA alike).
     NeuronNodeNeuroncores,
+    /// The NeuronCores allocated to each pod the config sees, by state (`State`:
+    /// allocated, allocated_idle), device plugin and DRA alike. Sent only where
+    /// `metrics` lists it: a series per pod.
+    NeuronPodNeuroncores,
 }
+
+/// The variants of [`CloudWatchMetric`]: the most a `metrics` list holds.
+pub const CLOUDWATCH_METRICS: usize = 14;
 
 /// How a CloudWatch sink names what it publishes.
 #[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -488,9 +495,10 @@ pub struct CloudWatchSinkSpec {
     #[schemars(schema_with = "rollups_schema")]
     pub rollups: Option<Vec<Vec<Dimension>>>,
 
-    /// Metrics to publish. Default: all of them.
+    /// Metrics to publish. Default: all of them but `neuron_pod_neuroncores` (a series per
+    /// pod), which is sent only where listed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 12), extend("x-kubernetes-list-type" = "set"))]
+    #[schemars(length(max = CLOUDWATCH_METRICS), extend("x-kubernetes-list-type" = "set"))]
     pub metrics: Option<Vec<CloudWatchMetric>>,
 
     /// Storage resolution in seconds: 1 (high resolution) or 60. Default: 60.

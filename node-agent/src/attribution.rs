@@ -280,8 +280,6 @@ struct CoreOwners {
     /// Each core's holder as the series of the core name it: its owner, with the claim
     /// through which it holds the core where that is a DRA claim.
     held: Vec<Option<Arc<PodRef>>>,
-    /// How many cores each pod owns, by namespace and name.
-    per_pod: Vec<(Arc<PodRef>, u32)>,
 }
 
 /// The cores the node can allocate and has allocated, rebuilt when the devices or the
@@ -308,18 +306,22 @@ impl AllocatedCores {
         self.allocated.dedup();
     }
 
-    /// This report's counts; `None` while what can be allocated is unknown.
+    /// This report's counts, the pods' by `owners`; `None` while what can be allocated
+    /// is unknown.
     fn summary(
         &self,
         idle: &mut IdleClock,
         state: &NodeState,
+        owners: &CoreOwners,
         policy: IdlePolicy,
         now: Instant,
     ) -> Option<AllocationState> {
         let (allocatable, cores_per_device) = (self.allocatable.as_deref()?, self.key?.1?);
         let used = state.runtimes.iter().flat_map(|rt| &rt.cores);
         let idle = idle.tick(used, &self.allocated, policy, now);
-        Some(allocation::summarize(allocatable, &self.allocated, &idle, cores_per_device))
+        let mut summary = allocation::summarize(allocatable, &self.allocated, &idle, cores_per_device);
+        summary.pods = allocation::per_pod(self.allocated.iter().map(|c| owners.get(*c)).zip(idle));
+        Some(summary)
     }
 }
 
@@ -330,19 +332,6 @@ impl CoreOwners {
 
     fn holder(&self, core: u32) -> Option<&Arc<PodRef>> {
         self.held.get(core as usize).and_then(Option::as_ref)
-    }
-
-    /// How many cores each pod of `by_core` owns, by namespace and name.
-    fn cores_per_pod(by_core: &[Option<Arc<PodRef>>]) -> Vec<(Arc<PodRef>, u32)> {
-        let mut pods: Vec<(Arc<PodRef>, u32)> = Vec::new();
-        for owner in by_core.iter().flatten() {
-            let wanted = (owner.namespace.as_str(), owner.pod.as_str());
-            match pods.binary_search_by(|(p, _)| (p.namespace.as_str(), p.pod.as_str()).cmp(&wanted)) {
-                Ok(at) => pods[at].1 += 1,
-                Err(at) => pods.insert(at, (owner.clone(), 1)),
-            }
-        }
-        pods
     }
 
     /// Rebuilds the owners when the pods, the device allocations or the cores per device
@@ -379,8 +368,7 @@ impl CoreOwners {
                 }
             }
         }
-        let per_pod = Self::cores_per_pod(&by_core);
-        *self = CoreOwners { key, by_core, held, per_pod };
+        *self = CoreOwners { key, by_core, held };
     }
 }
 
@@ -487,10 +475,8 @@ impl Attribution {
         cache.owners.refresh(&pods, &devices, cores_per_device);
         cache.allocation.refresh(&devices, cores_per_device);
         drop(devices);
-        state.allocation = cache.allocation.summary(&mut cache.idle, state, self.idle_policy, Instant::now());
-        if let Some(allocation) = &mut state.allocation {
-            allocation.pods.clone_from(&cache.owners.per_pod);
-        }
+        state.allocation =
+            cache.allocation.summary(&mut cache.idle, state, &cache.owners, self.idle_policy, Instant::now());
 
         let mut tally = Tally::default();
         for rt in &mut state.runtimes {

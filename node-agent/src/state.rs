@@ -133,9 +133,17 @@ pub struct AllocationState {
     pub devices_allocated: u32,
     /// By device index: each device with an allocatable or an allocated core.
     pub devices: Vec<(u32, CoreAllocation)>,
-    /// The cores allocated to each known pod (one of its containers stands for it), by
-    /// namespace and name.
-    pub pods: Vec<(Arc<PodRef>, u32)>,
+    /// The cores allocated to each known pod, by namespace and name.
+    pub pods: Vec<PodCores>,
+}
+
+/// The cores allocated to one known pod (one of its containers stands for it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodCores {
+    pub pod: Arc<PodRef>,
+    pub allocated: u32,
+    /// Allocated, and idle for the whole idle window.
+    pub allocated_idle: u32,
 }
 
 impl CoreAllocation {
@@ -143,6 +151,14 @@ impl CoreAllocation {
     pub fn by_state(&self) -> [(&'static str, u32); 3] {
         let [allocatable, allocated, idle] = api::cloudwatch::catalogue::ALLOCATION_STATES;
         [(allocatable, self.allocatable), (allocated, self.allocated), (idle, self.allocated_idle)]
+    }
+}
+
+impl PodCores {
+    /// The values of the `State` dimension a pod's cores have, with their counts.
+    pub fn by_state(&self) -> [(&'static str, u32); 2] {
+        let [allocated, idle] = api::cloudwatch::catalogue::POD_ALLOCATION_STATES;
+        [(allocated, self.allocated), (idle, self.allocated_idle)]
     }
 }
 

@@ -1224,9 +1224,15 @@ fn the_nodes_allocation_reaches_cloudwatch_in_both_namings() {
         flush_interval: Some("1s".to_owned()),
         ..Default::default()
     };
+    // The team lists the pods' counts, which no config sends by default.
+    let team = CloudWatchSinkSpec {
+        metrics: Some(vec![CloudWatchMetric::NeuronPodNeuroncores]),
+        ..sink(&cw, "Team/Neuron", &[Dimension::ClusterName, Dimension::Namespace, Dimension::PodName], "1s")
+    };
     let config = node_config(vec![
         route("ops/classic", None, None, sink(&cw, "Ops/Neuron", &[Dimension::ClusterName], "1s")),
         route("ops/insights", None, None, insights),
+        route(&format!("{ns}/team"), Some(&ns), None, team),
     ]);
     let socket = kubelet.socket.to_str().expect("utf-8 path");
     let args = ["--cluster-name", "prod", "--node-name", &node, "--pod-resources-socket", socket];
@@ -1246,7 +1252,8 @@ fn the_nodes_allocation_reaches_cloudwatch_in_both_namings() {
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     while !(stored("neuron_node_neuroncores", ("State", "allocated_idle"), 4.0)
-        && stored("pod_neuroncore_request", ("FullPodName", "train"), 4.0))
+        && stored("pod_neuroncore_request", ("FullPodName", "train"), 4.0)
+        && stored("neuron_pod_neuroncores", ("State", "allocated_idle"), 4.0))
     {
         assert!(Instant::now() < deadline, "the allocation never reached LocalStack: {:?}", cw.stored());
         std::thread::sleep(Duration::from_millis(200));
@@ -1265,6 +1272,15 @@ fn the_nodes_allocation_reaches_cloudwatch_in_both_namings() {
         .flat_map(|m| units(&cw, m))
         .collect();
     assert_eq!(classic_units, BTreeSet::from(["Count".to_owned()]));
+    let opted_in = |namespace: &str| {
+        list_metrics(&cw, namespace, &[]).iter().any(|m| m.metric_name() == Some("neuron_pod_neuroncores"))
+    };
+    assert!(!opted_in("Ops/Neuron"), "the pods' counts are sent only where listed");
+    let team_pod = |state: &str| {
+        let dimensions = [("ClusterName", "prod"), ("Namespace", ns.as_str()), ("PodName", "train"), ("State", state)];
+        statistic(&cw, "Team/Neuron", "neuron_pod_neuroncores", &dimensions, "Maximum")
+    };
+    assert_eq!((team_pod("allocated"), team_pod("allocated_idle")), (Some(4.0), Some(4.0)));
     let node_level = |name: &str| statistic(&cw, "ContainerInsights", name, &[("ClusterName", "prod")], "Maximum");
     assert_eq!(node_level("node_neuroncore_limit"), Some(32.0));
     assert_eq!(node_level("node_neuroncore_usage_total"), Some(4.0));

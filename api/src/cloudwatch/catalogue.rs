@@ -10,7 +10,9 @@ pub mod insights;
 use std::collections::BTreeSet;
 
 use crate::{
-    crd::{CloudWatchMetric, CloudWatchNaming, CloudWatchSinkSpec, Dimension, NeuronMonitorConfigSpec},
+    crd::{
+        CloudWatchMetric, CloudWatchNaming, CloudWatchSinkSpec, Dimension, NeuronMonitorConfigSpec, CLOUDWATCH_METRICS,
+    },
     monitor_config::{RuntimeGroup, SystemGroup},
 };
 
@@ -51,6 +53,8 @@ pub enum Level {
     NodeDevice,
     /// One series per node (node-level configs only).
     Node,
+    /// One series per pod (each config, of the pods it sees; no application).
+    Pod,
     /// One series per NVIDIA GPU (and pod holding it, where the set names the pod).
     Gpu,
 }
@@ -70,6 +74,8 @@ pub struct MetricShape {
     /// `None` with no runtime group either: no neuron-monitor group (the agent's own
     /// account of the node), for configs that see the node-level series.
     pub system_group: Option<SystemGroup>,
+    /// Sent only where the config's `metrics` lists it, not by default.
+    pub opt_in: bool,
 }
 
 pub const ERROR_TYPES: [&str; 6] = ["generic", "numerical", "transient", "model", "runtime", "hardware"];
@@ -83,6 +89,8 @@ pub const ECC_EVENT_TYPES: [&str; 4] =
 /// The allocation states of the node's cores: the values of `state` on `/metrics`
 /// (`neuron_node_neuroncores`, `neuron_device_neuroncores`) and of the classic `State`.
 pub const ALLOCATION_STATES: [&str; 3] = ["allocatable", "allocated", "allocated_idle"];
+/// The states a pod's cores are counted in (a pod holds no allocatable core).
+pub const POD_ALLOCATION_STATES: [&str; 2] = [ALLOCATION_STATES[1], ALLOCATION_STATES[2]];
 
 const fn shape(
     metric: CloudWatchMetric,
@@ -93,11 +101,11 @@ const fn shape(
     runtime_group: Option<RuntimeGroup>,
 ) -> MetricShape {
     let system_group = if runtime_group.is_none() { Some(SystemGroup::NeuronHwCounters) } else { None };
-    MetricShape { metric, name, unit, level, split, runtime_group, system_group }
+    MetricShape { metric, name, unit, level, split, runtime_group, system_group, opt_in: false }
 }
 
 /// Every metric a sink can publish, in a fixed order.
-pub const CATALOGUE: [MetricShape; 13] = {
+pub const CATALOGUE: [MetricShape; CLOUDWATCH_METRICS] = {
     use CloudWatchMetric as M;
     use Level::*;
     use Unit::*;
@@ -174,6 +182,17 @@ pub const CATALOGUE: [MetricShape; 13] = {
             split: Some(("State", &ALLOCATION_STATES)),
             runtime_group: None,
             system_group: None,
+            opt_in: false,
+        },
+        MetricShape {
+            metric: M::NeuronPodNeuroncores,
+            name: "neuron_pod_neuroncores",
+            unit: Count,
+            level: Pod,
+            split: Some(("State", &POD_ALLOCATION_STATES)),
+            runtime_group: None,
+            system_group: None,
+            opt_in: true,
         },
     ]
 };
@@ -220,14 +239,14 @@ pub fn dimension_name(d: Dimension) -> &'static str {
 pub fn applies(d: Dimension, level: Level) -> bool {
     match d {
         Dimension::NeuronCore => level == Level::Core,
-        Dimension::NeuronDevice => !matches!(level, Level::Runtime | Level::Gpu | Level::Node),
+        Dimension::NeuronDevice => !matches!(level, Level::Runtime | Level::Gpu | Level::Node | Level::Pod),
         // A GPU is held by a pod, never by a Neuron application or an ECS task.
         Dimension::RuntimeTag | Dimension::TaskArn | Dimension::TaskDefinitionFamily => {
-            !matches!(level, Level::NodeDevice | Level::Gpu | Level::Node)
+            !matches!(level, Level::NodeDevice | Level::Gpu | Level::Node | Level::Pod)
         }
-        Dimension::Namespace | Dimension::PodName | Dimension::ContainerName => {
-            !matches!(level, Level::NodeDevice | Level::Node)
-        }
+        Dimension::Namespace | Dimension::PodName => !matches!(level, Level::NodeDevice | Level::Node),
+        // A pod's cores are counted for the pod, not one of its containers.
+        Dimension::ContainerName => !matches!(level, Level::NodeDevice | Level::Node | Level::Pod),
         _ => true,
     }
 }
@@ -257,10 +276,17 @@ pub(crate) fn collected_groups(
     (runtime_groups, system_groups)
 }
 
-/// The metrics a config publishes with the classic naming: its allow-list (default: all)
-/// restricted to the groups it collects. ECC counters need the node-level group, which
-/// only configs that see the node-level groups (those in the operator's namespace) get;
-/// the allocation counts need no group, only that view.
+/// Whether a sink's allow-list `metrics` takes a metric: it lists it, or there is no list
+/// and the metric is not opt-in.
+pub fn allows(metrics: Option<&[CloudWatchMetric]>, shape: &MetricShape) -> bool {
+    metrics.map_or(!shape.opt_in, |listed| listed.contains(&shape.metric))
+}
+
+/// The metrics a config publishes with the classic naming: its allow-list (default: all
+/// but the opt-in ones) restricted to the groups it collects. ECC counters need the
+/// node-level group, which only configs that see the node-level groups (those in the
+/// operator's namespace) get; the allocation counts need no group: the node's only that
+/// view, the pods' none (a team's config sends its own pods').
 pub fn published_metrics(spec: &NeuronMonitorConfigSpec, sees_node_level: bool) -> Vec<&'static MetricShape> {
     let Some(cloudwatch) = spec.sinks.as_ref().and_then(|s| s.cloudwatch.as_ref()) else {
         return Vec::new();
@@ -268,11 +294,11 @@ pub fn published_metrics(spec: &NeuronMonitorConfigSpec, sees_node_level: bool) 
     let (runtime_groups, system_groups) = collected_groups(spec, sees_node_level);
     CATALOGUE
         .iter()
-        .filter(|s| cloudwatch.metrics.as_ref().is_none_or(|allowed| allowed.contains(&s.metric)))
+        .filter(|s| allows(cloudwatch.metrics.as_deref(), s))
         .filter(|s| match (s.runtime_group, s.system_group) {
             (Some(g), _) => runtime_groups.contains(&g),
             (None, Some(g)) => system_groups.contains(&g),
-            (None, None) => sees_node_level,
+            (None, None) => sees_node_level || s.level == Level::Pod,
         })
         .collect()
 }
@@ -328,5 +354,28 @@ mod tests {
         for s in &CATALOGUE {
             assert_eq!(shape_of(s.metric), s);
         }
+    }
+
+    /// The pods' counts: sent only where the allow-list names them, and then to a team's
+    /// config too (of its own pods), which sees no node-level series.
+    #[test]
+    fn an_opt_in_metric_is_published_only_where_listed() {
+        use crate::crd::SinksSpec;
+        let spec = |metrics: Option<Vec<CloudWatchMetric>>| NeuronMonitorConfigSpec {
+            sinks: Some(SinksSpec {
+                cloudwatch: Some(CloudWatchSinkSpec { namespace: "Team/Neuron".into(), metrics, ..Default::default() }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let names = |spec: &NeuronMonitorConfigSpec, sees_node_level| -> Vec<&str> {
+            published_metrics(spec, sees_node_level).iter().map(|s| s.name).collect()
+        };
+        for sees_node_level in [false, true] {
+            assert!(!names(&spec(None), sees_node_level).contains(&"neuron_pod_neuroncores"));
+        }
+        let listed = spec(Some(vec![CloudWatchMetric::NeuronPodNeuroncores, CloudWatchMetric::NeuronNodeNeuroncores]));
+        assert_eq!(names(&listed, false), ["neuron_pod_neuroncores"], "a team sees no node");
+        assert_eq!(names(&listed, true), ["neuron_node_neuroncores", "neuron_pod_neuroncores"]);
     }
 }

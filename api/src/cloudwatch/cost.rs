@@ -462,9 +462,10 @@ fn combinations(level: Level, set: &[Dimension], nodes: &Kinds) -> u64 {
             Level::Core | Level::RuntimeDevice | Level::NodeDevice if has(Dimension::NeuronDevice) && !per_app => {
                 (n.devices(), false)
             }
-            Level::RuntimeDevice | Level::Runtime if per_app => (cores, true),
+            // A pod holds at least one core.
+            Level::RuntimeDevice | Level::Runtime | Level::Pod if per_app => (cores, true),
             // The allocation counts of a node without NeuronCores (a GPU node): none.
-            Level::Node if cores == 0 => (0, false),
+            Level::Node | Level::Pod if cores == 0 => (0, false),
             _ => (1, false),
         }
     };
@@ -726,6 +727,21 @@ mod tests {
         // node-level group (as validation decides), ECC included.
         let default_ops = estimate(&spec(sink(None)), true, &[trn1_32()]).unwrap().metrics;
         assert_eq!(default_ops, ops);
+    }
+
+    /// The pods' counts are sent only where listed: a team's default estimate does not
+    /// change, and listing them adds two states per pod (at most one pod per core).
+    #[test]
+    fn the_pods_allocation_counts_only_where_listed() {
+        let set = Some(vec![Dimension::NodeName, Dimension::Namespace, Dimension::PodName]);
+        let default = estimate(&spec(sink(set.clone())), false, &[trn1_32()]).unwrap().metrics;
+        let mut listed = sink(set);
+        listed.metrics = Some(super::super::catalogue::CATALOGUE.iter().map(|s| s.metric).collect());
+        let with = estimate(&spec(listed), false, &[trn1_32()]).unwrap().metrics;
+        assert_eq!(with - default, 2 * 32);
+        let mut only = sink(Some(vec![Dimension::ClusterName]));
+        only.metrics = Some(vec![CloudWatchMetric::NeuronPodNeuroncores]);
+        assert_eq!(estimate(&spec(only), false, &[trn1_32()]).unwrap().metrics, 2, "the pods summed up");
     }
 
     #[test]

@@ -9,9 +9,12 @@
 //! ask about); a runtime's core whose utilization is unknown counts as busy, as nothing
 //! says otherwise.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
-use crate::state::{AllocationState, CoreAllocation, HeldCore};
+use crate::state::{AllocationState, CoreAllocation, HeldCore, PodCores, PodRef};
 
 /// When an allocated core counts as idle.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -105,6 +108,26 @@ pub fn summarize(allocatable: &[u32], allocated: &[u32], idle: &[bool], cores_pe
     }
 }
 
+/// The cores of each known pod, by namespace and name, from each allocated core's owner
+/// (none: the pod is not known yet) and whether it is idle.
+pub fn per_pod<'a>(cores: impl Iterator<Item = (Option<&'a Arc<PodRef>>, bool)>) -> Vec<PodCores> {
+    let mut pods: Vec<PodCores> = Vec::new();
+    for (owner, idle) in cores {
+        let Some(owner) = owner else { continue };
+        let wanted = (owner.namespace.as_str(), owner.pod.as_str());
+        let at = match pods.binary_search_by(|p| (p.pod.namespace.as_str(), p.pod.pod.as_str()).cmp(&wanted)) {
+            Ok(at) => at,
+            Err(at) => {
+                pods.insert(at, PodCores { pod: owner.clone(), allocated: 0, allocated_idle: 0 });
+                at
+            }
+        };
+        pods[at].allocated += 1;
+        pods[at].allocated_idle += u32::from(idle);
+    }
+    pods
+}
+
 /// The counts of the device of `core`, added in order where missing.
 fn device_of(devices: &mut Vec<(u32, CoreAllocation)>, core: u32, cores_per_device: u32) -> &mut CoreAllocation {
     let index = core / cores_per_device.max(1);
@@ -180,5 +203,20 @@ mod tests {
         assert_eq!(summary.cores.allocated, 1);
         assert_eq!(summary.cores.allocatable, 2);
         assert_eq!(summary.devices_allocated, 1);
+    }
+
+    /// Each pod's cores and idle ones, pods sorted by namespace and name; a core whose
+    /// pod is not known yet is left out (the node's counts still have it).
+    #[test]
+    fn each_known_pod_counts_its_cores_and_idle_ones() {
+        let pod = |namespace: &str, name: &str| {
+            Arc::new(PodRef { namespace: namespace.into(), pod: name.into(), ..PodRef::default() })
+        };
+        let (b, a) = (pod("team-b", "serve-0"), pod("team-a", "train-0"));
+        let cores = [(Some(&b), true), (Some(&a), false), (None, true), (Some(&b), false), (Some(&a), true)];
+        let pods = per_pod(cores.into_iter());
+        let got: Vec<(&str, u32, u32)> =
+            pods.iter().map(|p| (p.pod.pod.as_str(), p.allocated, p.allocated_idle)).collect();
+        assert_eq!(got, [("train-0", 2, 1), ("serve-0", 2, 1)]);
     }
 }

@@ -27,7 +27,7 @@ use std::collections::HashMap;
 
 use api::{
     cloudwatch::catalogue::{
-        applies, dimension_name, gpu::ClassicGpuMetric, shape_of, MetricShape, LATENCY_PERCENTILES,
+        allows, applies, dimension_name, gpu::ClassicGpuMetric, shape_of, MetricShape, LATENCY_PERCENTILES,
     },
     crd::{CloudWatchMetric, CloudWatchNaming, Dimension},
     monitor_config::{RuntimeGroup, SystemGroup},
@@ -94,11 +94,8 @@ impl View {
         dimension_sets: Vec<Vec<Dimension>>,
         fresh: bool,
     ) -> Self {
-        let allowed = route.cloudwatch.as_ref().and_then(|c| c.metrics.clone());
-        let metrics = api::cloudwatch::catalogue::CATALOGUE
-            .iter()
-            .filter(|s| allowed.as_ref().is_none_or(|a| a.contains(&s.metric)))
-            .collect();
+        let allowed = route.cloudwatch.as_ref().and_then(|c| c.metrics.as_deref());
+        let metrics = api::cloudwatch::catalogue::CATALOGUE.iter().filter(|s| allows(allowed, s)).collect();
         View {
             naming: route.cloudwatch.as_ref().and_then(|c| c.naming).unwrap_or_default(),
             route: route.clone(),
@@ -189,6 +186,7 @@ impl View {
             }
         }
         self.sample_allocation(acc, state);
+        self.sample_pod_allocation(acc, state);
     }
 
     /// The node's cores by allocation state, for a config that sees the node; nothing
@@ -201,6 +199,26 @@ impl View {
         let split = shape_of(metric).split.map(|(dimension, _)| dimension);
         for (name, cores) in allocation.cores.by_state() {
             self.gauge(acc, metric, origin, split.map(|d| (d, name)), f64::from(cores));
+        }
+    }
+
+    /// The cores of each pod the route sees, by allocation state (opt-in).
+    fn sample_pod_allocation(&self, acc: &mut Accumulator, state: &NodeState) {
+        let metric = CloudWatchMetric::NeuronPodNeuroncores;
+        let (Some(allocation), true) = (&state.allocation, self.publishes(metric)) else { return };
+        let split = shape_of(metric).split.map(|(dimension, _)| dimension);
+        for pod in allocation.pods.iter().filter(|p| self.selection.sees(Some(p.pod.namespace.as_str()))) {
+            let origin = Origin {
+                instance: &state.instance,
+                runtime_tag: None,
+                pod: Some(&*pod.pod),
+                ecs: None,
+                core: None,
+                device: None,
+            };
+            for (name, cores) in pod.by_state() {
+                self.gauge(acc, metric, origin, split.map(|d| (d, name)), f64::from(cores));
+            }
         }
     }
 

@@ -17,7 +17,7 @@ use super::{
 use crate::{
     delivery::{aws::classify_service, backoff::Backoff},
     routing::Routing,
-    state::{NodeState, PodRef},
+    state::{NodeState, PodCores, PodRef},
     testdata::{a_pod_per_runtime, fixture, TRN1N_32, TRN1_ERRORS},
 };
 
@@ -508,7 +508,8 @@ fn container_insights_capacity_metrics_come_from_the_allocation() {
     // Each pod's cores: its request, limit and usage, and its share of the node's.
     let pods = two_pods(&mut state);
     if let Some(allocation) = &mut state.allocation {
-        allocation.pods = vec![(pods[0].clone(), 6), (pods[1].clone(), 2)];
+        let cores = |pod: &Arc<PodRef>, allocated| PodCores { pod: pod.clone(), allocated, allocated_idle: 1 };
+        allocation.pods = vec![cores(&pods[0], 6), cores(&pods[1], 2)];
     }
     let pod_value = |datums: &[Datum], name: &str, pod: &str| {
         let datum = datums.iter().find(|d| d.key.name == name && value(d, "FullPodName").as_deref() == Some(pod));
@@ -558,6 +559,49 @@ fn classic_allocation_counts_come_from_the_allocation() {
     assert!(counts(&sample(route(Some("team-a"), None, spec.clone()), &state, &agent)).is_empty());
     spec.metrics = Some(vec![CloudWatchMetric::NeuroncoreUtilization]);
     assert!(counts(&sample(route(None, None, spec), &state, &agent)).is_empty(), "not in the allow-list");
+}
+
+/// Classic naming, listed: each pod's cores by state, under the sets that name the pod or
+/// not; a team's config gets its own pods', and without the listing nobody gets any.
+#[test]
+fn classic_pod_counts_are_sent_where_listed_to_each_config_of_its_pods() {
+    let agent = AgentDimensions { cluster_name: Some("prod".into()), node_name: Some("node-a".into()) };
+    let mut state = state_of(TRN1N_32);
+    let pods = two_pods(&mut state);
+    let cores = crate::state::CoreAllocation { allocatable: 32, allocated: 8, allocated_idle: 3 };
+    let held = |pod: &Arc<PodRef>, allocated, allocated_idle| PodCores { pod: pod.clone(), allocated, allocated_idle };
+    let pod_cores = vec![held(&pods[0], 6, 3), held(&pods[1], 2, 0)];
+    state.allocation = Some(crate::state::AllocationState { cores, pods: pod_cores, ..Default::default() });
+    let counts = |datums: &[Datum]| -> Vec<(String, String, f64)> {
+        let ours = datums.iter().filter(|d| d.key.name == "neuron_pod_neuroncores");
+        let pod = |d: &Datum| value(d, "PodName").unwrap_or_default();
+        ours.map(|d| (pod(d), value(d, "State").unwrap_or_default(), gauge_sum(d))).collect()
+    };
+    let mut spec = cw("Neuron");
+    spec.dimensions =
+        Some(vec![Dimension::ClusterName, Dimension::Namespace, Dimension::PodName, Dimension::ContainerName]);
+    assert!(counts(&sample(route(None, None, spec.clone()), &state, &agent)).is_empty(), "not by default");
+    spec.metrics = Some(vec![CloudWatchMetric::NeuronPodNeuroncores]);
+    let ops = counts(&sample(route(None, None, spec.clone()), &state, &agent));
+    let (train, serve) = (pods[0].pod.clone(), pods[1].pod.clone());
+    let want = |pod: &str, allocated, idle| {
+        [(pod.to_owned(), "allocated".to_owned(), allocated), (pod.to_owned(), "allocated_idle".to_owned(), idle)]
+    };
+    let mut all = want(&train, 6.0, 3.0).to_vec();
+    all.extend(want(&serve, 2.0, 0.0));
+    assert_eq!(ops, all);
+    let named = sample(route(None, None, spec.clone()), &state, &agent);
+    let pod_datum = named.iter().find(|d| d.key.name == "neuron_pod_neuroncores").expect("a datum");
+    assert_eq!(dims(pod_datum), ["ClusterName", "Namespace", "PodName", "State"], "no container: the pod's cores");
+    let team = counts(&sample(route(Some("team-a"), None, spec.clone()), &state, &agent));
+    assert_eq!(team, want(&train, 6.0, 3.0), "a team's config: its own pod's");
+    // Without the pod in the set: the pods the config sees, summed.
+    spec.dimensions = Some(vec![Dimension::ClusterName]);
+    let summed = counts(&sample(route(None, None, spec), &state, &agent));
+    assert_eq!(
+        summed,
+        [(String::new(), "allocated".to_owned(), 8.0), (String::new(), "allocated_idle".to_owned(), 3.0)]
+    );
 }
 
 #[test]

@@ -26,7 +26,7 @@ use api::{
 use super::{increase, increases, truncate, View};
 use crate::{
     sinks::cloudwatch::datum::{Accumulator, MetricKey, MAX_DIMENSIONS},
-    state::{InstanceLabels, NodeState, PodRef},
+    state::{InstanceLabels, NodeState, PodCores, PodRef},
 };
 
 /// What a value is credited to.
@@ -141,13 +141,13 @@ impl View {
     fn sample_pod_capacity(&self, state: &NodeState, acc: &mut Accumulator) {
         let Some(allocation) = &state.allocation else { return };
         let instance = &*state.instance;
-        for (pod, held) in &allocation.pods {
+        for PodCores { pod, allocated, .. } in &allocation.pods {
             if self.route.namespace.as_ref().is_some_and(|ns| *ns != pod.namespace) {
                 continue;
             }
             let place = Place { instance, pod: Some(pod), core: None, device: None, gpu_device: None };
             for capacity in PodCapacity::ALL {
-                if let Some(value) = capacity.value(*held, allocation.cores.allocatable) {
+                if let Some(value) = capacity.value(*allocated, allocation.cores.allocatable) {
                     self.emit(acc, Family::Pod, Source::PodCapacity(capacity), place, Value::Gauge(value));
                 }
             }
