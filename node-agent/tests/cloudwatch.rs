@@ -26,8 +26,9 @@ use aws_sdk_cloudwatch::{
     primitives::DateTime,
     types::{Dimension as CwDimension, DimensionFilter, Metric, MetricDataQuery, MetricStat, Statistic},
 };
+use neuron_e2e::localstack::{CloudWatch, StoredValue};
 use support::{
-    cloudwatch::{sdk_client, start_agent, CloudWatch, Fault, FaultProxy, StoredValue},
+    cloudwatch::{sdk_client, start_agent, Fault, FaultProxy},
     kubelet::running_pod,
     Agent, Metrics,
 };

@@ -16,6 +16,7 @@ use api::{
     monitor_config::{RuntimeGroup, SystemGroup},
     node_config::{NodeConfig, Route, RouteRuntimes},
 };
+use neuron_e2e::localstack::CloudWatch;
 use neuron_node_agent::{
     delivery::backoff::Backoff,
     gpu::{Gpu, GpuIdentity, GpuSnapshot, GpuSource, GpuValues},
@@ -24,7 +25,6 @@ use neuron_node_agent::{
     sinks::cloudwatch::{select::AgentDimensions, telemetry::CloudWatchMetrics, Options, Sinks},
     state::NodeState,
 };
-use support::cloudwatch::CloudWatch;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

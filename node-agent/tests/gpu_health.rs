@@ -14,9 +14,9 @@ use kube::{
     api::{ListParams, PostParams},
     Api,
 };
-use neuron_e2e::{random_u32, wait_for, ControlPlane};
+use neuron_e2e::{localstack::LocalStack, random_u32, wait_for, ControlPlane};
 use support::{
-    cloudwatch::{logs_client, start_agent_without_file, LocalStack},
+    cloudwatch::{logs_client, start_agent_without_file},
     driver::append_kmsg_record,
     sim, Agent, Metrics, TempDir,
 };

@@ -19,11 +19,11 @@ use api::{
     monitor_config::MonitorConfig,
     node_config::{LogDestination, NodeConfig, NodeHealth},
 };
-use neuron_e2e::{random_u32, ControlPlane};
+use neuron_e2e::{localstack::LocalStack, random_u32, ControlPlane};
 use neuron_node_agent::attribution::podresources::NEURONDEVICE;
 use serde_json::Value;
 use support::{
-    cloudwatch::{logs_client, start_agent, start_agent_without_file, Fault, FaultProxy, LocalStack, Service},
+    cloudwatch::{logs_client, start_agent, start_agent_without_file, Fault, FaultProxy, Service},
     driver::FakeDriver,
     kubelet::{holding, PodResourcesServer},
     Agent, Metrics, TempDir,

@@ -10,6 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use neuron_e2e::localstack::CloudWatch;
 use support::{cloudwatch, kubelet::FakeProc, sim, Agent, TempDir, AGENT};
 
 /// Two applications: a server and a trainer.
@@ -217,7 +218,7 @@ fn an_invalid_document_stops_the_agent_naming_file_document_and_field() {
 
 #[test]
 fn two_documents_publish_to_their_own_cloudwatch_namespaces() {
-    let cw = cloudwatch::CloudWatch::start();
+    let cw = CloudWatch::start();
     let (ns_a, ns_b) = (cw.namespace("Serving"), cw.namespace("Training"));
     let doc = |name: &str, filter: &str, namespace: &str| {
         format!(
@@ -315,7 +316,7 @@ fn an_ecs_task_s_runtime_carries_its_task_in_labels_and_dimensions() {
     proc.process(4302, &format!("0::/ecstasks.slice/ecstasks-{serve_task}.slice/docker-{SERVER}.scope\n"));
     proc.process(4303, "0::/system.slice/batch.service\n");
 
-    let cw = cloudwatch::CloudWatch::start();
+    let cw = CloudWatch::start();
     let namespace = cw.namespace("Ecs");
     let dir = TempDir::new("standalone-ecs");
     let file = dir.0.join("neuron-monitor.yaml");

@@ -3,8 +3,7 @@
 //!   service-account controllers, in one process (`tests/controlplane`), shared by all
 //!   tests of a test binary; each test works in a namespace of its own.
 //! - [`tool`]: the test tools `tests/tools/install.sh` installs in its bin/ (controlplane,
-//!   helm, prometheus, promtool; LocalStack has a venv of its own, see
-//!   `node-agent/tests/support/cloudwatch.rs`).
+//!   helm, prometheus, promtool; LocalStack has a venv of its own: [`localstack`]).
 //! - [`workspace_bin`]: the project's own binaries (`cargo build --workspace --bins`).
 //! - [`chart`]: the Helm chart rendered, its objects, a container's args and environment.
 //! - [`https`]: an HTTPS client for the metrics ports, and a Secret volume laid out as
@@ -26,6 +25,7 @@ pub mod chart;
 pub mod dashboard;
 pub mod fleet;
 pub mod https;
+pub mod localstack;
 pub mod otlp;
 pub mod prometheus;
 pub mod real_node;
