@@ -12,7 +12,8 @@
 //!   [`otlp`]: a test OTLP receiver that records what it is sent; [`dashboard`]: the
 //!   chart dashboard's queries.
 //! - [`real_node`]: a real one-node cluster (kubelet, containerd) from `tests/realnode.sh`,
-//!   stopped and the machine restored when dropped.
+//!   stopped and the machine restored when dropped; [`relay`]: a TCP relay from its
+//!   pods' bridge to a loopback service.
 //!
 //! - the common test support (fixtures, [`TempDir`], [`http_get`]), re-exported from
 //!   `neuron-test-support` (tests/support).
@@ -29,6 +30,7 @@ pub mod localstack;
 pub mod otlp;
 pub mod prometheus;
 pub mod real_node;
+pub mod relay;
 
 // The workspace's common test support, for the tests built on this crate.
 pub use neuron_test_support::{fixture_path, free_port, http_get, random_u32, TempDir, PROMETHEUS_OPERATOR_CRDS};

@@ -6,7 +6,7 @@
 use std::{
     collections::{BTreeMap, VecDeque},
     io::{Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
@@ -138,7 +138,13 @@ const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
 impl Receiver {
     pub fn start() -> anyhow::Result<Receiver> {
-        let listener = TcpListener::bind("127.0.0.1:0").context("binding the OTLP receiver")?;
+        Self::start_on(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+    }
+
+    /// A receiver on `addr`: loopback, or an address of the test node's own network (the
+    /// real node's bridge, which its pods reach); port 0: a free one.
+    pub fn start_on(addr: SocketAddr) -> anyhow::Result<Receiver> {
+        let listener = TcpListener::bind(addr).with_context(|| format!("binding the OTLP receiver on {addr}"))?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let shared =

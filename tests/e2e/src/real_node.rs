@@ -26,6 +26,10 @@ use crate::{chart, random_u32, repo_root, workspace_bin};
 
 /// The kubelet's root directory (tests/realnode.sh's, where the chart's hostPaths point).
 pub const KUBELET_ROOT: &str = "/var/lib/kubelet";
+/// The address of the node's pod bridge (the first of tests/realnode.sh's `POD_CIDR`),
+/// which its pods reach: where a test serves what the agent's pod sends to, once the
+/// first pod made the bridge.
+pub const POD_GATEWAY: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 244, 0, 1);
 /// The lock a node's test holds while its node runs.
 pub const LOCK: &str = "/run/neuron-realnode.lock";
 /// The longest a test waits for another test's node to go.

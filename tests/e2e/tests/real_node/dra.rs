@@ -6,21 +6,32 @@
 //! the idle cores of a device another pod claims carry that claim; a device nobody
 //! claims keeps reporting, without a pod. The application's pod also claims an EFA device
 //! of the test driver's EFA half (AWS's EFA DRA driver's names: `dra.net`,
-//! `efa.networking.k8s.aws`), whose series then carry the pod and the claim.
+//! `efa.networking.k8s.aws`), whose series then carry the pod and the claim. The team's
+//! own config sends the pod's series to CloudWatch (LocalStack) and to an OTLP receiver,
+//! both reached from the agent's pod through the node's bridge.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
-use api::hardware::{EFA_DRA_DEVICE_CLASS, EFA_DRA_DRIVER};
+use api::{
+    crd::NeuronMonitorConfig,
+    hardware::{EFA_DRA_DEVICE_CLASS, EFA_DRA_DRIVER},
+};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{
     api::{ApiResource, DynamicObject, PostParams},
     Api, Client,
 };
 use neuron_e2e::{
-    real_node::{leftovers, HostState, RealNode},
+    free_port,
+    localstack::CloudWatch,
+    otlp::{points, Receiver},
+    real_node::{leftovers, HostState, RealNode, POD_GATEWAY},
+    relay::Relay,
     wait_for,
 };
 use neuron_node_agent::attribution::{dra::claimed_devices, podresources};
@@ -52,9 +63,28 @@ async fn neuron_devices_claimed_through_dra_are_attributed_on_a_real_node() {
     let efa_hardware = hardware["efa_devices"].as_array().expect("efa_devices");
     assert_eq!(efa_names, efa_hardware.iter().filter_map(|d| d.as_str()).collect(), "the EFA ResourceSlice");
 
+    // The team's sinks, on the bridge (made with the first pod) at ports chosen now for the
+    // agent's environment and the tenancy policy: its CloudWatch, LocalStack (which
+    // listens on loopback only) through a relay, and its OTLP collector, which the
+    // cluster's policy admits.
+    let cw = CloudWatch::start();
+    let (relay_port, otlp_port) = (free_port(), free_port());
+    let cloudwatch = format!("http://{POD_GATEWAY}:{relay_port}");
+    let otlp_endpoint = format!("http://{POD_GATEWAY}:{otlp_port}/v1/metrics");
+    let aws = [
+        ("AWS_ENDPOINT_URL_CLOUDWATCH", cloudwatch.as_str()),
+        ("AWS_ACCESS_KEY_ID", "AKIDTEST"),
+        ("AWS_SECRET_ACCESS_KEY", "test-secret"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ];
+    let values = values_for_team_sinks(&node, &aws, &otlp_endpoint);
+    let values = values.to_str().expect("a UTF-8 path");
     // Allocated cores count as idle after 2 s (not 10 minutes) in this test.
-    helm_install_with(&node, &["--set", "agent.idleCores.window=2s"]);
+    helm_install_with(&node, &["--values", values, "--set", "agent.idleCores.window=2s"]);
     let pods = every_pod_ready(&client).await;
+    let to_localstack = SocketAddr::new(POD_GATEWAY.into(), relay_port);
+    let _relay = Relay::start(to_localstack, cw.addr()).expect("a relay from the bridge to LocalStack");
+    let otlp = Receiver::start_on(SocketAddr::new(POD_GATEWAY.into(), otlp_port)).expect("an OTLP receiver");
     let scraper = metrics_answer_only_a_token_with_the_reader_role(&client, &pods).await;
     let agent = pods.iter().find(|p| component_of(p) == "node-agent").expect("the agent's pod").clone();
     let page = || scraper.metrics(&agent, "node-agent", AGENT_PORT, Some(&scraper.token)).body;
@@ -97,6 +127,7 @@ async fn neuron_devices_claimed_through_dra_are_attributed_on_a_real_node() {
         created.elapsed().as_secs_f64()
     );
     the_kubelet_lists_the_claim(&node, "trainer", "trainer-neuron", &device).await;
+    the_teams_sinks_get_its_pods_series(&client, &cw, &otlp).await;
     // The device's own series name the pod holding it.
     let holders = health_series(&page()).into_iter().find(|(d, ..)| *d == index.to_string()).map(|(_, _, p, _)| p);
     assert_eq!(holders.as_deref(), Some(format!("{TEAM}/trainer").as_str()), "device {index}'s health series");
@@ -170,6 +201,63 @@ async fn neuron_devices_claimed_through_dra_are_attributed_on_a_real_node() {
     assert_eq!(HostState::read(), node.before, "the machine's sysctls or kubelet root differ from before the node");
     let left = leftovers(&node.info, &node.dir, &pids);
     assert!(left.is_empty(), "the stopped node left behind:\n{}", left.join("\n"));
+}
+
+/// A values file that adds `env` to the agent's environment of the node's values (`--set`
+/// would replace that list, and with it the simulator's settings) and lets every team's
+/// configs send to `otlp_endpoint`.
+fn values_for_team_sinks(node: &RealNode, env: &[(&str, &str)], otlp_endpoint: &str) -> PathBuf {
+    let text = std::fs::read_to_string(&node.info.values).expect("the node's chart values");
+    let values: serde_norway::Value = serde_norway::from_str(&text).expect("YAML values");
+    let mut list = values["agent"]["extraEnv"].as_sequence().cloned().unwrap_or_default();
+    list.extend(
+        env.iter().map(|(name, value)| serde_norway::to_value(json!({ "name": name, "value": value })).expect("YAML")),
+    );
+    let path = node.dir.join("agent-env-values.yaml");
+    let extra = json!({
+        "agent": { "extraEnv": list },
+        "tenancy": { "default": { "otlpEndpoints": [otlp_endpoint] } },
+    });
+    let extra = serde_norway::to_string(&extra).expect("YAML");
+    std::fs::write(&path, extra).expect("the values file");
+    path
+}
+
+/// The team's own config sends its pod's series, attributed through the claim, to its
+/// CloudWatch namespace (classic naming, by namespace and pod) and to its OTLP receiver.
+async fn the_teams_sinks_get_its_pods_series(client: &Client, cw: &CloudWatch, otlp: &Receiver) {
+    let config: NeuronMonitorConfig = serde_json::from_value(json!({
+        "apiVersion": "neuronmonitor.io/v1alpha1", "kind": "NeuronMonitorConfig",
+        "metadata": { "name": "team", "namespace": TEAM },
+        "spec": { "period": "1s", "sinks": {
+            "cloudwatch": {
+                // Where the chart's tenancy policy lets a team publish.
+                "namespace": cw.namespace(&format!("Teams/{TEAM}")), "dimensions": ["Namespace", "PodName"],
+                "flushInterval": "1s",
+            },
+            "otlp": { "endpoint": otlp.url("/v1/metrics"), "flushInterval": "1s" },
+        } },
+    }))
+    .expect("a NeuronMonitorConfig");
+    let configs: Api<NeuronMonitorConfig> = Api::namespaced(client.clone(), TEAM);
+    configs.create(&PostParams::default(), &config).await.expect("the team's config");
+    let ours = |dimensions: &BTreeMap<String, String>| {
+        dimensions.get("Namespace").map(String::as_str) == Some(TEAM)
+            && dimensions.get("PodName").map(String::as_str) == Some("trainer")
+    };
+    let stored = wait_for(Duration::from_secs(90), || {
+        let found = cw.stored().into_iter().find(|s| s.name == "neuroncore_utilization" && ours(&s.dimensions));
+        std::future::ready(found)
+    })
+    .await;
+    assert!(stored.is_some(), "the pod's utilization in LocalStack: {:?}", cw.stored());
+    let point = otlp.wait_for("the pod's series over OTLP", Duration::from_secs(90), |received| {
+        let mut all = received.iter().filter_map(|r| r.decode().ok()).flat_map(|r| points(&r));
+        all.find(|p| p.name == "neuroncore_utilization_ratio" && p.attributes.contains_key("runtime_tag"))
+    });
+    let point = point.expect("an OTLP point of the application");
+    let pod = ["k8s.namespace.name", "k8s.pod.name"].map(|k| point.resource.get(k).cloned().unwrap_or_default());
+    assert_eq!(pod, [TEAM, "trainer"].map(str::to_owned), "{point:?}");
 }
 
 fn resource(kind: &str, plural: &str) -> ApiResource {
