@@ -224,8 +224,8 @@ fn list(
             list_now(dir, max, stamp, watch)?
         }
     };
-    for skip in &listing.skips {
-        reading.skip(*skip);
+    for (total, skipped) in reading.skipped.iter_mut().zip(listing.skipped) {
+        *total += skipped;
     }
     let entries = listing.entries.clone();
     listed.now.insert(dir.to_owned(), listing);
@@ -233,22 +233,23 @@ fn list(
 }
 
 fn list_now(dir: &Path, max: usize, stamp: Stamp, watch: &Watch) -> io::Result<Listing> {
-    let mut listing = Listing { stamp, entries: Vec::new(), skips: Vec::new() };
+    let mut listing = Listing { stamp, entries: Vec::new(), skipped: [0; Skip::ALL.len()] };
+    let mut skip = |why: Skip| listing.skipped[why as usize] += 1;
     watch.access(dir, |dir| {
         for entry in fs::read_dir(dir)? {
             let Ok(entry) = entry else {
-                listing.skips.push(Skip::Other);
+                skip(Skip::Other);
                 continue;
             };
             let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-                listing.skips.push(Skip::BadName);
+                skip(Skip::BadName);
                 continue;
             };
             if name.starts_with('.') {
                 continue;
             }
             if listing.entries.len() == max {
-                listing.skips.push(Skip::Limit);
+                skip(Skip::Limit);
                 break;
             }
             let is_file = entry.file_type().is_ok_and(|t| t.is_file());
@@ -284,11 +285,12 @@ impl Stamp {
     }
 }
 
-/// A directory's entries as listed, with its stamp then and what the listing counted.
+/// A directory's entries as listed, with its stamp then and what the listing counted
+/// (by [`Skip`]).
 struct Listing {
     stamp: Stamp,
     entries: Vec<Entry>,
-    skips: Vec<Skip>,
+    skipped: [u64; Skip::ALL.len()],
 }
 
 /// The listings of the previous read (taken when used again) and those of this one,
