@@ -17,6 +17,15 @@ use tracing::warn;
 
 use crate::monitor::LaunchSpec;
 
+/// neuron-monitor's flag naming its configuration file.
+const CONFIG_FLAG: &str = "-c";
+
+/// The name of the configuration file a launch spec starts neuron-monitor with.
+fn config_file_name(spec: &LaunchSpec) -> Option<&str> {
+    let at = spec.args.iter().rposition(|a| a == CONFIG_FLAG)?;
+    Path::new(spec.args.get(at + 1)?).file_name()?.to_str()
+}
+
 /// How neuron-monitor is started, whatever the configuration.
 #[derive(Clone, Debug)]
 pub struct Launcher {
@@ -37,7 +46,10 @@ pub struct Launcher {
 impl Launcher {
     /// Writes `config` to `<state dir>/neuron-monitor-<hash>.json` (removing older
     /// files) and returns the spec that runs neuron-monitor on it.
-    pub async fn prepare(&self, config: &MonitorConfig) -> std::io::Result<LaunchSpec> {
+    /// The file of `in_force` (the spec the supervisor may be starting neuron-monitor on
+    /// at this moment) is kept too, until the next configuration: removing it could make
+    /// that start read no file.
+    pub async fn prepare(&self, config: &MonitorConfig, in_force: Option<&LaunchSpec>) -> std::io::Result<LaunchSpec> {
         let with_k8s_info;
         let config = if self.k8s_info {
             with_k8s_info = config.clone().with_k8s_info();
@@ -51,25 +63,26 @@ impl Launcher {
         check_state_dir(&self.state_dir).await.map_err(std::io::Error::other)?;
         let path = self.state_dir.join(&name);
         write_file(&self.state_dir, &name, &body).await?;
-        self.remove_other_configs(&name).await;
+        let in_force = in_force.and_then(config_file_name);
+        self.remove_other_configs(&[Some(name.as_str()), in_force]).await;
         let silence_limit = self
             .silence_timeout
             .unwrap_or_else(|| (config.shortest_period().as_duration() * 3).max(Duration::from_secs(2)));
         let mut args = self.args.clone();
-        args.extend(["-c".to_owned(), path.display().to_string()]);
+        args.extend([CONFIG_FLAG.to_owned(), path.display().to_string()]);
         Ok(LaunchSpec { program: self.program.clone(), args, silence_limit })
     }
 
     /// Deletes the agent's older configurations (and temporary files); refuses (counts, logs) what it did not
     /// write. Deleting removes a directory entry, never what a link points to.
-    async fn remove_other_configs(&self, keep: &str) {
+    async fn remove_other_configs(&self, keep: &[Option<&str>]) {
         let Ok(mut entries) = tokio::fs::read_dir(&self.state_dir).await else { return };
         while let Ok(Some(entry)) = entries.next_entry().await {
             let name = entry.file_name().to_string_lossy().into_owned();
             let config = name.starts_with("neuron-monitor-") && name.ends_with(".json");
             // Left by an agent that died while writing.
             let partial = name.starts_with(".neuron-monitor-") && name.ends_with(".partial");
-            if !(config || partial) || name == keep {
+            if !(config || partial) || keep.contains(&Some(name.as_str())) {
                 continue;
             }
             // Of the entry itself: a symbolic link is not followed.
@@ -198,4 +211,45 @@ async fn write_file(dir: &Path, name: &str, body: &[u8]) -> std::io::Result<()> 
         return written;
     }
     Err(last.unwrap_or_else(|| std::io::Error::other("no free temporary name")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testdata::TempDir;
+    use api::duration::Period;
+
+    fn files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    }
+
+    /// A new configuration keeps the file of the one in force (neuron-monitor may be
+    /// starting on it) and removes those before it.
+    #[tokio::test]
+    async fn the_configuration_in_force_keeps_its_file_until_the_next() {
+        let dir = TempDir::new("state-dir");
+        let launcher = Launcher {
+            program: "neuron-monitor".into(),
+            args: Vec::new(),
+            state_dir: dir.0.clone(),
+            silence_timeout: None,
+            refused_files: Counter::default(),
+            k8s_info: false,
+        };
+        let config = |secs| MonitorConfig::all_groups(Period::from_secs(secs));
+        let name = |spec: &LaunchSpec| config_file_name(spec).unwrap().to_owned();
+        let a = launcher.prepare(&config(1), None).await.unwrap();
+        let b = launcher.prepare(&config(2), Some(&a)).await.unwrap();
+        let mut both = vec![name(&a), name(&b)];
+        both.sort();
+        assert_eq!(files(&dir.0), both);
+        let c = launcher.prepare(&config(3), Some(&b)).await.unwrap();
+        let mut now = vec![name(&b), name(&c)];
+        now.sort();
+        assert_eq!(files(&dir.0), now, "the first one removed");
+        assert!(c.args.ends_with(&[CONFIG_FLAG.to_owned(), dir.0.join(name(&c)).display().to_string()]));
+    }
 }

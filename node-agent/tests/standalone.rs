@@ -96,13 +96,16 @@ fn running_monitor_config(agent: &Agent) -> Option<String> {
     args.iter().position(|a| a == "-c").and_then(|i| args.get(i + 1)).cloned()
 }
 
-/// The neuron-monitor configuration the agent last wrote (the one in force).
+/// The neuron-monitor configuration the agent last wrote (the one in force; the one
+/// before it stays until the next, as neuron-monitor may still be starting on it).
 fn latest_monitor_config(agent: &Agent) -> Option<String> {
     let entries = std::fs::read_dir(agent.state_dir.path()).ok()?;
     entries
         .filter_map(Result::ok)
-        .map(|e| e.path().display().to_string())
-        .find(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with("neuron-monitor-") && n.ends_with(".json")))
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("neuron-monitor-") && n.ends_with(".json")))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path().display().to_string())))
+        .max()
+        .map(|(_, path)| path)
 }
 
 /// A change of sinks alone does not restart neuron-monitor; changes of what it collects,

@@ -156,7 +156,7 @@ impl Activator {
         health_defaults: HealthDefaults,
         metrics: AgentMetrics,
     ) -> Result<(Self, watch::Receiver<LaunchSpec>), ActivationError> {
-        let spec = launcher.prepare(&builtin).await?;
+        let spec = launcher.prepare(&builtin, None).await?;
         let (launch, specs) = watch::channel(spec);
         let routing = SharedRouting::default();
         metrics.config_in_force(Origin::Builtin.as_str(), "");
@@ -231,7 +231,8 @@ impl Activator {
         health: Option<&NodeHealth>,
         gpu: Option<NodeGpu>,
     ) -> Result<(), ActivationError> {
-        let spec = self.launcher.prepare(monitor).await?;
+        let in_force = self.launch.borrow().clone();
+        let spec = self.launcher.prepare(monitor, Some(&in_force)).await?;
         self.routing.replace(routing);
         // Only a new spec restarts neuron-monitor: a change of routes or sinks alone does not.
         self.launch.send_if_modified(|current| {
