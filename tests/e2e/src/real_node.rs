@@ -128,7 +128,10 @@ impl RealNode {
             Some(info) if ok => Ok(RealNode { dir, info, before, stopped: false, _lock: lock }),
             _ => {
                 // `up` restores the machine when it fails; a timeout may have cut it short.
-                let (_, down_out, down_err) = realnode(DOWN_LIMIT, "down", &dir, instance_type, allocation);
+                let (down_ok, down_out, down_err) = realnode(DOWN_LIMIT, "down", &dir, instance_type, allocation);
+                if down_ok {
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
                 bail!("tests/realnode.sh up failed:\n{stderr}\n(down: {down_out}{down_err})")
             }
         }
