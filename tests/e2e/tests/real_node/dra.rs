@@ -270,39 +270,36 @@ fn resource(kind: &str, plural: &str) -> ApiResource {
     }
 }
 
-/// The node's published Neuron devices: name → `deviceId`.
-async fn published_devices(client: &Client, node: &str) -> BTreeMap<String, u32> {
+/// The devices `driver` publishes in the node's ResourceSlices.
+async fn slice_devices(client: &Client, node: &str, driver: &str) -> Vec<serde_json::Value> {
     let slices: Api<DynamicObject> = Api::all_with(client.clone(), &resource("ResourceSlice", "resourceslices"));
     let list = slices
         .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await
         .expect("the node's ResourceSlices");
+    let ours = list.items.into_iter().filter(|s| s.data["spec"]["driver"] == driver);
+    ours.flat_map(|s| s.data["spec"]["devices"].as_array().cloned().unwrap_or_default()).collect()
+}
+
+/// The node's published Neuron devices: name → `deviceId`.
+async fn published_devices(client: &Client, node: &str) -> BTreeMap<String, u32> {
     let mut devices = BTreeMap::new();
-    for slice in list.items.iter().filter(|s| s.data["spec"]["driver"] == DRIVER) {
-        for device in slice.data["spec"]["devices"].as_array().into_iter().flatten() {
-            let name = device["name"].as_str().unwrap_or_default().to_owned();
-            let id = device["attributes"]["deviceId"]["int"].as_u64().expect("a deviceId") as u32;
-            let kind = &device["attributes"]["resourceType"]["string"];
-            assert_eq!(kind, "neuron_device", "{name}'s resourceType");
-            for group in ["resource.aws.com/devicegroup4_id", "resource.aws.com/devicegroup8_id"] {
-                assert!(device["attributes"][group]["int"].is_u64(), "{name} lacks {group}: {device}");
-            }
-            devices.insert(name, id);
+    for device in slice_devices(client, node, DRIVER).await {
+        let name = device["name"].as_str().unwrap_or_default().to_owned();
+        let id = device["attributes"]["deviceId"]["int"].as_u64().expect("a deviceId") as u32;
+        let kind = &device["attributes"]["resourceType"]["string"];
+        assert_eq!(kind, "neuron_device", "{name}'s resourceType");
+        for group in ["resource.aws.com/devicegroup4_id", "resource.aws.com/devicegroup8_id"] {
+            assert!(device["attributes"][group]["int"].is_u64(), "{name} lacks {group}: {device}");
         }
+        devices.insert(name, id);
     }
     devices
 }
 
 /// The node's published EFA devices (the EFA half's slice): name → `dra.net/rdmaDevice`.
 async fn published_efa_devices(client: &Client, node: &str) -> BTreeMap<String, String> {
-    let slices: Api<DynamicObject> = Api::all_with(client.clone(), &resource("ResourceSlice", "resourceslices"));
-    let list = slices
-        .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={node}")))
-        .await
-        .expect("the node's ResourceSlices");
-    let ours = list.items.into_iter().filter(|s| s.data["spec"]["driver"] == EFA_DRA_DRIVER);
-    let devices: Vec<serde_json::Value> =
-        ours.flat_map(|s| s.data["spec"]["devices"].as_array().cloned().unwrap_or_default()).collect();
+    let devices = slice_devices(client, node, EFA_DRA_DRIVER).await;
     let rdma = |d: &serde_json::Value| d["attributes"]["dra.net/rdmaDevice"]["string"].as_str().map(str::to_owned);
     devices.iter().filter_map(|d| Some((d["name"].as_str()?.to_owned(), rdma(d)?))).collect()
 }
