@@ -215,7 +215,7 @@ impl AttributionMetrics {
         r.register(
             "dra_devices",
             "Devices this node's ResourceSlices publish, by driver (neuron.aws.com, gpu.nvidia.com; watched once \
-             the kubelet lists a DRA claim)",
+             the kubelet lists a DRA claim, or where the device plugin leaves Neuron devices out)",
             m.dra_devices.clone(),
         );
         r.register(
@@ -256,6 +256,8 @@ struct Cache {
     round: u64,
     /// The node state's `k8s_generation` last copied into the devices.
     k8s_generation: Option<u64>,
+    /// The node's devices and cores per device last copied into the devices.
+    node_devices: Option<(u32, u32)>,
 }
 
 struct PidEntry {
@@ -463,6 +465,12 @@ impl Attribution {
             let allocations = state.k8s.as_ref().map(podresources::monitor_allocations);
             self.devices.write().unwrap_or_else(|p| p.into_inner()).set_from_monitor(allocations);
         }
+        let cores_per_device = state.hardware.as_ref().and_then(|h| h.cores_per_device);
+        let node_devices = state.hardware.as_ref().and_then(|h| Some((h.device_count?, cores_per_device?)));
+        if cache.node_devices != node_devices {
+            cache.node_devices = node_devices;
+            self.devices.write().unwrap_or_else(|p| p.into_inner()).set_node_devices(node_devices);
+        }
         let devices = self.devices.read().unwrap_or_else(|p| p.into_inner());
         let source = devices.source();
         for s in [DeviceSource::Kubelet, DeviceSource::NeuronMonitor] {
@@ -471,7 +479,6 @@ impl Attribution {
                 .get_or_create(&SourceLabel { source: s.as_str() })
                 .set(i64::from(source == Some(s)));
         }
-        let cores_per_device = state.hardware.as_ref().and_then(|h| h.cores_per_device);
         cache.owners.refresh(&pods, &devices, cores_per_device);
         cache.allocation.refresh(&devices, cores_per_device);
         drop(devices);

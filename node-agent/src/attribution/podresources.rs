@@ -377,6 +377,8 @@ pub struct DeviceOwnership {
     efa: EfaOwnership,
     /// What the device plugin can allocate; `None`: the kubelet did not say.
     plugin_allocatable: Option<Vec<(Unit, u32)>>,
+    /// The node's Neuron devices and cores per device, as its reports say.
+    node_devices: Option<(u32, u32)>,
     generation: u64,
 }
 
@@ -517,10 +519,27 @@ impl DeviceOwnership {
         }
     }
 
-    /// Whether the device plugin can allocate no Neuron device (as on a node whose
-    /// devices DRA manages, or without a device plugin).
-    pub fn plugin_allocates_nothing(&self) -> bool {
-        self.plugin_allocatable.as_ref().is_some_and(Vec::is_empty)
+    /// The node's Neuron devices and cores per device, from its reports.
+    pub fn set_node_devices(&mut self, devices: Option<(u32, u32)>) {
+        self.node_devices = devices;
+    }
+
+    /// Whether some Neuron devices of the node are none of the device plugin's: all (a
+    /// node whose devices DRA manages, or without a device plugin) or some (a node
+    /// migrating to DRA, whose driver publishes the others). Where the reports have not
+    /// said the node's devices yet, only "all" is known.
+    pub fn plugin_leaves_devices(&self) -> bool {
+        let Some(units) = &self.plugin_allocatable else { return false };
+        if units.is_empty() {
+            return true;
+        }
+        let Some((devices, cores_per_device)) = self.node_devices else { return false };
+        let device_of = |(unit, id): &(Unit, u32)| match unit {
+            Unit::Device => Some(*id),
+            Unit::Core => id.checked_div(cores_per_device),
+        };
+        let covered: BTreeSet<u32> = units.iter().filter_map(device_of).filter(|d| *d < devices).collect();
+        covered.len() < devices as usize
     }
 
     /// The host cores the device plugin and the DRA driver can allocate, sorted; `None`
@@ -635,9 +654,9 @@ impl KubeletPoller {
                     let unresolvable = devices.set_kubelet(allocations, claimed);
                     let efa_unresolvable = devices.set_efa(efa, efa_claimed);
                     devices.set_plugin_allocatable(plugin_allocatable);
-                    // Without the device plugin's devices, the node's (if any) are DRA's:
+                    // The node's devices that are none of the device plugin's may be DRA's:
                     // its ResourceSlices say what can be allocated.
-                    let dra_node = devices.plugin_allocates_nothing();
+                    let dra_node = devices.plugin_leaves_devices();
                     drop(devices);
                     dra::report_unresolved(&unresolvable, Neuron::NAME, &self.metrics);
                     dra::report_unresolved(&efa_unresolvable, Efa::NAME, &self.metrics);
@@ -781,6 +800,29 @@ mod tests {
         bytes.extend_from_slice(&[0x1a, 0x02, 0x01, 0x02]);
         let decoded = ContainerResources::decode(&*bytes).unwrap();
         assert_eq!(decoded.devices[0].device_ids, vec!["0".to_owned()]);
+    }
+
+    #[test]
+    fn devices_none_of_the_device_plugins_call_for_the_resourceslices() {
+        let mut ownership = DeviceOwnership::default();
+        assert!(!ownership.plugin_leaves_devices(), "the kubelet has not said");
+        ownership.set_plugin_allocatable(Some(Vec::new()));
+        assert!(ownership.plugin_leaves_devices(), "no device plugin: a DRA node");
+        // The plugin's devices 0-1 and cores 4-5 (device 2) of a node of 4 devices × 2 cores.
+        let half = vec![(Unit::Device, 0), (Unit::Device, 1), (Unit::Core, 4), (Unit::Core, 5)];
+        ownership.set_plugin_allocatable(Some(half.clone()));
+        assert!(!ownership.plugin_leaves_devices(), "the node's devices are not known yet");
+        ownership.set_node_devices(Some((4, 2)));
+        assert!(ownership.plugin_leaves_devices(), "device 3 is none of the plugin's: a mixed node");
+        let mut all = half;
+        all.push((Unit::Core, 7));
+        ownership.set_plugin_allocatable(Some(all.clone()));
+        assert!(!ownership.plugin_leaves_devices(), "every device is the plugin's");
+        // Ids beyond the node's devices cover none of them.
+        all.retain(|(unit, id)| (*unit, *id) != (Unit::Device, 1));
+        all.push((Unit::Device, 9));
+        ownership.set_plugin_allocatable(Some(all));
+        assert!(ownership.plugin_leaves_devices(), "device 1 is none of the plugin's");
     }
 
     #[tokio::test]
