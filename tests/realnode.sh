@@ -23,7 +23,9 @@
 # specs under DIR/dra/cdi; the EFA devices as AWS's EFA DRA driver publishes them, driver
 # dra.net, DeviceClass efa.networking.k8s.aws; containerd 1.6 has no CDI support, so on
 # such a node its runc is the driver's wrapper, which applies a pod's CDI devices before
-# runc creates its containers). The images (agent with the simulator as its neuron-monitor, operator, pause)
+# runc creates its containers); with REALNODE_ALLOCATION=mixed, by both, as on a node
+# migrating to DRA: the device plugin advertises the first half of the devices (and the
+# EFA devices), the DRA driver publishes the other half. The images (agent with the simulator as its neuron-monitor, operator, pause)
 # are built with umoci from the workspace's binaries and imported into containerd: no
 # registry, no container engine.
 #
@@ -42,8 +44,8 @@
 # address of the default route), REALNODE_TIMEOUT (seconds for each start-up wait, 90),
 # REALNODE_INSTANCE_TYPE (trn1.32xlarge; a GPU type the fake NVML library knows, like
 # g5.12xlarge, makes a GPU node: no Neuron device, the fake library as the node's driver),
-# REALNODE_ALLOCATION (deviceplugin, or dra: Neuron nodes on Kubernetes >= 1.34, where
-# resource.k8s.io/v1 is served).
+# REALNODE_ALLOCATION (deviceplugin; dra or mixed: Neuron nodes on Kubernetes >= 1.34,
+# where resource.k8s.io/v1 is served).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -59,8 +61,8 @@ INSTANCE_TYPE=${REALNODE_INSTANCE_TYPE:-trn1.32xlarge}
 [[ $INSTANCE_TYPE =~ ^[a-z0-9.-]{1,32}$ ]] || { echo "realnode: REALNODE_INSTANCE_TYPE ${INSTANCE_TYPE@Q}: an instance type" >&2; exit 1; }
 # Who allocates the Neuron devices (start_allocation).
 ALLOCATION=${REALNODE_ALLOCATION:-deviceplugin}
-[[ $ALLOCATION == deviceplugin || $ALLOCATION == dra ]] ||
-    { echo "realnode: REALNODE_ALLOCATION ${ALLOCATION@Q}: deviceplugin (the default) or dra" >&2; exit 1; }
+[[ $ALLOCATION == deviceplugin || $ALLOCATION == dra || $ALLOCATION == mixed ]] ||
+    { echo "realnode: REALNODE_ALLOCATION ${ALLOCATION@Q}: deviceplugin (the default), dra or mixed" >&2; exit 1; }
 POD_CIDR=10.244.0.0/24
 BRIDGE=nmrealnode0
 KUBELET_ROOT=/var/lib/kubelet
@@ -150,7 +152,7 @@ cannot_host() {
     # A cdylib: `cargo build --workspace --bins` does not build it.
     [[ $kind != gpu || -f $(workspace_bin)/libnvidia_ml_fake.so ]] ||
         { echo "$(workspace_bin)/libnvidia_ml_fake.so missing: cargo build -p nvidia-ml-fake first"; return; }
-    [[ $ALLOCATION != dra ]] || dra_problem
+    [[ $ALLOCATION == deviceplugin ]] || dra_problem
     node_ip >/dev/null || echo "no IPv4 address for the node (set REALNODE_NODE_IP)"
 }
 
@@ -159,11 +161,11 @@ dra_problem() {
     local version minor
     command -v neuron-sim-dradriver >/dev/null ||
         { echo "neuron-sim-dradriver not found (tests/tools/install.sh builds it)"; return; }
-    [[ $(node_kind) == neuron ]] || { echo "REALNODE_ALLOCATION=dra is for Neuron nodes, not $INSTANCE_TYPE"; return; }
+    [[ $(node_kind) == neuron ]] || { echo "REALNODE_ALLOCATION=$ALLOCATION is for Neuron nodes, not $INSTANCE_TYPE"; return; }
     version=$(kubelet --version 2>/dev/null | awk '{ print $2 }')
     minor=$(cut -d. -f2 <<<"$version")
     [[ $minor =~ ^[0-9]+$ ]] && ((minor >= 34)) ||
-        echo "REALNODE_ALLOCATION=dra needs Kubernetes >= 1.34 (resource.k8s.io/v1); the node's kubelet is ${version:-unknown}"
+        echo "REALNODE_ALLOCATION=$ALLOCATION needs Kubernetes >= 1.34 (resource.k8s.io/v1); the node's kubelet is ${version:-unknown}"
 }
 
 # cgroup_problem: prints why the cgroup layout cannot host the kubelet (and succeeds).
@@ -442,7 +444,7 @@ EOF
 # runc_binary: on a DRA node, the test DRA driver's runc wrapper as containerd's runc
 # (it applies the CDI devices containerd 1.6 cannot), written to DIR/dra/runc.
 runc_binary() {
-    [[ $ALLOCATION == dra ]] || return 0
+    [[ $ALLOCATION != deviceplugin ]] || return 0
     mkdir -p "$dir/dra/cdi" "$dir/dra/consumers"
     printf '#!/bin/sh\nexec %s runc --runc %s --cdi-dir %s --consumers-dir %s -- "$@"\n' \
         "$(command -v neuron-sim-dradriver)" "$(command -v runc)" "$dir/dra/cdi" "$dir/dra/consumers" >"$dir/dra/runc"
@@ -544,26 +546,42 @@ wait_node_ready() {
     alive kube-scheduler || fail "kube-scheduler exited (log: $dir/logs/kube-scheduler.log)"
 }
 
-# start_allocation: what allocates the node's devices (REALNODE_ALLOCATION).
+# start_allocation: what allocates the node's devices (REALNODE_ALLOCATION): the device
+# plugin, the DRA driver, or both (mixed: the plugin the first half of the devices and
+# the EFA devices, the DRA driver the other half).
 start_allocation() {
-    if [[ $ALLOCATION == dra ]]; then
-        start_dra_driver
-    else
-        start_device_plugin
-    fi
+    local half
+    case $ALLOCATION in
+        dra) start_dra_driver ;;
+        mixed)
+            write_hardware
+            half=$(($(grep -o '"devices":[0-9]*' "$dir/host/hardware.json" | cut -d: -f2) / 2))
+            ((half > 0)) || fail "REALNODE_ALLOCATION=mixed needs an instance type of 2 Neuron devices or more"
+            start_device_plugin --devices "$half"
+            start_dra_driver --first-device "$half" --efa=false
+            ;;
+        *) start_device_plugin ;;
+    esac
 }
 
-# start_dra_driver: the test DRA driver, for the simulated instance's hardware, with the
-# simulated driver's version; waits until its ResourceSlices are published (the EFA
-# devices' too, where the instance type has some).
-start_dra_driver() {
+# write_hardware: the simulated instance's hardware as the simulator describes it, for
+# the device plugin and the DRA driver (DIR/host/hardware.json).
+write_hardware() {
     "$(workspace_bin)/neuron-monitor-sim" hardware --instance-type "$INSTANCE_TYPE" >"$dir/host/hardware.json" ||
         fail "the simulator does not know the instance type $INSTANCE_TYPE"
+}
+
+# start_dra_driver [FLAGS...]: the test DRA driver, for the simulated instance's
+# hardware, with the simulated driver's version and FLAGS; waits until its ResourceSlices
+# are published (the EFA devices' too, where the instance type has some and FLAGS do not
+# say --efa=false).
+start_dra_driver() {
+    write_hardware
     start dradriver neuron-sim-dradriver --hardware "$dir/host/hardware.json" --node-name "$NODE_NAME" \
         --kubeconfig "$dir/cp/admin.kubeconfig" --driver-version "$(<"$dir/node-sys/module/neuron/version")" \
-        --cdi-dir "$dir/dra/cdi" --consumers-dir "$dir/dra/consumers"
+        --cdi-dir "$dir/dra/cdi" --consumers-dir "$dir/dra/consumers" "$@"
     wait_until dradriver "neuron.aws.com ResourceSlice of the node" node_has_slice neuron.aws.com
-    if ! grep -q '"efa_devices":\[\]' "$dir/host/hardware.json"; then
+    if [[ " $* " != *" --efa=false "* ]] && ! grep -q '"efa_devices":\[\]' "$dir/host/hardware.json"; then
         wait_until dradriver "dra.net (EFA) ResourceSlice of the node" node_has_slice dra.net
     fi
 }
@@ -573,18 +591,17 @@ node_has_slice() {
     [[ $(api "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=$NODE_NAME") == *"\"driver\":\"$1\""* ]]
 }
 
-# start_device_plugin: the test device plugin, for the simulated instance's hardware as
-# the simulator describes it, registered once the kubelet's socket exists; waits until
-# the Node advertises NeuronCores (GPUs on a GPU node).
+# start_device_plugin [FLAGS...]: the test device plugin, for the simulated instance's
+# hardware, with FLAGS, registered once the kubelet's socket exists; waits until the Node
+# advertises NeuronCores (GPUs on a GPU node).
 start_device_plugin() {
     if [[ $kind == gpu ]]; then
         start_gpu_device_plugin
         return
     fi
-    "$(workspace_bin)/neuron-monitor-sim" hardware --instance-type "$INSTANCE_TYPE" >"$dir/host/hardware.json" ||
-        fail "the simulator does not know the instance type $INSTANCE_TYPE"
+    write_hardware
     start deviceplugin neuron-sim-deviceplugin --hardware "$dir/host/hardware.json" \
-        --socket-dir "$KUBELET_ROOT/device-plugins"
+        --socket-dir "$KUBELET_ROOT/device-plugins" "$@"
     wait_until deviceplugin "aws.amazon.com/neuroncore on the Node" node_has_neuroncores
 }
 

@@ -23,6 +23,10 @@
 //	nvidia.com/gpu.shared  with --gpu-shared-replicas N: the last GPU alone, time-sliced,
 //	                       as <uuid>::<replica> (NVIDIA's renamed shared resource)
 //
+// With --devices N it advertises only the first N Neuron devices (and their cores): on a
+// mixed node the test DRA driver publishes the others (`dradriver --first-device N`), as
+// during a migration from the device plugin to DRA.
+//
 // The plugin runs until SIGTERM; it registers each resource with the kubelet once.
 package main
 
@@ -81,6 +85,7 @@ func main() {
 	replicas := flag.Int("gpu-shared-replicas", 0, "with --gpus: the last GPU as nvidia.com/gpu.shared with this many replicas")
 	dir := flag.String("socket-dir", api.DevicePluginPath, "the kubelet's device-plugin directory")
 	deviceNode := flag.String("device-node", "/dev/null", "host device node behind every simulated device node")
+	only := flag.Int("devices", 0, "with --hardware: advertise only the first N Neuron devices (0: all)")
 	flag.Parse()
 	var all []*resource
 	switch {
@@ -98,7 +103,10 @@ func main() {
 		if err != nil {
 			log.Fatalf("deviceplugin: %v", err)
 		}
-		all = resources(hw, *deviceNode)
+		if *only < 0 || *only > hw.Devices {
+			log.Fatalf("deviceplugin: --devices %d: 0 to the %d devices", *only, hw.Devices)
+		}
+		all = resources(hw, *only, *deviceNode)
 	default:
 		log.Fatalf("deviceplugin: one of --hardware and --gpus")
 	}
@@ -191,11 +199,17 @@ func gpuResources(g gpus, replicas int, deviceNode string) []*resource {
 	return all
 }
 
-func resources(hw hardware, deviceNode string) []*resource {
+// resources are the Neuron and EFA resources of hw; only the first `only` Neuron devices
+// where only > 0.
+func resources(hw hardware, only int, deviceNode string) []*resource {
 	neuronNode := func(device int) *api.DeviceSpec {
 		return &api.DeviceSpec{ContainerPath: fmt.Sprintf("/dev/neuron%d", device), HostPath: deviceNode, Permissions: "rw"}
 	}
-	devices, cores := indices(hw.Devices), indices(hw.Devices*hw.CoresPerDevice)
+	advertised := hw.Devices
+	if only > 0 {
+		advertised = only
+	}
+	devices, cores := indices(advertised), indices(advertised*hw.CoresPerDevice)
 	neuron := func(ids []string) *api.ContainerAllocateResponse {
 		var held []int
 		out := &api.ContainerAllocateResponse{}

@@ -14,7 +14,11 @@
 //     gives, and what `neuron-monitor-sim app` reads), and unprepares it by removing it.
 //
 // Where the instance type has EFA devices, the same process also stands in for AWS's EFA
-// DRA driver (efa.go): driver dra.net, DeviceClass efa.networking.k8s.aws.
+// DRA driver (efa.go): driver dra.net, DeviceClass efa.networking.k8s.aws (not with
+// --efa=false).
+//
+// With --first-device N it publishes the Neuron devices from index N on: on a mixed node
+// the test device plugin advertises the others (`deviceplugin --devices N`).
 //
 // The hardware comes from `neuron-monitor-sim hardware` (--hardware), as for the test
 // device plugin.
@@ -70,7 +74,9 @@ type hardware struct {
 }
 
 type driver struct {
-	hw           hardware
+	hw hardware
+	// The first device index published (the ones before are the device plugin's).
+	first        int
 	cdiDir       string
 	consumersDir string
 }
@@ -87,6 +93,8 @@ func main() {
 	consumersDir := flag.String("consumers-dir", "", "where the pods consuming each claim are recorded (for `dradriver runc`)")
 	registryDir := flag.String("registry-dir", kubeletplugin.KubeletRegistryDir, "the kubelet's plugin registration directory")
 	pluginDir := flag.String("plugin-dir", filepath.Join(kubeletplugin.KubeletPluginsDir, driverName), "the driver's socket directory")
+	firstDevice := flag.Int("first-device", 0, "publish the Neuron devices from this index on (the device plugin advertises the others)")
+	withEfa := flag.Bool("efa", true, "stand in for AWS's EFA DRA driver too, where the instance type has EFA devices")
 	flag.Parse()
 	if *hardwareFile == "" || *nodeName == "" || *kubeconfig == "" || *cdiDir == "" || *consumersDir == "" {
 		log.Fatalf("dradriver: --hardware, --node-name, --kubeconfig, --cdi-dir and --consumers-dir are needed")
@@ -94,6 +102,9 @@ func main() {
 	hw, err := readHardware(*hardwareFile)
 	if err != nil {
 		log.Fatalf("dradriver: %v", err)
+	}
+	if *firstDevice < 0 || *firstDevice >= hw.Devices {
+		log.Fatalf("dradriver: --first-device %d: 0 to %d", *firstDevice, hw.Devices-1)
 	}
 	config, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err != nil {
@@ -113,7 +124,7 @@ func main() {
 	if err := ensureDeviceClass(ctx, client, driverName, fmt.Sprintf("device.driver == %q", driverName)); err != nil {
 		log.Fatalf("dradriver: DeviceClass %s: %v", driverName, err)
 	}
-	d := &driver{hw: hw, cdiDir: *cdiDir, consumersDir: *consumersDir}
+	d := &driver{hw: hw, first: *firstDevice, cdiDir: *cdiDir, consumersDir: *consumersDir}
 	helper, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.DriverName(driverName), kubeletplugin.NodeName(*nodeName), kubeletplugin.KubeClient(client),
 		kubeletplugin.RegistrarDirectoryPath(*registryDir), kubeletplugin.PluginDataDirectoryPath(*pluginDir))
@@ -121,12 +132,12 @@ func main() {
 		log.Fatalf("dradriver: starting the kubelet plugin: %v", err)
 	}
 	defer helper.Stop()
-	pool := resourceslice.Pool{Slices: []resourceslice.Slice{{Devices: devices(hw, *driverVersion)}}}
+	pool := resourceslice.Pool{Slices: []resourceslice.Slice{{Devices: d.devices(*driverVersion)}}}
 	if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{*nodeName: pool}}); err != nil {
 		log.Fatalf("dradriver: publishing the ResourceSlice: %v", err)
 	}
-	log.Printf("dradriver: %s: %d devices published in pool %s", driverName, hw.Devices, *nodeName)
-	if len(hw.EfaDevices) > 0 {
+	log.Printf("dradriver: %s: %d devices published in pool %s", driverName, hw.Devices-d.first, *nodeName)
+	if *withEfa && len(hw.EfaDevices) > 0 {
 		stopEfa, err := startEfa(ctx, client, hw, *nodeName, *registryDir, filepath.Join(filepath.Dir(*pluginDir), efaDriverName))
 		if err != nil {
 			log.Fatalf("dradriver: %s: %v", efaDriverName, err)
@@ -192,11 +203,12 @@ func ensureDeviceClass(ctx context.Context, client kubernetes.Interface, name, e
 	return err
 }
 
-// devices are the instance type's Neuron devices with AWS's attributes.
-func devices(hw hardware, driverVersion string) []resourceapi.Device {
-	out := make([]resourceapi.Device, hw.Devices)
-	for i := range out {
-		out[i] = resourceapi.Device{
+// devices are the published Neuron devices with AWS's attributes.
+func (d *driver) devices(driverVersion string) []resourceapi.Device {
+	hw := d.hw
+	var out []resourceapi.Device
+	for i := d.first; i < hw.Devices; i++ {
+		out = append(out, resourceapi.Device{
 			Name: fmt.Sprintf("%s%d", devicePrefix, i),
 			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 				"deviceId":                         {IntValue: ptr.To(int64(i))},
@@ -206,7 +218,7 @@ func devices(hw hardware, driverVersion string) []resourceapi.Device {
 				"resource.aws.com/devicegroup4_id": {IntValue: ptr.To(int64(i / 4))},
 				"resource.aws.com/devicegroup8_id": {IntValue: ptr.To(int64(i / 8))},
 			},
-		}
+		})
 	}
 	return out
 }
@@ -268,7 +280,7 @@ func (d *driver) prepare(claim *resourceapi.ResourceClaim) (kubeletplugin.Prepar
 // index is a published device name's Neuron device index.
 func (d *driver) index(name string) (int, error) {
 	i, err := strconv.Atoi(strings.TrimPrefix(name, devicePrefix))
-	if err != nil || !strings.HasPrefix(name, devicePrefix) || i < 0 || i >= d.hw.Devices {
+	if err != nil || !strings.HasPrefix(name, devicePrefix) || i < d.first || i >= d.hw.Devices {
 		return 0, fmt.Errorf("device %q is not one this driver publishes", name)
 	}
 	return i, nil

@@ -83,9 +83,16 @@ async fn the_chart_runs_on_a_real_node_and_stopping_the_node_restores_the_machin
     the_agent_holds_its_memory_limit_on_the_worst_accepted_report(&client, &node, &scraper).await;
     uninstalling_leaves_only_what_the_chart_readme_says_it_keeps(&client, &node).await;
 
+    down_leaving_nothing_behind(&mut node);
+    eprintln!("the whole test {:.1}s", started.elapsed().as_secs_f64());
+}
+
+/// Stops the node and checks the machine is as before it: sysctls, kubelet root, no
+/// process, mount, cgroup, interface or file left.
+fn down_leaving_nothing_behind(node: &mut RealNode) {
     let pids = node.pids();
     let took = node.down().expect("tests/realnode.sh down");
-    eprintln!("down in {:.1}s; the whole test {:.1}s", took.as_secs_f64(), started.elapsed().as_secs_f64());
+    eprintln!("down in {:.1}s", took.as_secs_f64());
     assert_eq!(HostState::read(), node.before, "the machine's sysctls or kubelet root differ from before the node");
     let left = leftovers(&node.info, &node.dir, &pids);
     assert!(left.is_empty(), "the stopped node left behind:\n{}", left.join("\n"));

@@ -30,7 +30,7 @@ use neuron_e2e::{
     free_port,
     localstack::CloudWatch,
     otlp::{points, Receiver},
-    real_node::{leftovers, HostState, RealNode, POD_GATEWAY},
+    real_node::{RealNode, POD_GATEWAY},
     relay::Relay,
     wait_for,
 };
@@ -38,8 +38,8 @@ use neuron_node_agent::attribution::{dra::claimed_devices, podresources};
 use serde_json::json;
 
 use super::{
-    allocation_counts, component_of, every_pod_ready, health_series, helm_install_with, labels_of,
-    metrics_answer_only_a_token_with_the_reader_role, runtime_cores, AGENT_PORT,
+    allocation_counts, component_of, down_leaving_nothing_behind, every_pod_ready, health_series, helm_install_with,
+    labels_of, metrics_answer_only_a_token_with_the_reader_role, runtime_cores, workload_pod, AGENT_PORT,
 };
 
 const TEAM: &str = "team-dra";
@@ -195,12 +195,88 @@ async fn neuron_devices_claimed_through_dra_are_attributed_on_a_real_node() {
         assert!(!labels.contains_key("pod") && !labels.contains_key("dra_claim_name"), "core {core}: {labels:?}");
     }
 
-    let pids = node.pids();
-    let took = node.down().expect("tests/realnode.sh down");
-    eprintln!("down in {:.1}s", took.as_secs_f64());
-    assert_eq!(HostState::read(), node.before, "the machine's sysctls or kubelet root differ from before the node");
-    let left = leftovers(&node.info, &node.dir, &pids);
-    assert!(left.is_empty(), "the stopped node left behind:\n{}", left.join("\n"));
+    down_leaving_nothing_behind(&mut node);
+}
+
+/// A node migrating to DRA (`REALNODE_ALLOCATION=mixed`): the device plugin advertises
+/// the first half of the devices, the test DRA driver publishes the other half. A pod
+/// holding cores through the device plugin and a pod claiming a device are attributed
+/// side by side, and what can be allocated is every device, from both, before any claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_plugin_and_dra_allocations_are_attributed_side_by_side_on_a_real_node() {
+    const PLUGIN_TAG: &str = "realnode-mixed-plugin";
+    const CLAIM_TAG: &str = "realnode-mixed-claim";
+    let mut node = RealNode::up_with("trn1.32xlarge", "mixed").expect("a real node with the device plugin and DRA");
+    assert_eq!(node.info.allocation, "mixed", "{:?}", node.info);
+    let hardware = std::fs::read_to_string(node.dir.join("host/hardware.json")).expect("the node's hardware");
+    let hardware: serde_json::Value = serde_json::from_str(&hardware).expect("JSON");
+    let devices = hardware["devices"].as_u64().expect("devices") as u32;
+    let cores_per_device = node.cores_per_device();
+    let client = node.client().await;
+    let slice = published_devices(&client, &node.info.node).await;
+    let half = devices / 2;
+    assert_eq!(slice.values().copied().collect::<BTreeSet<u32>>(), (half..devices).collect(), "the DRA half");
+    helm_install_with(&node, &[]);
+    let pods = every_pod_ready(&client).await;
+    let scraper = metrics_answer_only_a_token_with_the_reader_role(&client, &pods).await;
+    let agent = pods.iter().find(|p| component_of(p) == "node-agent").expect("the agent's pod").clone();
+    let page = || scraper.metrics(&agent, "node-agent", AGENT_PORT, Some(&scraper.token)).body;
+
+    // Before any claim, the DRA half counts as allocatable beside the device plugin's.
+    let all = f64::from(devices * cores_per_device);
+    let counted = wait_for(Duration::from_secs(30), || {
+        std::future::ready((allocation_counts(&page()).get("allocatable") == Some(&all)).then_some(()))
+    })
+    .await;
+    assert!(counted.is_some(), "neuron_node_neuroncores {:?}, want {all} allocatable", allocation_counts(&page()));
+
+    // One pod holds 2 cores through the device plugin, one claims a device through DRA.
+    workload_pod(&client, TEAM, "plugin-app", &node.info.images.agent, PLUGIN_TAG, 2).await;
+    let socket = node.info.kubelet_root.join("pod-resources/kubelet.sock");
+    let answer = podresources::list(&socket).await.expect("the kubelet's pod-resources answer");
+    let plugin_cores: Vec<u32> =
+        podresources::allocations(&answer).0.iter().filter(|a| a.pod == "plugin-app").map(|a| a.id).collect();
+    assert_eq!(plugin_cores.len(), 2, "the device plugin's 2 cores: {plugin_cores:?}");
+    assert!(plugin_cores.iter().all(|c| *c < half * cores_per_device), "the device plugin's half: {plugin_cores:?}");
+    let command = ["neuron-monitor-sim", "app", "--tag", CLAIM_TAG, "--util", "70"];
+    claim_pod(&client, "trainer", &node.info.images.agent, &command, false).await;
+    let device = allocated_device(&client, "trainer-neuron", DRIVER).await;
+    let index = slice[&device];
+    let claimed_cores: Vec<u32> = (index * cores_per_device..(index + 1) * cores_per_device).collect();
+    let held = |cores: &[u32], pod: &str| -> BTreeSet<(String, String, String, String)> {
+        cores.iter().map(|c| (c.to_string(), TEAM.into(), pod.into(), "app".into())).collect()
+    };
+    let (want_plugin, want_claim) = (held(&plugin_cores, "plugin-app"), held(&claimed_cores, "trainer"));
+    let both = wait_for(Duration::from_secs(90), || {
+        let page = page();
+        let seen = runtime_cores(&page, PLUGIN_TAG) == want_plugin && runtime_cores(&page, CLAIM_TAG) == want_claim;
+        std::future::ready(seen.then_some(()))
+    })
+    .await;
+    let last = page();
+    assert!(
+        both.is_some(),
+        "device plugin's pod {:?}, want {want_plugin:?}; the claim's pod {:?}, want {want_claim:?}\n{}",
+        runtime_cores(&last, PLUGIN_TAG),
+        runtime_cores(&last, CLAIM_TAG),
+        node.diagnostics()
+    );
+    the_kubelet_lists_the_claim(&node, "trainer", "trainer-neuron", &device).await;
+    let want = f64::from(2 + cores_per_device);
+    let counted = wait_for(Duration::from_secs(30), || {
+        let counts = allocation_counts(&page());
+        std::future::ready(
+            (counts.get("allocatable") == Some(&all) && counts.get("allocated") == Some(&want)).then_some(()),
+        )
+    })
+    .await;
+    assert!(
+        counted.is_some(),
+        "neuron_node_neuroncores {:?}, want {all} allocatable, {want} allocated",
+        allocation_counts(&page())
+    );
+
+    down_leaving_nothing_behind(&mut node);
 }
 
 /// A values file that adds `env` to the agent's environment of the node's values (`--set`

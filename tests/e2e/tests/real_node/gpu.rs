@@ -15,16 +15,13 @@ use kube::{
     api::{ListParams, PostParams},
     Api, Client,
 };
-use neuron_e2e::{
-    real_node::{leftovers, HostState, RealNode},
-    wait_for,
-};
+use neuron_e2e::{real_node::RealNode, wait_for};
 use neuron_node_agent::attribution::podresources;
 use serde_json::json;
 
 use super::{
-    component_of, container_processes, containers_hold_the_charts_security_context, every_pod_ready, helm_install,
-    labels_of, metrics_answer_only_a_token_with_the_reader_role, Scraper, AGENT_PORT,
+    component_of, container_processes, containers_hold_the_charts_security_context, down_leaving_nothing_behind,
+    every_pod_ready, helm_install, labels_of, metrics_answer_only_a_token_with_the_reader_role, Scraper, AGENT_PORT,
 };
 
 const TEAM: &str = "team-gpu";
@@ -87,12 +84,8 @@ async fn the_charts_gpu_side_runs_on_a_real_gpu_node_and_stopping_it_restores_th
     an_xid_in_the_kernel_log_reaches_the_gpu_the_node_condition_and_an_event(&client, &node, &scraper, &agent, &held)
         .await;
 
-    let pids = node.pids();
-    let took = node.down().expect("tests/realnode.sh down");
-    eprintln!("down in {:.1}s; the whole GPU test {:.1}s", took.as_secs_f64(), started.elapsed().as_secs_f64());
-    assert_eq!(HostState::read(), node.before, "the machine's sysctls or kubelet root differ from before the node");
-    let left = leftovers(&node.info, &node.dir, &pids);
-    assert!(left.is_empty(), "the stopped node left behind:\n{}", left.join("\n"));
+    down_leaving_nothing_behind(&mut node);
+    eprintln!("the whole GPU test {:.1}s", started.elapsed().as_secs_f64());
 }
 
 /// The agent's process has the node's driver library mapped from the chart's mount, and
