@@ -5,8 +5,12 @@
 # both run at once, their scrapes alternating half a second apart, so that the machine's
 # load falls on both alike. Prints for each: scrape latency p50/p99, CPU per report
 # (agent, simulator, together: utime+stime over the window divided by the reports the
-# agent counted), parse + update per report (the agent's own histogram, wall time), RSS
-# at the end (anonymous and file-backed: the binary's pages) and its peak, threads, the /metrics page's bytes and samples; then new/baseline ratios.
+# agent counted), the agent's CPU per report by thread (on-CPU nanoseconds from
+# /proc/PID/task/*/schedstat: the EFA reader's and the health sysfs reader's threads, the
+# tokio threads with the report path, the scrapes and the processes reader, the rest),
+# parse + update per report (the agent's own histogram, wall time), RSS at the end
+# (anonymous and file-backed: the binary's pages) and its peak, threads, the /metrics
+# page's bytes and samples; then new/baseline ratios.
 #
 # Environment:
 #   DURATION=120        seconds measured (after WARMUP=10 s); 20 is enough for a CI run
@@ -132,6 +136,27 @@ snapshot() {
         echo "restarts $(metric neuron_agent_monitor_restarts_total <"$dir/$2.page")"
         awk '/^(VmRSS|VmHWM|RssAnon|RssFile|Threads):/ { print $1, $2 }' "/proc/$pid/status" | tr -d :
     } >"$dir/$2"
+    thread_cpu "$pid" >"$dir/$2.threads"
+}
+
+thread_cpu() { # thread_cpu PID: "TID NAME NANOSECONDS" of each of its threads, on-CPU time.
+    local task
+    for task in /proc/"$1"/task/*; do
+        printf '%s %s %s\n' "${task##*/}" "$(tr ' ' _ <"$task/comm")" "$(cut -d' ' -f1 "$task/schedstat")"
+    done 2>/dev/null | sort
+}
+
+# thread_shares NAME REPORTS: ms of CPU per report by thread group, of the threads alive
+# at the end (one that ended between the snapshots is not counted; the totals above
+# count it): efa (efa-read), health (health-sysfs-*), tokio (the runtime's workers and
+# blocking threads), other.
+thread_shares() {
+    join -a 2 "$work/$1/start.threads" "$work/$1/end.threads" | awk -v r="$2" '
+        { ns = (NF == 5) ? $5 - $3 : $3; name = (NF == 5) ? $4 : $2
+          group = name ~ /^efa-read/ ? "efa" : name ~ /^health-sysfs/ ? "health" : name ~ /^tokio-rt/ ? "tokio" : "other"
+          ms[group] += ns / 1e6 }
+        END { split("efa health tokio other", g, " ")
+              for (i = 1; i <= 4; i++) printf "cpu_%s_ms_per_report %.3f\n", g[i], ms[g[i]] / r }'
 }
 
 scrape() { # scrape NAME: one scrape, its time appended to NAME/latency (ms).
@@ -169,6 +194,7 @@ figures() {
         printf "cpu_agent_ms_per_report %.3f\n", a / r
         printf "cpu_sim_ms_per_report %.3f\n", s / r
         printf "cpu_total_ms_per_report %.3f\n", (a + s) / r }'
+    thread_shares "$1" "$reports"
     awk "BEGIN { printf \"parse_update_ms %.3f\n\", ($(get "$dir/end" proc_sum) - $(get "$dir/start" proc_sum)) * 1000 / \
         ($(get "$dir/end" proc_count) - $(get "$dir/start" proc_count)) }"
     echo "scrape_p50_ms $(percentile "$dir/latency" 0.5)"
