@@ -39,7 +39,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// What a job sees of its reader: the stuck files to skip, and where it is.
 pub struct Watch {
     stuck: StuckSet,
-    current: Mutex<Option<PathBuf>>,
+    /// The path being read, if any (`.1`); the buffer is reused from one to the next.
+    current: Mutex<(PathBuf, bool)>,
     abandoned: AtomicBool,
 }
 
@@ -56,7 +57,7 @@ impl Watch {
     }
 
     fn new(stuck: StuckSet) -> Watch {
-        Watch { stuck, current: Mutex::new(None), abandoned: AtomicBool::new(false) }
+        Watch { stuck, current: Mutex::new((PathBuf::new(), false)), abandoned: AtomicBool::new(false) }
     }
 
     /// Runs `f` on `path` (open, read, list), noting the path while it runs. A path
@@ -65,9 +66,14 @@ impl Watch {
         if self.abandoned.load(Ordering::Relaxed) || lock(&self.stuck).contains(path) {
             return Err(io::Error::new(io::ErrorKind::TimedOut, "an earlier read of this file never returned"));
         }
-        *lock(&self.current) = Some(path.to_owned());
+        {
+            let mut current = lock(&self.current);
+            current.0.clear();
+            current.0.push(path);
+            current.1 = true;
+        }
         let out = f(path);
-        *lock(&self.current) = None;
+        lock(&self.current).1 = false;
         // Blamed after the deadline (under `current`'s lock): the read returned, the file
         // is no longer stuck.
         if self.abandoned.load(Ordering::Relaxed) {
@@ -81,7 +87,10 @@ impl Watch {
     fn abandon(&self) -> Option<PathBuf> {
         self.abandoned.store(true, Ordering::Relaxed);
         let mut current = lock(&self.current);
-        let blamed = current.take()?;
+        if !std::mem::replace(&mut current.1, false) {
+            return None;
+        }
+        let blamed = current.0.clone();
         lock(&self.stuck).insert(blamed.clone());
         Some(blamed)
     }

@@ -19,6 +19,7 @@ use std::{
     io,
     os::unix::fs::{DirEntryExt, MetadataExt},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use api::hardware::{valid_efa_device_name as valid_device_name, MAX_EFA_NAME_BYTES};
@@ -215,7 +216,7 @@ fn list(
     reading: &mut Reading,
     watch: &Watch,
     listed: &mut Listed<'_>,
-) -> io::Result<Vec<Entry>> {
+) -> io::Result<Arc<[Entry]>> {
     let stamp = watch.access(dir, |dir| fs::metadata(dir).map(|m| Stamp::of(&m)))?;
     let listing = match listed.before.remove(dir).filter(|l| l.stamp == stamp) {
         Some(listing) => listing,
@@ -227,44 +228,46 @@ fn list(
     for (total, skipped) in reading.skipped.iter_mut().zip(listing.skipped) {
         *total += skipped;
     }
-    let entries = listing.entries.clone();
+    // Shared with the listing kept for the next read: no copy of the names.
+    let entries = Arc::clone(&listing.entries);
     listed.now.insert(dir.to_owned(), listing);
     Ok(entries)
 }
 
 fn list_now(dir: &Path, max: usize, stamp: Stamp, watch: &Watch) -> io::Result<Listing> {
-    let mut listing = Listing { stamp, entries: Vec::new(), skipped: [0; Skip::ALL.len()] };
-    let mut skip = |why: Skip| listing.skipped[why as usize] += 1;
+    let mut entries = Vec::new();
+    let mut skipped = [0; Skip::ALL.len()];
+    let mut skip = |why: Skip| skipped[why as usize] += 1;
     watch.access(dir, |dir| {
         for entry in fs::read_dir(dir)? {
             let Ok(entry) = entry else {
                 skip(Skip::Other);
                 continue;
             };
-            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            let Some(name) = entry.file_name().to_str().map(Arc::<str>::from) else {
                 skip(Skip::BadName);
                 continue;
             };
             if name.starts_with('.') {
                 continue;
             }
-            if listing.entries.len() == max {
+            if entries.len() == max {
                 skip(Skip::Limit);
                 break;
             }
             let is_file = entry.file_type().is_ok_and(|t| t.is_file());
-            listing.entries.push(Entry { name, is_file, inode: entry.ino() });
+            entries.push(Entry { name, is_file, inode: entry.ino() });
         }
         Ok(())
     })?;
-    listing.entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-    Ok(listing)
+    entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    Ok(Listing { stamp, entries: entries.into(), skipped })
 }
 
 /// A directory entry, as [`list`] gives it.
 #[derive(Clone)]
 struct Entry {
-    name: String,
+    name: Arc<str>,
     is_file: bool,
     inode: u64,
 }
@@ -289,7 +292,7 @@ impl Stamp {
 /// (by [`Skip`]).
 struct Listing {
     stamp: Stamp,
-    entries: Vec<Entry>,
+    entries: Arc<[Entry]>,
     skipped: [u64; Skip::ALL.len()],
 }
 
@@ -307,6 +310,9 @@ pub fn read(root: &Path) -> Reading {
     read_watched(root, &Watch::untimed(), &mut HeldFiles::new(0))
 }
 
+/// A counter file held open: its name, inode and descriptor.
+type HeldFile = (Arc<str>, u64, File);
+
 /// Counter files kept open from one read to the next, so that a read costs one `pread`
 /// per counter instead of an open, a read and a close (three times the system calls,
 /// most of a read's cost). A file is opened again when its directory lists another inode
@@ -317,7 +323,7 @@ pub fn read(root: &Path) -> Reading {
 pub struct HeldFiles {
     max: usize,
     /// By `hw_counters` directory: each file's name, inode and descriptor, by name.
-    dirs: HashMap<PathBuf, Vec<(String, u64, File)>>,
+    dirs: HashMap<PathBuf, Vec<HeldFile>>,
     held: usize,
     /// The directories the read listed, by path, and how many it listed anew.
     listings: HashMap<PathBuf, Listing>,
@@ -377,13 +383,13 @@ fn read_devices(root: &Path, files: &mut Files<'_>) -> Reading {
         }
     };
     reading.rdma_class = true;
-    for Entry { name, .. } in names {
-        let dir = class.join(&name);
+    for Entry { name, .. } in names.iter() {
+        let dir = class.join(&**name);
         if !is_efa(&dir, watch) {
             reading.other_devices += 1;
             continue;
         }
-        if !valid_device_name(&name) {
+        if !valid_device_name(name) {
             reading.skip(Skip::BadName);
             continue;
         }
@@ -391,7 +397,7 @@ fn read_devices(root: &Path, files: &mut Files<'_>) -> Reading {
             reading.skip(Skip::Limit);
             continue;
         }
-        let device = read_device(name, &dir, &mut reading, files);
+        let device = read_device(name.to_string(), &dir, &mut reading, files);
         reading.devices.push(device);
     }
     reading
@@ -402,7 +408,7 @@ fn read_devices(root: &Path, files: &mut Files<'_>) -> Reading {
 /// directories' listings.
 struct Files<'r> {
     watch: &'r Watch,
-    before: &'r mut HashMap<PathBuf, Vec<(String, u64, File)>>,
+    before: &'r mut HashMap<PathBuf, Vec<HeldFile>>,
     held: &'r mut HeldFiles,
     listed: Listed<'r>,
 }
@@ -412,13 +418,13 @@ fn read_device(name: String, dir: &Path, reading: &mut Reading, files: &mut File
     let mut ports = Vec::new();
     match list(&dir.join("ports"), MAX_PORTS, reading, files.watch, &mut files.listed) {
         Ok(entries) => {
-            for Entry { name: entry, .. } in entries {
+            for Entry { name: entry, .. } in entries.iter() {
                 let number = entry.parse::<u32>().ok().filter(|n| (1..=MAX_PORT_NUMBER).contains(n));
                 match number {
                     // Parsed back, so `01` and `1` are not two ports.
-                    Some(number) if number.to_string() == entry => {
+                    Some(number) if number.to_string() == **entry => {
                         let path: PathBuf =
-                            [dir, Path::new("ports"), Path::new(&entry), Path::new("hw_counters")].iter().collect();
+                            [dir, Path::new("ports"), Path::new(&**entry), Path::new("hw_counters")].iter().collect();
                         ports.push(Port { number, counters: read_counters(&path, reading, files) });
                     }
                     _ => reading.skip(Skip::BadName),
@@ -454,13 +460,15 @@ fn read_counters(dir: &Path, reading: &mut Reading, files: &mut Files<'_>) -> Ve
     let mut dir_fd = None;
     let mut buf = [0u8; MAX_COUNTER_FILE_BYTES as usize + 1];
     let mut counters = Vec::with_capacity(entries.len());
-    for Entry { name, is_file, inode } in entries {
+    // Each counter's path, the directory's with the name pushed and popped.
+    let mut path = dir.to_owned();
+    for &Entry { ref name, is_file, inode } in entries.iter() {
         if reading.counters == MAX_EFA_COUNTERS {
             // Once per directory: the rest of it is not read.
             reading.skip(Skip::Limit);
             break;
         }
-        if !valid_counter_name(&name) {
+        if !valid_counter_name(name) {
             reading.skip(Skip::BadName);
             continue;
         }
@@ -469,11 +477,13 @@ fn read_counters(dir: &Path, reading: &mut Reading, files: &mut Files<'_>) -> Ve
             reading.skip(Skip::NotAFile);
             continue;
         }
-        let kept = before.iter().position(|(n, i, _)| *n == name && *i == inode).map(|at| before.swap_remove(at).2);
-        let read = watch.access(&dir.join(&name), |_| {
+        // The inode first: it tells the files apart without comparing their names.
+        let kept = before.iter().position(|(n, i, _)| *i == inode && n == name).map(|at| before.swap_remove(at).2);
+        path.push(&**name);
+        let read = watch.access(&path, |_| {
             let file = match kept {
                 Some(file) => file,
-                None => match open_in(dir, &mut dir_fd).and_then(|d| d.open_file(&name)) {
+                None => match open_in(dir, &mut dir_fd).and_then(|d| d.open_file(name)) {
                     Ok(file) => file,
                     Err(failure) => return Ok(Err(failure)),
                 },
@@ -481,6 +491,7 @@ fn read_counters(dir: &Path, reading: &mut Reading, files: &mut Files<'_>) -> Ve
             let value = procfs::read_whole(&file, &mut buf).map(parse);
             Ok(value.map(|value| (value, file)))
         });
+        path.pop();
         match read.map_err(|e| Skip::from_io(&e)).and_then(|read| read.map_err(Skip::from)) {
             Ok((Some(value), file)) => {
                 reading.counters += 1;
@@ -488,7 +499,7 @@ fn read_counters(dir: &Path, reading: &mut Reading, files: &mut Files<'_>) -> Ve
                     files.held.held += 1;
                     held.push((name.clone(), inode, file));
                 }
-                counters.push(Counter { name, value });
+                counters.push(Counter { name: name.to_string(), value });
             }
             Ok((None, _)) => reading.skip(Skip::Malformed),
             Err(why) => reading.skip(why),
@@ -592,7 +603,7 @@ mod tests {
         let reading = read_watched(&tree.0, &Watch::untimed(), &mut held);
         assert_eq!(reading.devices[0].ports[0].counters, counters(&[("rx_bytes", 2), ("tx_bytes", 1)]));
         assert_eq!(held.count(), 3);
-        let tx_before = held.dirs[&port_listed].iter().find(|(n, ..)| n == "tx_bytes").map(|(_, inode, _)| *inode);
+        let tx_before = held.dirs[&port_listed].iter().find(|(n, ..)| &**n == "tx_bytes").map(|(_, inode, _)| *inode);
 
         tree.write(format!("{dev}/ports/1/hw_counters/tx_bytes"), "10\n");
         tree.write(format!("{dev}/ports/1/hw_counters/.rx_bytes.new"), "20\n");
@@ -605,7 +616,7 @@ mod tests {
         assert_eq!(reading.skipped, [0; 9]);
         assert_eq!(held.count(), 3, "cmds_err closed, keep_alive_rcvd opened");
         assert_eq!(held.listed_anew(), 2, "the two directories a file was renamed, removed or added in");
-        let tx_after = held.dirs[&port_listed].iter().find(|(n, ..)| n == "tx_bytes").map(|(_, inode, _)| *inode);
+        let tx_after = held.dirs[&port_listed].iter().find(|(n, ..)| &**n == "tx_bytes").map(|(_, inode, _)| *inode);
         assert_eq!(tx_before, tx_after, "a file written in place is the one held");
 
         let mut one = HeldFiles::new(1);
