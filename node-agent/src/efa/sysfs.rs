@@ -265,7 +265,6 @@ fn list_now(dir: &Path, max: usize, stamp: Stamp, watch: &Watch) -> io::Result<L
 }
 
 /// A directory entry, as [`list`] gives it.
-#[derive(Clone)]
 struct Entry {
     name: Arc<str>,
     is_file: bool,

@@ -166,10 +166,16 @@ impl RealNode {
 
     /// The simulated hardware's NeuronCores per device (`host/hardware.json`).
     pub fn cores_per_device(&self) -> u32 {
+        let cores = self.hardware()["cores_per_device"].as_u64();
+        cores.and_then(|n| u32::try_from(n).ok()).expect("cores_per_device")
+    }
+
+    /// The simulated hardware the device plugin and DRA driver serve (`neuron-monitor-sim
+    /// hardware`: devices, cores per device, EFA devices).
+    pub fn hardware(&self) -> serde_json::Value {
         let path = self.dir.join("host/hardware.json");
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let hardware: serde_json::Value = serde_json::from_str(&text).expect("the node's hardware JSON");
-        hardware["cores_per_device"].as_u64().and_then(|n| u32::try_from(n).ok()).expect("cores_per_device")
+        serde_json::from_str(&text).expect("the node's hardware JSON")
     }
 
     /// The PIDs `up` started (control plane, containerd, kubelet, scheduler, kube-proxy).

@@ -8,7 +8,9 @@
 //! of the test driver's EFA half (AWS's EFA DRA driver's names: `dra.net`,
 //! `efa.networking.k8s.aws`), whose series then carry the pod and the claim. The team's
 //! own config sends the pod's series to CloudWatch (LocalStack) and to an OTLP receiver,
-//! both reached from the agent's pod through the node's bridge.
+//! both reached from the agent's pod through the node's bridge. A node migrating to DRA
+//! (`REALNODE_ALLOCATION=mixed`: the device plugin half the devices, the DRA driver the
+//! rest) attributes both kinds of allocation side by side.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -52,8 +54,7 @@ async fn neuron_devices_claimed_through_dra_are_attributed_on_a_real_node() {
     let t = &node.info.timings;
     eprintln!("DRA node up in {:.1}s (kubelet to Ready node and ResourceSlice {:.1}s)", t.total_s, t.node_ready_s);
     assert_eq!(node.info.allocation, "dra", "{:?}", node.info);
-    let hardware = std::fs::read_to_string(node.dir.join("host/hardware.json")).expect("the node's hardware");
-    let hardware: serde_json::Value = serde_json::from_str(&hardware).expect("JSON");
+    let hardware = node.hardware();
     let cores_per_device = node.cores_per_device();
     let client = node.client().await;
     let slice = published_devices(&client, &node.info.node).await;
@@ -208,9 +209,7 @@ async fn device_plugin_and_dra_allocations_are_attributed_side_by_side_on_a_real
     const CLAIM_TAG: &str = "realnode-mixed-claim";
     let mut node = RealNode::up_with("trn1.32xlarge", "mixed").expect("a real node with the device plugin and DRA");
     assert_eq!(node.info.allocation, "mixed", "{:?}", node.info);
-    let hardware = std::fs::read_to_string(node.dir.join("host/hardware.json")).expect("the node's hardware");
-    let hardware: serde_json::Value = serde_json::from_str(&hardware).expect("JSON");
-    let devices = hardware["devices"].as_u64().expect("devices") as u32;
+    let devices = node.hardware()["devices"].as_u64().expect("devices") as u32;
     let cores_per_device = node.cores_per_device();
     let client = node.client().await;
     let slice = published_devices(&client, &node.info.node).await;
