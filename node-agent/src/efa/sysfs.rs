@@ -192,12 +192,31 @@ pub fn valid_counter_name(name: &str) -> bool {
     name.len() <= MAX_NAME_BYTES && name.bytes().next().is_some_and(|b| b.is_ascii_lowercase()) && name.bytes().all(ok)
 }
 
-/// Whether the RDMA device at `dir` is bound to the `efa` driver.
-fn is_efa(dir: &Path, watch: &Watch) -> bool {
-    watch
-        .access(&dir.join("device/driver"), |p| fs::read_link(p))
-        .is_ok_and(|target| target.file_name().is_some_and(|n| n == EFA_DRIVER))
+/// Whether the RDMA device at `dir` is bound to the `efa` driver; `None` when its driver
+/// link could not be read.
+fn is_efa(dir: &Path, watch: &Watch) -> Option<bool> {
+    let target = watch.access(&dir.join("device/driver"), |p| fs::read_link(p)).ok()?;
+    Some(target.file_name().is_some_and(|n| n == EFA_DRIVER))
 }
+
+/// Which devices of a listing of `class/infiniband` are EFA devices: those of `known`, the
+/// previous read's verdicts, where it was made for this very listing (a device's driver
+/// changes only with the device: unbound, it leaves the class directory, which is then
+/// listed anew); else each device's driver link (one `readlink` through two links). A
+/// link that could not be read is not a verdict: it is read again next time.
+fn efa_verdicts(class: &Path, names: &Arc<[Entry]>, known: Option<Verdicts>, watch: &Watch) -> Vec<Option<bool>> {
+    match known.filter(|(listing, _)| Arc::ptr_eq(listing, names)) {
+        Some((_, verdicts)) => verdicts
+            .into_iter()
+            .zip(names.iter())
+            .map(|(known, e)| known.or_else(|| is_efa(&class.join(&*e.name), watch)))
+            .collect(),
+        None => names.iter().map(|e| is_efa(&class.join(&*e.name), watch)).collect(),
+    }
+}
+
+/// A listing of `class/infiniband` and which of its devices are EFA devices.
+type Verdicts = (Arc<[Entry]>, Vec<Option<bool>>);
 
 /// The names of a directory's entries that are not hidden (`.name`: no sysfs attribute is;
 /// a writer's temporary file may be), at most `max` of them; more are counted as
@@ -327,6 +346,8 @@ pub struct HeldFiles {
     /// The directories the read listed, by path, and how many it listed anew.
     listings: HashMap<PathBuf, Listing>,
     listed_anew: usize,
+    /// Which devices of the read's `class/infiniband` listing are EFA devices.
+    efa_verdicts: Option<Verdicts>,
 }
 
 impl HeldFiles {
@@ -382,12 +403,13 @@ fn read_devices(root: &Path, files: &mut Files<'_>) -> Reading {
         }
     };
     reading.rdma_class = true;
-    for Entry { name, .. } in names.iter() {
-        let dir = class.join(&**name);
-        if !is_efa(&dir, watch) {
+    let verdicts = efa_verdicts(&class, &names, files.held.efa_verdicts.take(), watch);
+    for (Entry { name, .. }, efa) in names.iter().zip(&verdicts) {
+        if *efa != Some(true) {
             reading.other_devices += 1;
             continue;
         }
+        let dir = class.join(&**name);
         if !valid_device_name(name) {
             reading.skip(Skip::BadName);
             continue;
@@ -399,6 +421,7 @@ fn read_devices(root: &Path, files: &mut Files<'_>) -> Reading {
         let device = read_device(name.to_string(), &dir, &mut reading, files);
         reading.devices.push(device);
     }
+    files.held.efa_verdicts = Some((names, verdicts));
     reading
 }
 
@@ -643,6 +666,47 @@ mod tests {
         assert_eq!(held.listed_anew(), 0);
         assert_eq!(second.devices[0].ports[0].counters, counters(&[("tx_bytes", 10)]), "written in place");
         assert_eq!(skipped(&second, Skip::BadName), 1, "counted again from the kept listing");
+    }
+
+    /// A device's driver is looked at again only when the class directory lists anew: a
+    /// driver changes with the device (unbound, it leaves the class directory).
+    #[test]
+    fn devices_drivers_are_looked_at_again_when_the_class_directory_changes() {
+        let tree = TempDir::new("efa-sysfs");
+        device(&tree, "rdmap16s27", "0000:10:1b.0", "efa");
+        let mut held = HeldFiles::new(8);
+        let first = read_watched(&tree.0, &Watch::untimed(), &mut held);
+        assert_eq!((first.devices.len(), first.other_devices), (1, 0));
+        // The link alone changes (no real device does that): the verdict is kept.
+        let link = tree.0.join("devices/pci0000:00/0000:10:1b.0/driver");
+        fs::create_dir_all(tree.0.join("bus/pci/drivers/mlx5_core")).unwrap();
+        fs::remove_file(&link).unwrap();
+        symlink("../../../bus/pci/drivers/mlx5_core", &link).unwrap();
+        let kept = read_watched(&tree.0, &Watch::untimed(), &mut held);
+        assert_eq!((kept.devices.len(), kept.other_devices), (1, 0));
+        // A device registered beside it: the class directory is listed anew, both looked at.
+        device(&tree, "rdmap32s27", "0000:20:1b.0", "efa");
+        let anew = read_watched(&tree.0, &Watch::untimed(), &mut held);
+        let names: Vec<&str> = anew.devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!((names, anew.other_devices), (vec!["rdmap32s27"], 1));
+    }
+
+    /// A driver link that cannot be read is no verdict: the next read looks again.
+    #[test]
+    fn an_unreadable_driver_link_is_looked_at_again() {
+        let tree = TempDir::new("efa-sysfs");
+        device(&tree, "rdmap16s27", "0000:10:1b.0", "efa");
+        let link = tree.0.join("devices/pci0000:00/0000:10:1b.0/driver");
+        let mut held = HeldFiles::new(8);
+        let stuck = read_watched(
+            &tree.0,
+            &Watch::with_stuck([tree.0.join(INFINIBAND_DIR).join("rdmap16s27/device/driver")]),
+            &mut held,
+        );
+        assert_eq!((stuck.devices.len(), stuck.other_devices), (0, 1));
+        assert!(link.exists());
+        let next = read_watched(&tree.0, &Watch::untimed(), &mut held);
+        assert_eq!((next.devices.len(), next.other_devices), (1, 0));
     }
 
     /// Issue 24, fault 5: a counter whose earlier read never returned is not opened again,
