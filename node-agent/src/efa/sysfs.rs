@@ -3,7 +3,8 @@
 //! `class/infiniband/<dev>/ports/<n>/hw_counters/*` (each port's; EFA devices have port 1).
 //!
 //! An RDMA device is an EFA device when its PCI function is bound to the kernel's `efa`
-//! driver: `<dev>/device/driver` is a link ending in `drivers/efa`. Other RDMA devices (a
+//! driver: `<dev>/device/driver` is a link ending in `drivers/efa`, looked at again when
+//! `class/infiniband` lists anew (the driver changes with the device). Other RDMA devices (a
 //! Mellanox HCA, a software `rxe`) are left alone. The `class/infiniband/<dev>` entries
 //! and those links are relative symbolic links, so they resolve under a sysfs mounted
 //! elsewhere (`/host/sys`).
