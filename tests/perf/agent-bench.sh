@@ -165,6 +165,16 @@ scrape() { # scrape NAME: one scrape, its time appended to NAME/latency (ms).
         awk '{ printf "%.3f\n", $1 * 1000 }' >>"$dir/latency"
 }
 
+# Both binaries run from copies written the same way, here: the file-backed RSS of one
+# binary differs by a MiB or more between two files of it written differently (the page
+# cache's folios, which the kernel maps whole around a touched page).
+fresh_copy() { # fresh_copy DIR NAME: DIR's binaries copied to $work/NAME; prints that dir.
+    mkdir -p "$work/$2"
+    cp "$1/neuron-node-agent" "$1/neuron-monitor-sim" "$work/$2/"
+    echo "$work/$2"
+}
+new_bin=$(fresh_copy "$new_bin" new-run)
+base_bin=$(fresh_copy "$base_bin" base-run)
 start new "$new_bin"
 start base "$base_bin"
 ready new
