@@ -551,10 +551,14 @@ wait_node_ready() {
 # the EFA devices, the DRA driver the other half).
 start_allocation() {
     local half
+    if [[ $kind == gpu ]]; then
+        start_gpu_device_plugin
+        return
+    fi
+    write_hardware
     case $ALLOCATION in
         dra) start_dra_driver ;;
         mixed)
-            write_hardware
             half=$(($(grep -o '"devices":[0-9]*' "$dir/host/hardware.json" | cut -d: -f2) / 2))
             ((half > 0)) || fail "REALNODE_ALLOCATION=mixed needs an instance type of 2 Neuron devices or more"
             start_device_plugin --devices "$half"
@@ -565,7 +569,7 @@ start_allocation() {
 }
 
 # write_hardware: the simulated instance's hardware as the simulator describes it, for
-# the device plugin and the DRA driver (DIR/host/hardware.json).
+# the device plugin and the DRA driver (DIR/host/hardware.json, which both read).
 write_hardware() {
     "$(workspace_bin)/neuron-monitor-sim" hardware --instance-type "$INSTANCE_TYPE" >"$dir/host/hardware.json" ||
         fail "the simulator does not know the instance type $INSTANCE_TYPE"
@@ -576,7 +580,6 @@ write_hardware() {
 # are published (the EFA devices' too, where the instance type has some and FLAGS do not
 # say --efa=false).
 start_dra_driver() {
-    write_hardware
     start dradriver neuron-sim-dradriver --hardware "$dir/host/hardware.json" --node-name "$NODE_NAME" \
         --kubeconfig "$dir/cp/admin.kubeconfig" --driver-version "$(<"$dir/node-sys/module/neuron/version")" \
         --cdi-dir "$dir/dra/cdi" --consumers-dir "$dir/dra/consumers" "$@"
@@ -593,13 +596,8 @@ node_has_slice() {
 
 # start_device_plugin [FLAGS...]: the test device plugin, for the simulated instance's
 # hardware, with FLAGS, registered once the kubelet's socket exists; waits until the Node
-# advertises NeuronCores (GPUs on a GPU node).
+# advertises NeuronCores.
 start_device_plugin() {
-    if [[ $kind == gpu ]]; then
-        start_gpu_device_plugin
-        return
-    fi
-    write_hardware
     start deviceplugin neuron-sim-deviceplugin --hardware "$dir/host/hardware.json" \
         --socket-dir "$KUBELET_ROOT/device-plugins" "$@"
     wait_until deviceplugin "aws.amazon.com/neuroncore on the Node" node_has_neuroncores
