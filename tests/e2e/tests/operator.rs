@@ -203,7 +203,13 @@ async fn configs_render_into_node_configmaps_with_status_and_clean_up() {
     assert_eq!(s.condition(&team, "serving", "Accepted").await.unwrap().0, "True");
     let ready = s.condition(&team, "serving", "Ready").await.unwrap();
     assert_eq!((ready.0.as_str(), ready.1.as_str()), ("False", "Applying"));
-    let cluster_status = s.config(&s.ns, "cluster").await.unwrap().status.unwrap();
+    // Each config's status is its own write: the cluster's may come after the team's.
+    let cluster_status = s
+        .wait("the cluster config's status", || async {
+            let c = s.config(&s.ns, "cluster").await?;
+            c.status.filter(|status| status.observed_generation == c.metadata.generation && status.matched_nodes == 2)
+        })
+        .await;
     assert_eq!(cluster_status.matched_nodes, 2);
     assert_eq!(cluster_status.estimated_cloud_watch_metrics, None, "no CloudWatch sink, no estimate");
     // The team sees its CloudWatch bill before it arrives: 32 cores of one trn1.32xlarge.
