@@ -153,13 +153,14 @@ fn health(c: &mut Criterion) {
     }
 
     let mut group = c.benchmark_group("health");
-    let mut scratch = NodeState::default();
-    group
-        .bench_function("report/parse_and_update", |b| b.iter(|| scratch.apply(&Report::parse(&line).expect("parse"))));
+    let (mut scratch, mut buffer) = (NodeState::default(), String::new());
+    group.bench_function("report/parse_and_update", |b| {
+        b.iter(|| scratch.apply(&Report::parse_reusing(&line, &mut buffer).expect("parse")))
+    });
     {
         let _readers = BusyReaders::start(root.clone(), model.clone());
         group.bench_function("report/parse_and_update_with_health_readers", |b| {
-            b.iter(|| scratch.apply(&Report::parse(&line).expect("parse")))
+            b.iter(|| scratch.apply(&Report::parse_reusing(&line, &mut buffer).expect("parse")))
         });
     }
     group.bench_function("sysfs/read_node", |b| b.iter(|| read_node(&root)));
@@ -178,8 +179,8 @@ fn print_ratios(
     plain: &Exposition,
     with_health: &Exposition,
 ) {
-    let mut scratch = NodeState::default();
-    let mut report = || scratch.apply(&Report::parse(line).expect("parse"));
+    let (mut scratch, mut buffer) = (NodeState::default(), String::new());
+    let mut report = || scratch.apply(&Report::parse_reusing(line, &mut buffer).expect("parse"));
     let alone = time(300, &mut report);
     let busy = {
         let _readers = BusyReaders::start(root.to_owned(), model.clone());

@@ -55,8 +55,16 @@ fn pipeline(c: &mut Criterion) {
         b.iter(|| serde_json::from_str::<serde_json::Value>(&line).expect("parse"))
     });
 
+    // The agent's path (`Report::parse_reusing`), and serde reading the whole line.
     let mut state = NodeState::default();
+    let mut buffer = String::new();
     group.bench_function("parse_and_update", |b| {
+        b.iter(|| {
+            let report = Report::parse_reusing(&line, &mut buffer).expect("parse");
+            state.apply(&report);
+        })
+    });
+    group.bench_function("parse_and_update/whole_line_by_serde", |b| {
         b.iter(|| {
             let report = Report::parse(&line).expect("parse");
             state.apply(&report);
@@ -70,7 +78,7 @@ fn pipeline(c: &mut Criterion) {
     let mut attributed = NodeState::default();
     group.bench_function("parse_update_attribute", |b| {
         b.iter(|| {
-            let report = Report::parse(&line).expect("parse");
+            let report = Report::parse_reusing(&line, &mut buffer).expect("parse");
             attributed.apply(&report);
             attribution.attribute(&mut attributed);
         })
@@ -194,9 +202,9 @@ fn many_runtimes(c: &mut Criterion) {
     group.sample_size(10);
     for (n, line) in lines.iter().filter(|(n, _)| [1024, 5_000].contains(n)) {
         group.throughput(Throughput::Elements(*n as u64));
-        let mut state = NodeState::default();
+        let (mut state, mut buffer) = (NodeState::default(), String::new());
         group.bench_function(format!("parse_and_update/{n}"), |b| {
-            b.iter(|| state.apply(&Report::parse(line).expect("parse")))
+            b.iter(|| state.apply(&Report::parse_reusing(line, &mut buffer).expect("parse")))
         });
         let exposition =
             Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), Default::default(), Default::default());
@@ -214,9 +222,9 @@ fn print_ratios(lines: &[(usize, String)]) {
     println!("many_runtimes: cost per runtime entry of the report, as a ratio to 128 runtimes");
     println!("{:>7} {:>10} {:>14} {:>8} {:>14} {:>8}", "entries", "line kB", "parse+apply", "ratio", "scrape", "ratio");
     for (n, line) in lines {
-        let mut state = NodeState::default();
+        let (mut state, mut buffer) = (NodeState::default(), String::new());
         let apply = mean_seconds(std::time::Duration::from_millis(600), || {
-            state.apply(&Report::parse(line).expect("parse"));
+            state.apply(&Report::parse_reusing(line, &mut buffer).expect("parse"));
         });
         let exposition =
             Exposition::new(Registry::default(), Arc::new(Mutex::new(state)), Default::default(), Default::default());

@@ -50,6 +50,8 @@ pub struct Pipeline {
     log_limit: Mutex<RateLimit>,
     refusal_log_limit: Mutex<RateLimit>,
     attribution: Option<Attribution>,
+    /// What serde reads of each line ([`Report::parse_reusing`]), kept for the next one.
+    parse_buffer: Mutex<String>,
     /// Reports applied so far; sinks that sample the state (CloudWatch) watch it. A watch
     /// never blocks the sender and keeps only the latest value, so a slow sink skips
     /// reports rather than holding this path.
@@ -65,6 +67,7 @@ impl Pipeline {
             log_limit: Mutex::new(RateLimit::new(10, std::time::Duration::from_secs(60))),
             refusal_log_limit: Mutex::new(RateLimit::new(10, std::time::Duration::from_secs(60))),
             attribution: None,
+            parse_buffer: Mutex::new(String::new()),
             applied: watch::Sender::new(0),
         }
     }
@@ -109,7 +112,8 @@ impl Pipeline {
             self.reject(Rejection::NotUtf8, "line is not UTF-8");
             return false;
         };
-        let report = match Report::parse(text) {
+        let mut buffer = self.parse_buffer.lock().unwrap_or_else(|p| p.into_inner());
+        let report = match Report::parse_reusing(text, &mut buffer) {
             Ok(report) => report,
             Err(e) => {
                 let reason = if e.is_truncated() { Rejection::Truncated } else { Rejection::Malformed };

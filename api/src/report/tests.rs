@@ -379,3 +379,61 @@ fn loaded_models_are_read_up_to_the_cap_their_subgraphs_on_demand() {
     assert_eq!((first.name.as_deref(), first.model_id, first.is_running), (Some("m0"), Some(0), Some(true)));
     assert_eq!(first.subgraphs().unwrap().0[0].1.neuroncore_index, Some(0));
 }
+
+#[test]
+fn parse_reusing_reads_every_fixture_as_parse_does() {
+    let mut buffer = String::new();
+    for rel in [IDLE_INF1, TRN1_ERRORS, TRN1N_32] {
+        let pretty = fixture(rel);
+        let compact = serde_json::to_string(&serde_json::from_str::<serde_json::Value>(&pretty).unwrap()).unwrap();
+        for text in [&pretty, &compact] {
+            let plain = format!("{:?}", Report::parse(text).unwrap());
+            assert_eq!(format!("{:?}", Report::parse_reusing(text, &mut buffer).unwrap()), plain, "{rel}");
+        }
+    }
+    let models = |report: &Report| {
+        runtimes(report)
+            .iter()
+            .map(|rt| rt.report.as_ref().unwrap().memory_used.as_ref().unwrap().ok().unwrap().loaded_models().unwrap().len())
+            .sum::<usize>()
+    };
+    let text = fixture(TRN1N_32);
+    assert_eq!(models(&Report::parse_reusing(&text, &mut buffer).unwrap()), 640);
+}
+
+#[test]
+fn parse_reusing_keeps_the_report_when_loaded_models_are_malformed() {
+    let line = |models: &str| {
+        format!(
+            r#"{{"neuron_runtime_data":[{{"pid":1,"report":{{"memory_used":{{"error":"","loaded_models":{models},
+            "neuron_runtime_used_bytes":{{"host":10}}}}}}}},{{"pid":2,"report":{{"memory_used":{{"error":"","loaded_models":[]}}}}}}]}}"#
+        )
+    };
+    let mut buffer = String::new();
+    let bad = line(r#"[{"name":"m","model_id":1}}"#);
+    assert!(Report::parse(&bad).is_err(), "serde reads the whole line");
+    let report = Report::parse_reusing(&bad, &mut buffer).unwrap();
+    let memory = |i: usize| runtimes(&report)[i].report.as_ref().unwrap().memory_used.as_ref().unwrap().ok().unwrap();
+    assert_eq!(memory(0).loaded_models, Some(r#"[{"name":"m","model_id":1}}"#));
+    assert!(memory(0).loaded_models().is_err());
+    assert_eq!(memory(0).neuron_runtime_used_bytes.as_ref().unwrap().host, Some(10.0));
+    assert_eq!(memory(1).loaded_models, Some("[]"));
+}
+
+#[test]
+fn parse_reusing_fails_as_parse_does_on_a_line_cut_short_or_odd_in_another_group() {
+    let mut buffer = String::new();
+    let text = fixture(TRN1N_32);
+    for cut in [text.len() / 2, text.len() - 3] {
+        assert!(Report::parse_reusing(&text[..cut], &mut buffer).unwrap_err().is_truncated());
+    }
+    let odd = r#"{"neuron_runtime_data":[{"pid":1,"report":{
+        "neuron_runtime_vcpu_usage":{"vcpu_usage":{"user":"high"},"error":""},
+        "memory_used":{"error":"","loaded_models":[{"name":"m","model_id":3}]}}}]}"#;
+    let report = Report::parse_reusing(odd, &mut buffer).unwrap();
+    let groups = runtimes(&report)[0].report.as_ref().unwrap();
+    assert!(matches!(groups.neuron_runtime_vcpu_usage, Some(Group::Malformed(_))));
+    let models = groups.memory_used.as_ref().unwrap().ok().unwrap().loaded_models().unwrap();
+    let Item::Ok(model) = &models[0] else { panic!("malformed") };
+    assert_eq!(model.model_id, Some(3));
+}

@@ -8,7 +8,6 @@ use api::{
     limits::{MAX_CORE_ENTRIES_PER_REPORT, MAX_LOADED_MODELS_PER_RUNTIME, MAX_MODEL_INFO_PER_RUNTIME, MAX_NEURONCORES},
     report::{Capped, Group, Item, LoadedModel, MemoryUsed, Report, RuntimeEntry, RuntimeGroups},
 };
-use serde_json::value::RawValue;
 
 use super::{
     label_value, truncated, GroupProblem, HeldCore, LoadedModels, ModelInfo, NamedValues, NodeState, PhysicalCores,
@@ -221,7 +220,7 @@ impl LoadedModels {
     /// The models of a report's `memory_used` group (absent: none loaded), read again
     /// only when their text changed; the refusals of that reading count in every report.
     fn update(&mut self, memory: &MemoryUsed<'_>, refusals: &mut Refusals) {
-        let text = memory.loaded_models.map(RawValue::get).unwrap_or_default();
+        let text = memory.loaded_models.unwrap_or_default();
         if self.source.is_empty() || self.source != text {
             match memory.loaded_models() {
                 Ok(models) => self.read(&models),
