@@ -373,12 +373,12 @@ fn run(args: &Args) -> Result<ExitCode> {
         let count = args.efa_devices.unwrap_or_else(|| instance.efa_devices()) as usize;
         if count > 0 {
             let fake = efa::FakeEfa::new(&instance, root, efa::loads(&instance, &apps, count))?;
-            std::thread::spawn(move || {
+            spawn_fake_kernel("fake-efa", move || {
                 if let Err(e) = fake.run() {
                     eprintln!("neuron-monitor-sim: error: fake EFA: {e:#}");
                     std::process::exit(1);
                 }
-            });
+            })?;
         }
     }
 
@@ -388,12 +388,12 @@ fn run(args: &Args) -> Result<ExitCode> {
         let fake =
             driver::Driver::new(hardware::lookup(&args.instance_type)?, args.sysfs_root.clone(), args.kmsg.clone())?;
         let schedule = args.health_faults.clone();
-        std::thread::spawn(move || {
+        spawn_fake_kernel("fake-driver", move || {
             if let Err(e) = fake.run(schedule, control) {
                 eprintln!("neuron-monitor-sim: error: fake driver: {e:#}");
                 std::process::exit(1);
             }
-        });
+        })?;
     }
 
     for i in 1..=args.stderr_lines {
@@ -408,6 +408,14 @@ fn run(args: &Args) -> Result<ExitCode> {
         Source::Generated(generator) => generate(*generator, emitter, args.discover_apps.then(Discovery::default)),
         Source::Replay(lines, interval) => replay_loop(&lines, interval, emitter),
     }
+}
+
+/// Starts a thread that stands in for the kernel (the driver's sysfs tree, its log). Named
+/// `fake-*`, so that a measurement can tell its CPU from neuron-monitor's: on a node the
+/// kernel writes no files (tests/perf/agent-bench.sh).
+fn spawn_fake_kernel(name: &str, work: impl FnOnce() + Send + 'static) -> Result<()> {
+    std::thread::Builder::new().name(name.to_owned()).spawn(work).with_context(|| format!("starting {name}"))?;
+    Ok(())
 }
 
 enum Source {

@@ -5,7 +5,9 @@
 # both run at once, their scrapes alternating half a second apart, so that the machine's
 # load falls on both alike. Prints for each: scrape latency p50/p99, CPU per report
 # (agent, simulator, together: utime+stime over the window divided by the reports the
-# agent counted), the agent's CPU per report by thread (on-CPU nanoseconds from
+# agent counted; the simulator's fake-kernel threads, which write the driver's tree and
+# log, apart, and "node": the total without them, since on a node the kernel writes no
+# files), the agent's CPU per report by thread (on-CPU nanoseconds from
 # /proc/PID/task/*/schedstat: the EFA reader's and the health sysfs reader's threads, the
 # tokio threads with the report path, the scrapes and the processes reader, the rest),
 # parse + update per report (the agent's own histogram, wall time), RSS at the end
@@ -137,6 +139,7 @@ snapshot() {
         awk '/^(VmRSS|VmHWM|RssAnon|RssFile|Threads):/ { print $1, $2 }' "/proc/$pid/status" | tr -d :
     } >"$dir/$2"
     thread_cpu "$pid" >"$dir/$2.threads"
+    thread_cpu "$sim" >"$dir/$2.sim-threads"
 }
 
 thread_cpu() { # thread_cpu PID: "TID NAME NANOSECONDS" of each of its threads, on-CPU time.
@@ -157,6 +160,15 @@ thread_shares() {
           ms[group] += ns / 1e6 }
         END { split("efa health tokio other", g, " ")
               for (i = 1; i <= 4; i++) printf "cpu_%s_ms_per_report %.3f\n", g[i], ms[g[i]] / r }'
+}
+
+# fake_kernel_ms NAME: ms of CPU of the simulator's threads that stand in for the kernel
+# (fake-efa, fake-driver: writing the driver's tree and log), between the snapshots.
+fake_kernel_ms() {
+    join -a 2 "$work/$1/start.sim-threads" "$work/$1/end.sim-threads" | awk '
+        { ns = (NF == 5) ? $5 - $3 : $3; name = (NF == 5) ? $4 : $2 }
+        name ~ /^fake-/ { ms += ns / 1e6 }
+        END { printf "%.3f\n", ms }'
 }
 
 scrape() { # scrape NAME: one scrape, its time appended to NAME/latency (ms).
@@ -196,14 +208,19 @@ figures() {
     local dir=$work/$1 hz reports
     hz=$(getconf CLK_TCK)
     reports=$(awk "BEGIN { print $(get "$dir/end" reports) - $(get "$dir/start" reports) }")
-    local agent_ms sim_ms
+    local agent_ms sim_ms kernel_ms
     agent_ms=$(awk "BEGIN { print ($(get "$dir/end" agent_cpu) - $(get "$dir/start" agent_cpu)) * 1000 / $hz }")
     sim_ms=$(awk "BEGIN { print ($(get "$dir/end" sim_cpu) - $(get "$dir/start" sim_cpu)) * 1000 / $hz }")
-    awk -v r="$reports" -v a="$agent_ms" -v s="$sim_ms" 'BEGIN {
+    kernel_ms=$(fake_kernel_ms "$1")
+    # total: agent and simulator; node: without the simulator's fake kernel, what a node
+    # pays in user space for the agent and neuron-monitor (the real kernel writes no files).
+    awk -v r="$reports" -v a="$agent_ms" -v s="$sim_ms" -v k="$kernel_ms" 'BEGIN {
         print "reports", r
         printf "cpu_agent_ms_per_report %.3f\n", a / r
         printf "cpu_sim_ms_per_report %.3f\n", s / r
-        printf "cpu_total_ms_per_report %.3f\n", (a + s) / r }'
+        printf "cpu_sim_fake_kernel_ms_per_report %.3f\n", k / r
+        printf "cpu_total_ms_per_report %.3f\n", (a + s) / r
+        printf "cpu_node_ms_per_report %.3f\n", (a + s - k) / r }'
     thread_shares "$1" "$reports"
     awk "BEGIN { printf \"parse_update_ms %.3f\n\", ($(get "$dir/end" proc_sum) - $(get "$dir/start" proc_sum)) * 1000 / \
         ($(get "$dir/end" proc_count) - $(get "$dir/start" proc_count)) }"
