@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::state::NodeState;
-use procfs::{Failure, MAX_IO_BYTES, MAX_OPEN_FDS, MAX_STAT_BYTES};
+use procfs::{Failure, MAX_OPEN_FDS, MAX_PROC_FILE_BYTES};
 
 /// What `/proc` said of one process at the latest read; `None` where its file gave nothing.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -107,20 +107,32 @@ impl ProcReader {
         table
     }
 
-    /// Reads one process's files.
+    /// Reads one process's files, by name in its directory: a process that exited since
+    /// the report costs one failed lookup, not one per file.
     pub fn read(&self, pid: u32) -> ProcessSample {
-        let dir = self.proc_root.join(pid.to_string());
+        let path = self.proc_root.join(pid.to_string());
         let mut sample = ProcessSample::default();
-        let stat = procfs::read_bounded(&dir.join("stat"), MAX_STAT_BYTES).and_then(|b| procfs::parse_stat(&b));
+        let dir = match procfs::Dir::open(&path) {
+            Ok(dir) => dir,
+            Err(e) => {
+                let failure = Failure::from_io(&e);
+                for file in ["stat", "io", "fd"] {
+                    self.value::<()>(pid, file, Err(failure));
+                }
+                return sample;
+            }
+        };
+        let mut buf = [0; MAX_PROC_FILE_BYTES + 1];
+        let stat = dir.read_file("stat", &mut buf).and_then(procfs::parse_stat);
         if let Some(stat) = self.value(pid, "stat", stat) {
             sample.cpu_seconds =
                 self.clock_ticks.map(|hz| [stat.utime_ticks as f64 / hz, stat.stime_ticks as f64 / hz]);
             sample.resident_bytes = self.page_size.map(|size| stat.rss_pages as f64 * size);
             sample.threads = Some(stat.threads as f64);
         }
-        let io = procfs::read_bounded(&dir.join("io"), MAX_IO_BYTES).and_then(|b| procfs::parse_io(&b));
+        let io = dir.read_file("io", &mut buf).and_then(procfs::parse_io);
         sample.io_bytes = self.value(pid, "io", io).map(|io| [io.read_bytes as f64, io.write_bytes as f64]);
-        let fds = procfs::count_fds(&dir.join("fd"), MAX_OPEN_FDS);
+        let fds = procfs::count_fds(&path.join("fd"), MAX_OPEN_FDS);
         sample.open_fds = self.value(pid, "fd", fds).map(|n| n as f64);
         sample
     }

@@ -5,7 +5,7 @@
 use std::{
     ffi::CString,
     fs::{File, OpenOptions},
-    io::{self, Read},
+    io,
     os::{
         fd::{AsRawFd, FromRawFd, OwnedFd},
         unix::fs::{FileExt, OpenOptionsExt},
@@ -13,10 +13,9 @@ use std::{
     path::Path,
 };
 
-/// Bytes of `stat`: about 300 on a real kernel (a command name is at most 64 bytes).
-pub const MAX_STAT_BYTES: u64 = 4096;
-/// Bytes of `io`: seven short lines.
-pub const MAX_IO_BYTES: u64 = 4096;
+/// Bytes of `stat` (about 300 on a real kernel: a command name is at most 64 bytes) and
+/// of `io` (seven short lines).
+pub const MAX_PROC_FILE_BYTES: usize = 4096;
 /// Entries of `fd/` counted: a process with more has no `open_fds` series (counting a
 /// million descriptors each period would cost more than the number is worth).
 pub const MAX_OPEN_FDS: usize = 1 << 16;
@@ -76,17 +75,6 @@ pub struct Io {
     pub write_bytes: u64,
 }
 
-/// Reads a whole file of at most `max` bytes.
-pub fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, Failure> {
-    let mut bytes = Vec::new();
-    let file = File::open(path).map_err(|e| Failure::from_io(&e))?;
-    file.take(max + 1).read_to_end(&mut bytes).map_err(|e| Failure::from_io(&e))?;
-    if bytes.len() as u64 > max {
-        return Err(Failure::TooLarge);
-    }
-    Ok(bytes)
-}
-
 /// A directory held open, so that each of its many small files is opened by name
 /// (`openat`): the kernel walks one path component instead of the whole path, which on a
 /// sysfs tree behind links was most of what opening a counter cost.
@@ -109,6 +97,11 @@ impl Dir {
         }
         // SAFETY: `fd` was just opened and is owned by nothing else.
         Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Reads the whole file `name` of this directory ([`read_whole`]).
+    pub fn read_file<'b>(&self, name: &str, buf: &'b mut [u8]) -> Result<&'b [u8], Failure> {
+        read_whole(&self.open_file(name)?, buf)
     }
 }
 
@@ -260,13 +253,13 @@ mod tests {
     #[test]
     fn files_beyond_their_bound_are_refused() {
         let scratch = TempDir::new("procfs-bound");
-        let dir = scratch.path();
-        let path = dir.join("stat");
-        std::fs::write(&path, vec![b'1'; MAX_STAT_BYTES as usize]).unwrap();
-        assert_eq!(read_bounded(&path, MAX_STAT_BYTES).unwrap().len(), MAX_STAT_BYTES as usize);
-        std::fs::write(&path, vec![b'1'; MAX_STAT_BYTES as usize + 1]).unwrap();
-        assert_eq!(read_bounded(&path, MAX_STAT_BYTES), Err(Failure::TooLarge));
-        assert_eq!(read_bounded(&dir.join("missing"), MAX_STAT_BYTES), Err(Failure::Gone));
+        let dir = Dir::open(scratch.path()).unwrap();
+        let mut buf = [0; MAX_PROC_FILE_BYTES + 1];
+        std::fs::write(scratch.path().join("stat"), vec![b'1'; MAX_PROC_FILE_BYTES]).unwrap();
+        assert_eq!(dir.read_file("stat", &mut buf).unwrap().len(), MAX_PROC_FILE_BYTES);
+        std::fs::write(scratch.path().join("stat"), vec![b'1'; MAX_PROC_FILE_BYTES + 1]).unwrap();
+        assert_eq!(dir.read_file("stat", &mut buf), Err(Failure::TooLarge));
+        assert_eq!(dir.read_file("missing", &mut buf), Err(Failure::Gone));
     }
 
     #[test]
@@ -283,9 +276,10 @@ mod tests {
     #[test]
     fn this_process_reads_as_the_kernel_writes_it() {
         let proc = Path::new("/proc/self");
-        let stat = parse_stat(&read_bounded(&proc.join("stat"), MAX_STAT_BYTES).unwrap()).unwrap();
+        let (dir, mut buf) = (Dir::open(proc).unwrap(), [0; MAX_PROC_FILE_BYTES + 1]);
+        let stat = parse_stat(dir.read_file("stat", &mut buf).unwrap()).unwrap();
         assert!(stat.threads >= 1 && stat.rss_pages > 0, "{stat:?}");
-        parse_io(&read_bounded(&proc.join("io"), MAX_IO_BYTES).unwrap()).unwrap();
+        parse_io(dir.read_file("io", &mut buf).unwrap()).unwrap();
         assert!(count_fds(&proc.join("fd"), MAX_OPEN_FDS).unwrap() >= 3);
     }
 }
