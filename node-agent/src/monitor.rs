@@ -18,12 +18,12 @@ use std::{
 
 use tokio::{
     io::AsyncRead,
-    process::{Child, Command},
+    process::{Child, ChildStdout, Command},
     sync::watch,
     time::{sleep, sleep_until, timeout, Instant},
 };
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     pipeline::{Pipeline, Rejection},
@@ -168,7 +168,10 @@ impl Supervisor {
             tokio::spawn(forward_stderr(stderr, self.metrics.clone()));
         }
         let (end, reports) = match child.stdout.take() {
-            Some(stdout) => self.follow(&mut child, stdout, spec, spec_changes, shutdown).await,
+            Some(stdout) => {
+                widen_pipe(&stdout);
+                self.follow(&mut child, stdout, spec, spec_changes, shutdown).await
+            }
             None => (RunEnd::Exited(None), 0),
         };
         self.stop(group, &mut child).await;
@@ -311,6 +314,22 @@ impl Forker {
     }
 }
 
+/// Room in the pipe from neuron-monitor for a whole large report (the recorded 32-runtime
+/// trn1n.32xlarge writes 440 kB a line; a pipe holds 64 KiB by default): the child writes
+/// it at once and the agent wakes once for it, where both woke for every 64 KiB. The
+/// kernel caps it at `fs.pipe-max-size` (1 MiB by default); where it refuses, the default
+/// stays.
+const PIPE_BYTES: libc::c_int = 1 << 20;
+
+fn widen_pipe(stdout: &ChildStdout) {
+    use std::os::fd::AsRawFd;
+    #[cfg(target_os = "linux")]
+    // SAFETY: F_SETPIPE_SZ on the pipe's descriptor, which `stdout` owns; no memory passed.
+    if unsafe { libc::fcntl(stdout.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_BYTES) } < 0 {
+        debug!(error = %std::io::Error::last_os_error(), "the pipe from neuron-monitor keeps its default size");
+    }
+}
+
 fn command(spec: &LaunchSpec) -> Command {
     let mut command = Command::new(&spec.program);
     command.args(&spec.args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
@@ -407,5 +426,19 @@ mod tests {
         }
         b.reset();
         assert!(b.next_delay() <= Duration::from_millis(120));
+    }
+
+    #[tokio::test]
+    async fn the_pipe_from_the_child_holds_a_large_report_where_the_kernel_allows_it() {
+        use std::os::fd::AsRawFd;
+        let spec = LaunchSpec { program: "true".into(), args: Vec::new(), silence_limit: Duration::from_secs(1) };
+        let mut child = command(&spec).spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        widen_pipe(&stdout);
+        // SAFETY: F_GETPIPE_SZ on the pipe's descriptor, which `stdout` owns.
+        let size = unsafe { libc::fcntl(stdout.as_raw_fd(), libc::F_GETPIPE_SZ) };
+        let allowed: i64 = std::fs::read_to_string("/proc/sys/fs/pipe-max-size").unwrap().trim().parse().unwrap();
+        assert_eq!(size, if allowed >= i64::from(PIPE_BYTES) { PIPE_BYTES } else { 64 * 1024 });
+        child.wait().await.unwrap();
     }
 }
