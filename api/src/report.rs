@@ -2,10 +2,10 @@
 //!
 //! Parsing borrows from the line and skips what no exporter reads (`loaded_models` is
 //! kept as JSON text and parsed on demand; [`Report::parse_reusing`], the agent's path,
-//! does not even scan it with serde), so a 1 MB report costs well under a millisecond. Unknown fields are ignored. A metric group is represented as
-//! [`Group`]: its data, the error neuron-monitor reported for it, or the reason it could
-//! not be read. A null or missing group is `None`; a null number is `None`. Nothing
-//! absent is turned into a zero.
+//! does not even scan it with serde), so a 1 MB report costs well under a millisecond.
+//! Unknown fields are ignored. A metric group is represented as [`Group`]: its data, the
+//! error neuron-monitor reported for it, or the reason it could not be read. A null or
+//! missing group is `None`; a null number is `None`. Nothing absent is turned into a zero.
 //!
 //! Only the first [`MAX_RUNTIMES_PER_REPORT`] runtime entries are read ([`Capped`]); the
 //! rest are skipped unread and counted, so no report can size the agent's memory by the
@@ -23,12 +23,12 @@ use serde::{
 };
 use serde_json::value::RawValue;
 
-mod cut;
-
 use crate::limits::{
     MAX_K8S_CONTAINERS_PER_ENTRY, MAX_LOADED_MODELS_PER_RUNTIME, MAX_RUNTIMES_PER_REPORT, MAX_UNDOCUMENTED_NAMES,
     MAX_VALUE_NAME_BYTES,
 };
+
+mod cut;
 
 #[derive(Debug, thiserror::Error)]
 #[error("report is not a JSON object of the neuron-monitor format: {0}")]
@@ -94,9 +94,9 @@ impl<'a> Report<'a> {
     /// with the text it stands for.
     fn put_back_loaded_models(&mut self, line: &'a str, cuts: &[std::ops::Range<usize>]) {
         let memories = self.neuron_runtime_data.items.iter_mut().filter_map(|item| match item {
-            Item::Ok(RuntimeEntry { report: Some(RuntimeGroups { memory_used: Some(Group::Ok(memory)), .. }), .. }) => {
-                Some(memory)
-            }
+            Item::Ok(RuntimeEntry {
+                report: Some(RuntimeGroups { memory_used: Some(Group::Ok(memory)), .. }), ..
+            }) => Some(memory),
             _ => None,
         });
         for memory in memories {

@@ -241,11 +241,8 @@ mod tests {
 
     #[test]
     fn the_block_marks_are_those_of_a_byte_walk() {
-        let samples: [&[u8]; 3] = [
-            br#"{"a":[1,2],"b\"":"}]","c":{"d":"\\"}}, 0123456789abcdefghij[]{}"#,
-            &[b'{'; 64],
-            &[0xe9; 64],
-        ];
+        let samples: [&[u8]; 3] =
+            [br#"{"a":[1,2],"b\"":"}]","c":{"d":"\\"}}, 0123456789abcdefghij[]{}"#, &[b'{'; 64], &[0xe9; 64]];
         for sample in samples {
             let mut block = [b' '; 64];
             block[..sample.len().min(64)].copy_from_slice(&sample[..sample.len().min(64)]);

@@ -394,7 +394,9 @@ fn parse_reusing_reads_every_fixture_as_parse_does() {
     let models = |report: &Report| {
         runtimes(report)
             .iter()
-            .map(|rt| rt.report.as_ref().unwrap().memory_used.as_ref().unwrap().ok().unwrap().loaded_models().unwrap().len())
+            .map(|rt| {
+                rt.report.as_ref().unwrap().memory_used.as_ref().unwrap().ok().unwrap().loaded_models().unwrap().len()
+            })
             .sum::<usize>()
     };
     let text = fixture(TRN1N_32);
