@@ -23,6 +23,8 @@
 #   BASE_BIN=DIR        the same for the baseline (BASELINE_REV is then only a label)
 #   SYSFS=sim|none      sim (default): the simulator's driver tree and 16 EFA devices, so
 #                       the health and EFA collectors have work; none: no tree
+#   TREES=DIR           where the simulators write their trees (default: a directory in
+#                       /dev/shm, in memory as sysfs is; else the work directory)
 #   AGENT_ARGS="..."    extra flags for both agents (e.g. --config FILE)
 #   SIM_ARGS="..."      extra flags for both simulators (e.g. --efa-devices=0)
 #   INTERVAL=1s         time between reports (e.g. 1ms: as fast as the agent takes them)
@@ -40,12 +42,17 @@ WARMUP=${WARMUP:-10}
 SYSFS=${SYSFS:-sim}
 base_rev=${1:-HEAD~1}
 work=$(mktemp -d)
+# The simulator's driver trees: in memory where /dev/shm is, as sysfs is (on a disk file
+# system each read of a counter the simulator rewrote also updates its access time).
+trees=${TREES:-$work}
+if [[ -z ${TREES:-} && -d /dev/shm && -w /dev/shm ]]; then trees=$(mktemp -d /dev/shm/agent-bench.XXXXXX); fi
 pids=()
 cleanup() {
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     if [[ -d $work/base-src ]]; then git -C "$repo" worktree remove --force "$work/base-src" || true; fi
     rm -rf "$work" "$target/agent-bench-base"
+    if [[ $trees != "$work" && -z ${TREES:-} ]]; then rm -rf "$trees"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -81,8 +88,9 @@ start() {
     port=$(free_port)
     local sysfs=(--sysfs-root "$dir/no-sysfs") monitor=()
     if [[ $SYSFS == sim ]]; then
-        sysfs=(--sysfs-root "$dir/sys")
-        monitor=(--monitor-arg=--instance-type=trn1n.32xlarge "--monitor-arg=--sysfs-root=$dir/sys")
+        local tree=$trees/$1
+        sysfs=(--sysfs-root "$tree")
+        monitor=(--monitor-arg=--instance-type=trn1n.32xlarge "--monitor-arg=--sysfs-root=$tree")
     fi
     local arg
     for arg in ${SIM_ARGS:-}; do monitor+=("--monitor-arg=$arg"); done
