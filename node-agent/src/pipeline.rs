@@ -20,6 +20,10 @@ use crate::{
     telemetry::{AgentMetrics, GroupProblemLabels, WhatLabel},
 };
 
+/// A line's buffers (the line reader's, the parse's) are kept between lines up to this
+/// size; a larger one, after a rare huge report, is released.
+pub const RETAINED_CAPACITY: usize = 2 * 1024 * 1024;
+
 /// Why a line was skipped; the value of the `reason` label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rejection {
@@ -113,6 +117,9 @@ impl Pipeline {
             return false;
         };
         let mut buffer = self.parse_buffer.lock().unwrap_or_else(|p| p.into_inner());
+        if buffer.capacity() > RETAINED_CAPACITY {
+            *buffer = String::new();
+        }
         let report = match Report::parse_reusing(text, &mut buffer) {
             Ok(report) => report,
             Err(e) => {
@@ -178,5 +185,37 @@ impl Pipeline {
         if let Decision::Allow { suppressed_before } = decision {
             warn!(reason = reason.as_str(), detail, suppressed_before, "skipped a line of neuron-monitor output");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pipeline() -> Pipeline {
+        let metrics = AgentMetrics::register(&mut prometheus_client::registry::Registry::default());
+        Pipeline::new(Arc::new(Mutex::new(NodeState::default())), metrics)
+    }
+
+    /// A report's loaded models, `n` models of one runtime.
+    fn report(models: usize) -> String {
+        let model = r#"{"name":"m.neff","model_id":1,"is_running":true,"subgraphs":{}}"#;
+        format!(
+            r#"{{"neuron_runtime_data":[{{"pid":1,"report":{{"memory_used":{{"error":"","loaded_models":[{}]}}}}}}],"x":"{}"}}"#,
+            vec![model; models].join(","),
+            "y".repeat(models * 64)
+        )
+    }
+
+    #[test]
+    fn the_parse_buffer_of_a_huge_report_is_released_at_the_next_one() {
+        let pipeline = pipeline();
+        assert!(pipeline.process_line(report(1).as_bytes()));
+        let small = pipeline.parse_buffer.lock().unwrap().capacity();
+        assert!(pipeline.process_line(report(RETAINED_CAPACITY / 64).as_bytes()));
+        assert!(pipeline.parse_buffer.lock().unwrap().capacity() > RETAINED_CAPACITY);
+        assert!(pipeline.process_line(report(1).as_bytes()));
+        assert!(pipeline.parse_buffer.lock().unwrap().capacity() <= small.max(1024));
+        assert_eq!(pipeline.state.lock().unwrap().runtimes.len(), 1);
     }
 }

@@ -3,6 +3,8 @@
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 
+use crate::pipeline::RETAINED_CAPACITY;
+
 /// One unit of output.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Frame<'a> {
@@ -21,9 +23,6 @@ pub struct LineReader<R> {
     /// Length of the oversized line being skipped, if any.
     skipping: Option<usize>,
 }
-
-/// Buffer kept between lines; a larger one (after a rare huge report) is released.
-const RETAINED_CAPACITY: usize = 2 * 1024 * 1024;
 
 impl<R: AsyncRead + Unpin> LineReader<R> {
     pub fn new(reader: R, max_line_bytes: usize) -> Self {
