@@ -8,6 +8,8 @@
 
 use std::ops::Range;
 
+use crate::limits::MAX_RUNTIMES_PER_REPORT;
+
 const KEY: &[u8] = b"\"loaded_models\":";
 
 /// Copies `line` into `out` with each `"loaded_models":` value replaced by its index in
@@ -19,7 +21,10 @@ pub(super) fn cut_loaded_models(line: &str, out: &mut String) -> Option<Vec<Rang
     let finder = memchr::memmem::Finder::new(KEY);
     let mut cuts = Vec::new();
     let mut from = 0;
-    while let Some(found) = finder.find(&bytes[from..]) {
+    // A runtime has one; beyond the runtimes a report is read for, the rest stay for serde
+    // (a line of nothing but such keys must not size the cuts by its length).
+    while cuts.len() < MAX_RUNTIMES_PER_REPORT {
+        let Some(found) = finder.find(&bytes[from..]) else { break };
         let key = from + found;
         from = key + KEY.len();
         if !is_key(bytes, key) {
@@ -258,6 +263,18 @@ mod tests {
         assert_eq!(out, r#"{"a":{"loaded_models": 0},"n\"loaded_models":[5],"b":{"loaded_models":1},"c":"x\\"}"#);
         assert_eq!(&line[cuts[0].clone()], r#"[{"n":"\"loaded_models\":[]"}]"#);
         assert_eq!(&line[cuts[1].clone()], "{}");
+    }
+
+    #[test]
+    fn at_most_one_cut_per_runtime_read_the_rest_left_in_place() {
+        let keys = MAX_RUNTIMES_PER_REPORT + 3;
+        let line = format!("[{}]", vec![r#"{"loaded_models":[1]}"#; keys].join(","));
+        let mut out = String::new();
+        let cuts = cut_loaded_models(&line, &mut out).unwrap();
+        assert_eq!(cuts.len(), MAX_RUNTIMES_PER_REPORT);
+        let untouched = [r#"{"loaded_models":[1]}"#; 3].join(",");
+        let last = MAX_RUNTIMES_PER_REPORT - 1;
+        assert!(out.ends_with(&format!(r#"{{"loaded_models":{last}}},{untouched}]"#)), "{}", &out[out.len() - 90..]);
     }
 
     #[test]
