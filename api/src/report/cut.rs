@@ -64,7 +64,7 @@ fn push_index(out: &mut String, index: usize) {
 /// The end (exclusive) of the array or object that opens at `start`: where the brackets
 /// outside strings balance. `None` when `start` holds neither or the line ends first.
 /// Brackets are counted, not matched in kind: the parse on reading checks the rest.
-pub(super) fn container_end(bytes: &[u8], start: usize) -> Option<usize> {
+fn container_end(bytes: &[u8], start: usize) -> Option<usize> {
     if !matches!(bytes.get(start), Some(b'[' | b'{')) {
         return None;
     }
