@@ -3,8 +3,10 @@
 //! `memory_used.loaded_models` is three quarters of a large report's bytes (each model's
 //! subgraphs), and the agent reads it only when it changed. serde_json must still scan a
 //! value it skips token by token; here its extent is found 64 bytes at a time by
-//! bracket counting (strings masked out), about five times faster. The value is not
-//! checked here: it is parsed, and checked, when read ([`super::MemoryUsed::loaded_models`]).
+//! bracket counting (strings masked out): the 32-runtime report's parse and update went
+//! from 335 to 246 µs (`report_pipeline`'s `parse_and_update` against its
+//! `whole_line_by_serde`). The value is not checked here: it is parsed, and checked, when
+//! read ([`super::MemoryUsed::loaded_models`]).
 
 use std::ops::Range;
 
