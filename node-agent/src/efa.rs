@@ -450,7 +450,7 @@ mod tests {
         let devices: Vec<Device> = (0..sysfs::MAX_EFA_DEVICES)
             .map(|d| Device {
                 name: format!("rdmap{d:03}s27"),
-                counters: (0..per_device).map(|c| Counter { name: name(c), value: u64::MAX }).collect(),
+                counters: (0..per_device).map(|c| Counter { name: name(c).into(), value: u64::MAX }).collect(),
                 ports: vec![],
             })
             .collect();

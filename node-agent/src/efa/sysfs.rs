@@ -129,10 +129,11 @@ impl From<Failure> for Skip {
     }
 }
 
-/// One counter file and its value.
+/// One counter file and its value. The name is the directory listing's, shared from one
+/// read to the next while the listing holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Counter {
-    pub name: String,
+    pub name: Arc<str>,
     pub value: u64,
 }
 
@@ -156,7 +157,12 @@ impl Device {
     /// an earlier read): the driver was reloaded and its counters started again from zero.
     pub fn went_back_from(&self, before: &Device) -> bool {
         let lower = |now: &[Counter], then: &[Counter]| {
-            now.iter().any(|c| then.binary_search_by(|t| t.name.cmp(&c.name)).is_ok_and(|i| then[i].value > c.value))
+            now.iter().enumerate().any(|(at, c)| {
+                // Usually the same listing, so the same name at the same place.
+                let same_place = then.get(at).filter(|t| Arc::ptr_eq(&t.name, &c.name));
+                let was = same_place.or_else(|| then.binary_search_by(|t| t.name.cmp(&c.name)).ok().map(|i| &then[i]));
+                was.is_some_and(|t| t.value > c.value)
+            })
         };
         lower(&self.counters, &before.counters)
             || self.ports.iter().any(|p| {
@@ -522,7 +528,7 @@ fn read_counters(dir: &Path, reading: &mut Reading, files: &mut Files<'_>) -> Ve
                     files.held.held += 1;
                     held.push((name.clone(), inode, file));
                 }
-                counters.push(Counter { name: name.to_string(), value });
+                counters.push(Counter { name: name.clone(), value });
             }
             Ok((None, _)) => reading.skip(Skip::Malformed),
             Err(why) => reading.skip(why),
@@ -564,7 +570,7 @@ mod tests {
     }
 
     fn counters(pairs: &[(&str, u64)]) -> Vec<Counter> {
-        pairs.iter().map(|(n, v)| Counter { name: n.to_string(), value: *v }).collect()
+        pairs.iter().map(|(n, v)| Counter { name: (*n).into(), value: *v }).collect()
     }
 
     fn skipped(reading: &Reading, why: Skip) -> u64 {
@@ -835,6 +841,17 @@ mod tests {
         fewer.ports[0].counters.remove(0);
         assert!(!fewer.went_back_from(&device(10, 1)));
         assert!(!device(10, 1).went_back_from(&fewer));
+        // Names shared with the earlier read (as one listing gives them) compare in place;
+        // a name found elsewhere is still compared with its own value.
+        let before = device(10, 1);
+        let mut now = before.clone();
+        assert!(!now.went_back_from(&before));
+        now.ports[0].counters[1].value = 9;
+        assert!(now.went_back_from(&before));
+        now.ports[0].counters.swap(0, 1);
+        assert!(now.went_back_from(&before));
+        now.ports[0].counters[0].value = 10;
+        assert!(!now.went_back_from(&before));
     }
 
     #[test]
