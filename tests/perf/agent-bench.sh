@@ -17,8 +17,9 @@
 # Environment:
 #   DURATION=120        seconds measured (after WARMUP=10 s); 20 is enough for a CI run
 #   PROFILE=release     the cargo profile both are built with; dist: the images' (whole-program
-#                       optimization, ~10 minutes a build here), for the shipped figures; a
-#                       baseline from before the dist profile existed needs BASE_BIN
+#                       optimization and deploy/image-build.toml's link, ~10 minutes a build
+#                       here), for the shipped figures; a baseline from before the dist
+#                       profile existed needs BASE_BIN
 #   NEW_BIN=DIR         a dir holding neuron-node-agent and neuron-monitor-sim: no build
 #   BASE_BIN=DIR        the same for the baseline (BASELINE_REV is then only a label)
 #   SYSFS=sim|none      sim (default): the simulator's driver tree and 16 EFA devices, so
@@ -59,7 +60,10 @@ trap 'exit 130' INT TERM
 
 PROFILE=${PROFILE:-release}
 build() { # build SRC TARGET_DIR OUT_DIR: the agent and simulator of SRC into OUT_DIR.
-    (cd "$1" && CARGO_TARGET_DIR=$2 cargo build --profile "$PROFILE" --quiet -p neuron-node-agent -p neuron-monitor-sim --bins)
+    local config=()
+    # dist is the images' build: their link settings too, where SRC has them.
+    if [[ $PROFILE == dist && -f $1/deploy/image-build.toml ]]; then config=(--config deploy/image-build.toml); fi
+    (cd "$1" && CARGO_TARGET_DIR=$2 cargo build "${config[@]}" --profile "$PROFILE" --quiet -p neuron-node-agent -p neuron-monitor-sim --bins)
     mkdir -p "$3"
     cp "$2/$PROFILE/neuron-node-agent" "$2/$PROFILE/neuron-monitor-sim" "$3/"
 }

@@ -29,6 +29,10 @@
 //!   CloudWatch's OTLP endpoint): `cloudwatch:PutMetricData`, which authorizes OTLP
 //!   ingest, without a `cloudwatch:namespace` condition (OTLP requests have no namespace:
 //!   such a condition denies them); the agent signs its OTLP requests for `monitoring`.
+//! - `deploy/image-build.toml` (the images' cargo settings): cargo reads it, and a program
+//!   built with it has its relative relocations packed (a `.relr.dyn` table, which the
+//!   same program built without it lacks) and runs under this machine's loader.
+//!   Not proven: the images' own build (no container engine here).
 //!
 //! Needs `cargo build --workspace --bins` (the agent and the simulator) and the tools of
 //! `tests/tools/install.sh` (systemd-analyze; LocalStack's venv for botocore).
@@ -50,6 +54,7 @@ const TASK_DEFINITION: &str = "deploy/ecs/task-definition.json";
 const POLICY: &str = "deploy/iam/neuron-node-agent-policy.json";
 const LOGS_POLICY: &str = "deploy/iam/neuron-node-agent-health-logs-policy.json";
 const OTLP_POLICY: &str = "deploy/iam/neuron-node-agent-otlp-policy.json";
+const IMAGE_BUILD: &str = "deploy/image-build.toml";
 
 /// Where the unit expects the agent and its configuration.
 const UNIT_AGENT: &str = "/usr/local/bin/neuron-node-agent";
@@ -617,4 +622,61 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
         }
     }
     files
+}
+
+/// The names of an ELF64 little-endian file's sections.
+fn elf_section_names(elf: &[u8]) -> Vec<String> {
+    let u16_at = |at: usize| usize::from(u16::from_le_bytes(elf[at..at + 2].try_into().unwrap()));
+    let u64_at = |at: usize| usize::try_from(u64::from_le_bytes(elf[at..at + 8].try_into().unwrap())).unwrap();
+    assert_eq!(&elf[..5], b"\x7fELF\x02", "an ELF64 file");
+    let (table, entry, count, names) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c), u16_at(0x3e));
+    let header = |i: usize| table + i * entry;
+    let strings = u64_at(header(names) + 0x18);
+    (0..count)
+        .map(|i| {
+            let start = strings + u32::from_le_bytes(elf[header(i)..header(i) + 4].try_into().unwrap()) as usize;
+            let end = start + elf[start..].iter().position(|&b| b == 0).unwrap();
+            String::from_utf8_lossy(&elf[start..end]).into_owned()
+        })
+        .collect()
+}
+
+/// Builds a program with pointers to relocate (a table of strings), with `extra` cargo
+/// arguments, and returns its section names after checking that it runs.
+fn build_probe(dir: &Path, extra: &[&str]) -> Vec<String> {
+    std::fs::create_dir_all(dir.join("src")).unwrap();
+    let manifest = "[package]\nname = \"relocation-probe\"\nversion = \"0.1.0\"\nedition = \"2021\"\n[workspace]\n";
+    std::fs::write(dir.join("Cargo.toml"), manifest).unwrap();
+    let program = "static NAMES: [&str; 4] = [\"a\", \"bb\", \"ccc\", \"dddd\"];\n\
+                   fn main() { println!(\"{}\", NAMES.iter().map(|n| n.len()).sum::<usize>()); }\n";
+    std::fs::write(dir.join("src/main.rs"), program).unwrap();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["build", "--release", "--offline", "--quiet"])
+        .args(extra)
+        .current_dir(dir)
+        .env("CARGO_TARGET_DIR", dir.join("target"))
+        .env_remove("RUSTFLAGS")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cargo build {extra:?}: {}", output_text(&out));
+    let binary = dir.join("target/release/relocation-probe");
+    let run = Command::new(&binary).output().unwrap();
+    assert_eq!(
+        (run.status.success(), String::from_utf8_lossy(&run.stdout).trim()),
+        (true, "10"),
+        "{}",
+        output_text(&run)
+    );
+    elf_section_names(&std::fs::read(binary).unwrap())
+}
+
+#[test]
+fn the_images_cargo_settings_pack_the_relative_relocations() {
+    let dir = TempDir::new("image-build");
+    let settings = repo_root().join(IMAGE_BUILD).canonicalize().unwrap();
+    let packed = build_probe(&dir.path().join("packed"), &["--config", settings.to_str().unwrap()]);
+    let plain = build_probe(&dir.path().join("plain"), &[]);
+    assert!(packed.iter().any(|s| s == ".relr.dyn"), "{packed:?}");
+    assert!(!plain.iter().any(|s| s == ".relr.dyn"), "the plain build's own default: {plain:?}");
 }
