@@ -200,26 +200,15 @@ struct Senders {
 impl Sinks {
     /// Runs until `shutdown`, then flushes every sink (bounded by the shutdown timeout).
     pub async fn run(mut self, shutdown: CancellationToken) {
-        let (client, tls) = match send::http_client() {
-            Ok((client, tls)) => (Some(client), tls),
-            Err(e) => {
-                warn!(error = %e, "no TLS configuration: OTLP sinks cannot send");
-                (None, false)
-            }
-        };
-        let senders = Senders {
-            client,
-            tls,
-            headers: self.headers.clone(),
-            options: self.options.clone(),
-            metrics: self.metrics.clone(),
-        };
+        // Made when the first sink starts: a node without one never loads the CA
+        // certificates nor the TLS code.
+        let mut senders: Option<Senders> = None;
         let mut running: Vec<Running> = Vec::new();
         let mut in_force: Option<Arc<Routing>> = None;
         loop {
             let routing = self.routing.current();
             if !in_force.as_ref().is_some_and(|r| Arc::ptr_eq(r, &routing)) {
-                self.reconcile(&routing, &mut running, &senders);
+                self.reconcile(&routing, &mut running, &mut senders);
                 in_force = Some(routing);
             }
             tokio::select! {
@@ -231,8 +220,28 @@ impl Sinks {
         futures::future::join_all(running.into_iter().map(stop)).await;
     }
 
-    /// Starts the sinks of new or changed routes, stops those of routes that went away.
-    fn reconcile(&self, routing: &Routing, running: &mut Vec<Running>, senders: &Senders) {
+    /// What every sender shares: the HTTP client (the system's CA certificates loaded),
+    /// the mirrored headers, the options.
+    fn senders(&self) -> Senders {
+        let (client, tls) = match send::http_client() {
+            Ok((client, tls)) => (Some(client), tls),
+            Err(e) => {
+                warn!(error = %e, "no TLS configuration: OTLP sinks cannot send");
+                (None, false)
+            }
+        };
+        Senders {
+            client,
+            tls,
+            headers: self.headers.clone(),
+            options: self.options.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// Starts the sinks of new or changed routes (with `senders`, made for the first),
+    /// stops those of routes that went away.
+    fn reconcile(&self, routing: &Routing, running: &mut Vec<Running>, senders: &mut Option<Senders>) {
         let wanted: Vec<(&Route, &Selection)> = routing.otlp_routes().collect();
         stop_unwanted(running, &wanted, |r| &r.route, stop);
         self.metrics.common.invalid.clear();
@@ -254,6 +263,7 @@ impl Sinks {
                     continue;
                 }
             };
+            let senders = senders.get_or_insert_with(|| self.senders());
             running.push(self.start(route, selection, settings, senders));
         }
     }
