@@ -189,12 +189,20 @@ scrape() { # scrape NAME: one scrape, its time appended to NAME/latency (ms).
         awk '{ printf "%.3f\n", $1 * 1000 }' >>"$dir/latency"
 }
 
-# Both binaries run from copies written the same way, here: the file-backed RSS of one
-# binary differs by a MiB or more between two files of it written differently (the page
-# cache's folios, which the kernel maps whole around a touched page).
+# Both binaries run from copies written the same way, here, then dropped from the page
+# cache, so that each starts as on a node, reading its binary from the disk: the
+# file-backed RSS of one binary differs by a MiB or more between two files of it written
+# differently, and between a file just written and one read (the page cache's folios,
+# which the kernel maps whole around a touched page).
 fresh_copy() { # fresh_copy DIR NAME: DIR's binaries copied to $work/NAME; prints that dir.
     mkdir -p "$work/$2"
     cp "$1/neuron-node-agent" "$1/neuron-monitor-sim" "$work/$2/"
+    python3 -c 'import os, sys
+for path in sys.argv[1:]:
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)' "$work/$2/neuron-node-agent" "$work/$2/neuron-monitor-sim"
     echo "$work/$2"
 }
 new_bin=$(fresh_copy "$new_bin" new-run)
