@@ -85,14 +85,17 @@ impl<'a> Report<'a> {
         let Some(cuts) = cut::cut_loaded_models(line, buffer) else {
             return Report::parse(line);
         };
-        let mut report = Report::parse(buffer)?;
-        report.put_back_loaded_models(line, &cuts);
+        let copy: &'a str = buffer;
+        let mut report = Report::parse(copy)?;
+        report.put_back_loaded_models(line, copy, &cuts);
         Ok(report)
     }
 
-    /// Replaces each runtime's `loaded_models` index, left by [`cut::cut_loaded_models`],
-    /// with the text it stands for.
-    fn put_back_loaded_models(&mut self, line: &'a str, cuts: &[std::ops::Range<usize>]) {
+    /// Replaces each runtime's `loaded_models` placeholder, left in `copy` by
+    /// [`cut::cut_loaded_models`], with the text it stands for. Known by where it is, not
+    /// by what it says: a number the line itself gives there (under a key the cut did not
+    /// take, written with a space or an escape) stays what it is.
+    fn put_back_loaded_models(&mut self, line: &'a str, copy: &str, cuts: &[cut::Cut]) {
         let memories = self.neuron_runtime_data.items.iter_mut().filter_map(|item| match item {
             Item::Ok(RuntimeEntry {
                 report: Some(RuntimeGroups { memory_used: Some(Group::Ok(memory)), .. }), ..
@@ -100,8 +103,10 @@ impl<'a> Report<'a> {
             _ => None,
         });
         for memory in memories {
-            if let Some(cut) = memory.loaded_models.and_then(|index| cuts.get(index.parse::<usize>().ok()?)) {
-                memory.loaded_models = Some(&line[cut.clone()]);
+            let Some(text) = memory.loaded_models else { continue };
+            let at = text.as_ptr().addr().wrapping_sub(copy.as_ptr().addr());
+            if let Ok(i) = cuts.binary_search_by_key(&at, |cut| cut.placeholder) {
+                memory.loaded_models = Some(&line[cuts[i].text.clone()]);
             }
         }
     }

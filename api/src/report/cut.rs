@@ -14,11 +14,19 @@ use crate::limits::MAX_RUNTIMES_PER_REPORT;
 
 const KEY: &[u8] = b"\"loaded_models\":";
 
-/// Copies `line` into `out` with each `"loaded_models":` value replaced by its index in
-/// the returned ranges (of `line`). `None`, with `out` to be ignored, where there is
-/// nothing to cut or where a value is not an array or object that ends within the line:
-/// the line is then read as it is, so that serde reports what is wrong with it.
-pub(super) fn cut_loaded_models(line: &str, out: &mut String) -> Option<Vec<Range<usize>>> {
+/// One value cut out: its text in the line, and where its placeholder (its index, a JSON
+/// number) starts in the copy.
+#[derive(Debug, PartialEq)]
+pub(super) struct Cut {
+    pub text: Range<usize>,
+    pub placeholder: usize,
+}
+
+/// Copies `line` into `out` with each `"loaded_models":` value replaced by a placeholder;
+/// the cuts in order. `None`, with `out` to be ignored, where there is nothing to cut or
+/// where a value is not an array or object that ends within the line: the line is then
+/// read as it is, so that serde reports what is wrong with it.
+pub(super) fn cut_loaded_models(line: &str, out: &mut String) -> Option<Vec<Cut>> {
     let bytes = line.as_bytes();
     let finder = memchr::memmem::Finder::new(KEY);
     let mut cuts = Vec::new();
@@ -42,11 +50,17 @@ pub(super) fn cut_loaded_models(line: &str, out: &mut String) -> Option<Vec<Rang
     }
     out.clear();
     let mut copied = 0;
-    for (index, cut) in cuts.iter().enumerate() {
-        out.push_str(&line[copied..cut.start]);
-        push_index(out, index);
-        copied = cut.end;
-    }
+    let cuts = cuts
+        .into_iter()
+        .enumerate()
+        .map(|(index, text)| {
+            out.push_str(&line[copied..text.start]);
+            let placeholder = out.len();
+            push_index(out, index);
+            copied = text.end;
+            Cut { text, placeholder }
+        })
+        .collect();
     out.push_str(&line[copied..]);
     Some(cuts)
 }
@@ -263,8 +277,9 @@ mod tests {
         let mut out = String::new();
         let cuts = cut_loaded_models(line, &mut out).unwrap();
         assert_eq!(out, r#"{"a":{"loaded_models": 0},"n\"loaded_models":[5],"b":{"loaded_models":1},"c":"x\\"}"#);
-        assert_eq!(&line[cuts[0].clone()], r#"[{"n":"\"loaded_models\":[]"}]"#);
-        assert_eq!(&line[cuts[1].clone()], "{}");
+        assert_eq!(&line[cuts[0].text.clone()], r#"[{"n":"\"loaded_models\":[]"}]"#);
+        assert_eq!(&line[cuts[1].text.clone()], "{}");
+        assert_eq!((&out[cuts[0].placeholder..][..1], &out[cuts[1].placeholder..][..1]), ("0", "1"));
     }
 
     #[test]

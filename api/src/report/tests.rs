@@ -439,3 +439,19 @@ fn parse_reusing_fails_as_parse_does_on_a_line_cut_short_or_odd_in_another_group
     let Item::Ok(model) = &models[0] else { panic!("malformed") };
     assert_eq!(model.model_id, Some(3));
 }
+
+#[test]
+fn parse_reusing_puts_back_only_its_own_placeholders() {
+    // The second runtime's key, spaced, is not cut: serde reads its value, `0`, which must
+    // stay `0` (malformed when read) rather than become the first runtime's models.
+    let line = r#"{"neuron_runtime_data":[
+        {"pid":1,"report":{"memory_used":{"error":"","loaded_models":[{"name":"m","model_id":7}]}}},
+        {"pid":2,"report":{"memory_used":{"error":"","loaded_models" : 0}}}]}"#;
+    let mut buffer = String::new();
+    let report = Report::parse_reusing(line, &mut buffer).unwrap();
+    let memory = |i: usize| runtimes(&report)[i].report.as_ref().unwrap().memory_used.as_ref().unwrap().ok().unwrap();
+    assert_eq!(memory(0).loaded_models, Some(r#"[{"name":"m","model_id":7}]"#));
+    assert_eq!(memory(1).loaded_models, Some("0"));
+    assert!(memory(1).loaded_models().is_err());
+    assert_eq!(format!("{:?}", Report::parse(line).unwrap()), format!("{report:?}"));
+}
