@@ -16,10 +16,10 @@
 #
 # Environment:
 #   DURATION=120        seconds measured (after WARMUP=10 s); 20 is enough for a CI run
-#   PROFILE=release     the cargo profile both are built with; dist: the images' (whole-program
-#                       optimization and deploy/image-build.toml's link, ~10 minutes a build
-#                       here), for the shipped figures; a baseline from before the dist
-#                       profile existed needs BASE_BIN
+#   PROFILE=release     the cargo profile both are built with; dist: the images' build
+#                       (deploy/build-agent.sh: whole-program optimization, the images' link
+#                       settings, profile-guided; ~20 minutes a build here), for the shipped
+#                       figures; a baseline from before the dist profile existed needs BASE_BIN
 #   NEW_BIN=DIR         a dir holding neuron-node-agent and neuron-monitor-sim: no build
 #   BASE_BIN=DIR        the same for the baseline (BASELINE_REV is then only a label)
 #   SYSFS=sim|none      sim (default): the simulator's driver tree and 16 EFA devices, so
@@ -60,8 +60,13 @@ trap 'exit 130' INT TERM
 
 PROFILE=${PROFILE:-release}
 build() { # build SRC TARGET_DIR OUT_DIR: the agent and simulator of SRC into OUT_DIR.
+    # dist is the images' build: profile-guided where SRC has the images' script.
+    if [[ $PROFILE == dist && -x $1/deploy/build-agent.sh ]]; then
+        (cd "$1" && CARGO_TARGET_DIR=$2 deploy/build-agent.sh "$3" >/dev/null)
+        return
+    fi
     local config=()
-    # dist is the images' build: their link settings too, where SRC has them.
+    # Before that script: the images' link settings, where SRC has them.
     if [[ $PROFILE == dist && -f $1/deploy/image-build.toml ]]; then config=(--config deploy/image-build.toml); fi
     (cd "$1" && CARGO_TARGET_DIR=$2 cargo build "${config[@]}" --profile "$PROFILE" --quiet -p neuron-node-agent -p neuron-monitor-sim --bins)
     mkdir -p "$3"
