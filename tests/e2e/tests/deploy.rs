@@ -33,6 +33,10 @@
 //!   built with it has its relative relocations packed (a `.relr.dyn` table, which the
 //!   same program built without it lacks) and runs under this machine's loader.
 //!   Not proven: the images' own build (no container engine here).
+//! - `deploy/train-agent.sh` (the run the images' profile-guided agent is laid out from,
+//!   `deploy/build-agent.sh`): the real agent and simulator get through it, and an agent
+//!   that applies no report fails it. Not run here: the two dist builds around it (about
+//!   16 minutes on these machines; docs/performance.md has their figures).
 //!
 //! Needs `cargo build --workspace --bins` (the agent and the simulator) and the tools of
 //! `tests/tools/install.sh` (systemd-analyze; LocalStack's venv for botocore).
@@ -55,6 +59,7 @@ const POLICY: &str = "deploy/iam/neuron-node-agent-policy.json";
 const LOGS_POLICY: &str = "deploy/iam/neuron-node-agent-health-logs-policy.json";
 const OTLP_POLICY: &str = "deploy/iam/neuron-node-agent-otlp-policy.json";
 const IMAGE_BUILD: &str = "deploy/image-build.toml";
+const TRAIN_AGENT: &str = "deploy/train-agent.sh";
 
 /// Where the unit expects the agent and its configuration.
 const UNIT_AGENT: &str = "/usr/local/bin/neuron-node-agent";
@@ -679,4 +684,27 @@ fn the_images_cargo_settings_pack_the_relative_relocations() {
     let plain = build_probe(&dir.path().join("plain"), &[]);
     assert!(packed.iter().any(|s| s == ".relr.dyn"), "{packed:?}");
     assert!(!plain.iter().any(|s| s == ".relr.dyn"), "the plain build's own default: {plain:?}");
+}
+
+/// Runs the images' training run of `agent` on `simulator`, two seconds a pace.
+fn train_agent(agent: &Path, simulator: &Path) -> Output {
+    Command::new("bash")
+        .arg(repo_root().join(TRAIN_AGENT))
+        .arg(agent)
+        .arg(simulator)
+        .env("TRAIN_SECONDS", "2")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_images_training_run_takes_the_agent_through_reports_and_scrapes() {
+    let agent = workspace_bin("neuron-node-agent");
+    let trained = train_agent(&agent, &workspace_bin("neuron-monitor-sim"));
+    assert!(trained.status.success(), "{}", output_text(&trained));
+    // A "neuron-monitor" that reports nothing: the agent serves its scrapes, and the run
+    // still fails, as a layout for start-up only must.
+    let silent = train_agent(&agent, Path::new("/bin/true"));
+    assert!(!silent.status.success(), "{}", output_text(&silent));
+    assert!(output_text(&silent).contains("applied no report"), "{}", output_text(&silent));
 }
