@@ -29,7 +29,8 @@ fail() { # fail WHY: the agent's log and WHY, then exit.
 # train INTERVAL FIXTURE: one run of the agent for $seconds.
 train() {
     local port= scrapes=0 reports format
-    rm -rf "$work/tree" "$work/state"
+    # The log too: the port is read from it before the agent has truncated it.
+    rm -rf "$work/tree" "$work/state" "$work/agent.log"
     "$agent" --monitor-command "$sim" \
         "--monitor-arg=--replay=$fixtures/$2" "--monitor-arg=--interval=$1" --monitor-arg=--instance-type=trn1n.32xlarge \
         "--monitor-arg=--sysfs-root=$work/tree" --sysfs-root "$work/tree" --kmsg-path /dev/null \
