@@ -7,9 +7,9 @@
 # scrapes); then again with what the counters saw (`-Cprofile-use`). The linker then
 # lays the code that ran side by side, away from the code that did not: the pages of the
 # binary a running agent keeps resident are most of its memory, and it keeps far fewer
-# (docs/performance.md), and the report path is compiled for the branches it takes. Code the run did not reach (the
-# Kubernetes client, the CloudWatch and OTLP sinks, NVML) is compiled as cold code, for
-# size; it works as before, a little slower.
+# (docs/performance.md), and the report path is compiled for the branches it takes. Code
+# the run did not reach (the Kubernetes client, the CloudWatch and OTLP sinks, NVML) is
+# compiled as cold code, for size; it works as before, a little slower.
 #
 # Both builds are the dist profile with deploy/image-build.toml's settings. Needs
 # llvm-profdata (`rustup component add llvm-tools`) and curl. Environment:

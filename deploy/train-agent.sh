@@ -31,6 +31,7 @@ train() {
     local port= scrapes=0 reports format
     # The log too: the port is read from it before the agent has truncated it.
     rm -rf "$work/tree" "$work/state" "$work/agent.log"
+    # The 16-EFA-device trn1n tree under both reports: the EFA reader is trained too.
     "$agent" --monitor-command "$sim" \
         "--monitor-arg=--replay=$fixtures/$2" "--monitor-arg=--interval=$1" --monitor-arg=--instance-type=trn1n.32xlarge \
         "--monitor-arg=--sysfs-root=$work/tree" --sysfs-root "$work/tree" --kmsg-path /dev/null \
@@ -42,6 +43,7 @@ train() {
         if [[ -n $port ]]; then break; fi
         sleep 0.1
     done
+    if [[ -z $port ]]; then fail "the agent logged no listening port within 10 s ($2)"; fi
     for ((i = 0; i < seconds; i++)); do
         sleep 1
         for format in text/plain application/openmetrics-text; do
