@@ -36,7 +36,7 @@ use neuron_node_agent::{
         pods::{PodIndex, PodLabelKeys},
         Attribution, AttributionMetrics,
     },
-    processes::{ProcReader, ProcessMetrics},
+    processes::{GonePids, ProcReader, ProcessMetrics},
     sinks::prometheus::{Exposition, Format},
     state::NodeState,
 };
@@ -247,8 +247,9 @@ fn print_ratios(lines: &[(usize, String)]) {
 fn processes(c: &mut Criterion) {
     let reader = ProcReader::new("/proc".into(), ProcessMetrics::register(&mut Registry::default()));
     let pids = vec![std::process::id(); 32];
-    assert_eq!(reader.read_all(&pids).len(), 1, "this process is readable");
-    c.bench_function("processes/read_32", |b| b.iter(|| reader.read_all(&pids)));
+    let mut gone = GonePids::default();
+    assert_eq!(reader.read_all(&pids, &mut gone).len(), 1, "this process is readable");
+    c.bench_function("processes/read_32", |b| b.iter(|| reader.read_all(&pids, &mut gone)));
 }
 
 criterion_group!(benches, pipeline, many_runtimes, processes);
