@@ -206,24 +206,23 @@ fn is_efa(dir: &Path, watch: &Watch) -> Option<bool> {
     Some(target.file_name().is_some_and(|n| n == EFA_DRIVER))
 }
 
-/// Which devices of a listing of `class/infiniband` are EFA devices: those of `known`, the
-/// previous read's verdicts, where it was made for this very listing (a device's driver
-/// changes only with the device: unbound, it leaves the class directory, which is then
-/// listed anew); else each device's driver link (one `readlink` through two links). A
-/// link that could not be read is not a verdict: it is read again next time.
-fn efa_verdicts(class: &Path, names: &Arc<[Entry]>, known: Option<Verdicts>, watch: &Watch) -> Vec<Option<bool>> {
-    match known.filter(|(listing, _)| Arc::ptr_eq(listing, names)) {
-        Some((_, verdicts)) => verdicts
-            .into_iter()
-            .zip(names.iter())
-            .map(|(known, e)| known.or_else(|| is_efa(&class.join(&*e.name), watch)))
-            .collect(),
-        None => names.iter().map(|e| is_efa(&class.join(&*e.name), watch)).collect(),
-    }
+/// Which devices of a listing of `class/infiniband` are EFA devices: the previous read's
+/// verdict (`known`) for an entry listed then under the same name and inode (a device's
+/// driver changes only with the device: unbound, it leaves the class directory, and one
+/// registered again is a new entry); else the device's driver link (one `readlink`
+/// through two links). A link that could not be read is not a verdict: it is read again
+/// next time.
+fn efa_verdicts(class: &Path, names: &[Entry], known: Option<Verdicts>, watch: &Watch) -> Vec<Option<bool>> {
+    let (listed, verdicts) = known.unwrap_or_default();
+    let known = |e: &Entry| {
+        let at = listed.binary_search_by(|k| k.name.cmp(&e.name)).ok()?;
+        verdicts.get(at).copied().flatten().filter(|_| listed[at].inode == e.inode)
+    };
+    names.iter().map(|e| known(e).or_else(|| is_efa(&class.join(&*e.name), watch))).collect()
 }
 
 /// A listing of `class/infiniband` and which of its devices are EFA devices.
-type Verdicts = (Arc<[Entry]>, Vec<Option<bool>>);
+type Verdicts = (Vec<Entry>, Vec<Option<bool>>);
 
 /// The names of a directory's entries that are not hidden (`.name`: no sysfs attribute is;
 /// a writer's temporary file may be), at most `max` of them; more are counted as
@@ -248,19 +247,35 @@ fn list(
         Some(listing) => listing,
         None => {
             *listed.anew += 1;
-            list_now(dir, max, stamp, watch)?
+            let (entries, skipped) = list_now(dir, max, watch)?;
+            Listing { stamp, entries: entries.into(), skipped }
         }
     };
-    for (total, skipped) in reading.skipped.iter_mut().zip(listing.skipped) {
-        *total += skipped;
-    }
+    count_skipped(reading, listing.skipped);
     // Shared with the listing kept for the next read: no copy of the names.
     let entries = Arc::clone(&listing.entries);
     listed.now.insert(dir.to_owned(), listing);
     Ok(entries)
 }
 
-fn list_now(dir: &Path, max: usize, stamp: Stamp, watch: &Watch) -> io::Result<Listing> {
+/// `class/infiniband`, listed at every read: sysfs keeps a directory's change time when
+/// a device registers in it or leaves (kernfs sets a directory's times only where they
+/// were set before), so no stamp tells that it would list otherwise.
+fn list_class(dir: &Path, reading: &mut Reading, watch: &Watch, listed: &mut Listed<'_>) -> io::Result<Vec<Entry>> {
+    *listed.anew += 1;
+    let (entries, skipped) = list_now(dir, MAX_RDMA_DEVICES, watch)?;
+    count_skipped(reading, skipped);
+    Ok(entries)
+}
+
+fn count_skipped(reading: &mut Reading, skipped: [u64; Skip::ALL.len()]) {
+    for (total, skipped) in reading.skipped.iter_mut().zip(skipped) {
+        *total += skipped;
+    }
+}
+
+/// `dir`'s entries, sorted by name, and what the listing counted (by [`Skip`]).
+fn list_now(dir: &Path, max: usize, watch: &Watch) -> io::Result<(Vec<Entry>, [u64; Skip::ALL.len()])> {
     let mut entries = Vec::new();
     let mut skipped = [0; Skip::ALL.len()];
     let mut skip = |why: Skip| skipped[why as usize] += 1;
@@ -287,7 +302,7 @@ fn list_now(dir: &Path, max: usize, stamp: Stamp, watch: &Watch) -> io::Result<L
         Ok(())
     })?;
     entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-    Ok(Listing { stamp, entries: entries.into(), skipped })
+    Ok((entries, skipped))
 }
 
 /// A directory entry, as [`list`] gives it.
@@ -400,7 +415,7 @@ fn read_devices(root: &Path, files: &mut Files<'_>) -> Reading {
     let mut reading = Reading::default();
     let class = root.join(INFINIBAND_DIR);
     let watch = files.watch;
-    let names = match list(&class, MAX_RDMA_DEVICES, &mut reading, watch, &mut files.listed) {
+    let names = match list_class(&class, &mut reading, watch, &mut files.listed) {
         Ok(names) => names,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return reading,
         Err(e) => {
@@ -644,7 +659,7 @@ mod tests {
         assert_eq!(reading.devices[0].counters, counters(&[("keep_alive_rcvd", 4)]));
         assert_eq!(reading.skipped, [0; 9]);
         assert_eq!(held.count(), 3, "cmds_err closed, keep_alive_rcvd opened");
-        assert_eq!(held.listed_anew(), 2, "the two directories a file was renamed, removed or added in");
+        assert_eq!(held.listed_anew(), 3, "the class directory and the two a file was renamed, removed or added in");
         let tx_after = held.dirs[&port_listed].iter().find(|(n, ..)| &**n == "tx_bytes").map(|(_, inode, _)| *inode);
         assert_eq!(tx_before, tx_after, "a file written in place is the one held");
 
@@ -654,8 +669,9 @@ mod tests {
         assert_eq!(one.count(), 1);
     }
 
-    /// An unchanged tree is not listed again: the second read stats its directories, reads
-    /// the held files, and counts what the first read's listings counted.
+    /// An unchanged tree is not listed again but for its class directory: the second read
+    /// stats the devices' directories, reads the held files, and counts what the first
+    /// read's listings counted.
     #[test]
     fn an_unchanged_directory_is_not_listed_again() {
         let tree = TempDir::new("efa-sysfs");
@@ -670,15 +686,17 @@ mod tests {
         assert_eq!(skipped(&first, Skip::BadName), 1);
         tree.write(format!("{dev}/ports/1/hw_counters/tx_bytes"), "10\n");
         let second = read_watched(&tree.0, &Watch::untimed(), &mut held);
-        assert_eq!(held.listed_anew(), 0);
+        assert_eq!(held.listed_anew(), 1, "the class directory, listed at every read");
         assert_eq!(second.devices[0].ports[0].counters, counters(&[("tx_bytes", 10)]), "written in place");
         assert_eq!(skipped(&second, Skip::BadName), 1, "counted again from the kept listing");
     }
 
-    /// A device's driver is looked at again only when the class directory lists anew: a
-    /// driver changes with the device (unbound, it leaves the class directory).
+    /// A device's driver is looked at once per class directory entry: a driver changes
+    /// with the device (unbound, it leaves the class directory; registered again, it is a
+    /// new entry). A device that registers later is found at the next read, though sysfs
+    /// leaves the class directory's change time as it was.
     #[test]
-    fn devices_drivers_are_looked_at_again_when_the_class_directory_changes() {
+    fn a_devices_driver_is_looked_at_once_per_class_entry() {
         let tree = TempDir::new("efa-sysfs");
         device(&tree, "rdmap16s27", "0000:10:1b.0", "efa");
         let mut held = HeldFiles::new(8);
@@ -691,11 +709,18 @@ mod tests {
         symlink("../../../bus/pci/drivers/mlx5_core", &link).unwrap();
         let kept = read_watched(&tree.0, &Watch::untimed(), &mut held);
         assert_eq!((kept.devices.len(), kept.other_devices), (1, 0));
-        // A device registered beside it: the class directory is listed anew, both looked at.
+        // A device registered beside it is looked at; the first keeps its verdict.
         device(&tree, "rdmap32s27", "0000:20:1b.0", "efa");
-        let anew = read_watched(&tree.0, &Watch::untimed(), &mut held);
-        let names: Vec<&str> = anew.devices.iter().map(|d| d.name.as_str()).collect();
-        assert_eq!((names, anew.other_devices), (vec!["rdmap32s27"], 1));
+        let beside = read_watched(&tree.0, &Watch::untimed(), &mut held);
+        let names: Vec<&str> = beside.devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!((names, beside.other_devices), (vec!["rdmap16s27", "rdmap32s27"], 0));
+        // The first registered again (a new entry): its driver is looked at again.
+        let entry = tree.0.join(INFINIBAND_DIR).join("rdmap16s27");
+        fs::remove_file(&entry).unwrap();
+        symlink("../../devices/pci0000:00/0000:10:1b.0/infiniband/rdmap16s27", &entry).unwrap();
+        let again = read_watched(&tree.0, &Watch::untimed(), &mut held);
+        let names: Vec<&str> = again.devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!((names, again.other_devices), (vec!["rdmap32s27"], 1));
     }
 
     /// A driver link that cannot be read is no verdict: the next read looks again.
