@@ -714,10 +714,12 @@ mod tests {
         let beside = read_watched(&tree.0, &Watch::untimed(), &mut held);
         let names: Vec<&str> = beside.devices.iter().map(|d| d.name.as_str()).collect();
         assert_eq!((names, beside.other_devices), (vec!["rdmap16s27", "rdmap32s27"], 0));
-        // The first registered again (a new entry): its driver is looked at again.
-        let entry = tree.0.join(INFINIBAND_DIR).join("rdmap16s27");
-        fs::remove_file(&entry).unwrap();
-        symlink("../../devices/pci0000:00/0000:10:1b.0/infiniband/rdmap16s27", &entry).unwrap();
+        // The first registered again (a new entry, made before the old one goes: a file
+        // system may give a freed inode number to the next file): its driver is looked at
+        // again.
+        let class = tree.0.join(INFINIBAND_DIR);
+        symlink("../../devices/pci0000:00/0000:10:1b.0/infiniband/rdmap16s27", class.join(".new")).unwrap();
+        fs::rename(class.join(".new"), class.join("rdmap16s27")).unwrap();
         let again = read_watched(&tree.0, &Watch::untimed(), &mut held);
         let names: Vec<&str> = again.devices.iter().map(|d| d.name.as_str()).collect();
         assert_eq!((names, again.other_devices), (vec!["rdmap32s27"], 1));
