@@ -30,6 +30,7 @@ pub mod model;
 pub mod node;
 pub mod report_signals;
 pub mod settings;
+pub mod stop;
 pub mod sysfs;
 pub mod taint;
 pub mod telemetry;
@@ -39,10 +40,7 @@ use std::{
     io::Write,
     os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
-    },
+    sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -56,6 +54,7 @@ use self::{
     kmsg::{Batch, Follower, LookBack, Refusal},
     model::{Changes, HealthModel, Persisted},
     report_signals::MonitorReader,
+    stop::Stop,
     telemetry::HealthMetrics,
 };
 use crate::{
@@ -93,7 +92,8 @@ pub struct Options {
 
 /// Time between attempts to open a kernel log or sysfs root that is not there.
 const RETRY: Duration = Duration::from_secs(10);
-/// Longest single wait of a reader thread, so that it notices shutdown.
+/// Longest single wait of a GPU reader (NVML's event wait, a collection), so that it
+/// notices the stop; the other readers wait on the stop itself ([`stop::Stop`]).
 const TICK: Duration = Duration::from_millis(500);
 
 /// The node state and the count of reports applied to it (`Pipeline::subscribe`).
@@ -125,7 +125,7 @@ pub fn start(
     }
     model.gpus.expected = options.gpus.is_some();
     let health = Arc::new(Mutex::new(model));
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(Stop::new());
     let writer = Arc::new(StateWriter {
         runtime: tokio::runtime::Handle::current(),
         dir: options.state_dir.clone(),
@@ -134,10 +134,10 @@ pub fn start(
         log_limit: Mutex::new(RateLimit::new(5, Duration::from_secs(300))),
     });
     {
-        let stop = stop.clone();
+        let (stop, shutdown) = (stop.clone(), shutdown.clone());
         tokio::spawn(async move {
             shutdown.cancelled().await;
-            stop.store(true, Ordering::Relaxed);
+            stop.set();
         });
     }
     let mut spawn = |name: &'static str, f: Box<dyn FnOnce() + Send>| tasks.adopt(name, tokio::task::spawn_blocking(f));
@@ -184,8 +184,14 @@ pub fn start(
         stop: stop.clone(),
     };
     spawn("health-kmsg", Box::new(move || kernel.run()));
-    let monitor =
-        MonitorReader { health: health.clone(), writer, feed, stop, state: reports.state, applied: reports.applied };
+    let monitor = MonitorReader {
+        health: health.clone(),
+        writer,
+        feed,
+        shutdown,
+        state: reports.state,
+        applied: reports.applied,
+    };
     spawn("health-monitor", Box::new(move || monitor.run()));
     health
 }
@@ -317,7 +323,7 @@ struct SysfsReader {
     metrics: HealthMetrics,
     writer: Arc<StateWriter>,
     feed: Option<logs::Feed>,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Stop>,
     /// The tree's reads, with their deadline.
     reads: TimedReads,
     log_limit: Mutex<RateLimit>,
@@ -326,7 +332,7 @@ struct SysfsReader {
 impl SysfsReader {
     fn run(mut self) {
         let mut trigger = "start";
-        while !self.stop.load(Ordering::Relaxed) {
+        while !self.stop.is_set() {
             let (reading, event_files) = self.read_tree();
             self.metrics.sysfs_reads.get_or_create(&telemetry::TriggerLabel { trigger }).inc();
             let stuck = self.reads.stuck();
@@ -382,13 +388,12 @@ impl SysfsReader {
         let deadline = Instant::now() + self.options.interval;
         loop {
             let now = Instant::now();
-            if now >= deadline || self.stop.load(Ordering::Relaxed) {
+            if now >= deadline || self.stop.is_set() {
                 return "interval";
             }
-            let wait = (deadline - now).min(TICK);
-            // SAFETY: `fds` are valid pollfds of files open for the duration of the call.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait.as_millis() as i32) };
-            if n > 0 && fds.iter().any(|p| p.revents & (libc::POLLPRI | libc::POLLERR) != 0) {
+            if self.stop.poll(&mut fds, deadline - now) > 0
+                && fds.iter().any(|p| p.revents & (libc::POLLPRI | libc::POLLERR) != 0)
+            {
                 return "event";
             }
         }
@@ -401,7 +406,7 @@ struct KmsgReader {
     metrics: HealthMetrics,
     writer: Arc<StateWriter>,
     feed: Option<logs::Feed>,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Stop>,
 }
 
 /// Longest wait of the kernel-log reader for the first reading of the driver's tree:
@@ -413,7 +418,7 @@ impl KmsgReader {
         self.wait_for_the_tree();
         let refusals_logged = Mutex::new(RateLimit::new(5, Duration::from_secs(300)));
         let mut logged_failure = false;
-        while !self.stop.load(Ordering::Relaxed) {
+        while !self.stop.is_set() {
             let after_seq = self.health.lock().unwrap_or_else(|p| p.into_inner()).kmsg_seq;
             let follower = Follower {
                 path: self.options.kmsg_path.clone(),
@@ -435,10 +440,7 @@ impl KmsgReader {
                     }
                 }
             }
-            let until = Instant::now() + RETRY;
-            while Instant::now() < until && !self.stop.load(Ordering::Relaxed) {
-                std::thread::sleep(TICK);
-            }
+            self.stop.sleep(RETRY);
         }
     }
 
@@ -447,7 +449,7 @@ impl KmsgReader {
     /// devices only the tree and the collection can confirm.
     fn wait_for_the_tree(&self) {
         let until = Instant::now() + FIRST_READING_WAIT;
-        while Instant::now() < until && !self.stop.load(Ordering::Relaxed) {
+        while Instant::now() < until && !self.stop.is_set() {
             let model = self.health.lock().unwrap_or_else(|p| p.into_inner());
             if model.read_once && (!model.gpus.expected || model.gpus.collections > 0) {
                 return;

@@ -2,19 +2,13 @@
 //! collections the GPU collector publishes (lost GPUs, ECC, staleness), and NVML's event
 //! set (critical Xids), started only where the driver supports those events.
 
-use std::{
-    fmt,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-};
+use std::{fmt, sync::Arc};
 
 use nvml_wrapper::{bitmasks::event::EventTypes, enums::event::XidError, error::NvmlError, EventSet, Nvml};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::{announce, logs, unix_now, SharedHealth, StateWriter, TICK};
+use super::{announce, logs, stop::Stop, unix_now, SharedHealth, StateWriter, TICK};
 use crate::gpu::{nvml::NvmlReader, GpuCollection, GpuSnapshot};
 
 /// What the health model reads of the GPUs.
@@ -41,14 +35,14 @@ pub(super) struct SnapshotReader {
     pub health: SharedHealth,
     pub writer: Arc<StateWriter>,
     pub feed: Option<logs::Feed>,
-    pub stop: Arc<AtomicBool>,
+    pub stop: Arc<Stop>,
 }
 
 impl SnapshotReader {
     pub fn run(mut self) {
         let runtime = self.writer.runtime.clone();
         let mut open = true;
-        while !self.stop.load(Ordering::Relaxed) {
+        while !self.stop.is_set() {
             let snapshot = self.snapshots.borrow_and_update().clone();
             let mut model = self.health.lock().unwrap_or_else(|p| p.into_inner());
             let changes = model.apply_gpu_snapshot(&snapshot, unix_now());
@@ -57,7 +51,7 @@ impl SnapshotReader {
             drop(model);
             // The next collection, or a tick to notice shutdown (the collector ends first).
             loop {
-                if self.stop.load(Ordering::Relaxed) {
+                if self.stop.is_set() {
                     return;
                 }
                 if !open {
@@ -91,15 +85,13 @@ pub(super) struct EventReader {
     pub health: SharedHealth,
     pub writer: Arc<StateWriter>,
     pub feed: Option<logs::Feed>,
-    pub stop: Arc<AtomicBool>,
+    pub stop: Arc<Stop>,
 }
 
 impl EventReader {
     pub fn run(self) {
         // An event names a GPU by index: the model must know the GPUs first.
-        while !self.stop.load(Ordering::Relaxed)
-            && self.health.lock().unwrap_or_else(|p| p.into_inner()).gpus.collections == 0
-        {
+        while !self.stop.is_set() && self.health.lock().unwrap_or_else(|p| p.into_inner()).gpus.collections == 0 {
             std::thread::sleep(TICK / 10);
         }
         let nvml = self.nvml.nvml();
@@ -110,16 +102,14 @@ impl EventReader {
             }
             None => {
                 warn!("NVML's event set could not be registered: Xids come from the kernel log alone");
-                while !self.stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(TICK);
-                }
+                while !self.stop.sleep(super::RETRY) {}
             }
         }
     }
 
     fn wait_for_events(&self, set: &EventSet<'_>) {
         let wait_ms = TICK.as_millis() as u32;
-        while !self.stop.load(Ordering::Relaxed) {
+        while !self.stop.is_set() {
             if self.period.borrow().is_none() {
                 std::thread::sleep(TICK);
                 continue;

@@ -25,9 +25,10 @@ use std::{
         io::AsRawFd,
     },
     path::PathBuf,
-    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
+
+use super::stop::Stop;
 
 use crate::gpu::xid::{self, XidError, XidRecord};
 use api::limits::{MAX_KMSG_RECORDS_PER_BATCH, MAX_KMSG_RECORD_BYTES, MAX_NEURONCORES_PER_DEVICE, MAX_NEURON_DEVICES};
@@ -360,8 +361,6 @@ const FILE_HISTORY_BYTES: u64 = 1024 * 1024;
 /// How often a regular file is checked for new lines, and a partial last line is
 /// waited for before it is taken as complete.
 const FILE_TICK: Duration = Duration::from_millis(100);
-/// Longest wait in `poll()` on `/dev/kmsg`, so that shutdown is noticed.
-const DEVICE_TICK_MS: i32 = 500;
 
 pub struct Follower {
     pub path: PathBuf,
@@ -467,7 +466,7 @@ impl Follower {
     /// error only when the path cannot be opened at all.
     /// Anything else than `/dev/kmsg` or a regular file (`/dev/zero`, a FIFO, a
     /// directory) is refused: an error, which the caller retries after a while.
-    pub fn run(self, stop: &AtomicBool, mut sink: impl FnMut(Batch)) -> io::Result<()> {
+    pub fn run(self, stop: &Stop, mut sink: impl FnMut(Batch)) -> io::Result<()> {
         let file = fs::OpenOptions::new().read(true).custom_flags_nonblock().open(&self.path)?;
         let meta = file.metadata()?;
         if meta.file_type().is_char_device() && is_kmsg(meta.rdev()) {
@@ -484,11 +483,11 @@ impl Follower {
 
     /// `/dev/kmsg`: one record per `read()`, from the start of the kernel's buffer; the
     /// records older than the look-back are skipped.
-    fn follow_device(&self, mut file: fs::File, stop: &AtomicBool, sink: &mut impl FnMut(Batch)) -> io::Result<()> {
+    fn follow_device(&self, mut file: fs::File, stop: &Stop, sink: &mut impl FnMut(Batch)) -> io::Result<()> {
         let mut buf = vec![0u8; MAX_KMSG_RECORD_BYTES + 1];
         let mut parser = Parser::default();
         let mut history = true;
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.is_set() {
             let mut batch = Batch::default();
             while batch.records < MAX_KMSG_RECORDS_PER_BATCH as u64 {
                 match file.read(&mut buf) {
@@ -515,9 +514,8 @@ impl Follower {
                 sink(batch);
             }
             if !full {
-                let mut fd = libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-                // SAFETY: one valid pollfd for the duration of the call.
-                unsafe { libc::poll(&mut fd, 1, DEVICE_TICK_MS) };
+                let mut fds = vec![libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+                stop.poll(&mut fds, Duration::MAX);
             }
         }
         Ok(())
@@ -525,7 +523,7 @@ impl Follower {
 
     /// A regular file: the last [`FILE_HISTORY_BYTES`] judged by the look-back, then
     /// every line appended, checked every [`FILE_TICK`].
-    fn follow_file(&self, mut file: fs::File, stop: &AtomicBool, sink: &mut impl FnMut(Batch)) -> io::Result<()> {
+    fn follow_file(&self, mut file: fs::File, stop: &Stop, sink: &mut impl FnMut(Batch)) -> io::Result<()> {
         let len = file.metadata()?.len();
         let start = len.saturating_sub(FILE_HISTORY_BYTES);
         file.seek(SeekFrom::Start(start))?;
@@ -534,7 +532,7 @@ impl Follower {
         let mut offset = start;
         let mut history = Some(&self.look_back);
         let mut chunk = vec![0u8; 64 * 1024];
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.is_set() {
             let mut batch = Batch::default();
             loop {
                 let n = file.read(&mut chunk)?;
@@ -566,7 +564,7 @@ impl Follower {
             }
             if caught_up {
                 history = None;
-                std::thread::sleep(FILE_TICK);
+                stop.sleep(FILE_TICK);
             }
         }
         Ok(())
@@ -876,7 +874,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("kmsg-{}-{}", std::process::id(), fastrand::u64(..)));
         // History within the look-back and before it.
         fs::write(&path, "3,1,0,-;NEURON_HW_ERR=DMA_ERROR nd-id=0\n").unwrap();
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let stop = std::sync::Arc::new(Stop::new());
         let (tx, rx) = std::sync::mpsc::channel();
         let follower = Follower {
             path: path.clone(),
@@ -898,7 +896,7 @@ mod tests {
                 events.extend(b.events);
             }
         }
-        stop.store(true, Ordering::Relaxed);
+        stop.set();
         thread.join().unwrap().unwrap();
         let _ = fs::remove_file(&path);
         assert_eq!(events.len(), 1, "{events:?}");

@@ -4,15 +4,13 @@
 
 use std::{
     collections::BTreeMap,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
-    },
+    sync::{Arc, Mutex},
 };
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
-use super::{announce, logs, model::MonitorSignals, unix_now, SharedHealth, StateWriter, TICK};
+use super::{announce, logs, model::MonitorSignals, unix_now, SharedHealth, StateWriter};
 use crate::state::NodeState;
 
 /// Indices into `SystemState::ecc_totals` (`DeviceEccCounters::KINDS`).
@@ -57,7 +55,7 @@ pub(super) struct MonitorReader {
     pub health: SharedHealth,
     pub writer: Arc<StateWriter>,
     pub feed: Option<logs::Feed>,
-    pub stop: Arc<AtomicBool>,
+    pub shutdown: CancellationToken,
     pub state: Arc<Mutex<NodeState>>,
     pub applied: watch::Receiver<u64>,
 }
@@ -65,13 +63,16 @@ pub(super) struct MonitorReader {
 impl MonitorReader {
     pub fn run(mut self) {
         let runtime = self.writer.runtime.clone();
-        while !self.stop.load(Ordering::Relaxed) {
-            let changed =
-                runtime.block_on(async { tokio::time::timeout(TICK, self.applied.changed()).await.map(|r| r.is_ok()) });
-            match changed {
-                Ok(true) => {}
-                Ok(false) => return, // the pipeline is gone
-                Err(_) => continue,  // a tick: look at the stop flag
+        loop {
+            let applied = runtime.block_on(async {
+                tokio::select! {
+                    _ = self.shutdown.cancelled() => false,
+                    // An error: the pipeline is gone.
+                    changed = self.applied.changed() => changed.is_ok(),
+                }
+            });
+            if !applied {
+                return;
             }
             let signals = signals(&self.state.lock().unwrap_or_else(|p| p.into_inner()));
             let mut model = self.health.lock().unwrap_or_else(|p| p.into_inner());
