@@ -142,11 +142,10 @@ impl ProcReader {
                 Ok(sample) if sample != ProcessSample::default() => {
                     table.insert(pid, sample);
                 }
-                Ok(_) => {}
                 Err(Failure::Gone) => {
                     gone.0.insert(pid, started);
                 }
-                Err(_) => {}
+                _ => {}
             }
         }
         self.metrics.read_seconds.set(started.elapsed().as_secs_f64());
