@@ -487,6 +487,8 @@ impl Follower {
         let mut buf = vec![0u8; MAX_KMSG_RECORD_BYTES + 1];
         let mut parser = Parser::default();
         let mut history = true;
+        // Kept for every wait: `Stop::poll` leaves it as it was given.
+        let mut fds = vec![libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
         while !stop.is_set() {
             let mut batch = Batch::default();
             while batch.records < MAX_KMSG_RECORDS_PER_BATCH as u64 {
@@ -514,7 +516,6 @@ impl Follower {
                 sink(batch);
             }
             if !full {
-                let mut fds = vec![libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
                 stop.poll(&mut fds, Duration::MAX);
             }
         }
