@@ -94,10 +94,17 @@ fn efa_counters_land_on_the_pods_holding_the_devices_with_the_simulators_values(
     ];
     let agent = Agent::start_with_env(support::sim(), &apps, &args, &[("KUBECONFIG", OsStr::new(&cp.kubeconfig))]);
 
-    let m = agent.wait_for("both held devices attributed and carrying traffic", WAIT, |m| {
+    // The busy devices send in proportion to their load (2.4 : 0.5 busy cores). The agent
+    // reads the devices one after the other while the simulator advances them all once a
+    // second, so one read may see train's device a second behind serve's: waited for is a
+    // read between two advances.
+    let tx = |m: &Metrics, device: &str| m.value("efa_tx_bytes_total", &[("efa_device", device)]).unwrap_or(0.0);
+    let m = agent.wait_for("both held devices attributed and carrying traffic in proportion", WAIT, |m| {
+        let (train, serve) = (tx(m, "rdmap16s27"), tx(m, "rdmap24s27"));
         let done = pod_of(m, "rdmap16s27") == Some((a.as_str(), "train", "main"))
             && pod_of(m, "rdmap24s27") == Some((b.as_str(), "serve", "srv"))
-            && m.value("efa_tx_bytes_total", &[("efa_device", "rdmap24s27")]).is_some_and(|v| v > 0.0);
+            && serve > 0.0
+            && (train / serve - 2.4 / 0.5).abs() < 0.01;
         done.then(|| m.clone())
     });
     // Every device of the tree, each counter once; the devices no pod holds carry no pod.
@@ -115,13 +122,8 @@ fn efa_counters_land_on_the_pods_holding_the_devices_with_the_simulators_values(
         assert_eq!(tx[0].labels.get("port").map(String::as_str), Some("1"));
     }
     assert_eq!(m.find("efa_tx_bytes_total", &[("efa_device", "rdmap16s27")])[0].labels["label_app"], "train");
-    // The idle devices sent nothing, the busy ones in proportion to their load (2.4 : 0.5).
+    // The idle devices sent nothing.
     assert_eq!(m.value("efa_tx_bytes_total", &[("efa_device", "rdmap32s27")]), Some(0.0));
-    let (train, serve) = (
-        m.value("efa_tx_bytes_total", &[("efa_device", "rdmap16s27")]).expect("train's device"),
-        m.value("efa_tx_bytes_total", &[("efa_device", "rdmap24s27")]).expect("serve's device"),
-    );
-    assert!(train > 4.0 * serve, "{train} vs {serve}");
 
     // Every counter the simulator wrote, with its value: port counters with `port`,
     // device counters without (the values of one read of the tree, between two advances).
