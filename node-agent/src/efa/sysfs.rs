@@ -230,31 +230,43 @@ type Verdicts = (Vec<Entry>, Vec<Option<bool>>);
 /// UTF-8 is counted as [`Skip::BadName`]. Each name comes with whether its entry is a
 /// regular file (without following a link) and its inode.
 ///
-/// A directory listed by the previous read and unchanged since (its [`Stamp`]: one
-/// `stat`) is not listed again: its listing, and what it counted, are taken from
-/// `listed`. Sysfs makes a device's files when the device registers (a reload makes new
-/// directories), and a writer that adds, renames or removes a file in a fake tree
-/// changes the directory's change time.
+/// A directory listed by the previous read and unchanged since (its [`Stamp`]) is not
+/// listed again: its listing, and what it counted, are taken from `files.listed`. Sysfs
+/// makes a device's files when the device registers (a reload makes new directories, and
+/// a new class entry: `class_inode`, the inode of the one `dir` is reached through), and a
+/// writer that adds, renames or removes a file in a fake tree changes the directory's
+/// change time.
+///
+/// The directory is held open from one read to the next, within the held files' bound:
+/// its stamp is then an `fstat`, not a walk of its path through the class link (most of
+/// what a `stat` costs). A directory removed since has no links left, so its stamp differs.
 fn list(
     dir: &Path,
+    class_inode: u64,
     max: usize,
     reading: &mut Reading,
-    watch: &Watch,
-    listed: &mut Listed<'_>,
+    files: &mut Files<'_>,
 ) -> io::Result<Arc<[Entry]>> {
-    let stamp = watch.access(dir, |dir| fs::metadata(dir).map(|m| Stamp::of(&m)))?;
-    let listing = match listed.before.remove(dir).filter(|l| l.stamp == stamp) {
-        Some(listing) => listing,
-        None => {
-            *listed.anew += 1;
+    let watch = files.watch;
+    let before = files.listed.before.remove(dir).filter(|l| l.class_inode == class_inode);
+    let listing = match before {
+        Some(listing) if listing.is_current(dir, watch)? => listing,
+        _ => {
+            *files.listed.anew += 1;
+            let held = files.held.has_room().then(|| watch.access(dir, procfs::Dir::open)).transpose()?;
+            let stamp = match &held {
+                Some(held) => Stamp::of(&held.metadata()?),
+                None => watch.access(dir, |dir| fs::metadata(dir).map(|m| Stamp::of(&m)))?,
+            };
             let (entries, skipped) = list_now(dir, max, watch)?;
-            Listing { stamp, entries: entries.into(), skipped }
+            Listing { class_inode, stamp, held, entries: entries.into(), skipped }
         }
     };
+    files.held.held_dirs += usize::from(listing.held.is_some());
     count_skipped(reading, listing.skipped);
     // Shared with the listing kept for the next read: no copy of the names.
     let entries = Arc::clone(&listing.entries);
-    listed.now.insert(dir.to_owned(), listing);
+    files.listed.now.insert(dir.to_owned(), listing);
     Ok(entries)
 }
 
@@ -312,28 +324,44 @@ struct Entry {
     inode: u64,
 }
 
-/// A directory's identity and change time (set by the kernel at each entry added,
+/// A directory's identity, links and change time (set by the kernel at each entry added,
 /// renamed or removed; unlike the modification time, no writer can set it back):
 /// another means it may list otherwise.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Stamp {
     device: u64,
     inode: u64,
+    links: u64,
     changed: (i64, i64),
 }
 
 impl Stamp {
     fn of(m: &fs::Metadata) -> Self {
-        Stamp { device: m.dev(), inode: m.ino(), changed: (m.ctime(), m.ctime_nsec()) }
+        Stamp { device: m.dev(), inode: m.ino(), links: m.nlink(), changed: (m.ctime(), m.ctime_nsec()) }
     }
 }
 
 /// A directory's entries as listed, with its stamp then and what the listing counted
-/// (by [`Skip`]).
+/// (by [`Skip`]); the directory itself while held open; the inode of the class entry it
+/// was reached through.
 struct Listing {
+    class_inode: u64,
     stamp: Stamp,
+    held: Option<procfs::Dir>,
     entries: Arc<[Entry]>,
     skipped: [u64; Skip::ALL.len()],
+}
+
+impl Listing {
+    /// Whether `dir` would still list as this: the same stamp, through the directory held
+    /// open (an `fstat`, which no driver handler can hang) or else its path.
+    fn is_current(&self, dir: &Path, watch: &Watch) -> io::Result<bool> {
+        let now = match &self.held {
+            Some(held) => held.metadata()?,
+            None => watch.access(dir, |dir| fs::metadata(dir))?,
+        };
+        Ok(Stamp::of(&now) == self.stamp)
+    }
 }
 
 /// The listings of the previous read (taken when used again) and those of this one,
@@ -357,14 +385,17 @@ type HeldFile = (Arc<str>, u64, File);
 /// per counter instead of an open, a read and a close (three times the system calls,
 /// most of a read's cost). A file is opened again when its directory lists another inode
 /// under its name (a driver reload makes new files, a writer may rename a new one over
-/// it) and closed when it is no longer listed. At most `max` are held; the others are
-/// opened for each read.
+/// it) and closed when it is no longer listed. The directories listed are held open
+/// too (see [`list`]). At most `max` descriptors are held, directories first; the other
+/// files are opened for each read.
 #[derive(Default)]
 pub struct HeldFiles {
     max: usize,
     /// By `hw_counters` directory: each file's name, inode and descriptor, by name.
     dirs: HashMap<PathBuf, Vec<HeldFile>>,
+    /// Counter files and directories held by the latest read.
     held: usize,
+    held_dirs: usize,
     /// The directories the read listed, by path, and how many it listed anew.
     listings: HashMap<PathBuf, Listing>,
     listed_anew: usize,
@@ -377,9 +408,13 @@ impl HeldFiles {
         HeldFiles { max, ..HeldFiles::default() }
     }
 
-    /// Files held open.
+    /// Counter files held open.
     pub fn count(&self) -> usize {
         self.held
+    }
+
+    fn has_room(&self) -> bool {
+        self.held + self.held_dirs < self.max
     }
 
     /// Directories the latest read listed, not taking the previous read's listing.
@@ -396,7 +431,7 @@ pub fn read_watched(root: &Path, watch: &Watch, held: &mut HeldFiles) -> Reading
     let mut listed_before = std::mem::take(&mut held.listings);
     let mut listed_now = HashMap::with_capacity(listed_before.len());
     let mut anew = 0;
-    held.held = 0;
+    (held.held, held.held_dirs) = (0, 0);
     let mut files = Files {
         watch,
         before: &mut before,
@@ -426,7 +461,7 @@ fn read_devices(root: &Path, files: &mut Files<'_>) -> Reading {
     };
     reading.rdma_class = true;
     let verdicts = efa_verdicts(&class, &names, files.held.efa_verdicts.take(), watch);
-    for (Entry { name, .. }, efa) in names.iter().zip(&verdicts) {
+    for (Entry { name, inode, .. }, efa) in names.iter().zip(&verdicts) {
         if *efa != Some(true) {
             reading.other_devices += 1;
             continue;
@@ -440,7 +475,7 @@ fn read_devices(root: &Path, files: &mut Files<'_>) -> Reading {
             reading.skip(Skip::Limit);
             continue;
         }
-        let device = read_device(name.to_string(), &dir, &mut reading, files);
+        let device = read_device(name.to_string(), &dir, *inode, &mut reading, files);
         reading.devices.push(device);
     }
     files.held.efa_verdicts = Some((names, verdicts));
@@ -457,10 +492,11 @@ struct Files<'r> {
     listed: Listed<'r>,
 }
 
-fn read_device(name: String, dir: &Path, reading: &mut Reading, files: &mut Files<'_>) -> Device {
-    let counters = read_counters(&dir.join("hw_counters"), reading, files);
+/// Reads the device at `dir`, reached through the class entry of inode `class_inode`.
+fn read_device(name: String, dir: &Path, class_inode: u64, reading: &mut Reading, files: &mut Files<'_>) -> Device {
+    let counters = read_counters(&dir.join("hw_counters"), class_inode, reading, files);
     let mut ports = Vec::new();
-    match list(&dir.join("ports"), MAX_PORTS, reading, files.watch, &mut files.listed) {
+    match list(&dir.join("ports"), class_inode, MAX_PORTS, reading, files) {
         Ok(entries) => {
             for Entry { name: entry, .. } in entries.iter() {
                 let number = entry.parse::<u32>().ok().filter(|n| (1..=MAX_PORT_NUMBER).contains(n));
@@ -469,7 +505,7 @@ fn read_device(name: String, dir: &Path, reading: &mut Reading, files: &mut File
                     Some(number) if number.to_string() == **entry => {
                         let path: PathBuf =
                             [dir, Path::new("ports"), Path::new(&**entry), Path::new("hw_counters")].iter().collect();
-                        ports.push(Port { number, counters: read_counters(&path, reading, files) });
+                        ports.push(Port { number, counters: read_counters(&path, class_inode, reading, files) });
                     }
                     _ => reading.skip(Skip::BadName),
                 }
@@ -487,10 +523,11 @@ fn parse(bytes: &[u8]) -> Option<u64> {
     std::str::from_utf8(bytes).ok().and_then(parse_counter)
 }
 
-/// The counters of one `hw_counters` directory, sorted by name; none when it does not exist.
-fn read_counters(dir: &Path, reading: &mut Reading, files: &mut Files<'_>) -> Vec<Counter> {
+/// The counters of one `hw_counters` directory of the device reached through the class
+/// entry of inode `class_inode`, sorted by name; none when it does not exist.
+fn read_counters(dir: &Path, class_inode: u64, reading: &mut Reading, files: &mut Files<'_>) -> Vec<Counter> {
     let watch = files.watch;
-    let entries = match list(dir, MAX_COUNTERS_PER_DIR, reading, watch, &mut files.listed) {
+    let entries = match list(dir, class_inode, MAX_COUNTERS_PER_DIR, reading, files) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Vec::new(),
         Err(e) => {
@@ -539,7 +576,7 @@ fn read_counters(dir: &Path, reading: &mut Reading, files: &mut Files<'_>) -> Ve
         match read.map_err(|e| Skip::from_io(&e)).and_then(|read| read.map_err(Skip::from)) {
             Ok((Some(value), file)) => {
                 reading.counters += 1;
-                if files.held.held < files.held.max {
+                if files.held.has_room() {
                     files.held.held += 1;
                     held.push((name.clone(), inode, file));
                 }
@@ -663,10 +700,33 @@ mod tests {
         let tx_after = held.dirs[&port_listed].iter().find(|(n, ..)| &**n == "tx_bytes").map(|(_, inode, _)| *inode);
         assert_eq!(tx_before, tx_after, "a file written in place is the one held");
 
-        let mut one = HeldFiles::new(1);
-        let bounded = read_watched(&tree.0, &Watch::untimed(), &mut one);
+        // The three directories first, then one file.
+        let mut few = HeldFiles::new(4);
+        let bounded = read_watched(&tree.0, &Watch::untimed(), &mut few);
         assert_eq!(bounded, reading, "beyond the bound, files are opened for each read");
-        assert_eq!(one.count(), 1);
+        assert_eq!((few.held_dirs, few.count()), (3, 1));
+        let mut none = HeldFiles::new(0);
+        assert_eq!(read_watched(&tree.0, &Watch::untimed(), &mut none), reading, "nothing held");
+        assert_eq!((none.held_dirs, none.count()), (0, 0));
+    }
+
+    /// A directory held open and removed is listed again through its path, also where the
+    /// one made in its place has the same change time (a clock that ticks coarser than the
+    /// writer): the removed one has no links left.
+    #[test]
+    fn a_held_directory_made_anew_is_listed_anew() {
+        let tree = TempDir::new("efa-sysfs");
+        let dev = device(&tree, "rdmap16s27", "0000:10:1b.0", "efa");
+        tree.write(format!("{dev}/ports/1/hw_counters/tx_bytes"), "1\n");
+        let mut held = HeldFiles::new(8);
+        let first = read_watched(&tree.0, &Watch::untimed(), &mut held);
+        assert_eq!(first.devices[0].ports[0].counters, counters(&[("tx_bytes", 1)]));
+        assert_eq!(held.held_dirs, 2, "its ports and port 1's hw_counters");
+        fs::remove_dir_all(tree.0.join(&dev).join("ports/1")).unwrap();
+        tree.write(format!("{dev}/ports/1/hw_counters/rx_bytes"), "7\n");
+        let second = read_watched(&tree.0, &Watch::untimed(), &mut held);
+        assert_eq!(second.devices[0].ports[0].counters, counters(&[("rx_bytes", 7)]));
+        assert_eq!(second.skipped, [0; 9]);
     }
 
     /// An unchanged tree is not listed again but for its class directory: the second read

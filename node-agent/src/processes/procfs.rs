@@ -85,6 +85,11 @@ impl Dir {
         OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(path).map(Dir)
     }
 
+    /// The directory's metadata (`fstat`: no walk of its path).
+    pub fn metadata(&self) -> io::Result<std::fs::Metadata> {
+        self.0.metadata()
+    }
+
     /// Opens the file `name` of this directory for reading. Never follows a link (a tree
     /// could point it anywhere) and never blocks on opening a FIFO.
     pub fn open_file(&self, name: &str) -> Result<File, Failure> {
