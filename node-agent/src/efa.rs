@@ -28,6 +28,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     attribution::EfaHolders,
+    processes::procfs,
     routing::SharedRouting,
     series::{Exported, Family, FamilyEncoder, Labels, Scope},
     state::{InstanceLabels, NodeState, PodRef},
@@ -127,14 +128,10 @@ impl EfaReader {
     }
 }
 
-/// Counter files an EFA reader holds open: as many as a read may take, within a quarter
-/// of the descriptors the process may open (the rest are for its sockets and other
-/// readers; a container's soft limit may be as low as 1,024).
+/// Descriptors an EFA reader holds open: as many as a read may take, within its share of
+/// those the process may open.
 fn held_files_bound() -> usize {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit only writes the struct it is given.
-    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 { limit.rlim_cur } else { 1024 };
-    usize::try_from(soft / 4).unwrap_or(usize::MAX).min(sysfs::MAX_EFA_COUNTERS)
+    procfs::held_files_share().min(sysfs::MAX_EFA_COUNTERS)
 }
 
 /// Reads the EFA counters at start, after each applied report and after `interval`

@@ -55,6 +55,7 @@ use self::{
     model::{Changes, HealthModel, Persisted},
     report_signals::MonitorReader,
     stop::Stop,
+    sysfs::HeldTree,
     telemetry::HealthMetrics,
 };
 use crate::{
@@ -149,6 +150,7 @@ pub fn start(
         feed: feed.clone(),
         stop: stop.clone(),
         reads: TimedReads::new("health-sysfs-read", timed_read::READ_DEADLINE),
+        held: Arc::new(Mutex::new(HeldTree::new(sysfs::held_files_bound()))),
         log_limit: Mutex::new(RateLimit::new(5, Duration::from_secs(300))),
     };
     spawn("health-sysfs", Box::new(move || sysfs.run()));
@@ -326,6 +328,8 @@ struct SysfsReader {
     stop: Arc<Stop>,
     /// The tree's reads, with their deadline.
     reads: TimedReads,
+    /// The tree's files held open from one read to the next.
+    held: Arc<Mutex<HeldTree>>,
     log_limit: Mutex<RateLimit>,
 }
 
@@ -357,9 +361,18 @@ impl SysfsReader {
     /// file (named unreadable: its device is unknown) — at most once per file that may be
     /// stuck at once. None at all: the tree counts as unreadable.
     fn read_tree(&mut self) -> (sysfs::NodeReading, Vec<fs::File>) {
-        let root = self.options.sysfs_root.clone();
+        let (root, held) = (self.options.sysfs_root.clone(), self.held.clone());
         let (read, missed) = self.reads.run_around_stuck(move |watch| {
-            let reading = sysfs::read_node_watched(&root, watch);
+            // A read stuck past its deadline keeps the files it took; the next starts
+            // without any.
+            let lock = || held.lock().unwrap_or_else(|p| p.into_inner());
+            let mut files = {
+                let mut held = lock();
+                let max = held.max();
+                std::mem::replace(&mut *held, HeldTree::new(max))
+            };
+            let reading = sysfs::read_node_watched(&root, watch, &mut files);
+            *lock() = files;
             let devices: Vec<u32> = reading.devices.iter().map(|d| d.index).collect();
             (reading, sysfs::open_event_files(&root, &devices, watch))
         });

@@ -18,7 +18,7 @@ use std::{
     collections::HashMap,
     fs::{self, File},
     io,
-    os::unix::fs::{DirEntryExt, MetadataExt},
+    os::unix::fs::DirEntryExt,
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -27,7 +27,7 @@ use api::hardware::{valid_efa_device_name as valid_device_name, MAX_EFA_NAME_BYT
 
 use crate::{
     health::sysfs::parse_counter,
-    processes::procfs::{self, Failure},
+    processes::procfs::{self, DirStamp, Failure},
     timed_read::Watch,
 };
 
@@ -230,7 +230,7 @@ type Verdicts = (Vec<Entry>, Vec<Option<bool>>);
 /// UTF-8 is counted as [`Skip::BadName`]. Each name comes with whether its entry is a
 /// regular file (without following a link) and its inode.
 ///
-/// A directory listed by the previous read and unchanged since (its [`Stamp`]) is not
+/// A directory listed by the previous read and unchanged since (its [`DirStamp`]) is not
 /// listed again: its listing, and what it counted, are taken from `files.listed`. Sysfs
 /// makes a device's files when the device registers (a reload makes new directories, and
 /// a new class entry: `class_inode`, the inode of the one `dir` is reached through), and a
@@ -255,8 +255,8 @@ fn list(
             *files.listed.anew += 1;
             let held = files.held.has_room().then(|| watch.access(dir, procfs::Dir::open)).transpose()?;
             let stamp = match &held {
-                Some(held) => Stamp::of(&held.metadata()?),
-                None => watch.access(dir, |dir| fs::metadata(dir).map(|m| Stamp::of(&m)))?,
+                Some(held) => DirStamp::of(&held.metadata()?),
+                None => watch.access(dir, |dir| fs::metadata(dir).map(|m| DirStamp::of(&m)))?,
             };
             let (entries, skipped) = list_now(dir, max, watch)?;
             Listing { class_inode, stamp, held, entries: entries.into(), skipped }
@@ -324,29 +324,12 @@ struct Entry {
     inode: u64,
 }
 
-/// A directory's identity, links and change time (set by the kernel at each entry added,
-/// renamed or removed; unlike the modification time, no writer can set it back):
-/// another means it may list otherwise.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    device: u64,
-    inode: u64,
-    links: u64,
-    changed: (i64, i64),
-}
-
-impl Stamp {
-    fn of(m: &fs::Metadata) -> Self {
-        Stamp { device: m.dev(), inode: m.ino(), links: m.nlink(), changed: (m.ctime(), m.ctime_nsec()) }
-    }
-}
-
 /// A directory's entries as listed, with its stamp then and what the listing counted
 /// (by [`Skip`]); the directory itself while held open; the inode of the class entry it
 /// was reached through.
 struct Listing {
     class_inode: u64,
-    stamp: Stamp,
+    stamp: DirStamp,
     held: Option<procfs::Dir>,
     entries: Arc<[Entry]>,
     skipped: [u64; Skip::ALL.len()],
@@ -360,7 +343,7 @@ impl Listing {
             Some(held) => held.metadata()?,
             None => watch.access(dir, |dir| fs::metadata(dir))?,
         };
-        Ok(Stamp::of(&now) == self.stamp)
+        Ok(DirStamp::of(&now) == self.stamp)
     }
 }
 

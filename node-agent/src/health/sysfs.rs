@@ -7,7 +7,10 @@
 //! does not exist is simply absent; a file that exists but cannot be read or parsed is
 //! named in [`DeviceReading::unreadable`] (the device's health is then unknown).
 
+mod held;
+
 use std::{
+    collections::HashMap,
     fs,
     io::{self, Read},
     path::{Path, PathBuf},
@@ -19,6 +22,8 @@ use crate::{
     processes::procfs::{self, Failure},
     timed_read::Watch,
 };
+use held::HeldDir;
+pub use held::HeldTree;
 
 /// Where the device directories are, under the sysfs root.
 pub const DEVICES_DIR: &str = "devices/virtual/neuron_device";
@@ -27,6 +32,9 @@ pub const DRIVER_VERSION_FILE: &str = "module/neuron/version";
 /// The file whose change the driver notifies (`poll()` with `POLLPRI`), per device.
 pub const HW_ERROR_EVENT_FILE: &str = "stats/hardware/health_status/hw_error_event";
 
+/// Descriptors the health reader holds open between reads (a 16-device node with 8 cores
+/// a device takes about 1,600).
+pub const MAX_HELD_FILES: usize = 2048;
 /// Bytes of the driver version kept (a label value): versions read like `2.24.7.0`.
 const MAX_VERSION_BYTES: usize = 64;
 /// Bytes of the opaque heartbeat value kept.
@@ -330,8 +338,19 @@ pub fn read_small(path: &Path) -> io::Result<Option<String>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
+    read_small_file(&file)
+}
+
+/// Descriptors the tree's reader holds open: within its share of those the process may
+/// open, and [`MAX_HELD_FILES`].
+pub fn held_files_bound() -> usize {
+    procfs::held_files_share().min(MAX_HELD_FILES)
+}
+
+/// [`read_small`] of a file open, from its start.
+fn read_small_file(file: &fs::File) -> io::Result<Option<String>> {
     let mut buf = [0; MAX_SYSFS_FILE_BYTES + 1];
-    let bytes = procfs::read_whole(&file, &mut buf).map_err(|failure| match failure {
+    let bytes = procfs::read_whole(file, &mut buf).map_err(|failure| match failure {
         Failure::TooLarge => io::Error::new(io::ErrorKind::InvalidData, "longer than the limit"),
         other => io::Error::other(other.as_str()),
     })?;
@@ -340,15 +359,29 @@ pub fn read_small(path: &Path) -> io::Result<Option<String>> {
 
 /// One device's reading in progress: absent files stay `None`, broken ones are named
 /// (a stuck one too: its read missed the deadline, or an earlier one never returned).
+/// Files are read through the device's directory held open ([`HeldTree`]), else by their
+/// path.
 struct FileReader<'a> {
     dir: &'a Path,
+    held: Option<HeldDir>,
+    tree: &'a mut HeldTree,
     watch: &'a Watch,
     unreadable: Vec<String>,
 }
 
 impl FileReader<'_> {
+    /// The text of the file `name` (a path relative to the device's directory); `Ok(None)`
+    /// when it does not exist.
+    fn text(&mut self, name: &str) -> io::Result<Option<String>> {
+        let (held, tree) = (&mut self.held, &mut *self.tree);
+        self.watch.access(&self.dir.join(name), |path| match held {
+            Some(dir) => dir.read(name, tree, read_small_file),
+            None => read_small(path),
+        })
+    }
+
     fn read<T>(&mut self, name: &str, parse: impl FnOnce(&str) -> Option<T>) -> Option<T> {
-        match self.watch.access(&self.dir.join(name), read_small) {
+        match self.text(name) {
             Ok(None) => None,
             Ok(Some(text)) => {
                 let value = parse(&text);
@@ -404,14 +437,16 @@ fn indexed_dirs(
     Ok(out)
 }
 
-/// Reads the whole tree under `root` (the sysfs root), without a deadline. Never writes.
+/// Reads the whole tree under `root` (the sysfs root), without a deadline, holding no file
+/// open. Never writes.
 pub fn read_node(root: &Path) -> NodeReading {
-    read_node_watched(root, &Watch::untimed())
+    read_node_watched(root, &Watch::untimed(), &mut HeldTree::new(0))
 }
 
 /// Reads the whole tree under `root`, each file through `watch` (its deadline, the files
-/// stuck earlier skipped and named unreadable). Never writes.
-pub fn read_node_watched(root: &Path, watch: &Watch) -> NodeReading {
+/// stuck earlier skipped and named unreadable), reading the files `held` holds and leaving
+/// it holding those of this read. Never writes.
+pub fn read_node_watched(root: &Path, watch: &Watch, held: &mut HeldTree) -> NodeReading {
     let mut node = NodeReading {
         driver_version: watch
             .access(&root.join(DRIVER_VERSION_FILE), read_small)
@@ -433,22 +468,31 @@ pub fn read_node_watched(root: &Path, watch: &Watch) -> NodeReading {
     };
     node.driver_loaded = true;
     node.refused.extend(std::iter::repeat_n("sysfs_device", refused_devices));
+    // What the previous read held of a device no longer listed is closed with it.
+    let mut before = held.begin();
     for (index, dir) in devices {
-        let (device, refused_cores) = read_device(index, &dir, watch);
+        let (device, refused_cores) = read_device(index, &dir, watch, held, &mut before);
         node.refused.extend(std::iter::repeat_n("sysfs_core", refused_cores));
         node.devices.push(device);
     }
     node
 }
 
-fn read_device(index: u32, dir: &Path, watch: &Watch) -> (DeviceReading, usize) {
-    let mut files = FileReader { dir, watch, unreadable: Vec::new() };
+fn read_device(
+    index: u32,
+    dir: &Path,
+    watch: &Watch,
+    tree: &mut HeldTree,
+    before: &mut HashMap<PathBuf, HeldDir>,
+) -> (DeviceReading, usize) {
+    let held = watch.access(dir, |dir| Ok(tree.take(before, dir))).ok().flatten();
+    let mut files = FileReader { dir, held, tree, watch, unreadable: Vec::new() };
     let mut device = DeviceReading {
         index,
         core_count: files.read("core_count", parse_core_count),
         state: files.read("reset", parse_state),
         // An empty serial number is the driver's "could not read it", not a broken file.
-        serial: watch.access(&dir.join("info/serial_number"), read_small).ok().flatten().and_then(|t| parse_serial(&t)),
+        serial: files.text("info/serial_number").ok().flatten().and_then(|t| parse_serial(&t)),
         components: files.read("stats/hardware/health_status/unhealthy_components", |t| Some(parse_components(t))),
         hw_error_event: files.read(HW_ERROR_EVENT_FILE, parse_counter),
         heartbeat: files.read("stats/hardware/health_status/healthcheck_heartbeat", parse_heartbeat),
@@ -463,15 +507,17 @@ fn read_device(index: u32, dir: &Path, watch: &Watch) -> (DeviceReading, usize) 
     }
     let mut refused = 0;
     if let Ok(cores) = indexed_dirs(dir, "neuron_core", MAX_NEURONCORES_PER_DEVICE, &mut refused, watch) {
-        for (core, core_dir) in cores {
-            let mut core_files = FileReader { dir: &core_dir, watch, unreadable: Vec::new() };
+        for (core, _) in cores {
             let mut reading = CoreReading { index: core, errors: [None; 5] };
             for (slot, (name, _)) in CORE_ERRORS.iter().enumerate() {
-                reading.errors[slot] = core_files.read(&format!("stats/status/{name}/total"), parse_counter);
+                reading.errors[slot] =
+                    files.read(&format!("neuron_core{core}/stats/status/{name}/total"), parse_counter);
             }
-            files.unreadable.extend(core_files.unreadable.into_iter().map(|f| format!("neuron_core{core}/{f}")));
             device.cores.push(reading);
         }
+    }
+    if let Some(held) = files.held.take() {
+        files.tree.keep(dir, held);
     }
     device.unreadable = files.unreadable;
     (device, refused)
@@ -606,6 +652,54 @@ mod tests {
         assert_eq!(dev.cores.len(), 1);
         assert_eq!(dev.cores[0].errors[1], Some(2));
         assert!(dev.has_health_signal());
+        // Through files held open, the same, read after read, within any bound.
+        for max in [0, 1, 3, 64] {
+            let mut held = HeldTree::new(max);
+            for _ in 0..2 {
+                assert_eq!(read_node_watched(&tree.0, &Watch::untimed(), &mut held), node, "{max}");
+                assert!(held.count() <= max);
+            }
+        }
+    }
+
+    /// Files held open from one read to the next still read what the tree holds now: a
+    /// value written in place, a file renamed over the old one, one removed, one added
+    /// where it was absent, a device's directory made anew (a driver reload).
+    #[test]
+    fn held_files_follow_the_tree() {
+        let tree = TempDir::new("health-sysfs");
+        let d = "devices/virtual/neuron_device/neuron0";
+        let ecc = format!("{d}/stats/hardware/mem_ecc_uncorrected");
+        tree.write(format!("{d}/reset"), "1\n");
+        tree.write(&ecc, "1\n");
+        tree.write(format!("{d}/neuron_core0/stats/status/hw_nc_ue_error/total"), "0\n");
+        let mut held = HeldTree::new(64);
+        let mut read = || read_node_watched(&tree.0, &Watch::untimed(), &mut held);
+        let first = read();
+        assert_eq!((first.devices[0].ecc[0], first.devices[0].cores[0].errors[1]), (Some(1), Some(0)));
+
+        // In place: the file held is the one written.
+        std::fs::write(tree.0.join(&ecc), "2\n").unwrap();
+        assert_eq!(read().devices[0].ecc[0], Some(2));
+        // Renamed over it, and a file absent before added beside it.
+        tree.write(format!("{d}/stats/hardware/.new"), "3\n");
+        std::fs::rename(tree.0.join(d).join("stats/hardware/.new"), tree.0.join(&ecc)).unwrap();
+        tree.write(format!("{d}/stats/hardware/sram_ecc_uncorrected"), "5\n");
+        tree.write(format!("{d}/neuron_core0/stats/status/hw_nc_ue_error/total"), "7\n");
+        let renamed = read();
+        assert_eq!((renamed.devices[0].ecc[0], renamed.devices[0].ecc[3]), (Some(3), Some(5)));
+        assert_eq!(renamed.devices[0].cores[0].errors[1], Some(7));
+        // Removed.
+        std::fs::remove_file(tree.0.join(&ecc)).unwrap();
+        assert_eq!(read().devices[0].ecc[0], None);
+        // The device's directory made anew, with other values.
+        std::fs::remove_dir_all(tree.0.join(d)).unwrap();
+        tree.write(format!("{d}/reset"), "2\n");
+        tree.write(&ecc, "9\n");
+        let reloaded = read();
+        assert_eq!(reloaded.devices[0].state, Some(DeviceState::Invalid));
+        assert_eq!((reloaded.devices[0].ecc[0], reloaded.devices[0].cores.len()), (Some(9), 0));
+        assert_eq!(reloaded, read_node(&tree.0));
     }
 
     #[test]
@@ -629,8 +723,10 @@ mod tests {
             tree.write(format!("{}/stats/hardware/mem_ecc_uncorrected", dir(d)), "4\n");
         }
         let stuck = tree.0.join(dir(0)).join("stats/hardware/mem_ecc_uncorrected");
-        let node = read_node_watched(&tree.0, &Watch::with_stuck([stuck]));
-        assert_eq!(node.devices[0].unreadable, ["stats/hardware/mem_ecc_uncorrected"]);
-        assert_eq!((node.devices[1].ecc[0], node.devices[1].unreadable.len()), (Some(4), 0));
+        for max in [0, 64] {
+            let node = read_node_watched(&tree.0, &Watch::with_stuck([stuck.clone()]), &mut HeldTree::new(max));
+            assert_eq!(node.devices[0].unreadable, ["stats/hardware/mem_ecc_uncorrected"]);
+            assert_eq!((node.devices[1].ecc[0], node.devices[1].unreadable.len()), (Some(4), 0));
+        }
     }
 }

@@ -90,23 +90,68 @@ impl Dir {
         self.0.metadata()
     }
 
-    /// Opens the file `name` of this directory for reading. Never follows a link (a tree
-    /// could point it anywhere) and never blocks on opening a FIFO.
-    pub fn open_file(&self, name: &str) -> Result<File, Failure> {
-        let name = CString::new(name).map_err(|_| Failure::Other)?;
-        let flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+    /// Opens the directory `name` (a path relative to this one), never through a link at
+    /// its end.
+    pub fn open_dir(&self, name: &str) -> io::Result<Dir> {
+        self.open_at(name, libc::O_DIRECTORY | libc::O_NOFOLLOW).map(Dir)
+    }
+
+    /// Opens the file `name` (a path relative to this one) for reading as [`File::open`]
+    /// does: through links, and blocking on a FIFO until a writer opens it (for a reader
+    /// whose reads are bounded in time otherwise: `timed_read`).
+    pub fn open_as_path(&self, name: &str) -> io::Result<File> {
+        self.open_at(name, 0)
+    }
+
+    fn open_at(&self, name: &str, flags: libc::c_int) -> io::Result<File> {
+        let name = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: a valid directory descriptor (owned by `self`) and a NUL-terminated name.
-        let fd = unsafe { libc::openat(self.0.as_raw_fd(), name.as_ptr(), flags) };
+        let fd = unsafe { libc::openat(self.0.as_raw_fd(), name.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | flags) };
         if fd < 0 {
-            return Err(Failure::from_io(&io::Error::last_os_error()));
+            return Err(io::Error::last_os_error());
         }
         // SAFETY: `fd` was just opened and is owned by nothing else.
         Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
+    /// Opens the file `name` of this directory for reading. Never follows a link (a tree
+    /// could point it anywhere) and never blocks on opening a FIFO.
+    pub fn open_file(&self, name: &str) -> Result<File, Failure> {
+        self.open_at(name, libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY).map_err(|e| Failure::from_io(&e))
+    }
+
     /// Reads the whole file `name` of this directory ([`read_whole`]).
     pub fn read_file<'b>(&self, name: &str, buf: &'b mut [u8]) -> Result<&'b [u8], Failure> {
         read_whole(&self.open_file(name)?, buf)
+    }
+}
+
+/// Descriptors a reader of a tree (EFA's, the Neuron driver's) may hold open from one
+/// read to the next: a quarter of those the process may open, the rest for its sockets
+/// and the other readers (a container's soft limit may be as low as 1,024).
+pub fn held_files_share() -> usize {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit only writes the struct it is given.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 { limit.rlim_cur } else { 1024 };
+    usize::try_from(soft / 4).unwrap_or(usize::MAX)
+}
+
+/// A directory's identity, links and change time (set by the kernel at each entry added,
+/// renamed or removed; unlike the modification time, no writer can set it back): another
+/// means it may list otherwise, or hold other files under the same names. A directory
+/// removed has no links left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirStamp {
+    device: u64,
+    inode: u64,
+    links: u64,
+    changed: (i64, i64),
+}
+
+impl DirStamp {
+    pub fn of(m: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        DirStamp { device: m.dev(), inode: m.ino(), links: m.nlink(), changed: (m.ctime(), m.ctime_nsec()) }
     }
 }
 
