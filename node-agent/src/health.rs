@@ -341,6 +341,7 @@ impl SysfsReader {
             self.metrics.sysfs_reads.get_or_create(&telemetry::TriggerLabel { trigger }).inc();
             let stuck = self.reads.stuck();
             self.metrics.sysfs_stuck_reads.set(stuck as i64);
+            self.metrics.sysfs_held_files.set(self.held.lock().unwrap_or_else(|p| p.into_inner()).count() as i64);
             self.metrics.source_up(telemetry::SOURCE_SYSFS, reading.driver_loaded && !reading.unreadable && stuck == 0);
             for what in &reading.refused {
                 self.metrics.refused(what);

@@ -44,6 +44,9 @@ fn each_fault_kind_gives_its_device_state_and_counters() {
     agent.wait_for("16 healthy devices", WAIT, |m| {
         (0..16).all(|d| state_of(m, &d.to_string()).as_deref() == Some("healthy")).then_some(())
     });
+    // The tree's files are held open: the faults below are seen through them (the
+    // simulator renames each file it changes over the old one).
+    assert!(agent.metrics().value("neuron_agent_health_sysfs_held_files", &[]) > Some(16.0 * 20.0));
     driver.inject(&[
         "hbm-ue:0",
         "sram-ue:1",

@@ -25,6 +25,7 @@ pub struct HealthMetrics {
     pub sysfs_reads: Family<TriggerLabel, Counter>,
     pub sysfs_read_timeouts: Counter,
     pub sysfs_stuck_reads: Gauge,
+    pub sysfs_held_files: Gauge,
     pub kmsg_records: Counter,
     pub kmsg_overruns: Counter,
     /// Records naming a hardware fault or a driver error, not taken, by reason.
@@ -57,6 +58,11 @@ impl HealthMetrics {
             "sysfs_stuck_reads",
             "Sysfs files whose read has not returned (one thread each); source_up{source=\"sysfs\"} is 0 while any is",
             m.sysfs_stuck_reads.clone(),
+        );
+        r.register(
+            "sysfs_held_files",
+            "Descriptors of the Neuron driver's sysfs tree held open from one read to the next (files and directories)",
+            m.sysfs_held_files.clone(),
         );
         r.register("kmsg_records", "Kernel-log records read", m.kmsg_records.clone());
         r.register(
