@@ -24,7 +24,7 @@ use prometheus_client::{
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::{
     attribution::EfaHolders,
@@ -81,7 +81,7 @@ pub struct EfaReader {
     pub sysfs_root: PathBuf,
     pub metrics: EfaMetrics,
     /// The tree's reads, with their deadline.
-    reads: Mutex<TimedReads>,
+    reads: TimedReads,
     /// The counter files held open between reads; taken by a read while it runs (a read
     /// stuck past its deadline keeps its own, and the next starts without any).
     held: Arc<Mutex<HeldFiles>>,
@@ -94,7 +94,7 @@ impl EfaReader {
         EfaReader {
             sysfs_root,
             metrics,
-            reads: Mutex::new(TimedReads::new("efa-read", timed_read::READ_DEADLINE)),
+            reads: TimedReads::new("efa-read", timed_read::READ_DEADLINE),
             held: Arc::new(Mutex::new(HeldFiles::new(max_held))),
             max_held,
         }
@@ -102,18 +102,19 @@ impl EfaReader {
 
     /// Reads the tree within the read deadline (a file whose read does not return is
     /// skipped, as `stuck`); counts what was left out and times the read.
-    pub fn read(&self) -> Reading {
+    pub async fn read(&mut self) -> Reading {
         let started = Instant::now();
         let (root, held, max_held) = (self.sysfs_root.clone(), self.held.clone(), self.max_held);
-        let mut reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
-        let (reading, missed) = reads.run_around_stuck(move |watch| {
-            let lock = || held.lock().unwrap_or_else(|p| p.into_inner());
-            let mut files = std::mem::replace(&mut *lock(), HeldFiles::new(max_held));
-            let reading = sysfs::read_watched(&root, watch, &mut files);
-            *lock() = files;
-            reading
-        });
-        drop(reads);
+        let (reading, missed) = self
+            .reads
+            .run_around_stuck_async(move |watch| {
+                let lock = || held.lock().unwrap_or_else(|p| p.into_inner());
+                let mut files = std::mem::replace(&mut *lock(), HeldFiles::new(max_held));
+                let reading = sysfs::read_watched(&root, watch, &mut files);
+                *lock() = files;
+                reading
+            })
+            .await;
         let mut reading = reading.unwrap_or_default();
         reading.skipped[Skip::Stuck as usize] += missed.len() as u64;
         self.metrics.read_seconds.set(started.elapsed().as_secs_f64());
@@ -137,25 +138,16 @@ fn held_files_bound() -> usize {
 /// Reads the EFA counters at start, after each applied report and after `interval`
 /// without one, until `shutdown`.
 pub async fn follow(
-    reader: EfaReader,
+    mut reader: EfaReader,
     mut applied: watch::Receiver<u64>,
     interval: Duration,
     table: SharedEfa,
     shutdown: CancellationToken,
 ) {
-    let reader = Arc::new(reader);
     let mut found: Option<Vec<String>> = None;
     loop {
-        let reading = {
-            let reader = reader.clone();
-            match tokio::task::spawn_blocking(move || reader.read()).await {
-                Ok(reading) => reading,
-                Err(e) => {
-                    warn!(error = %e, "reading the EFA counters failed");
-                    Reading::default()
-                }
-            }
-        };
+        // On the reader's own thread, within its deadline.
+        let reading = reader.read().await;
         let names: Vec<String> = reading.devices.iter().map(|d| d.name.clone()).collect();
         if found.as_ref() != Some(&names) {
             let class = reader.sysfs_root.join(sysfs::INFINIBAND_DIR);

@@ -92,7 +92,7 @@ const WORKER_THREADS: usize = 2;
 
 /// Threads of the blocking pool: the health readers that live as long as the agent (3,
 /// 5 with NVML), and room beside them for the short jobs (a render of `/metrics`, a
-/// report being applied, the EFA and process reads, an OTLP snapshot, a GPU collection),
+/// report being applied, the process reads, an OTLP snapshot, a GPU collection),
 /// which wait their turn beyond it. Tokio's default, 512, let the pool follow bursts.
 const MAX_BLOCKING_THREADS: usize = 8;
 

@@ -128,15 +128,41 @@ impl TimedReads {
 
     /// Runs `job` on the worker; its result, or why none came within the deadline.
     pub fn run<T: Send + 'static>(&mut self, work: impl FnOnce(&Watch) -> T + Send + 'static) -> Result<T, Missed> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let watch = self.submit(work, move |out| {
+            let _ = tx.send(out);
+        })?;
+        rx.recv_timeout(self.deadline).map_err(|_| self.missed(&watch))
+    }
+
+    /// [`Self::run`] for an async caller: the worker's answer wakes the caller's task, with
+    /// no thread of the blocking pool between them.
+    pub async fn run_async<T: Send + 'static>(
+        &mut self,
+        work: impl FnOnce(&Watch) -> T + Send + 'static,
+    ) -> Result<T, Missed> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let watch = self.submit(work, move |out| {
+            let _ = tx.send(out);
+        })?;
+        match tokio::time::timeout(self.deadline, rx).await {
+            Ok(Ok(out)) => Ok(out),
+            _ => Err(self.missed(&watch)),
+        }
+    }
+
+    /// Hands `work` to the worker, its result to `reply`; the job's watch.
+    fn submit<T: Send + 'static>(
+        &mut self,
+        work: impl FnOnce(&Watch) -> T + Send + 'static,
+        reply: impl FnOnce(T) + Send + 'static,
+    ) -> Result<Arc<Watch>, Missed> {
         if self.stuck() >= MAX_STUCK_READS {
             return Err(Missed::TooManyStuck);
         }
         let watch = Arc::new(Watch::new(self.stuck.clone()));
-        let (tx, rx) = mpsc::sync_channel(1);
         let job_watch = watch.clone();
-        let job: Job = Box::new(move || {
-            let _ = tx.send(work(&job_watch));
-        });
+        let job: Job = Box::new(move || reply(work(&job_watch)));
         let job = match self.worker()?.send(job) {
             Ok(()) => None,
             // The worker is gone (it panicked): a new one takes the job.
@@ -146,14 +172,14 @@ impl TimedReads {
             self.worker = None;
             self.worker()?.send(job).map_err(|_| Missed::Deadline(None))?;
         }
-        match rx.recv_timeout(self.deadline) {
-            Ok(out) => Ok(out),
-            Err(_) => {
-                // The worker stays with its job; the next job gets a new one.
-                self.worker = None;
-                Err(Missed::Deadline(watch.abandon()))
-            }
-        }
+        Ok(watch)
+    }
+
+    /// The job of `watch` missed the deadline: it keeps its worker, the next job gets a
+    /// new one.
+    fn missed(&mut self, watch: &Watch) -> Missed {
+        self.worker = None;
+        Missed::Deadline(watch.abandon())
     }
 
     /// Runs `work` again each time it misses the deadline on a file (that file is then
@@ -167,14 +193,23 @@ impl TimedReads {
         let mut missed = Vec::new();
         loop {
             let work = work.clone();
-            match self.run(move |watch| work(watch)) {
-                Ok(out) => return (Ok(out), missed),
-                Err(m @ Missed::Deadline(Some(_))) if missed.len() < MAX_STUCK_READS => missed.push(m),
-                Err(Missed::Deadline(file)) => {
-                    missed.push(Missed::Deadline(file.clone()));
-                    return (Err(Missed::Deadline(file)), missed);
-                }
-                Err(Missed::TooManyStuck) => return (Err(Missed::TooManyStuck), missed),
+            if let Some(done) = again_unless_done(self.run(move |watch| work(watch)), &mut missed) {
+                return (done, missed);
+            }
+        }
+    }
+
+    /// [`Self::run_around_stuck`] for an async caller.
+    pub async fn run_around_stuck_async<T: Send + 'static>(
+        &mut self,
+        work: impl Fn(&Watch) -> T + Send + Sync + 'static,
+    ) -> (Result<T, Missed>, Vec<Missed>) {
+        let work = Arc::new(work);
+        let mut missed = Vec::new();
+        loop {
+            let work = work.clone();
+            if let Some(done) = again_unless_done(self.run_async(move |watch| work(watch)).await, &mut missed) {
+                return (done, missed);
             }
         }
     }
@@ -189,6 +224,24 @@ impl TimedReads {
             self.worker = Some(tx);
         }
         self.worker.as_ref().ok_or(Missed::Deadline(None))
+    }
+}
+
+/// After one try of [`TimedReads::run_around_stuck`]: its outcome, or `None` to try again
+/// (a deadline missed on a file, noted in `missed`, while fewer than [`MAX_STUCK_READS`]
+/// were).
+fn again_unless_done<T>(outcome: Result<T, Missed>, missed: &mut Vec<Missed>) -> Option<Result<T, Missed>> {
+    match outcome {
+        Ok(out) => Some(Ok(out)),
+        Err(m @ Missed::Deadline(Some(_))) if missed.len() < MAX_STUCK_READS => {
+            missed.push(m);
+            None
+        }
+        Err(Missed::Deadline(file)) => {
+            missed.push(Missed::Deadline(file.clone()));
+            Some(Err(Missed::Deadline(file)))
+        }
+        Err(Missed::TooManyStuck) => Some(Err(Missed::TooManyStuck)),
     }
 }
 
@@ -231,6 +284,22 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(reads.run(|w: &Watch| w.access(Path::new("/stuck"), |_| Ok(3)).ok()), Ok(Some(3)));
+    }
+
+    /// The async twin: the same deadline, blame and skipping, the answer waking the task.
+    #[test]
+    fn an_async_caller_gets_the_same_deadline_and_skips() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+        let mut reads = TimedReads::new("test-reads", Duration::from_millis(100));
+        let (release, released) = mpsc::channel();
+        let released = Arc::new(Mutex::new(released));
+        let missed = rt.block_on(reads.run_async(blocking("/stuck", released.clone())));
+        assert_eq!(missed, Err(Missed::Deadline(Some(PathBuf::from("/stuck")))));
+        let (out, missed) = rt.block_on(reads.run_around_stuck_async(|w: &Watch| {
+            (w.access(Path::new("/stuck"), |_| Ok(())).is_err(), w.access(Path::new("/other"), |_| Ok(7)).ok())
+        }));
+        assert_eq!((out, missed), (Ok((true, Some(7))), vec![]));
+        release.send(()).expect("the stuck job waits");
     }
 
     #[test]
