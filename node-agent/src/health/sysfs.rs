@@ -341,12 +341,6 @@ pub fn read_small(path: &Path) -> io::Result<Option<String>> {
     read_small_file(&file)
 }
 
-/// Descriptors the tree's reader holds open: within its share of those the process may
-/// open, and [`MAX_HELD_FILES`].
-pub fn held_files_bound() -> usize {
-    procfs::held_files_share().min(MAX_HELD_FILES)
-}
-
 /// [`read_small`] of a file open, from its start.
 fn read_small_file(file: &fs::File) -> io::Result<Option<String>> {
     let mut buf = [0; MAX_SYSFS_FILE_BYTES + 1];
@@ -435,6 +429,12 @@ fn indexed_dirs(
     }
     out.sort_unstable_by_key(|(n, _)| *n);
     Ok(out)
+}
+
+/// Descriptors the tree's reader holds open: within its share of those the process may
+/// open, and [`MAX_HELD_FILES`].
+pub fn held_files_bound() -> usize {
+    procfs::held_files_share().min(MAX_HELD_FILES)
 }
 
 /// Reads the whole tree under `root` (the sysfs root), without a deadline, holding no file

@@ -1,6 +1,11 @@
 //! The few `/proc/<pid>/` files the process series come from, read with a size bound and
 //! parsed without trusting them: `stat` (CPU time, threads, resident pages), `io` (bytes
 //! read and written) and the `fd` directory (open descriptors, counted up to a bound).
+//!
+//! Also the home of what the readers of many small files share (these, EFA's and the
+//! Neuron driver's sysfs trees): a directory held open to open its files by name
+//! ([`Dir`]), a bounded whole read ([`read_whole`]), a directory's [`DirStamp`], and the
+//! share of descriptors a reader may hold ([`held_files_share`]).
 
 use std::{
     ffi::CString,
