@@ -442,7 +442,6 @@ impl KmsgReader {
                     after_seq,
                 },
             };
-            self.metrics.source_up(telemetry::SOURCE_KMSG, true);
             let outcome = follower.run(&self.stop, |batch| self.take(batch, &refusals_logged));
             self.metrics.source_up(telemetry::SOURCE_KMSG, false);
             match outcome {
@@ -505,6 +504,11 @@ impl KmsgReader {
         }
         announce(&changes, &model, self.feed.as_ref());
         self.writer.save(&mut model);
+        if batch.caught_up {
+            // Up once the history is in the model and what is written now is read as it
+            // comes, not judged by the look-back.
+            self.metrics.source_up(telemetry::SOURCE_KMSG, true);
+        }
     }
 }
 

@@ -5,7 +5,10 @@ mod support;
 
 use std::time::Duration;
 
-use support::{driver::FakeDriver, sim, Agent, Metrics, TempDir};
+use support::{
+    driver::{wait_kmsg_live, FakeDriver},
+    sim, Agent, Metrics, TempDir,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -156,6 +159,7 @@ fn an_agent_restart_does_not_clear_an_unhealthy_device() {
     let agent = start_agent(&driver, "trn1.32xlarge", None);
     wait_state(&agent, "2", "unhealthy");
     wait_state(&agent, "0", "healthy");
+    wait_kmsg_live(&agent);
     // A record written while it runs, stamped at boot: older than any look-back, so
     // only the persisted state can keep it over a restart.
     driver.record("3,101,1,-;[    1.000000] NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=5 nc-id=0");
@@ -175,7 +179,9 @@ fn an_agent_restart_does_not_clear_an_unhealthy_device() {
     assert_eq!(state_of(&m, "2").as_deref(), Some("unhealthy"));
     assert_eq!(errors(&m, "2"), 1.0, "the look-back does not count a record twice");
     assert_eq!(errors(&m, "5"), 1.0);
-    // A fault after the restart is counted on top.
+    // A fault after the restart is counted on top (the simulator numbers its record 1: read
+    // as history, it would count as seen before the restart).
+    wait_kmsg_live(&agent);
     driver.inject(&["nc-ue:2:1"]);
     agent.wait_for("the new record", WAIT, |m| (errors(m, "2") == 2.0).then_some(()));
 }
@@ -216,6 +222,7 @@ fn forged_kernel_records_are_refused_and_a_real_fault_keeps_its_name() {
     agent.wait_for("16 healthy devices", WAIT, |m| {
         (0..16).all(|d| state_of(m, &d.to_string()).as_deref() == Some("healthy")).then_some(())
     });
+    wait_kmsg_live(&agent);
     let t = now_usec();
     let hbm = "NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR";
     let forged = [

@@ -20,7 +20,7 @@ use neuron_e2e::{random_u32, wait_for, ControlPlane};
 use neuron_node_agent::attribution::podresources::NEURONDEVICE;
 use neuron_node_agent::health::taint::TAINT_KEY;
 use support::{
-    driver::{wait_for_core_counter, FakeDriver},
+    driver::{wait_for_core_counter, wait_kmsg_live, FakeDriver},
     kubelet::{holding, PodResourcesServer},
     node_config::write_node_config,
     sim, Agent, TempDir,
@@ -338,6 +338,8 @@ fn undocumented_error_names_do_not_take_the_slot_of_a_real_fault() {
     let healthy = rt
         .block_on(wait_for(WAIT, || async { condition(&nodes, &node).await.filter(|(status, _)| status == "False") }));
     assert!(healthy.is_some());
+    // Stamped at boot: read as history, the look-back would skip them.
+    wait_kmsg_live(&agent);
     let names = ('A'..='Z').chain('0'..='9').map(String::from).chain(["AA", "AB", "AC", "AD"].map(str::to_owned));
     for (i, name) in names.enumerate() {
         driver.record(&format!("3,{},1,-;NEURON_HW_ERR={name} nd-id=0 nc-id=0", 1000 + i));

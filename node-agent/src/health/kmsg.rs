@@ -324,11 +324,13 @@ pub struct Batch {
     pub too_long: u64,
     /// Fields out of bounds.
     pub refused: u64,
+    /// The log's history ends with this batch: what follows is read as it is written.
+    pub caught_up: bool,
 }
 
 impl Batch {
     fn is_empty(&self) -> bool {
-        self.records == 0 && self.overruns == 0 && self.too_long == 0
+        self.records == 0 && self.overruns == 0 && self.too_long == 0 && !self.caught_up
     }
 }
 
@@ -504,7 +506,7 @@ impl Follower {
                     // A record longer than the buffer (cannot happen with the kernel's bound).
                     Err(e) if e.raw_os_error() == Some(libc::EINVAL) => batch.too_long += 1,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        history = false;
+                        batch.caught_up = std::mem::replace(&mut history, false);
                         break;
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -560,11 +562,11 @@ impl Follower {
                 }
             }
             let caught_up = batch.records < MAX_KMSG_RECORDS_PER_BATCH as u64;
+            batch.caught_up = caught_up && history.take().is_some();
             if !batch.is_empty() {
                 sink(batch);
             }
             if caught_up {
-                history = None;
                 stop.sleep(FILE_TICK);
             }
         }
@@ -873,8 +875,8 @@ mod tests {
     fn follows_a_regular_file_as_it_grows() {
         use std::io::Write;
         let path = std::env::temp_dir().join(format!("kmsg-{}-{}", std::process::id(), fastrand::u64(..)));
-        // History within the look-back and before it.
-        fs::write(&path, "3,1,0,-;NEURON_HW_ERR=DMA_ERROR nd-id=0\n").unwrap();
+        // History: a record older than the look-back and a line that cannot be placed in time.
+        fs::write(&path, "3,1,0,-;NEURON_HW_ERR=DMA_ERROR nd-id=0\nNEURON_HW_ERR=DMA_ERROR nd-id=0\n").unwrap();
         let stop = std::sync::Arc::new(Stop::new());
         let (tx, rx) = std::sync::mpsc::channel();
         let follower = Follower {
@@ -887,14 +889,20 @@ mod tests {
         };
         let thread_stop = stop.clone();
         let thread = std::thread::spawn(move || follower.run(&thread_stop, |b| tx.send(b).unwrap()));
+        let history = rx.recv_timeout(Duration::from_secs(10)).expect("the history's batch");
+        assert!(history.caught_up);
+        assert_eq!((history.records, history.events.len(), history.refusals.len()), (2, 0, 0), "{history:?}");
+        // Live: the same plain line is refused now, not skipped.
         let mut file = fs::OpenOptions::new().append(true).open(&path).unwrap();
-        std::thread::sleep(Duration::from_millis(300));
         file.write_all(b"3,2,3599000000,-;NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=1\n").unwrap();
-        let mut events = Vec::new();
+        file.write_all(b"NEURON_HW_ERR=DMA_ERROR nd-id=0\n").unwrap();
+        let (mut events, mut refusals) = (Vec::new(), Vec::new());
         let deadline = Instant::now() + Duration::from_secs(10);
-        while events.is_empty() && Instant::now() < deadline {
+        while refusals.is_empty() && Instant::now() < deadline {
             if let Ok(b) = rx.recv_timeout(Duration::from_millis(100)) {
+                assert!(!b.caught_up, "caught up once");
                 events.extend(b.events);
+                refusals.extend(b.refusals);
             }
         }
         stop.set();
@@ -903,5 +911,6 @@ mod tests {
         assert_eq!(events.len(), 1, "{events:?}");
         let Event::HwError(e) = &events[0].1 else { panic!() };
         assert_eq!(e.name, "HBM_UNCORRECTABLE_ERROR");
+        assert_eq!(refusals, [(None, Refusal::NoHeader)]);
     }
 }

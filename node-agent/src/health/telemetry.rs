@@ -90,7 +90,7 @@ impl HealthMetrics {
         );
         r.register(
             "source_up",
-            "1 while a health source is readable (sysfs: the driver's device tree; kmsg: the kernel log)",
+            "1 while a health source is readable (sysfs: the driver's device tree; kmsg: the kernel log, once its history is read)",
             m.up.clone(),
         );
         m

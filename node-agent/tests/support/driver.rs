@@ -97,6 +97,15 @@ impl Drop for FakeDriver {
     }
 }
 
+/// Waits until the agent reads the kernel log as it is written: a record appended before
+/// that is read as history, judged by the look-back (a line without a header, or a record
+/// stamped long ago, is skipped there).
+pub fn wait_kmsg_live(agent: &Agent) {
+    agent.wait_for("the kernel log followed live", WAIT, |m| {
+        (m.value("neuron_agent_health_source_up", &[("source", "kmsg")])? == 1.0).then_some(())
+    });
+}
+
 /// Appends to the kernel-log file `kmsg` a record `<prefix>,<seq>,<now>,-;<text>`,
 /// stamped with the time since boot so that the reader takes it whether it reads it as
 /// history (look-back) or as new (the GPU tests' kernel log, which no fake driver writes).
