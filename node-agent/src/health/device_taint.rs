@@ -47,8 +47,9 @@ use crate::{
     ratelimit::{Decision, RateLimit},
 };
 
-/// How often the model is compared with the rules.
-const TICK: Duration = Duration::from_millis(250);
+/// How often the rules are compared when the model did not change: the devices' DRA
+/// names and holders (the attribution, the ResourceSlices) change without telling.
+const TICK: Duration = Duration::from_secs(1);
 /// After a failed call, the next attempt waits this long.
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
 /// How often discovery is asked again while no version is served (a cluster upgrade, or
@@ -217,6 +218,17 @@ struct Progress {
     errors_logged: RateLimit,
 }
 
+impl Progress {
+    /// Whether the tainter compares again by itself, not only at a change of the settings:
+    /// while rules are wanted (their devices' DRA names and holders change without
+    /// telling), or while rules of this node may be left to remove.
+    fn comes_back(&self, effect: Option<DeviceTaintEffect>) -> bool {
+        let none_left =
+            self.known.as_ref().is_some_and(BTreeMap::is_empty) || matches!(self.api, ApiState::Missing { .. });
+        effect.is_some() || !none_left
+    }
+}
+
 impl DeviceTainter {
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut progress = Progress {
@@ -227,20 +239,25 @@ impl DeviceTainter {
             said_unnamed: false,
             errors_logged: RateLimit::new(5, Duration::from_secs(300)),
         };
+        let mut model_changed = self.health.lock().unwrap_or_else(|p| p.into_inner()).subscribe();
         loop {
             let effect = self.settings.borrow_and_update().device_taints;
-            let mut pause = TICK;
-            if let Err(e) = self.step(effect, &mut progress).await {
-                if let Decision::Allow { suppressed_before } = progress.errors_logged.check() {
-                    warn!(error = %e, node = %self.node, suppressed_before,
-                          "cannot write the DeviceTaintRules of this node's unhealthy devices; retrying");
+            let failed = match self.step(effect, &mut progress).await {
+                Ok(()) => false,
+                Err(e) => {
+                    if let Decision::Allow { suppressed_before } = progress.errors_logged.check() {
+                        warn!(error = %e, node = %self.node, suppressed_before,
+                              "cannot write the DeviceTaintRules of this node's unhealthy devices; retrying");
+                    }
+                    true
                 }
-                pause = RETRY_AFTER_ERROR;
-            }
+            };
+            let pause = if failed { Some(RETRY_AFTER_ERROR) } else { progress.comes_back(effect).then_some(TICK) };
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = self.settings.changed() => {}
-                _ = tokio::time::sleep(pause) => {}
+                Ok(()) = model_changed.changed(), if !failed && effect.is_some() => {}
+                _ = tokio::time::sleep(pause.unwrap_or(TICK)), if pause.is_some() => {}
             }
         }
     }

@@ -214,6 +214,10 @@ pub struct HealthModel {
     /// The fault thresholds in force and the faults below them.
     pub gate: FaultGate,
     heartbeat_timeout: Duration,
+    /// Sent after each fold that may have changed what the model shows: the outputs that
+    /// follow it (the Node's condition, Events and taint, the DeviceTaintRules) wait on it
+    /// instead of comparing on a timer.
+    changed: tokio::sync::watch::Sender<()>,
 }
 
 /// What changed in one update, for the outputs that announce faults.
@@ -280,7 +284,13 @@ impl HealthModel {
             gpus: GpuHealthModel::default(),
             gate: FaultGate::default(),
             heartbeat_timeout,
+            changed: tokio::sync::watch::Sender::new(()),
         }
+    }
+
+    /// A receiver told of each fold that may have changed the model (see `changed`).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<()> {
+        self.changed.subscribe()
     }
 
     /// Puts `thresholds` in force (from the next occurrence on).
@@ -332,6 +342,8 @@ impl HealthModel {
         let before = self.snapshot();
         let mut changes = self.fold_reading(node, now, mono);
         changes.state_changes = self.state_changes(&before);
+        // Every reading: it also tells presence, readability and stalled heartbeats.
+        self.changed.send_replace(());
         changes
     }
 
@@ -436,6 +448,7 @@ impl HealthModel {
                 found.push((*device, reason(EXECUTION_HW_ERROR, "execution_stats/error_summary/hardware", *count)));
             }
         }
+        let any = !found.is_empty();
         for (index, reason) in found {
             if index >= MAX_NEURON_DEVICES {
                 continue;
@@ -454,12 +467,16 @@ impl HealthModel {
             }
         }
         changes.state_changes = self.state_changes(&before);
+        if any {
+            self.changed.send_replace(());
+        }
         changes
     }
 
     /// Folds kernel-log events in.
     pub fn apply_events(&mut self, events: Vec<(Option<u64>, Event)>, last_seq: Option<u64>, now: u64) -> Changes {
         let before = self.snapshot();
+        let any = !events.is_empty();
         let mut changes = Changes::default();
         for (_, event) in events {
             match event {
@@ -484,6 +501,9 @@ impl HealthModel {
         }
         changes.state_changes = self.state_changes(&before);
         self.dirty |= std::mem::take(&mut self.gpus.dirty);
+        if any {
+            self.changed.send_replace(());
+        }
         changes
     }
 
@@ -492,6 +512,7 @@ impl HealthModel {
         let mut changes = Changes::default();
         self.gpus.apply_snapshot(snapshot, now, &mut changes);
         self.dirty |= std::mem::take(&mut self.gpus.dirty);
+        self.changed.send_replace(());
         changes
     }
 
@@ -500,6 +521,7 @@ impl HealthModel {
         let mut changes = Changes::default();
         self.gpus.apply_nvml_xid(index, code, now, &mut changes);
         self.dirty |= std::mem::take(&mut self.gpus.dirty);
+        self.changed.send_replace(());
         changes
     }
 

@@ -39,8 +39,9 @@ mod gpus;
 
 /// The default condition type.
 pub const CONDITION_TYPE: &str = api::node_config::DEFAULT_CONDITION_TYPE;
-/// How often the model is compared with what the Node shows.
-const TICK: Duration = Duration::from_millis(250);
+/// After a failed write, the next attempt waits this long (changes of the model meanwhile
+/// do not hasten it).
+const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
 /// Bytes of a condition message or an Event note.
 const MAX_MESSAGE_BYTES: usize = 1000;
 
@@ -112,7 +113,7 @@ fn push_bounded(s: &mut String, part: &str) {
 }
 
 impl NodeReporter {
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub async fn run(mut self, shutdown: CancellationToken) {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let uid = loop {
             match nodes.get_status(&self.node).await {
@@ -143,8 +144,10 @@ impl NodeReporter {
         // The condition as written, with its type.
         let mut shown: Option<(String, (&'static str, String, String))> = None;
         let mut gpus_shown = gpus::Shown::new(&self.health);
+        let mut model_changed = self.health.lock().unwrap_or_else(|p| p.into_inner()).subscribe();
         loop {
-            let condition_type = self.settings.borrow().condition_type.clone();
+            let mut failed = false;
+            let condition_type = self.settings.borrow_and_update().condition_type.clone();
             let wanted = {
                 let model = self.health.lock().unwrap_or_else(|p| p.into_inner());
                 (self.neuron && model.read_once).then(|| condition(&model))
@@ -159,7 +162,10 @@ impl NodeReporter {
                         info!(status = wanted.0, reason = %wanted.1, "Node condition {condition_type}");
                         shown = Some((condition_type, wanted));
                     }
-                    Err(e) => warn!(error = %e, "cannot write the Node's health condition; retrying"),
+                    Err(e) => {
+                        warn!(error = %e, "cannot write the Node's health condition; retrying");
+                        failed = true;
+                    }
                 }
             }
             let (reloads_now, faults) = self.faults();
@@ -179,14 +185,18 @@ impl NodeReporter {
                     }
                     Err(e) => {
                         warn!(error = %e, "cannot publish a Neuron fault Event; retrying");
+                        failed = true;
                         break;
                     }
                 }
             }
-            self.report_gpus(&nodes, &recorder, &reference, &mut gpus_shown).await;
+            failed |= !self.report_gpus(&nodes, &recorder, &reference, &mut gpus_shown).await;
+            // Nothing to compare until the model or the settings change, or a retry is due.
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(TICK) => {}
+                Ok(()) = self.settings.changed() => {}
+                Ok(()) = model_changed.changed(), if !failed => {}
+                _ = tokio::time::sleep(RETRY_AFTER_ERROR), if failed => {}
             }
         }
     }

@@ -31,10 +31,8 @@ use super::{model::HealthModel, settings::SettingsReceiver, SharedHealth};
 /// The taint the agent puts on its Node; its value names the fault.
 pub const TAINT_KEY: &str = api::names::TAINT_KEY;
 pub const TAINT_EFFECT: &str = "NoSchedule";
-/// How often the model is compared with what the Node should carry.
-const TICK: Duration = Duration::from_millis(250);
 /// After a failed write, the next attempt waits this long (a missing permission or an
-/// unreachable API server is not retried four times a second).
+/// unreachable API server is not retried at each change of the model).
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
 /// Conflicting writes (another writer changed the Node meanwhile) retried at once.
 const CONFLICT_RETRIES: usize = 5;
@@ -117,6 +115,7 @@ impl Tainter {
         // What the Node carries as far as the agent knows; `None`: not read yet, so the
         // first pass also removes a taint a previous agent left while tainting is now off.
         let mut applied: Option<Option<String>> = None;
+        let mut model_changed = self.health.lock().unwrap_or_else(|p| p.into_inner()).subscribe();
         loop {
             let errors = self.settings.borrow_and_update().taint_errors.clone();
             let want = {
@@ -124,7 +123,7 @@ impl Tainter {
                 // With tainting on, nothing is decided before the devices were read once.
                 (errors.is_none() || model.read_once).then(|| wanted(&model, errors.as_deref()))
             };
-            let mut pause = TICK;
+            let mut failed = false;
             if let Some(want) = want.filter(|w| applied.as_ref() != Some(w)) {
                 match self.apply(&nodes, want.as_deref()).await {
                     Ok(()) => {
@@ -133,14 +132,16 @@ impl Tainter {
                     }
                     Err(e) => {
                         warn!(error = %e, node = %self.node, "cannot write the Node's hardware-error taint; retrying");
-                        pause = RETRY_AFTER_ERROR;
+                        failed = true;
                     }
                 }
             }
+            // Nothing to compare until the model or the settings change, or a retry is due.
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = self.settings.changed() => {}
-                _ = tokio::time::sleep(pause) => {}
+                Ok(()) = model_changed.changed(), if !failed => {}
+                _ = tokio::time::sleep(RETRY_AFTER_ERROR), if failed => {}
             }
         }
     }

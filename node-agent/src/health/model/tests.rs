@@ -271,6 +271,30 @@ fn neuron_monitor_fills_in_what_sysfs_and_the_kernel_log_did_not_say() {
     assert!(!m.devices.contains_key(&2) && !m.devices.contains_key(&3));
 }
 
+/// The outputs that follow the model wake at each fold that may change what it shows,
+/// and only then: a report that counts nothing, a batch of the kernel log without an
+/// event, leave them asleep.
+#[test]
+fn folds_that_may_change_the_model_wake_its_followers() {
+    let mut m = model();
+    let mut changed = m.subscribe();
+    let mut woke = || {
+        let woke = changed.has_changed().unwrap_or(false);
+        changed.mark_unchanged();
+        woke
+    };
+    m.apply_reading(node(vec![ready(0)]), 100, Instant::now());
+    assert!(woke(), "a reading");
+    let nothing = MonitorSignals { uncorrected_ecc: vec![(0, "hbm", 0)], hardware_errors: vec![(0, 0)] };
+    m.apply_monitor(&nothing, 101);
+    m.apply_events(vec![], Some(7), 101);
+    assert!(!woke(), "nothing counted, no event");
+    m.apply_monitor(&MonitorSignals { uncorrected_ecc: vec![], hardware_errors: vec![(1, 2)] }, 102);
+    assert!(woke(), "a report that counts");
+    m.apply_events(vec![event("NEURON_HW_ERR=DMA_ERROR nd-id=0")], Some(8), 103);
+    assert!(woke(), "a kernel record");
+}
+
 #[test]
 fn a_device_the_kernel_log_named_takes_no_execution_error_reason() {
     let mut m = model();

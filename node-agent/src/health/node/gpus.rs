@@ -81,14 +81,16 @@ fn description(error: &str) -> String {
 }
 
 impl NodeReporter {
-    /// Writes the GPUs' condition when it changed, and an Event per new GPU fault.
+    /// Writes the GPUs' condition when it changed, and an Event per new GPU fault;
+    /// `false` when a write failed (to be retried).
     pub(super) async fn report_gpus(
         &self,
         nodes: &Api<Node>,
         recorder: &Recorder,
         reference: &ObjectReference,
         shown: &mut Shown,
-    ) {
+    ) -> bool {
+        let mut written = true;
         let (wanted, reloads, faults) = {
             let model = self.health.lock().unwrap_or_else(|p| p.into_inner());
             let faults: Vec<(u32, Reason)> =
@@ -101,7 +103,10 @@ impl NodeReporter {
                     info!(status = wanted.0, reason = %wanted.1, "Node condition {GPU_CONDITION_TYPE}");
                     shown.condition = Some(wanted);
                 }
-                Err(e) => warn!(error = %e, "cannot write the Node's GPU health condition; retrying"),
+                Err(e) => {
+                    warn!(error = %e, "cannot write the Node's GPU health condition; retrying");
+                    written = false;
+                }
             }
         }
         if reloads != shown.reloads {
@@ -119,10 +124,12 @@ impl NodeReporter {
                 }
                 Err(e) => {
                     warn!(error = %e, "cannot publish a GPU fault Event; retrying");
+                    written = false;
                     break;
                 }
             }
         }
+        written
     }
 
     /// The Event of a new GPU fault: GPU, Xid, recommended action, the pods holding it.
