@@ -89,6 +89,21 @@ pub fn child_pids(pid: u32) -> Vec<u32> {
     pids
 }
 
+/// The time process `pid`'s live threads have run (`schedstat`, in nanoseconds, unlike the
+/// clock ticks of `stat`) and the times they gave up the CPU to wait (voluntary switches:
+/// its wake-ups).
+pub fn thread_run_time(pid: u32) -> (std::time::Duration, u64) {
+    let (mut ns, mut waits) = (0u64, 0u64);
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+        let schedstat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+        ns += schedstat.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let switches = status.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"));
+        waits += switches.and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0);
+    }
+    (std::time::Duration::from_nanos(ns), waits)
+}
+
 /// A random number from the OS, for unique names.
 pub fn random_u32() -> u32 {
     let mut bytes = [0u8; 4];
