@@ -67,9 +67,10 @@ fn half_sent_requests_are_closed_after_the_header_timeout_while_healthz_answers(
     let still_open = held.iter().filter(|s| !closed_by_server(s, deadline)).count();
     assert_eq!(still_open, 0, "connections still open {:?} after they were opened", opened.elapsed());
 
-    let metrics = agent.metrics();
-    let timed_out = metrics.sum("neuron_agent_http_connections_timed_out_total", &[("phase", "header")]);
-    assert!(timed_out >= 500.0, "timed-out connections counted: {timed_out}");
+    // Counted once the connection's task ends, just after its socket closed.
+    let metrics = agent.wait_for("500 timed-out connections counted", MARGIN, |m| {
+        (m.sum("neuron_agent_http_connections_timed_out_total", &[("phase", "header")]) >= 500.0).then(|| m.clone())
+    });
     assert_eq!(metrics.sum("neuron_agent_http_connections_refused_total", &[]), 0.0);
 }
 
@@ -86,10 +87,11 @@ fn connections_beyond_the_cap_are_refused_and_counted() {
     let deadline = Instant::now() + HEADER_TIMEOUT + MARGIN;
     assert!(held.iter().all(|s| closed_by_server(s, deadline)), "held connections closed");
     agent.wait_until("/healthz answers again", MARGIN, |a| a.get("/healthz").map(|r| r.0) == Some(200));
-    let metrics = agent.metrics();
+    let metrics = agent.wait_for("16 timed-out connections counted", MARGIN, |m| {
+        (m.sum("neuron_agent_http_connections_timed_out_total", &[("phase", "header")]) >= 16.0).then(|| m.clone())
+    });
     let refused = metrics.sum("neuron_agent_http_connections_refused_total", &[]);
     assert!(refused >= 10.0, "refusals counted: {refused}");
-    assert!(metrics.sum("neuron_agent_http_connections_timed_out_total", &[("phase", "header")]) >= 16.0);
     agent.wait_for("the scrape alone open", MARGIN, |m| {
         (m.sum("neuron_agent_http_connections", &[]) == 1.0).then_some(())
     });
@@ -125,9 +127,12 @@ fn five_thousand_connections_leave_memory_bounded() {
 
     assert_eq!(still_open, 0, "every connection is closed by the server");
     assert_eq!(agent.get("/healthz").map(|r| r.0), Some(200));
-    let metrics = agent.metrics();
-    let refused = metrics.sum("neuron_agent_http_connections_refused_total", &[]);
-    let timed_out = metrics.sum("neuron_agent_http_connections_timed_out_total", &[("phase", "header")]);
+    // Each is counted once its task ends, just after its socket closed.
+    let (refused, timed_out) = agent.wait_for("5,000 connections counted", MARGIN, |m| {
+        let refused = m.sum("neuron_agent_http_connections_refused_total", &[]);
+        let timed_out = m.sum("neuron_agent_http_connections_timed_out_total", &[("phase", "header")]);
+        (refused + timed_out >= 5_000.0).then_some((refused, timed_out))
+    });
     assert_eq!(refused + timed_out, 5_000.0, "each connection refused or timed out: {refused} + {timed_out}");
     // Unbounded, the fault took 80–94 MB; capped at 256 connections it stays well below.
     let growth_mib = during.max(after).saturating_sub(before) / 1024;
