@@ -29,8 +29,10 @@ fail() { # fail WHY: the agent's log and WHY, then exit.
 # train INTERVAL FIXTURE: one run of the agent for $seconds.
 train() {
     local port= scrapes=0 reports format
-    # The log too: the port is read from it before the agent has truncated it.
-    rm -rf "$work/tree" "$work/state" "$work/agent.log"
+    # The log emptied, not removed: the port is read from it, maybe before the agent's shell
+    # has opened it, and must not be the previous run's.
+    rm -rf "$work/tree" "$work/state"
+    : >"$work/agent.log"
     # The 16-EFA-device trn1n tree under both reports: the EFA reader is trained too.
     "$agent" --monitor-command "$sim" \
         "--monitor-arg=--replay=$fixtures/$2" "--monitor-arg=--interval=$1" --monitor-arg=--instance-type=trn1n.32xlarge \
