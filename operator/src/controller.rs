@@ -174,15 +174,18 @@ pub struct Options {
     pub policy_configmap: Option<String>,
     /// The prices of the cost estimate.
     pub prices: Prices,
+    /// Which nodes are monitored.
+    pub nodes: NeuronNodePolicy,
 }
 
 impl Controller {
-    /// Starts the watches among `tasks`; their caches fill in the background.
+    /// Starts the watches among `tasks`, until `shutdown`; their caches fill in the
+    /// background.
     pub fn start(
         tasks: &mut CriticalTasks,
+        shutdown: &CancellationToken,
         client: Client,
         namespace: &str,
-        policy: NeuronNodePolicy,
         metrics: OperatorMetrics,
         recorder: Recorder,
         options: Options,
@@ -200,6 +203,7 @@ impl Controller {
         let label = format!("{MANAGED_LABEL}=true");
         spawn_watch(
             tasks,
+            shutdown,
             "neuronmonitorconfigs",
             changed.clone(),
             mark_listed(&listed_tx, |l| l.configs = true),
@@ -210,6 +214,7 @@ impl Controller {
         );
         spawn_watch(
             tasks,
+            shutdown,
             "nodes",
             changed.clone(),
             mark_listed(&listed_tx, |l| l.nodes = true),
@@ -237,6 +242,7 @@ impl Controller {
         );
         spawn_watch(
             tasks,
+            shutdown,
             "configmaps",
             changed.clone(),
             mark_listed(&listed_tx, |l| l.configmaps = true),
@@ -247,14 +253,15 @@ impl Controller {
                     .modify(|cm| cm.managed_fields_mut().clear()),
             ),
         );
+        let policy_configmap = options.policy_configmap.as_deref();
         let tenancy_policy =
-            PolicySource::start(tasks, &client, namespace, options.policy_configmap.as_deref(), &changed, &listed_tx);
+            PolicySource::start(tasks, shutdown, &client, namespace, policy_configmap, &changed, &listed_tx);
         Arc::new(Controller {
             headers: HeadersMirror::new(client.clone(), namespace, &options.headers_secret),
             reads_headers: Default::default(),
             client,
             namespace: namespace.to_owned(),
-            policy,
+            policy: options.nodes,
             metrics,
             recorder,
             configs,
@@ -343,7 +350,7 @@ impl Controller {
             }
             tokio::select! {
                 _ = self.changed.notified() => tokio::time::sleep(DEBOUNCE).await,
-                _ = leading.changed() => {}
+                _ = leadership_change(&mut leading) => {}
                 _ = tokio::time::sleep(self.next_pass()) => {}
                 _ = shutdown.cancelled() => return,
             }
@@ -618,6 +625,14 @@ impl Controller {
     }
 }
 
+/// The next change of leadership. Without an election nobody sends one (the sender is
+/// gone): that is "never", not a change, or the loop would pass without pause.
+async fn leadership_change(leading: &mut watch::Receiver<bool>) {
+    if leading.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// The writes that failed in one pass: counted in `neuron_operator_write_failures_total`,
 /// the first few logged (a pass over thousands of nodes could fail them all).
 #[derive(Default)]
@@ -650,6 +665,7 @@ fn mark_listed(tx: &Arc<watch::Sender<Listed>>, mark: fn(&mut Listed)) -> impl F
 /// The watch is one of `tasks`, by the name `what`: its stream never ends while it runs.
 fn spawn_watch<K, S>(
     tasks: &mut CriticalTasks,
+    shutdown: &CancellationToken,
     what: &'static str,
     changed: Arc<Notify>,
     on_listed: impl Fn() + Send + 'static,
@@ -658,7 +674,7 @@ fn spawn_watch<K, S>(
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     K: Send + 'static,
 {
-    tasks.spawn(what, async move {
+    tasks.spawn_until(what, shutdown, async move {
         let mut stream = std::pin::pin!(stream);
         loop {
             match stream.try_next().await {

@@ -69,7 +69,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let metrics = OperatorMetrics::register(&mut registry);
     let mut tasks = CriticalTasks::new();
     let shutdown = CancellationToken::new();
-    let controller = start_controller(&mut tasks, &args, client.clone(), &identity, metrics.clone());
+    let controller = start_controller(&mut tasks, &shutdown, &args, client.clone(), &identity, metrics.clone());
     let leading = elect(&mut tasks, &args, &client, &identity, &metrics, &shutdown);
 
     let http_state = Arc::new(HttpState { registry, controller: controller.clone(), health: tasks.health() });
@@ -119,6 +119,7 @@ async fn client() -> anyhow::Result<Client> {
 /// The controller, its watches among `tasks`.
 fn start_controller(
     tasks: &mut CriticalTasks,
+    shutdown: &CancellationToken,
     args: &RunArgs,
     client: Client,
     identity: &str,
@@ -138,8 +139,9 @@ fn start_controller(
         writes_in_flight: args.writes_in_flight as usize,
         policy_configmap: args.tenancy_policy.clone().filter(|name| !name.is_empty()),
         prices: api::cloudwatch::cost::Prices { otlp_usd_per_gb: args.otlp_usd_per_gb },
+        nodes: policy,
     };
-    Controller::start(tasks, client, &args.namespace, policy, metrics, recorder, options)
+    Controller::start(tasks, shutdown, client, &args.namespace, metrics, recorder, options)
 }
 
 /// Whether this replica leads: through the Lease (the election one of `tasks`), or always

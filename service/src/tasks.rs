@@ -17,6 +17,7 @@ use std::{
 };
 
 use tokio::task::{Id, JoinError, JoinHandle, JoinSet};
+use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
 /// Test hook: a task of this name panics as soon as it starts, to drive the restart path
@@ -121,6 +122,22 @@ impl CriticalTasks {
             task.await.error()
         });
         self.names.insert(handle.id(), name);
+    }
+
+    /// Runs `task` as the critical task `name` until `shutdown`, where it is dropped: for
+    /// a task with nothing to finish (a watch filling a cache), which would otherwise hold
+    /// the stop until its limit and be aborted.
+    pub fn spawn_until<F>(&mut self, name: &'static str, shutdown: &CancellationToken, task: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let shutdown = shutdown.clone();
+        self.spawn(name, async move {
+            tokio::select! {
+                () = task => {}
+                () = shutdown.cancelled() => {}
+            }
+        });
     }
 
     /// Watches a task spawned elsewhere as the critical task `name`.

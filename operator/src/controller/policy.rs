@@ -27,6 +27,7 @@ use kube::{
     Api, Client, Resource, ResourceExt,
 };
 use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::{mark_listed, spawn_watch, Listed, WATCH_SECONDS};
@@ -58,6 +59,7 @@ impl PolicySource {
     /// Starts the watches when a ConfigMap is named; marks the policy listed otherwise.
     pub(super) fn start(
         tasks: &mut CriticalTasks,
+        shutdown: &CancellationToken,
         client: &Client,
         namespace: &str,
         configmap: Option<&str>,
@@ -75,6 +77,7 @@ impl PolicySource {
         let by_name = watcher::Config::default().fields(&format!("metadata.name={name}")).timeout(WATCH_SECONDS);
         spawn_watch(
             tasks,
+            shutdown,
             "tenancy policy",
             changed.clone(),
             mark_listed(listed, |l| l.policy = true),
@@ -82,6 +85,7 @@ impl PolicySource {
         );
         spawn_watch(
             tasks,
+            shutdown,
             "namespaces",
             changed.clone(),
             mark_listed(listed, |l| l.namespaces = true),
