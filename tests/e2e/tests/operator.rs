@@ -603,6 +603,49 @@ async fn two_replicas_elect_one_leader_and_hand_over_on_shutdown() {
     assert!(started.elapsed() < Duration::from_secs(10), "hand-over took {:?}", started.elapsed());
 }
 
+/// Without leader election the operator still passes only on a change (or its resync):
+/// between two events it must do no work. The interval is bounded by events, not time:
+/// the first pass, then a config's status written for a node created after it.
+#[tokio::test]
+async fn an_operator_without_election_passes_only_on_changes_and_stops_on_sigterm() {
+    let _serial = SERIAL.lock().await;
+    let s = Scenario::new("nm-idle").await;
+    let (mut operator, addr) = s.operator_with(&["--leader-election=false".to_owned()]);
+    let reconciles =
+        || http_get(addr, "/metrics").and_then(|(_, body)| sample(&body, "neuron_operator_reconciles_total"));
+    let first = s.wait("the first pass", || async { reconciles().filter(|n| *n >= 1.0) }).await;
+
+    let node = format!("{}-trn", s.run);
+    s.node(&node, "trn1.2xlarge").await;
+    let (ok, out) = s.apply(&config_yaml(
+        &s.ns,
+        "cluster",
+        &s.run,
+        "  period: 10s
+",
+    ));
+    assert!(ok, "{out}");
+    s.wait("the config's status for its node", || async {
+        let c = s.config(&s.ns, "cluster").await?;
+        c.status.filter(|status| status.observed_generation == c.metadata.generation && status.matched_nodes == 1)
+    })
+    .await;
+    // A node and a config: a few passes (each watch event, the status write's own echo).
+    // A loop that passes without waiting runs thousands in the same time.
+    let passes = reconciles().expect("the operator's metrics") - first;
+    assert!(passes <= 20.0, "{passes} passes for one node and one config");
+
+    // Nothing in flight: every task stops at the cancel, within the HTTP server's grace
+    // (5 s), none held until the stop's own limit (7 s) and aborted.
+    let status = operator.terminate(Duration::from_secs(5)).expect("the operator stops on SIGTERM within its grace");
+    assert!(status.success(), "{status}");
+    Api::<NeuronMonitorConfig>::namespaced(s.client.clone(), &s.ns)
+        .delete("cluster", &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<Node>::all(s.client.clone()).delete(&node, &DeleteParams::default()).await.unwrap();
+}
+
 /// The value of the sample `name{labels}` whose label set contains every `label` given.
 fn labelled_sample(exposition: &str, name: &str, labels: &[&str]) -> Option<f64> {
     exposition.lines().find_map(|line| {
