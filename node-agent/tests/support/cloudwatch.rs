@@ -200,6 +200,8 @@ pub struct Forwarded {
     pub gzip: bool,
     /// CloudWatch's answer.
     pub status: u16,
+    /// A hash of the decompressed body: the same request sent again has the same one.
+    pub digest: u64,
 }
 
 /// An HTTP proxy on 127.0.0.1 in front of CloudWatch that answers the writes of one
@@ -262,13 +264,21 @@ impl FaultProxy {
                 if put {
                     let status = response.start.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
                     let gzip = req.header("content-encoding").is_some_and(|e| e.contains("gzip"));
-                    let bytes = if gzip {
-                        std::io::copy(&mut flate2::read::GzDecoder::new(&req.body[..]), &mut std::io::sink())
-                            .map_or(usize::MAX, |n| n as usize)
+                    let body = if gzip {
+                        let mut plain = Vec::new();
+                        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&req.body[..]), &mut plain)
+                            .map(|_| plain)
+                            .ok()
                     } else {
-                        req.body.len()
+                        Some(req.body.clone())
                     };
-                    l.lock().unwrap().push(Forwarded { bytes, gzip, status });
+                    let bytes = body.as_ref().map_or(usize::MAX, Vec::len);
+                    let digest = {
+                        let mut h = std::collections::hash_map::DefaultHasher::new();
+                        std::hash::Hash::hash(&body, &mut h);
+                        std::hash::Hasher::finish(&h)
+                    };
+                    l.lock().unwrap().push(Forwarded { bytes, gzip, status, digest });
                 }
                 response
             }),
@@ -279,6 +289,13 @@ impl FaultProxy {
     /// The writes forwarded so far.
     pub fn requests(&self) -> Vec<Forwarded> {
         self.log.lock().unwrap().clone()
+    }
+
+    /// Writes that reached CloudWatch again after an earlier, identical one: a retry of a
+    /// request the client gave up on (timed out) while CloudWatch stored it.
+    pub fn resent(&self) -> usize {
+        let mut seen = std::collections::HashSet::new();
+        self.log.lock().unwrap().iter().filter(|r| !seen.insert(r.digest)).count()
     }
 
     pub fn plan(&self, faults: impl IntoIterator<Item = Fault>) {
