@@ -272,11 +272,13 @@ impl Exposition {
         Ok(body)
     }
 
-    /// The agent's own metrics in `format`, the part of the page before the families.
+    /// The agent's own metrics in `format`, the part of the page before the families: a
+    /// copy of its exact size (a few kilobytes, one per response waiting to be sent), the
+    /// buffer written given back at once.
     pub fn own_metrics(&self, format: Format) -> Result<bytes::Bytes, fmt::Error> {
         let mut own = Rendered { text: self.buffers.take(), buffers: self.buffers.clone() };
         self.write_own(format, &mut own.text)?;
-        Ok(own.into_body())
+        Ok(bytes::Bytes::copy_from_slice(own.text.as_bytes()))
     }
 
     /// The whole page: the agent's own metrics, then the node's families.
