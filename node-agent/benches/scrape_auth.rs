@@ -88,8 +88,15 @@ fn setup() -> Bench {
         assert!(ok, "{out}{err}");
 
         let shutdown = CancellationToken::new();
-        let limits =
-            Limits { header_timeout: Duration::from_secs(5), max_connections: 64, max_connections_per_peer: 64 };
+        let limits = Limits {
+            header_timeout: Duration::from_secs(5),
+            write_timeout: Duration::from_secs(10),
+            max_connections: 64,
+            max_connections_per_peer: 64,
+            max_unsent_bytes: 32 << 20,
+            max_unsent_bytes_per_peer: 8 << 20,
+            send_buffer_bytes: 128 << 10,
+        };
         let loopback = |port: u16| -> SocketAddr { ([127, 0, 0, 1], port).into() };
         let (plain, https) = (loopback(neuron_e2e::free_port()), loopback(neuron_e2e::free_port()));
         let plain_settings = Settings { listen: plain, probe_listen: None, tls: None, tokenless: None, limits };

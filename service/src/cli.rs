@@ -67,6 +67,33 @@ pub struct HttpFlags {
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub http_header_timeout: Duration,
 
+    /// Time an HTTP client gets to read a response, from its first byte sent: a client
+    /// that asks and stops reading is closed after it, and the response freed. The time
+    /// the server takes to produce the response does not count.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub http_write_timeout: Duration,
+
+    /// Bytes of HTTP responses produced and not yet written, over every connection of
+    /// every port (a page shared by several counts for each). When a response does not
+    /// fit, the connections whose responses wait unread the longest (of the source
+    /// address holding the most) are closed to make room; a response larger than this
+    /// alone is answered 503.
+    #[arg(long, default_value_t = 32 << 20, value_parser = clap::value_parser!(u64).range(MIN_UNSENT_BYTES..))]
+    pub http_max_unsent_bytes: u64,
+
+    /// The same, over the connections of one source address (an IPv6 /64): a client that
+    /// does not read exhausts this share, its own connections closed first. A response
+    /// larger than this is still sent, alone.
+    #[arg(long, default_value_t = 8 << 20, value_parser = clap::value_parser!(u64).range(MIN_UNSENT_BYTES..))]
+    pub http_max_unsent_bytes_per_peer: u64,
+
+    /// The kernel's send buffer of each HTTP connection (SO_SNDBUF, which Linux doubles
+    /// for its bookkeeping): what the kernel holds of a response its client does not
+    /// read. Left to itself Linux grows it up to net.ipv4.tcp_wmem's maximum (4 MiB by
+    /// default) for such a client.
+    #[arg(long, default_value_t = 128 << 10, value_parser = clap::value_parser!(u32).range(4096..=16 << 20))]
+    pub http_send_buffer_bytes: u32,
+
     /// HTTP connections served at once (per port); more are refused (503) and counted.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub http_max_connections: u32,
@@ -103,8 +130,11 @@ pub struct Flavor {
     pub max_connections_per_peer: &'static str,
 }
 
+/// The least budget of unsent bytes: a probe's or a refusal's answer fits many times.
+const MIN_UNSENT_BYTES: u64 = 64 << 10;
+
 /// The ids of the shared flags (their field names).
-const SHARED: [&str; 14] = [
+const SHARED: [&str; 18] = [
     "listen",
     "probe_listen",
     "tls_cert_file",
@@ -115,6 +145,10 @@ const SHARED: [&str; 14] = [
     "tokenless_tls_cert_file",
     "tokenless_tls_key_file",
     "http_header_timeout",
+    "http_write_timeout",
+    "http_max_unsent_bytes",
+    "http_max_unsent_bytes_per_peer",
+    "http_send_buffer_bytes",
     "http_max_connections",
     "http_max_connections_per_peer",
     "log_format",
@@ -157,8 +191,12 @@ impl HttpFlags {
             )),
             limits: Limits {
                 header_timeout: self.http_header_timeout,
+                write_timeout: self.http_write_timeout,
                 max_connections: self.http_max_connections,
                 max_connections_per_peer: self.http_max_connections_per_peer,
+                max_unsent_bytes: self.http_max_unsent_bytes,
+                max_unsent_bytes_per_peer: self.http_max_unsent_bytes_per_peer,
+                send_buffer_bytes: self.http_send_buffer_bytes as usize,
             },
         }
     }

@@ -16,11 +16,22 @@
 //! page is written into buffers the renders reuse ([`Buffers`]): a page of half a
 //! megabyte built afresh on each scrape cost a megabyte of new memory and ~245 page
 //! faults every time.
+//!
+//! `/metrics` sends a page in two parts: the agent's own metrics, encoded for each scrape
+//! (a few kilobytes: its counters of connections, token checks, reports are exact), then
+//! the families of the node, the costly part, which are kept and shared
+//! ([`Exposition::shared_families`]): the scrapes that follow within [`PAGE_MAX_AGE`],
+//! with no report in between, are answered with the same `bytes::Bytes` (a reference,
+//! not a copy, per connection), so a flood of scrapes costs one render a second and one
+//! copy of the families in memory. Renders wait for a slot of the scrape's own port
+//! ([`Exposition::render_slot`]): a flood on the token-free port does not queue
+//! Prometheus on the main one.
 
 use std::{
     collections::BTreeMap,
     fmt::{self, Write},
     sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use api::{
@@ -28,7 +39,12 @@ use api::{
     monitor_config::{RuntimeGroup, SystemGroup},
     report::DeviceEccCounters,
 };
-use prometheus_client::{encoding::text as own_metrics, metrics::MetricType, registry::Registry};
+use prometheus_client::{
+    encoding::text as own_metrics,
+    metrics::{counter::Counter, MetricType},
+    registry::Registry,
+};
+use service::http::Port;
 
 mod text;
 
@@ -63,6 +79,37 @@ impl Format {
             Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
         }
     }
+
+    /// Its place among the kept pages.
+    fn index(self) -> usize {
+        match self {
+            Format::Classic => 0,
+            Format::OpenMetrics => 1,
+        }
+    }
+}
+
+/// How long the node's rendered families answer the scrapes that follow (none after a
+/// report): what the sources read between reports (health, EFA, GPUs, processes) may lag
+/// in a repeated scrape.
+pub const PAGE_MAX_AGE: Duration = Duration::from_secs(1);
+
+/// The node's families kept for the scrapes that follow their render.
+struct Page {
+    /// Reports applied when its render began.
+    reports: u64,
+    /// When its render began.
+    started: Instant,
+    body: bytes::Bytes,
+}
+
+impl Page {
+    /// Whether it answers a scrape that arrived at `asked`, `reports` reports applied:
+    /// rendered since that report, less than [`PAGE_MAX_AGE`] ago, or begun since the
+    /// scrape arrived.
+    fn answers(&self, reports: u64, asked: Instant) -> bool {
+        self.started >= asked || (self.reports >= reports && self.started.elapsed() < PAGE_MAX_AGE)
+    }
 }
 
 /// Everything `/metrics` serves: the agent's own registry plus the node state.
@@ -71,9 +118,14 @@ pub struct Exposition {
     registry: Registry,
     /// The node state's families, then those of the other sources, in the page's order.
     exported: Vec<Box<dyn Exported>>,
-    /// Renders at once: each holds a whole exposition in memory, so a burst of scrapes
-    /// waits here rather than multiplying the agent's memory.
-    renders: tokio::sync::Semaphore,
+    /// Renders at once, per port: each holds a whole exposition in memory, so a burst of
+    /// scrapes waits here rather than multiplying the agent's memory, and a port's burst
+    /// waits for that port's slots alone.
+    renders: [tokio::sync::Semaphore; 3],
+    /// The latest families of each format.
+    pages: Mutex<[Option<Page>; 2]>,
+    /// Renders of the families (`neuron_agent_metrics_renders_total`).
+    renders_done: Counter,
     buffers: Arc<Buffers>,
 }
 
@@ -143,22 +195,40 @@ impl Drop for Rendered {
     }
 }
 
-/// Concurrent renders of [`Exposition`]: Prometheus scrapes a target one at a time;
-/// two leave room for a second scraper or a person with curl.
+/// Concurrent renders of [`Exposition`] per port: Prometheus scrapes a target one at a
+/// time; two leave room for a second scraper or a person with curl.
 const CONCURRENT_RENDERS: usize = 2;
 
+/// The render slots of `port`.
+fn slot_index(port: Port) -> usize {
+    match port {
+        Port::Main => 0,
+        Port::Tokenless => 1,
+        Port::Probes => 2,
+    }
+}
+
 impl Exposition {
+    /// `registry`: the agent's own metrics, where the count of renders is registered too;
     /// `processes`: the latest read of the runtimes' processes, joined to them by PID.
     pub fn new(
-        registry: Registry,
+        mut registry: Registry,
         state: Arc<Mutex<NodeState>>,
         processes: SharedProcesses,
         routing: SharedRouting,
     ) -> Self {
+        let renders_done = Counter::default();
+        registry.register(
+            "neuron_agent_metrics_renders",
+            "Renders of the node's families for /metrics (scrapes within a second and no report apart share one)",
+            renders_done.clone(),
+        );
         Exposition {
             registry,
             exported: vec![Box::new(NodeCollector { state, processes, routing })],
-            renders: tokio::sync::Semaphore::new(CONCURRENT_RENDERS),
+            renders: std::array::from_fn(|_| tokio::sync::Semaphore::new(CONCURRENT_RENDERS)),
+            pages: Mutex::default(),
+            renders_done,
             buffers: Arc::default(),
         }
     }
@@ -168,35 +238,80 @@ impl Exposition {
         self.exported.push(source);
     }
 
-    /// Waits for one of the [`CONCURRENT_RENDERS`] render slots; hold it while rendering.
-    pub async fn render_slot(&self) -> tokio::sync::SemaphorePermit<'_> {
+    /// Waits for one of the [`CONCURRENT_RENDERS`] render slots of `port`; hold it while
+    /// rendering.
+    pub async fn render_slot(&self, port: Port) -> tokio::sync::SemaphorePermit<'_> {
         // The semaphore is never closed, so `acquire` cannot fail; `forget`-free fallback anyway.
         loop {
-            if let Ok(permit) = self.renders.acquire().await {
+            if let Ok(permit) = self.renders[slot_index(port)].acquire().await {
                 return permit;
             }
         }
     }
 
+    /// The kept families of `format` for a scrape that arrived at `asked`, `reports`
+    /// reports applied ([`Page::answers`]), shared.
+    pub fn shared_families(&self, format: Format, reports: u64, asked: Instant) -> Option<bytes::Bytes> {
+        let pages = self.pages.lock().unwrap_or_else(|p| p.into_inner());
+        pages[format.index()].as_ref().filter(|page| page.answers(reports, asked)).map(|page| page.body.clone())
+    }
+
+    /// Renders the node's families in `format` and keeps them for the scrapes that
+    /// follow; `reports`: the reports applied before the render began.
+    pub fn render_families(&self, format: Format, reports: u64) -> Result<bytes::Bytes, fmt::Error> {
+        let started = Instant::now();
+        let mut families = Rendered { text: self.buffers.take(), buffers: self.buffers.clone() };
+        self.write_families(format, &mut families.text)?;
+        let body = families.into_body();
+        self.renders_done.inc();
+        let mut pages = self.pages.lock().unwrap_or_else(|p| p.into_inner());
+        let newer = pages[format.index()].as_ref().is_some_and(|kept| kept.started > started);
+        if !newer {
+            pages[format.index()] = Some(Page { reports, started, body: body.clone() });
+        }
+        Ok(body)
+    }
+
+    /// The agent's own metrics in `format`, the part of the page before the families: a
+    /// copy of its exact size (a few kilobytes, one per response waiting to be sent), the
+    /// buffer written given back at once.
+    pub fn own_metrics(&self, format: Format) -> Result<bytes::Bytes, fmt::Error> {
+        let mut own = Rendered { text: self.buffers.take(), buffers: self.buffers.clone() };
+        self.write_own(format, &mut own.text)?;
+        Ok(bytes::Bytes::copy_from_slice(own.text.as_bytes()))
+    }
+
+    /// The whole page: the agent's own metrics, then the node's families.
     pub fn render(&self, format: Format) -> Result<Rendered, fmt::Error> {
         let mut page = Rendered { text: self.buffers.take(), buffers: self.buffers.clone() };
+        self.write_own(format, &mut page.text)?;
+        self.write_families(format, &mut page.text)?;
+        Ok(page)
+    }
+
+    fn write_own(&self, format: Format, out: &mut String) -> fmt::Result {
         match format {
-            Format::OpenMetrics => own_metrics::encode_registry(&mut page.text, &self.registry)?,
+            Format::OpenMetrics => own_metrics::encode_registry(out, &self.registry),
             Format::Classic => {
                 let mut open = self.buffers.take();
                 own_metrics::encode_registry(&mut open, &self.registry)?;
-                write_classic(&open, &mut page.text);
+                write_classic(&open, out);
                 self.buffers.give(open);
+                Ok(())
             }
         }
-        let mut encoder = text::TextEncoder::new(&mut page.text, format);
+    }
+
+    /// The sources' families, and the end of an OpenMetrics page.
+    fn write_families(&self, format: Format, out: &mut String) -> fmt::Result {
+        let mut encoder = text::TextEncoder::new(out, format);
         for source in &self.exported {
             source.export(&mut encoder)?;
         }
         if format == Format::OpenMetrics {
-            own_metrics::encode_eof(&mut page.text)?;
+            own_metrics::encode_eof(out)?;
         }
-        Ok(page)
+        Ok(())
     }
 }
 

@@ -30,6 +30,9 @@ fn the_flavor_gives_the_defaults_and_every_shared_flag_its_variable() {
     assert_eq!(flags.http.http_max_connections, 7);
     assert_eq!(flags.http.http_max_connections_per_peer, 3);
     assert_eq!(flags.http.http_header_timeout, Duration::from_secs(5));
+    assert_eq!(flags.http.http_write_timeout, Duration::from_secs(10));
+    assert_eq!((flags.http.http_max_unsent_bytes, flags.http.http_max_unsent_bytes_per_peer), (32 << 20, 8 << 20));
+    assert_eq!(flags.http.http_send_buffer_bytes, 128 << 10);
     assert_eq!(flags.log.log, "info");
     assert!(flags.http.auth_options().is_none());
 
@@ -49,6 +52,10 @@ fn flags_build_the_settings_and_keep_their_rules() {
         "--listen=127.0.0.1:1",
         "--http-header-timeout=200ms",
         "--http-max-connections-per-peer=2",
+        "--http-write-timeout=3s",
+        "--http-max-unsent-bytes=1048576",
+        "--http-max-unsent-bytes-per-peer=65536",
+        "--http-send-buffer-bytes=8192",
         "--tls-cert-file=c",
         "--tls-key-file=k",
         "--metrics-auth=true",
@@ -60,6 +67,9 @@ fn flags_build_the_settings_and_keep_their_rules() {
     assert_eq!(settings.limits.header_timeout, Duration::from_millis(200));
     assert_eq!((settings.limits.max_connections, settings.limits.max_connections_per_peer), (7, 2));
     assert_eq!(settings.limits.for_probes().max_connections_per_peer, 2, "the smaller of the two");
+    assert_eq!(settings.limits.write_timeout, Duration::from_secs(3));
+    assert_eq!((settings.limits.max_unsent_bytes, settings.limits.max_unsent_bytes_per_peer), (1 << 20, 64 << 10));
+    assert_eq!(settings.limits.send_buffer_bytes, 8192);
     assert!(settings.tls.is_some());
     assert_eq!(flags.http.auth_options().expect("auth").audiences, ["a", "b"]);
     // Token checks need HTTPS; a certificate needs its key.
@@ -67,6 +77,7 @@ fn flags_build_the_settings_and_keep_their_rules() {
     assert!(parse(&["test", "--tls-cert-file=c"]).is_err());
     assert!(parse(&["test", "--http-max-connections=0"]).is_err());
     assert!(parse(&["test", "--http-max-connections-per-peer=0"]).is_err());
+    assert!(parse(&["test", "--http-max-unsent-bytes=1000"]).is_err(), "below the least budget");
     // The token-free port needs its certificate and key, and they need it.
     assert!(parse(&["test", "--tokenless-listen=127.0.0.1:2"]).is_err());
     assert!(parse(&["test", "--tokenless-tls-cert-file=c", "--tokenless-tls-key-file=k"]).is_err());

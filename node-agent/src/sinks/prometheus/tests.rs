@@ -528,3 +528,33 @@ fn each_series_carries_its_own_hosts_labels() {
         .collect();
     assert_eq!(ids, ["i-a", "i-b", "i-b", "i-a", "i-b", "i-a", "i-a", "i-b"]);
 }
+
+/// Kept families answer the scrapes that arrived before their render began (they waited
+/// for a slot), as the same bytes, not a copy; not those of another format, nor a scrape
+/// that saw a report their render had not. The page of the routes is the agent's own
+/// metrics, then the families: the whole page's text.
+#[test]
+fn kept_families_are_shared_with_the_scrapes_they_answer() {
+    let exposition = exposition(&[fixture(TRN1N_32)]);
+    let asked = Instant::now();
+    let rendered = exposition.render_families(Format::Classic, 5).unwrap();
+    let shared = exposition.shared_families(Format::Classic, 5, asked).expect("rendered since the scrape asked");
+    assert_eq!((shared.as_ptr(), shared.len()), (rendered.as_ptr(), rendered.len()), "shared, not copied");
+    assert!(exposition.shared_families(Format::OpenMetrics, 5, asked).is_none(), "another format");
+    let after_a_report = Instant::now();
+    assert!(exposition.shared_families(Format::Classic, 6, after_a_report).is_none(), "a report since their render");
+    // The next render takes their place.
+    let later = exposition.render_families(Format::Classic, 6).unwrap();
+    let kept = exposition.shared_families(Format::Classic, 6, after_a_report).expect("the later render");
+    assert_eq!(kept.as_ptr(), later.as_ptr());
+
+    for format in [Format::Classic, Format::OpenMetrics] {
+        let parts = [exposition.own_metrics(format).unwrap(), exposition.render_families(format, 6).unwrap()].concat();
+        let whole = exposition.render(format).unwrap();
+        // The renders' own count moved by one between the two.
+        let without_renders = |text: &str| {
+            text.lines().filter(|l| !l.starts_with("neuron_agent_metrics_renders")).collect::<Vec<_>>().join("\n")
+        };
+        assert_eq!(without_renders(std::str::from_utf8(&parts).unwrap()), without_renders(&whole), "{format:?}");
+    }
+}
