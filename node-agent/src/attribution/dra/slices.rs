@@ -24,7 +24,7 @@ use super::{
     report_unresolved, DeviceTable, Driver, Neuron, Slice, MAX_NAME_BYTES,
 };
 use crate::{
-    attribution::{gpus::GpuHolding, podresources::SharedDevices, AttributionMetrics, DriverLabel},
+    attribution::{bad_items::BadItemLog, gpus::GpuHolding, podresources::SharedDevices, AttributionMetrics, DriverLabel},
     kubernetes::Watch,
 };
 
@@ -181,6 +181,7 @@ impl SliceWatcher {
         let mut events = std::pin::pin!(watch.events(api, shutdown));
         info!(node = %self.node, "this node's ResourceSlices are needed (DRA claims, no Neuron device of a device \
                plugin, or DeviceTaintRules): watching them");
+        let log = BadItemLog::default();
         let mut listing: BTreeMap<String, Summary> = BTreeMap::new();
         // `None` until the first listing is done.
         let mut slices: Option<BTreeMap<String, Summary>> = None;
@@ -202,13 +203,13 @@ impl SliceWatcher {
                 Event::Delete(s) => slices.as_mut().map(|known| known.remove(&s.name_any())).is_some(),
             };
             if let (true, Some(slices)) = (changed, &slices) {
-                self.publish(slices);
+                self.publish(slices, &log);
             }
         }
     }
 
     /// Each driver's table to its users (the GPUs' is read at the kubelet's next answer).
-    fn publish(&self, slices: &BTreeMap<String, Summary>) {
+    fn publish(&self, slices: &BTreeMap<String, Summary>, log: &BadItemLog) {
         let neuron = slices.values().filter_map(|s| if let Summary::Neuron(s) = s { Some(s) } else { None });
         let efa = slices.values().filter_map(|s| if let Summary::Efa(s) = s { Some(s) } else { None });
         let nvidia = slices.values().filter_map(|s| if let Summary::Nvidia(s) = s { Some(s) } else { None });
@@ -223,8 +224,8 @@ impl SliceWatcher {
         let unresolvable = devices.set_dra_devices(neuron);
         let efa_unresolvable = devices.set_efa_dra_devices(efa);
         drop(devices);
-        report_unresolved(&unresolvable, Neuron::NAME, &self.metrics);
-        report_unresolved(&efa_unresolvable, Efa::NAME, &self.metrics);
+        report_unresolved(&unresolvable, Neuron::NAME, &self.metrics, log);
+        report_unresolved(&efa_unresolvable, Efa::NAME, &self.metrics, log);
     }
 }
 
