@@ -145,6 +145,7 @@ pub struct AttributionMetrics {
     pub dra_unresolved: Family<ReasonLabel, Counter>,
     pub dra_devices: Family<DriverLabel, Gauge>,
     pub slice_watch_errors: Counter,
+    pub slices_left_out: Counter,
 }
 
 impl AttributionMetrics {
@@ -247,6 +248,12 @@ impl AttributionMetrics {
             "resourceslice_watch_errors",
             "Errors of the watch of this node's ResourceSlices",
             m.slice_watch_errors.clone(),
+        );
+        r.register(
+            "resourceslices_left_out",
+            "ResourceSlices of the read drivers left out past the bounds of one pool (8) or one driver (32), or \
+             pushed out by a slice of a pool or device the kubelet's claims name",
+            m.slices_left_out.clone(),
         );
         m
     }

@@ -1,16 +1,17 @@
 //! Hostile inputs of pod attribution against the real agent binary (issue 41): a
-//! pod-resources answer whose lists have no end, from the test kubelet server. Pods are
-//! Pod objects of the real test API server (`neuron-e2e`'s control plane), as in
-//! `attribution.rs`.
+//! pod-resources answer whose lists have no end, from the test kubelet server; decoy
+//! ResourceSlices in the real test API server. Pods are Pod objects of that API server
+//! (`neuron-e2e`'s control plane), as in `attribution.rs`.
 
 mod support;
 
 use std::{collections::BTreeMap, ffi::OsStr, path::Path, time::Duration};
 
+use kube::api::{DeleteParams, ListParams};
 use neuron_e2e::{random_u32, ControlPlane};
 use neuron_node_agent::attribution::podresources::{proto::ContainerDevices, EFA, NEURON, NEURONCORE, NEURONDEVICE};
 use support::{
-    kubelet::{container_id, holding, running_pod, FakeProc, PodResourcesServer},
+    kubelet::{claiming, container_id, create_slice, holding, running_pod, FakeProc, PodResourcesServer},
     Agent, Metrics, TempDir,
 };
 
@@ -117,4 +118,78 @@ fn a_hostile_pod_resources_answer_is_cut_counted_and_logged_in_a_few_short_lines
     assert!(logged.len() < 16 * 1024 && longest < 2048, "{} bytes, longest line {longest}", logged.len());
     let bad_ids = logged.lines().filter(|l| l.contains("not Neuron indices")).collect::<Vec<_>>();
     assert!(!bad_ids.is_empty() && bad_ids.iter().all(|l| l.contains("count=1024")), "{logged}");
+}
+
+/// Issue 41, item 6: 64 decoy ResourceSlices of NVIDIA's driver for the node (more than
+/// the agent kept of every driver together before), present when the agent lists the
+/// slices: 40 of pools of their own, 16 of the node's pool at an older generation (stale),
+/// 8 of the node's pool at the real slice's generation, naming devices no claim does. The
+/// real slice's name sorts after all of theirs (a listing gives it last); its pool is the
+/// one the claim names, so none of them pushes it out: the claimed GPU keeps its pod.
+#[test]
+fn decoy_resource_slices_do_not_push_out_the_pool_a_claim_names() {
+    let rt = runtime();
+    let cp = ControlPlane::shared();
+    let node = format!("gpu-decoys-{:08x}", random_u32());
+    let ns = rt.block_on(cp.namespace("attr-decoys"));
+    let client = rt.block_on(cp.client());
+    rt.block_on(running_pod(&client, &ns, "dra-train", &node, "main", &container_id(0xe2)));
+    let proc = FakeProc::new();
+    let dir = TempDir::new("kubelet-decoys");
+    let config = dir.path().join("nvml.yaml");
+    std::fs::write(&config, "instance_type: g5.12xlarge\n").expect("write the fake NVML configuration");
+    let kubelet = PodResourcesServer::start(&dir.path().join("kubelet.sock"));
+    let library = neuron_e2e::workspace_bin("libnvidia_ml_fake.so");
+    let mut args = node_args(&node, &proc, &kubelet.socket);
+    args.extend(["--nvml-library".to_owned(), path(&library)]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let env = [("KUBECONFIG", OsStr::new(&cp.kubeconfig)), ("FAKE_NVML_CONFIG", config.as_os_str())];
+    // A GPU-only node: no neuron-monitor is started, so none is needed.
+    let agent = Agent::start_with_env("/nonexistent/neuron-monitor", &[], &args, &env);
+
+    const FIELD: &str = "DCGM_FI_DEV_GPU_TEMP";
+    let uuids: Vec<String> = agent.wait_for("the GPUs collected", Duration::from_secs(30), |m| {
+        let uuid = |gpu: u32| m.find(FIELD, &[("gpu", &gpu.to_string())]).first()?.labels.get("UUID").cloned();
+        (0..4).map(uuid).collect()
+    });
+    let gpu = |name: &str, uuid: &str| serde_json::json!({"name": name, "attributes": {"type": {"string": "gpu"}, "uuid": {"string": uuid}}});
+    let decoy = |n: usize, pool: &str, generation: i64, device: serde_json::Value| {
+        serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": format!("{node}-decoy-{n:02}")},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                     "pool": {"name": pool, "generation": generation, "resourceSliceCount": 1},
+                     "devices": [device]}
+        })
+    };
+    let decoys = (0..64).map(|n| match n {
+        // Pools of their own: the same device name, another GPU.
+        0..40 => decoy(n, &format!("decoy-pool-{n:02}"), 1, gpu("gpu-0", &uuids[3])),
+        // The node's pool at an older generation: stale.
+        40..56 => decoy(n, &node, 0, gpu("gpu-0", &uuids[3])),
+        // The node's pool at the real generation, devices no claim names.
+        _ => decoy(n, &node, 1, gpu(&format!("decoy-{n}"), &uuids[2])),
+    });
+    let (slices, _) = rt.block_on(async {
+        for slice in decoys {
+            let slice: kube::api::DynamicObject = serde_json::from_value(slice).expect("a ResourceSlice");
+            let api = support::kubelet::resource_slices(&client);
+            api.create(&Default::default(), &slice).await.expect("create a decoy slice");
+        }
+        let real = (0..4).map(|i| gpu(&format!("gpu-{i}"), &uuids[i])).collect();
+        create_slice(&client, &node, "gpu.nvidia.com", real).await
+    });
+    // The kubelet lists the claim of gpu-0 of the node's pool: the slices are listed now.
+    kubelet.set(vec![claiming(&ns, "dra-train", "main", "whole", ("gpu.nvidia.com", &node), &["gpu-0"])]);
+    let polls = kubelet.calls.load(std::sync::atomic::Ordering::Relaxed);
+    let m = agent.wait_for("the claimed GPU attributed", Duration::from_secs(30), |m| {
+        let held = m.find(FIELD, &[("gpu", "0"), ("pod", "dra-train")]).len() == 1;
+        let settled = kubelet.calls.load(std::sync::atomic::Ordering::Relaxed) >= polls + 4;
+        (held && settled).then(|| m.clone())
+    });
+    assert_eq!(m.find(FIELD, &[("gpu", "3"), ("pod", "dra-train")]).len(), 0, "no decoy's device");
+    assert_eq!(m.value("neuron_agent_dra_devices_unresolved_total", &[("reason", "unknown_device")]), None);
+    assert!(m.value("neuron_agent_resourceslices_left_out_total", &[]).is_some_and(|n| n > 0.0), "{}", m.text);
+    let selector = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    rt.block_on(slices.delete_collection(&DeleteParams::default(), &selector)).expect("delete the slices");
 }

@@ -26,6 +26,7 @@ use tracing::{debug, info, warn};
 use self::answer::{Bounded, BoundedCodec, Cuts, List};
 use super::{
     bad_items::BadItemLog,
+    dra::slices::{claimed_names, ClaimedNames},
     dra::{
         self,
         efa::{Efa, NetDevice},
@@ -613,6 +614,9 @@ pub struct KubeletPoller {
     /// Set once an answer lists DRA claims of Neuron or EFA devices or GPUs: this node's
     /// ResourceSlices are then watched ([`dra::slices`]), and only then.
     pub dra_wanted: tokio::sync::watch::Sender<bool>,
+    /// The devices the claims of the latest answer name (sent before `dra_wanted` is set):
+    /// the slices that publish them are kept first.
+    pub claimed: tokio::sync::watch::Sender<Arc<ClaimedNames>>,
     pub metrics: AttributionMetrics,
 }
 
@@ -711,6 +715,8 @@ impl KubeletPoller {
         dra::report_unresolved(&unresolvable, Neuron::NAME, &self.metrics, &told.unresolved_log);
         dra::report_unresolved(&efa_unresolvable, Efa::NAME, &self.metrics, &told.unresolved_log);
         let gpu_claims = self.gpus.refresh(&response, &mut told.gpu_ids);
+        let names = Arc::new(claimed_names(&response));
+        self.claimed.send_if_modified(|known| std::mem::replace(known, names.clone()) != names);
         if claims || gpu_claims || dra_node {
             self.dra_wanted.send_if_modified(|wanted| !std::mem::replace(wanted, true));
         }

@@ -497,10 +497,8 @@ pub async fn create_slice(
     driver: &str,
     devices: Vec<serde_json::Value>,
 ) -> (kube::Api<kube::api::DynamicObject>, kube::api::DynamicObject) {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
-    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
-    let slices: kube::Api<DynamicObject> =
-        kube::Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, "resourceslices"));
+    use kube::api::{DynamicObject, PostParams};
+    let slices = resource_slices(client);
     let slice: DynamicObject = serde_json::from_value(serde_json::json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
         "metadata": {"name": format!("{node}-{driver}")},
@@ -512,4 +510,12 @@ pub async fn create_slice(
     let created =
         slices.create(&PostParams::default(), &slice).await.expect("the API server serves resource.k8s.io/v1");
     (slices, created)
+}
+
+/// The API of `resource.k8s.io/v1` ResourceSlices (dynamic objects: the `k8s-openapi`
+/// feature the workspace builds has no such type).
+pub fn resource_slices(client: &kube::Client) -> kube::Api<kube::api::DynamicObject> {
+    use kube::api::{ApiResource, GroupVersionKind};
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
+    kube::Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, "resourceslices"))
 }
