@@ -162,6 +162,40 @@ pub const MAX_SECRET_NAME_BYTES: usize = 253;
 /// the keys of later routes off and counting them.
 pub const MAX_EXTRA_LABELS_PER_SERIES: usize = 32;
 
+// --- The kubelet's pod-resources answer, as the node agent reads it -------------------
+// The agent decodes each answer itself (`node-agent/src/attribution/podresources/answer.rs`,
+// the one place these bounds apply): what it does not read (other resources, other DRA
+// drivers, CDI devices, topology, CPU and memory lists) is skipped as it is decoded, and
+// a pod, container, resource or claim is kept only while it holds a kept device, so the
+// bounds on devices bound everything kept. What is cut is counted
+// (`neuron_agent_kubelet_entries_cut_total{list}`). The answer itself is at most 16 MiB.
+
+/// Device ids of one kind (Neuron: `aws.amazon.com/neuroncore`, `neurondevice`, `neuron`;
+/// EFA; NVIDIA GPUs) kept from one answer, and separately the DRA claims' devices of one
+/// read driver. A node has at most 64 Neuron devices and 512 cores, 32 EFA devices, 64
+/// GPUs (a time-sliced GPU listed once per replica a pod holds); 1,024 was already the cap
+/// of the EFA, NVIDIA and claimed-device lists. Without it, 2.5 M ids of one container took
+/// the agent from 47 to 227 MB and every poll past its time limit.
+pub const MAX_POD_RESOURCES_DEVICES_PER_KIND: usize = 1024;
+
+/// Bytes of one string of an answer (a name, an id). The longest legitimate ones are DNS
+/// subdomains (pod and claim names, pools: 253 bytes); a longer string is kept as its
+/// first 257 bytes, so that every later check of its length still refuses it.
+pub const MAX_POD_RESOURCES_STRING_BYTES: usize = 256;
+
+// --- Log lines about bad input -----------------------------------------------------------
+
+/// Bad items (ids, claimed devices) a log line names, and the bytes each is cut to: the
+/// line says how many there were, and these few show what they look like. Before, one
+/// answer of 1.2 M bad ids made one 44 MB line.
+pub const MAX_LOGGED_ITEMS: usize = 5;
+pub const MAX_LOGGED_ITEM_BYTES: usize = 96;
+
+/// Such lines of one kind per [`BAD_INPUT_LOG_PERIOD_SECONDS`]; the next line says how many
+/// were left out meanwhile. Before, ids changing at every poll wrote 430 MB of log in 15 s.
+pub const MAX_BAD_INPUT_LOG_LINES: u32 = 5;
+pub const BAD_INPUT_LOG_PERIOD_SECONDS: u64 = 300;
+
 // --- Neuron hardware health, as the node agent reads it ---------------------------------
 // Device indices of the driver's sysfs tree and of kernel-log records are bounded by
 // [`MAX_NEURON_DEVICES`], per-device core directories by [`MAX_NEURONCORES_PER_DEVICE`].

@@ -20,6 +20,7 @@
 //! [`sources`] sets it up on a node: the caches, and the tasks that feed them.
 
 pub mod allocation;
+pub mod bad_items;
 pub mod cgroup;
 pub mod dra;
 pub mod ecs;
@@ -116,6 +117,12 @@ pub struct DriverLabel {
     pub driver: &'static str,
 }
 
+/// The list of the kubelet's answers entries were cut from (`neuron_agent_kubelet_entries_cut_total`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ListLabel {
+    pub list: &'static str,
+}
+
 /// The attribution's own metrics; cloning shares them.
 #[derive(Clone, Debug, Default)]
 pub struct AttributionMetrics {
@@ -127,6 +134,8 @@ pub struct AttributionMetrics {
     pub kubelet_up: Gauge,
     pub kubelet_last_success: Gauge<f64, AtomicU64>,
     pub kubelet_requests: Family<ResultLabel, Counter>,
+    pub kubelet_entries_cut: Family<ListLabel, Counter>,
+    pub kubelet_ids_unreadable: Gauge,
     pub pods: Gauge,
     pub pod_watch_errors: Counter,
     pub ecs_requests: Family<ResultLabel, Counter>,
@@ -136,6 +145,7 @@ pub struct AttributionMetrics {
     pub dra_unresolved: Family<ReasonLabel, Counter>,
     pub dra_devices: Family<DriverLabel, Gauge>,
     pub slice_watch_errors: Counter,
+    pub slices_left_out: Counter,
 }
 
 impl AttributionMetrics {
@@ -184,6 +194,22 @@ impl AttributionMetrics {
             "Calls to the kubelet's pod-resources API, by result (ok, error, timeout)",
             m.kubelet_requests.clone(),
         );
+        for list in podresources::answer::List::ALL {
+            drop(m.kubelet_entries_cut.get_or_create(&ListLabel { list: list.as_str() }));
+        }
+        r.register(
+            "kubelet_entries_cut",
+            "Entries of the kubelet's pod-resources answers left out past their bounds, by list: device_ids (a device \
+             plugin's, past 1,024 of one kind: Neuron, EFA, NVIDIA), claimed_devices (the DRA claims' of one driver, \
+             past 1,024), strings (cut to 256 bytes, kept)",
+            m.kubelet_entries_cut.clone(),
+        );
+        r.register(
+            "kubelet_device_ids_unreadable",
+            "Neuron and EFA device ids of the kubelet's latest answer that are no Neuron index or EFA device name \
+             (ignored)",
+            m.kubelet_ids_unreadable.clone(),
+        );
         r.register("pods", "Running pods of this node known to the pod watch", m.pods.clone());
         r.register("pod_watch_errors", "Errors of the watch of this node's pods", m.pod_watch_errors.clone());
         r.register(
@@ -222,6 +248,12 @@ impl AttributionMetrics {
             "resourceslice_watch_errors",
             "Errors of the watch of this node's ResourceSlices",
             m.slice_watch_errors.clone(),
+        );
+        r.register(
+            "resourceslices_left_out",
+            "ResourceSlices of the read drivers left out past the bounds of one pool (8) or one driver (32), or \
+             pushed out by a slice of a pool or device the kubelet's claims name",
+            m.slices_left_out.clone(),
         );
         m
     }

@@ -13,8 +13,9 @@ pub mod processes;
 pub mod xid;
 
 use std::{
-    collections::BTreeMap,
+    collections::{hash_map::Entry, BTreeMap, HashMap, HashSet},
     fmt,
+    hash::Hash,
     sync::{atomic::AtomicU64, Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -142,7 +143,8 @@ impl GpuValues {
     }
 }
 
-/// A compute process on a GPU.
+/// A compute process on a GPU (of one MIG GPU instance: NVML's listings of it in each
+/// compute instance are one, [`merge_processes`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GpuProcess {
     pub pid: u32,
@@ -153,6 +155,53 @@ pub struct GpuProcess {
     /// Percent of the driver's latest utilization sample (at most 100); `None` where NVML
     /// has no sample of the process since the previous collection.
     pub sm_utilization: Option<u32>,
+}
+
+/// NVML lists a process once per MIG compute instance it runs in (and an odd driver may
+/// list one twice): one entry per (GPU instance, PID) is kept, in the order first listed,
+/// with the memory of its listings summed (what dcgm-exporter's labels can tell apart: a
+/// GPU instance, no compute instance) and the highest utilization (NVML samples it per
+/// PID: the same). Returns how many listings were folded into an earlier one.
+pub fn merge_processes(processes: &mut Vec<GpuProcess>) -> usize {
+    let listed = processes.len();
+    let mut first: HashMap<(u32, Option<u32>), usize> = HashMap::with_capacity(listed);
+    let mut merged: Vec<GpuProcess> = Vec::with_capacity(listed);
+    for p in processes.drain(..) {
+        match first.entry((p.pid, p.gpu_instance_id)) {
+            Entry::Vacant(e) => {
+                e.insert(merged.len());
+                merged.push(p);
+            }
+            Entry::Occupied(e) => {
+                let kept = &mut merged[*e.get()];
+                kept.used_memory_bytes = match (kept.used_memory_bytes, p.used_memory_bytes) {
+                    (Some(a), Some(b)) => Some(a.saturating_add(b)),
+                    (a, b) => a.or(b),
+                };
+                kept.sm_utilization = kept.sm_utilization.max(p.sm_utilization);
+            }
+        }
+    }
+    *processes = merged;
+    listed - processes.len()
+}
+
+/// Which of `items` are the first of their `key` (the others would be a second series of
+/// the same name and labels): the last guard of the GPU series on `/metrics`.
+pub(crate) fn firsts<'a, T, K: Hash + Eq>(items: &'a [T], key: impl Fn(&'a T) -> K) -> Vec<bool> {
+    let mut seen = HashSet::with_capacity(items.len());
+    items.iter().map(|item| seen.insert(key(item))).collect()
+}
+
+/// `items` without those that are not the first of their key (`firsts`), counted in
+/// `dropped`.
+pub(crate) fn keep_firsts<T>(items: Vec<T>, firsts: Vec<bool>, dropped: &Counter) -> Vec<T> {
+    let duplicates = firsts.iter().filter(|first| !**first).count();
+    if duplicates == 0 {
+        return items;
+    }
+    dropped.inc_by(duplicates as u64);
+    items.into_iter().zip(firsts).filter_map(|(item, first)| first.then_some(item)).collect()
 }
 
 /// A MIG GPU instance of a GPU in MIG mode.
@@ -192,6 +241,9 @@ pub struct GpuSnapshot {
     pub off: bool,
     /// The groups this collection read: the only ones exported.
     pub groups: GpuGroups,
+    /// Counts the series the encoders leave out as duplicates of another
+    /// (`neuron_agent_gpu_duplicate_series_total`, the reader's counter).
+    pub duplicate_series: Counter,
 }
 
 impl GpuSnapshot {
@@ -348,6 +400,8 @@ pub struct GpuMetrics {
     pub gpus: Gauge,
     pub collections: Counter,
     pub stuck: Gauge,
+    pub processes_merged: Counter,
+    pub duplicate_series: Counter,
 }
 
 impl GpuMetrics {
@@ -366,6 +420,18 @@ impl GpuMetrics {
             "collection_stuck",
             "1 while a collection has not returned after its timeout (a hung driver call): the GPUs are unknown",
             m.stuck.clone(),
+        );
+        r.register(
+            "processes_merged",
+            "NVML listings of a GPU process folded into another of the same GPU instance and PID (one per MIG compute \
+             instance past the first, memory summed; or listed twice by the driver)",
+            m.processes_merged.clone(),
+        );
+        r.register(
+            "duplicate_series",
+            "GPU series left out of /metrics or a sink's request as the duplicate of another of the same name and \
+             labels (never expected: the collection merges NVML's duplicates)",
+            m.duplicate_series.clone(),
         );
         m
     }
@@ -512,6 +578,43 @@ mod tests {
         assert!(!source.collected());
         tx.send_replace(Arc::new(GpuSnapshot { off: true, ..GpuSnapshot::default() }));
         assert!(source.collected());
+    }
+
+    #[test]
+    fn a_process_listed_per_compute_instance_is_one_per_gpu_instance_with_its_memory_summed() {
+        let listing = |pid, gpu_instance_id, mib: Option<u64>, sm_utilization| GpuProcess {
+            pid,
+            used_memory_bytes: mib.map(|m| m << 20),
+            gpu_instance_id,
+            sm_utilization,
+        };
+        let mut processes = vec![
+            listing(7, Some(1), Some(1000), Some(30)),
+            listing(8, Some(1), Some(10), None),
+            listing(7, Some(1), Some(500), None),
+            listing(7, Some(2), Some(1), None),
+            listing(9, None, None, None),
+            listing(9, None, Some(4), Some(5)),
+        ];
+        assert_eq!(merge_processes(&mut processes), 2);
+        assert_eq!(
+            processes,
+            vec![
+                listing(7, Some(1), Some(1500), Some(30)),
+                listing(8, Some(1), Some(10), None),
+                listing(7, Some(2), Some(1), None),
+                listing(9, None, Some(4), Some(5)),
+            ]
+        );
+    }
+
+    #[test]
+    fn only_the_first_of_a_key_is_kept_and_the_others_counted() {
+        let items = vec![("a", 1), ("b", 2), ("a", 3), ("a", 4)];
+        let firsts = firsts(&items, |(key, _)| *key);
+        let dropped = Counter::default();
+        assert_eq!(keep_firsts(items, firsts, &dropped), vec![("a", 1), ("b", 2)]);
+        assert_eq!(dropped.get(), 2);
     }
 
     #[test]

@@ -403,6 +403,7 @@ fn the_last_known_mapping_outlives_the_kubelet_for_a_bounded_time() {
         devices: devices.clone(),
         gpus: GpuHolding::new(Arc::new(RwLock::new(pods)), metrics.clone()),
         dra_wanted: tokio::sync::watch::Sender::new(false),
+        claimed: tokio::sync::watch::Sender::new(Arc::default()),
         metrics: metrics.clone(),
     };
     let (_collections, snapshot) = tokio::sync::watch::channel(Arc::new(GpuSnapshot::default()));

@@ -24,17 +24,16 @@ use std::{
     sync::Arc,
 };
 
-use api::{
-    hardware::{NEURON_DRA_DEVICE_ID, NEURON_DRA_DEVICE_TYPE, NEURON_DRA_DRIVER, NEURON_DRA_RESOURCE_TYPE},
-    limits::MAX_NEURON_DEVICES,
-};
-use tracing::warn;
-
 use super::{
+    bad_items::BadItemLog,
     podresources::{proto, Allocation, Unit},
     AttributionMetrics,
 };
 use crate::{state::PodRef, telemetry::ReasonLabel};
+use api::{
+    hardware::{NEURON_DRA_DEVICE_ID, NEURON_DRA_DEVICE_TYPE, NEURON_DRA_DRIVER, NEURON_DRA_RESOURCE_TYPE},
+    limits::MAX_NEURON_DEVICES,
+};
 
 /// One attribute of a published device: its name, integer value and string value (the
 /// other kinds are not read).
@@ -73,11 +72,9 @@ impl Driver for Neuron {
 pub const CLAIM_NAMESPACE_LABEL: &str = "dra_claim_namespace";
 pub const CLAIM_NAME_LABEL: &str = "dra_claim_name";
 
-/// Claimed devices of one driver kept from one answer (a node has at most 64 Neuron
-/// devices or GPUs; a claim shared by many pods lists them once per container).
-pub const MAX_CLAIMED_DEVICES: usize = 1024;
 /// Bytes of a claim's namespace or name, a pool's or a device's name (the API's bound:
-/// a DNS subdomain); longer ones are malformed.
+/// a DNS subdomain); longer ones are malformed. (How many claimed devices an answer gives,
+/// and how long a string of it is, the answer's reading bounds: [`super::podresources::answer`].)
 const MAX_NAME_BYTES: usize = 253;
 
 /// A ResourceClaim's identity.
@@ -96,7 +93,7 @@ pub struct ClaimedDevice {
     pub claim: Arc<Claim>,
     pub pool: String,
     pub device: String,
-    /// A name was empty or over [`MAX_NAME_BYTES`] (cut to it here).
+    /// A name was empty or over [`MAX_NAME_BYTES`].
     pub malformed: bool,
 }
 
@@ -142,34 +139,31 @@ impl Unresolvable {
     }
 }
 
-/// `name` cut to [`MAX_NAME_BYTES`]; `true` where it was empty or cut.
-fn bounded(name: &str) -> (String, bool) {
-    let cut = &name[..name.floor_char_boundary(MAX_NAME_BYTES)];
-    (cut.to_owned(), name.is_empty() || cut.len() < name.len())
+/// Whether `name` cannot be a claim's, pool's or device's name: empty, or over
+/// [`MAX_NAME_BYTES`].
+fn malformed(name: &str) -> bool {
+    name.is_empty() || name.len() > MAX_NAME_BYTES
 }
 
 /// The devices of `driver` the claims of a `List` answer hold (other drivers' are not
-/// read), in answer order, at most [`MAX_CLAIMED_DEVICES`].
+/// read), in answer order (as many as the answer's reading kept).
 pub fn claimed_devices(response: &proto::ListPodResourcesResponse, driver: &str) -> Vec<ClaimedDevice> {
     let mut out = Vec::new();
     for pod in &response.pod_resources {
         for container in &pod.containers {
             for resource in &container.dynamic_resources {
-                let (namespace, bad_namespace) = bounded(&resource.claim_namespace);
-                let (name, bad_name) = bounded(&resource.claim_name);
-                let claim = Arc::new(Claim { namespace, name });
-                let ours = resource.claim_resources.iter().filter(|r| r.driver_name == driver);
-                for device in ours.take(MAX_CLAIMED_DEVICES.saturating_sub(out.len())) {
-                    let (pool, bad_pool) = bounded(&device.pool_name);
-                    let (device, bad_device) = bounded(&device.device_name);
+                let (namespace, name) = (&resource.claim_namespace, &resource.claim_name);
+                let bad_claim = malformed(namespace) || malformed(name);
+                let claim = Arc::new(Claim { namespace: namespace.clone(), name: name.clone() });
+                for device in resource.claim_resources.iter().filter(|r| r.driver_name == driver) {
                     out.push(ClaimedDevice {
                         namespace: pod.namespace.clone(),
                         pod: pod.name.clone(),
                         container: container.name.clone(),
                         claim: claim.clone(),
-                        pool,
-                        device,
-                        malformed: bad_namespace || bad_name || bad_pool || bad_device,
+                        pool: device.pool_name.clone(),
+                        device: device.device_name.clone(),
+                        malformed: bad_claim || malformed(&device.pool_name) || malformed(&device.device_name),
                     });
                 }
             }
@@ -336,24 +330,20 @@ impl UnresolvedLog {
     }
 }
 
-/// Claimed devices named one by one in the log per answer or slice change; the rest are
-/// counted and summed up in one line.
-const MAX_LOGGED_UNRESOLVED: usize = 16;
-
-/// Counts and logs `driver`'s claimed devices newly found unresolvable.
-pub fn report_unresolved(fresh: &[Unresolvable], driver: &str, metrics: &AttributionMetrics) {
+/// Counts `driver`'s claimed devices newly found unresolvable, and logs them in `log`.
+pub fn report_unresolved(fresh: &[Unresolvable], driver: &str, metrics: &AttributionMetrics, log: &BadItemLog) {
     for u in fresh {
         metrics.dra_unresolved.get_or_create(&ReasonLabel { reason: u.reason.as_str() }).inc();
     }
-    if fresh.len() > MAX_LOGGED_UNRESOLVED {
-        warn!(count = fresh.len(), driver, "DRA claims' devices name no device of this node");
-    }
-    for u in fresh.iter().take(MAX_LOGGED_UNRESOLVED) {
-        warn!(claim = %format!("{}/{}", u.claim.namespace, u.claim.name), driver, pool = %u.pool,
-              device = %u.device, reason = u.reason.as_str(),
-              "a DRA claim's device names no device of this node's ResourceSlices (or no GPU of this node); its \
-               series keep the device, without the pod");
-    }
+    let named = fresh.iter().map(|u| {
+        format!("{}/{} {driver} {}/{}: {}", u.claim.namespace, u.claim.name, u.pool, u.device, u.reason.as_str())
+    });
+    log.warn(
+        "DRA claims' devices name no device of this node's ResourceSlices (or no GPU of this node); their series \
+         keep the device, without the pod",
+        fresh.len(),
+        named,
+    );
 }
 
 /// `owner` holding a device through `claim`: its labels name the claim too.

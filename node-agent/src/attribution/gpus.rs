@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::{
+    bad_items::BadItemLog,
     cgroup::Placement,
     dra::{
         self,
@@ -52,14 +53,12 @@ use crate::{
     telemetry::ReasonLabel,
 };
 
-/// Bytes of a device id read (the device plugin's longest, the older MIG form, has 50).
+/// Bytes of a device id of a form the device plugin writes (its longest, the older MIG
+/// form, has 50); longer ones are malformed. (How many ids an answer gives, and how long
+/// a string of it is, the answer's reading bounds: [`super::podresources::answer`].)
 pub const MAX_DEVICE_ID_BYTES: usize = 96;
-/// NVIDIA ids kept from one answer (as many as EFA ids).
-pub const MAX_GPU_ALLOCATIONS: usize = 1024;
 /// Pods credited with one GPU (time-slicing replicas); more are counted `too_many`.
 pub const MAX_HOLDERS_PER_GPU: usize = 64;
-/// Unresolved ids named in one log line.
-const MAX_LOGGED_IDS: usize = 16;
 
 /// The GPU a device id names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,7 +150,7 @@ pub struct GpuAllocation {
     pub pod: String,
     pub container: String,
     pub resource: String,
-    /// As the kubelet gave it, cut past [`MAX_DEVICE_ID_BYTES`] (and then refused).
+    /// As the kubelet gave it.
     pub id: String,
 }
 
@@ -162,31 +161,25 @@ impl GpuAllocation {
     }
 }
 
-/// The NVIDIA allocations of a `List` answer (the first [`MAX_GPU_ALLOCATIONS`]), and
-/// how many were left off.
-pub fn gpu_allocations(response: &ListPodResourcesResponse) -> (Vec<GpuAllocation>, usize) {
+/// The NVIDIA allocations of a `List` answer (as many as the answer's reading kept).
+pub fn gpu_allocations(response: &ListPodResourcesResponse) -> Vec<GpuAllocation> {
     let mut out = Vec::new();
-    let mut left_off = 0;
     for pod in &response.pod_resources {
         for container in &pod.containers {
             for devices in container.devices.iter().filter(|d| is_gpu_resource(&d.resource_name)) {
                 for id in &devices.device_ids {
-                    if out.len() == MAX_GPU_ALLOCATIONS {
-                        left_off += 1;
-                        continue;
-                    }
                     out.push(GpuAllocation {
                         namespace: pod.namespace.clone(),
                         pod: pod.name.clone(),
                         container: container.name.clone(),
                         resource: devices.resource_name.clone(),
-                        id: id[..id.floor_char_boundary(MAX_DEVICE_ID_BYTES + 1)].to_owned(),
+                        id: id.clone(),
                     });
                 }
             }
         }
     }
-    (out, left_off)
+    out
 }
 
 /// Why an NVIDIA id is credited to no GPU; the values of the `reason` label.
@@ -196,7 +189,7 @@ pub enum Unresolved {
     Malformed,
     /// Names no GPU (or MIG instance) of the latest collection.
     UnknownGpu,
-    /// Beyond [`MAX_GPU_ALLOCATIONS`] ids or [`MAX_HOLDERS_PER_GPU`] pods of one GPU.
+    /// Beyond [`MAX_HOLDERS_PER_GPU`] pods of one GPU.
     TooMany,
 }
 
@@ -355,6 +348,9 @@ pub struct GpuHolding {
     holders: SharedGpuHolders,
     claimed: Arc<Mutex<ClaimedGpus>>,
     metrics: AttributionMetrics,
+    /// The logs of the ids credited to no GPU, and of the claimed GPUs unresolvable.
+    ids_log: BadItemLog,
+    claims_log: BadItemLog,
 }
 
 impl GpuHolding {
@@ -365,6 +361,8 @@ impl GpuHolding {
             holders: SharedGpuHolders::default(),
             claimed: Arc::default(),
             metrics,
+            ids_log: BadItemLog::default(),
+            claims_log: BadItemLog::default(),
         }
     }
 
@@ -407,17 +405,14 @@ impl GpuHolding {
             return false;
         };
         let snapshot = snapshot.borrow().clone();
-        let (allocations, left_off) = gpu_allocations(response);
+        let allocations = gpu_allocations(response);
         let claimed = dra::claimed_devices(response, Nvidia::NAME);
         let pods = self.pods.read().unwrap_or_else(|p| p.into_inner());
         let (mut holders, unresolved) = resolve_holders(&allocations, &snapshot, &pods);
         let fresh = self.add_claimed(&claimed, &snapshot, &pods, &mut holders);
         drop(pods);
-        dra::report_unresolved(&fresh, Nvidia::NAME, &self.metrics);
-        let mut now: Vec<(String, Unresolved)> = unresolved.into_iter().map(|(a, r)| (a.describe(), r)).collect();
-        if left_off > 0 {
-            now.push((format!("{left_off} ids past the first {MAX_GPU_ALLOCATIONS}"), Unresolved::TooMany));
-        }
+        dra::report_unresolved(&fresh, Nvidia::NAME, &self.metrics, &self.claims_log);
+        let now: Vec<(String, Unresolved)> = unresolved.into_iter().map(|(a, r)| (a.describe(), r)).collect();
         self.report(now, reported);
         *self.holders.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(holders);
         !claimed.is_empty()
@@ -446,11 +441,8 @@ impl GpuHolding {
         for (_, reason) in &new {
             self.metrics.gpu_ids_unresolved.get_or_create(&ReasonLabel { reason: reason.as_str() }).inc();
         }
-        if !new.is_empty() {
-            let named: Vec<String> =
-                new.iter().take(MAX_LOGGED_IDS).map(|(d, r)| format!("{d} ({})", r.as_str())).collect();
-            warn!(ids = ?named, count = new.len(), "NVIDIA device ids credited to no GPU of this node");
-        }
+        let named = new.iter().map(|(d, r)| format!("{d} ({})", r.as_str()));
+        self.ids_log.warn("NVIDIA device ids credited to no GPU of this node", new.len(), named);
         *reported = now.into_iter().map(|(d, _)| d).collect();
     }
 
@@ -681,8 +673,7 @@ mod tests {
         snapshot: &GpuSnapshot,
         pods: &SharedPods,
     ) -> (GpuHolders, Vec<(String, Unresolved)>) {
-        let (allocations, left_off) = gpu_allocations(answer);
-        assert_eq!(left_off, 0);
+        let allocations = gpu_allocations(answer);
         let index = pods.read().unwrap();
         let (holders, unresolved) = resolve_holders(&allocations, snapshot, &index);
         (holders, unresolved.into_iter().map(|(a, r)| (a.id.clone(), r)).collect())
@@ -751,7 +742,7 @@ mod tests {
     }
 
     #[test]
-    fn what_one_answer_gives_is_bounded() {
+    fn holders_of_one_gpu_and_the_length_of_an_id_are_bounded() {
         let index = pods(&[running(1, "a", "p", "c")]);
         // More replicas of one GPU than pods may hold it.
         let ids: Vec<String> = (0..MAX_HOLDERS_PER_GPU + 3).map(|n| format!("{UUID0}::{n}")).collect();
@@ -761,17 +752,11 @@ mod tests {
         assert_eq!(holders[&UUID0.to_ascii_uppercase()].len(), MAX_HOLDERS_PER_GPU);
         assert_eq!(unresolved.len(), 3);
         assert!(unresolved.iter().all(|(_, r)| *r == Unresolved::TooMany));
-        // More ids than an answer keeps; an id longer than the bound is kept cut, and refused.
-        let many: Vec<String> = (0..MAX_GPU_ALLOCATIONS + 5).map(|n| (n % 8).to_string()).collect();
-        let many: Vec<&str> = many.iter().map(String::as_str).collect();
-        let long = "9".repeat(10 * MAX_DEVICE_ID_BYTES);
-        let (kept, left_off) = gpu_allocations(&answer(vec![
-            holding("a", "p", "c", "nvidia.com/gpu", &[&long]),
-            holding("a", "p", "c", "nvidia.com/gpu", &many),
-        ]));
-        assert_eq!((kept.len(), left_off), (MAX_GPU_ALLOCATIONS, 6));
-        assert_eq!(kept[0].id.len(), MAX_DEVICE_ID_BYTES + 1);
-        assert_eq!(parse_device_id(&kept[0].id), None);
+        // An id longer than any form the device plugin writes is refused.
+        let long = "9".repeat(MAX_DEVICE_ID_BYTES + 1);
+        let (_, unresolved) =
+            resolve_answer(&answer(vec![holding("a", "p", "c", "nvidia.com/gpu", &[&long])]), &collected(), &index);
+        assert_eq!(unresolved, vec![(long, Unresolved::Malformed)]);
     }
 
     fn unresolved_count(metrics: &AttributionMetrics, reason: &'static str) -> u64 {

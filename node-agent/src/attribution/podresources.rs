@@ -3,9 +3,9 @@
 //!
 //! The call is made with tonic over the unix socket. The messages are a subset of the
 //! upstream `k8s.io/kubelet/pkg/apis/podresources/v1/api.proto` written as prost structs
-//! (only the fields read here; prost skips the others): generating them would need
-//! `protoc` at build time, which the build machines do not have, for a few small
-//! messages.
+//! (only the fields read here): generating them would need `protoc` at build time, which
+//! the build machines do not have, for a few small messages. The answers are read with
+//! their bounds ([`answer`]): every list and string of them is bounded there, once.
 //!
 //! The mapping is refreshed in the background; a kubelet that stops answering leaves
 //! the last known mapping in place for a bounded time, and says so in the metrics.
@@ -21,20 +21,24 @@ use std::{
 use hyper_util::rt::TokioIo;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
-use tonic_prost::ProstCodec;
 use tracing::{debug, info, warn};
 
+use self::answer::{Bounded, BoundedCodec, Cuts, List};
 use super::{
+    bad_items::BadItemLog,
+    dra::slices::{claimed_names, ClaimedNames},
     dra::{
         self,
         efa::{Efa, NetDevice},
         Claim, ClaimedDevice, DeviceTable, Driver, Neuron, Unresolvable, UnresolvedLog,
     },
     gpus::GpuHolding,
-    AttributionMetrics, DeviceSource,
+    AttributionMetrics, DeviceSource, ListLabel,
 };
 use crate::state::K8sOwners;
 use api::limits::MAX_NEURONCORES;
+
+pub mod answer;
 
 /// The messages of `k8s.io/kubelet/pkg/apis/podresources/v1/api.proto` the agent uses.
 pub mod proto {
@@ -153,15 +157,15 @@ async fn connect(socket: &Path) -> Result<Client, PodResourcesError> {
     Ok(tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES))
 }
 
-/// One unary call.
-async fn call<Req, Resp>(client: &mut Client, path: &'static str, request: Req) -> Result<Resp, tonic::Status>
+/// One unary call; its answer read with its bounds.
+async fn call<Req, Resp>(client: &mut Client, path: &'static str, request: Req) -> Result<Bounded<Resp>, tonic::Status>
 where
     Req: prost::Message + Send + Sync + 'static,
-    Resp: prost::Message + Default + Send + Sync + 'static,
+    Resp: answer::Decode + Send + Sync + 'static,
 {
     client.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
     let response = client
-        .unary(tonic::Request::new(request), http::uri::PathAndQuery::from_static(path), ProstCodec::default())
+        .unary(tonic::Request::new(request), http::uri::PathAndQuery::from_static(path), BoundedCodec::default())
         .await?;
     Ok(response.into_inner())
 }
@@ -169,21 +173,39 @@ where
 /// Calls `List` on the kubelet's socket.
 pub async fn list(socket: &Path) -> Result<proto::ListPodResourcesResponse, PodResourcesError> {
     let mut client = connect(socket).await?;
-    Ok(call(&mut client, proto::LIST_PATH, proto::ListPodResourcesRequest {}).await?)
+    Ok(call(&mut client, proto::LIST_PATH, proto::ListPodResourcesRequest {}).await?.answer)
 }
 
-/// Calls `List`, then `GetAllocatableResources` on the same connection; the second may
-/// fail alone (a kubelet that does not serve it).
+/// What one poll of the kubelet reads: `List`'s answer, `GetAllocatableResources`' (which
+/// may fail alone: a kubelet that does not serve it), and what their bounds cut.
+pub struct Polled {
+    pub listed: proto::ListPodResourcesResponse,
+    pub allocatable: Result<proto::AllocatableResourcesResponse, tonic::Status>,
+    pub cuts: Cuts,
+}
+
+/// Calls `List`, then `GetAllocatableResources` on the same connection.
+pub async fn poll(socket: &Path) -> Result<Polled, PodResourcesError> {
+    let mut client = connect(socket).await?;
+    let listed = call(&mut client, proto::LIST_PATH, proto::ListPodResourcesRequest {}).await?;
+    let allocatable = call(&mut client, proto::ALLOCATABLE_PATH, proto::AllocatableResourcesRequest {}).await;
+    let mut cuts = listed.cuts;
+    let allocatable = allocatable.map(|a| {
+        cuts.add(&a.cuts);
+        a.answer
+    });
+    Ok(Polled { listed: listed.answer, allocatable, cuts })
+}
+
+/// [`poll`]'s answers alone.
 pub async fn list_and_allocatable(
     socket: &Path,
 ) -> Result<
     (proto::ListPodResourcesResponse, Result<proto::AllocatableResourcesResponse, tonic::Status>),
     PodResourcesError,
 > {
-    let mut client = connect(socket).await?;
-    let listed = call(&mut client, proto::LIST_PATH, proto::ListPodResourcesRequest {}).await?;
-    let allocatable = call(&mut client, proto::ALLOCATABLE_PATH, proto::AllocatableResourcesRequest {}).await;
-    Ok((listed, allocatable))
+    let polled = poll(socket).await?;
+    Ok((polled.listed, polled.allocatable))
 }
 
 /// What one device id of an allocation stands for.
@@ -234,19 +256,14 @@ impl Unit {
     }
 }
 
-/// Neuron device ids the device plugin can allocate, kept from one answer (a node has
-/// at most 64 devices, 256 cores; each under three resource names at most).
-const MAX_ALLOCATABLE_IDS: usize = 1024;
-
 /// The Neuron devices and cores of a `GetAllocatableResources` answer (ids that are not
-/// indices are left out: `List` already names them).
+/// indices are left out: `List` already names them; as many as the answer's reading kept).
 pub fn allocatable(response: &proto::AllocatableResourcesResponse) -> Vec<(Unit, u32)> {
     let mut out: Vec<(Unit, u32)> = response
         .devices
         .iter()
         .filter_map(|d| Some((Unit::of_resource(&d.resource_name)?, &d.device_ids)))
         .flat_map(|(unit, ids)| ids.iter().filter_map(move |id| Some((unit, id.trim().parse::<u32>().ok()?))))
-        .take(MAX_ALLOCATABLE_IDS)
         .collect();
     out.sort_by_key(|(unit, id)| (*unit == Unit::Device, *id));
     out.dedup();
@@ -301,24 +318,17 @@ pub struct EfaAllocation {
     pub claim: Option<Arc<Claim>>,
 }
 
-/// EFA allocations kept from one answer (a node has at most 32 EFA devices; 64 are read),
-/// and ids named as unreadable.
-const MAX_EFA_ALLOCATIONS: usize = 1024;
-const MAX_UNREADABLE_EFA_IDS: usize = 16;
-
-/// The EFA allocations of a `List` answer, sorted by device, and (some of) the device ids
-/// that cannot be device names, cut to 64 bytes.
+/// The EFA allocations of a `List` answer, in answer order, and the device ids that
+/// cannot be device names (as many as the answer's reading kept).
 pub fn efa_allocations(response: &proto::ListPodResourcesResponse) -> (Vec<EfaAllocation>, Vec<String>) {
     let mut out = Vec::new();
     let mut unreadable = Vec::new();
     for pod in &response.pod_resources {
         for container in &pod.containers {
             for devices in container.devices.iter().filter(|d| d.resource_name == EFA) {
-                for id in devices.device_ids.iter().take(MAX_EFA_ALLOCATIONS.saturating_sub(out.len())) {
+                for id in &devices.device_ids {
                     if !api::hardware::valid_efa_device_name(id) {
-                        if unreadable.len() < MAX_UNREADABLE_EFA_IDS {
-                            unreadable.push(format!("{EFA}={}", &id[..id.floor_char_boundary(64)]));
-                        }
+                        unreadable.push(format!("{EFA}={id}"));
                         continue;
                     }
                     out.push(EfaAllocation {
@@ -604,7 +614,21 @@ pub struct KubeletPoller {
     /// Set once an answer lists DRA claims of Neuron or EFA devices or GPUs: this node's
     /// ResourceSlices are then watched ([`dra::slices`]), and only then.
     pub dra_wanted: tokio::sync::watch::Sender<bool>,
+    /// The devices the claims of the latest answer name (sent before `dra_wanted` is set):
+    /// the slices that publish them are kept first.
+    pub claimed: tokio::sync::watch::Sender<Arc<ClaimedNames>>,
     pub metrics: AttributionMetrics,
+}
+
+/// What the poller remembers from one answer to the next, to tell things once.
+#[derive(Default)]
+struct Told {
+    unreadable: Vec<String>,
+    gpu_ids: BTreeSet<String>,
+    allocatable_failing: bool,
+    /// The logs of the answers' bad ids and unresolvable claimed devices.
+    unreadable_log: BadItemLog,
+    unresolved_log: BadItemLog,
 }
 
 impl KubeletPoller {
@@ -613,86 +637,30 @@ impl KubeletPoller {
         info!(socket = %self.socket.display(), interval = ?self.interval, "polling the kubelet's pod-resources API");
         let mut last_success: Option<Instant> = None;
         let mut failing = false;
-        let mut reported_unreadable: Vec<String> = Vec::new();
-        let mut reported_gpu_ids = BTreeSet::new();
-        let mut allocatable_failing = false;
+        let mut told = Told::default();
         loop {
-            let result = match tokio::time::timeout(self.timeout, list_and_allocatable(&self.socket)).await {
+            let result = match tokio::time::timeout(self.timeout, poll(&self.socket)).await {
                 Ok(result) => result,
                 Err(_) => Err(PodResourcesError::Timeout(self.timeout)),
             };
             match result {
-                Ok((response, plugin_allocatable)) => {
-                    let plugin_allocatable = match plugin_allocatable {
-                        Ok(answer) => Some(allocatable(&answer)),
-                        Err(status) => {
-                            if !std::mem::replace(&mut allocatable_failing, true) {
-                                warn!(error = %status, "the kubelet does not say what the device plugin can allocate; \
-                                      the allocation metrics count the DRA driver's devices only");
-                            }
-                            None
-                        }
-                    };
-                    let (allocations, mut unreadable) = allocations(&response);
-                    let claimed = dra::claimed_devices(&response, Neuron::NAME);
-                    let (efa, efa_unreadable) = efa_allocations(&response);
-                    let efa_claimed = dra::claimed_devices(&response, Efa::NAME);
-                    unreadable.extend(efa_unreadable);
-                    // Said once per distinct set, not on every poll.
-                    if !unreadable.is_empty() && unreadable != reported_unreadable {
-                        warn!(ids = ?unreadable, "device ids that are not Neuron indices or EFA device names are ignored");
-                    }
-                    reported_unreadable = unreadable;
-                    if failing {
+                Ok(polled) => {
+                    if std::mem::take(&mut failing) {
                         info!("the kubelet's pod-resources API answers again");
                     }
-                    failing = false;
                     last_success = Some(Instant::now());
-                    let count = allocations.len() + claimed.len();
-                    let claims = !claimed.is_empty() || !efa_claimed.is_empty();
-                    let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
-                    let unresolvable = devices.set_kubelet(allocations, claimed);
-                    let efa_unresolvable = devices.set_efa(efa, efa_claimed);
-                    devices.set_plugin_allocatable(plugin_allocatable);
-                    // The node's devices that are none of the device plugin's may be DRA's:
-                    // its ResourceSlices say what can be allocated.
-                    let dra_node = devices.plugin_leaves_devices();
-                    drop(devices);
-                    dra::report_unresolved(&unresolvable, Neuron::NAME, &self.metrics);
-                    dra::report_unresolved(&efa_unresolvable, Efa::NAME, &self.metrics);
-                    let gpu_claims = self.gpus.refresh(&response, &mut reported_gpu_ids);
-                    if claims || gpu_claims || dra_node {
-                        self.dra_wanted.send_if_modified(|wanted| !std::mem::replace(wanted, true));
-                    }
-                    self.metrics.kubelet_requests.get_or_create(&super::ResultLabel { result: "ok" }).inc();
-                    self.metrics.kubelet_up.set(1);
-                    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-                    self.metrics.kubelet_last_success.set(now.as_secs_f64());
-                    debug!(allocations = count, "pod-resources listed");
+                    self.take(polled, &mut told);
                 }
                 Err(e) => {
                     let result = if matches!(e, PodResourcesError::Timeout(_)) { "timeout" } else { "error" };
                     self.metrics.kubelet_requests.get_or_create(&super::ResultLabel { result }).inc();
                     self.metrics.kubelet_up.set(0);
-                    if !failing {
+                    if !std::mem::replace(&mut failing, true) {
                         warn!(error = %e, socket = %self.socket.display(), keep_for = ?self.keep_for,
                               "the kubelet's pod-resources API does not answer; keeping the last known devices");
                     }
-                    failing = true;
-                    let expired = last_success.is_none_or(|t| t.elapsed() >= self.keep_for);
-                    let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
-                    if expired {
-                        if devices.kubelet.is_some() || !devices.efa().is_empty() {
-                            warn!(
-                                "the kubelet's last known device allocations are too old; cores and EFA devices are \
-                                 no longer credited by its account"
-                            );
-                        }
-                        // Each forgets only what is still known.
-                        devices.forget_kubelet();
-                        devices.set_efa(Vec::new(), Vec::new());
-                        devices.set_plugin_allocatable(None);
-                        self.gpus.forget();
+                    if last_success.is_none_or(|t| t.elapsed() >= self.keep_for) {
+                        self.forget();
                     }
                 }
             }
@@ -701,6 +669,78 @@ impl KubeletPoller {
                 _ = tokio::time::sleep(self.interval) => {}
             }
         }
+    }
+
+    /// Puts an answer in force, and tells what is wrong in it.
+    fn take(&self, polled: Polled, told: &mut Told) {
+        let Polled { listed: response, allocatable: plugin_allocatable, cuts } = polled;
+        for list in List::ALL {
+            self.metrics.kubelet_entries_cut.get_or_create(&ListLabel { list: list.as_str() }).inc_by(cuts.get(list));
+        }
+        let plugin_allocatable = match plugin_allocatable {
+            Ok(answer) => Some(allocatable(&answer)),
+            Err(status) => {
+                if !std::mem::replace(&mut told.allocatable_failing, true) {
+                    warn!(error = %status, "the kubelet does not say what the device plugin can allocate; \
+                          the allocation metrics count the DRA driver's devices only");
+                }
+                None
+            }
+        };
+        let (allocations, mut unreadable) = allocations(&response);
+        let claimed = dra::claimed_devices(&response, Neuron::NAME);
+        let (efa, efa_unreadable) = efa_allocations(&response);
+        let efa_claimed = dra::claimed_devices(&response, Efa::NAME);
+        unreadable.extend(efa_unreadable);
+        self.metrics.kubelet_ids_unreadable.set(unreadable.len() as i64);
+        // Said when the set changes, not on every poll (and at most as often as the log allows).
+        if unreadable != told.unreadable {
+            told.unreadable_log.warn(
+                "device ids that are not Neuron indices or EFA device names are ignored",
+                unreadable.len(),
+                &unreadable,
+            );
+        }
+        told.unreadable = unreadable;
+        let count = allocations.len() + claimed.len();
+        let claims = !claimed.is_empty() || !efa_claimed.is_empty();
+        let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
+        let unresolvable = devices.set_kubelet(allocations, claimed);
+        let efa_unresolvable = devices.set_efa(efa, efa_claimed);
+        devices.set_plugin_allocatable(plugin_allocatable);
+        // The node's devices that are none of the device plugin's may be DRA's: its
+        // ResourceSlices say what can be allocated.
+        let dra_node = devices.plugin_leaves_devices();
+        drop(devices);
+        dra::report_unresolved(&unresolvable, Neuron::NAME, &self.metrics, &told.unresolved_log);
+        dra::report_unresolved(&efa_unresolvable, Efa::NAME, &self.metrics, &told.unresolved_log);
+        let gpu_claims = self.gpus.refresh(&response, &mut told.gpu_ids);
+        let names = Arc::new(claimed_names(&response));
+        self.claimed.send_if_modified(|known| std::mem::replace(known, names.clone()) != names);
+        if claims || gpu_claims || dra_node {
+            self.dra_wanted.send_if_modified(|wanted| !std::mem::replace(wanted, true));
+        }
+        self.metrics.kubelet_requests.get_or_create(&super::ResultLabel { result: "ok" }).inc();
+        self.metrics.kubelet_up.set(1);
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        self.metrics.kubelet_last_success.set(now.as_secs_f64());
+        debug!(allocations = count, "pod-resources listed");
+    }
+
+    /// The kubelet's last answer is too old to be used: nothing is credited by its account.
+    fn forget(&self) {
+        let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
+        if devices.kubelet.is_some() || !devices.efa().is_empty() {
+            warn!(
+                "the kubelet's last known device allocations are too old; cores and EFA devices are no longer \
+                 credited by its account"
+            );
+        }
+        // Each forgets only what is still known.
+        devices.forget_kubelet();
+        devices.set_efa(Vec::new(), Vec::new());
+        devices.set_plugin_allocatable(None);
+        self.gpus.forget();
     }
 }
 
@@ -783,7 +823,6 @@ mod tests {
         assert_eq!(summary, vec![("train", "main", "rdmap32s27"), ("train", "main", "rdmap16s27")], "answer order");
         assert_eq!(unreadable.len(), 2);
         assert_eq!(unreadable[0], "vpc.amazonaws.com/efa=../etc");
-        assert!(unreadable[1].len() <= EFA.len() + 1 + 64, "bounded: {}", unreadable[1]);
         // The Neuron allocations are not affected.
         assert_eq!(allocations(&response).0.len(), 1);
     }

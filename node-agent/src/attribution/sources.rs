@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     allocation::IdlePolicy,
-    dra::slices::SliceWatcher,
+    dra::slices::{ClaimedNames, SliceWatcher},
     ecs::{self, EcsPoller, SharedEcs},
     gpus::{GpuHolding, GpuProcessAttribution},
     podresources::{DeviceOwnership, KubeletPoller, SharedDevices},
@@ -53,6 +53,8 @@ pub struct Sources {
     gpus: GpuHolding,
     /// Set once the kubelet lists DRA claims: the ResourceSlice watch starts then.
     dra_wanted: watch::Sender<bool>,
+    /// The devices the kubelet's claims name: their ResourceSlices are kept first.
+    claimed: watch::Sender<Arc<ClaimedNames>>,
     metrics: AttributionMetrics,
 }
 
@@ -67,6 +69,7 @@ impl Sources {
             devices: Arc::new(RwLock::new(DeviceOwnership::default())),
             ecs: SharedEcs::default(),
             dra_wanted: watch::Sender::new(false),
+            claimed: watch::Sender::new(Arc::default()),
             metrics,
             settings,
         }
@@ -140,6 +143,7 @@ impl Sources {
             metrics: self.metrics.clone(),
             watch_timeout,
             wanted: self.dra_wanted.subscribe(),
+            claimed: self.claimed.subscribe(),
         };
         tasks.spawn("ResourceSlice watch", slices.run(shutdown.clone()));
         let watcher = PodWatcher {
@@ -158,6 +162,7 @@ impl Sources {
             devices: self.devices.clone(),
             gpus: self.gpus.clone(),
             dra_wanted: self.dra_wanted.clone(),
+            claimed: self.claimed.clone(),
             metrics: self.metrics.clone(),
         };
         tasks.spawn("kubelet pod-resources poller", poller.run(shutdown.clone()));

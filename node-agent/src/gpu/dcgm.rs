@@ -14,7 +14,7 @@ use std::fmt;
 
 use prometheus_client::metrics::MetricType;
 
-use super::{holdings, Gpu, GpuGroup, GpuHolders, GpuIdentity, GpuSnapshot};
+use super::{firsts, holdings, keep_firsts, Gpu, GpuGroup, GpuHolders, GpuIdentity, GpuSnapshot};
 use crate::{
     series::{Family, FamilyEncoder, Labels, Scope},
     state::{InstanceLabels, PodRef},
@@ -312,16 +312,24 @@ struct Seen<'a> {
     labels: Vec<(&'static str, String)>,
 }
 
-/// The GPUs `scope` sees ([`holdings`]), with the labels of their series.
+/// The GPUs `scope` sees ([`holdings`]), with the labels of their series; never two with
+/// the same labels (counted in the snapshot's `duplicate_series`).
 fn seen<'a>(snapshot: &'a GpuSnapshot, hostname: &str, holders: &'a GpuHolders, scope: Scope<'_>) -> Vec<Seen<'a>> {
-    holdings(snapshot, holders, scope)
+    let seen: Vec<Seen<'a>> = holdings(snapshot, holders, scope)
         .into_iter()
         .map(|h| Seen {
             gpu: h.gpu,
             pod: h.pod,
             labels: identity_labels(h.gpu, hostname, &snapshot.driver_version, h.replica),
         })
-        .collect()
+        .collect();
+    let firsts = firsts(&seen, |s| (&s.labels, s.pod.map(pod_labels)));
+    keep_firsts(seen, firsts, &snapshot.duplicate_series)
+}
+
+/// What a pod adds to a series' labels.
+pub(super) fn pod_labels(pod: &PodRef) -> (&str, &str, &str, &[(String, String)]) {
+    (&pod.namespace, &pod.pod, &pod.container, &pod.labels)
 }
 
 /// Every DCGM field of every GPU `scope` sees.
@@ -446,6 +454,15 @@ mod tests {
         assert_eq!(util.len(), 2, "{text}");
         assert!(util.iter().any(|l| l.contains("pod=p1") && l.contains("vgpu=0")));
         assert!(util.iter().any(|l| l.contains("pod=p2") && l.contains("vgpu=1")));
+    }
+
+    #[test]
+    fn two_gpus_of_one_identity_are_one_series_and_counted() {
+        // Never from NVML (each GPU has its index): the last guard of the page.
+        let s = snapshot(vec![gpu(0), gpu(0), gpu(1)]);
+        let text = render(&s, &GpuHolders::new());
+        assert_eq!(text.lines().filter(|l| l.starts_with("DCGM_FI_DEV_GPU_UTIL ")).count(), 2, "{text}");
+        assert_eq!(s.duplicate_series.get(), 1);
     }
 
     #[test]

@@ -23,8 +23,8 @@ use nvml_wrapper::{
 };
 
 use super::{
-    EccCounts, Gpu, GpuGroup, GpuGroups, GpuIdentity, GpuMetrics, GpuProcess, GpuSnapshot, GpuValues, MigInstance,
-    NvLinkCounts, RemappedRows, MAX_GPUS, MAX_MIG_INSTANCES, MAX_PROCESSES_PER_GPU,
+    merge_processes, EccCounts, Gpu, GpuGroup, GpuGroups, GpuIdentity, GpuMetrics, GpuProcess, GpuSnapshot, GpuValues,
+    MigInstance, NvLinkCounts, RemappedRows, MAX_GPUS, MAX_MIG_INSTANCES, MAX_PROCESSES_PER_GPU,
 };
 
 /// The name the driver installs; found through the dynamic loader's search path.
@@ -159,6 +159,7 @@ impl NvmlReader {
             stale: false,
             off: false,
             groups,
+            duplicate_series: self.metrics.duplicate_series.clone(),
         }
     }
 
@@ -364,7 +365,7 @@ impl Reads<'_> {
             processes.truncate(MAX_PROCESSES_PER_GPU);
         }
         let utilization = if processes.is_empty() { BTreeMap::new() } else { self.process_utilization(device) };
-        processes
+        let mut processes = processes
             .into_iter()
             .map(|p| GpuProcess {
                 pid: p.pid,
@@ -375,7 +376,10 @@ impl Reads<'_> {
                 gpu_instance_id: p.gpu_instance_id,
                 sm_utilization: utilization.get(&p.pid).copied(),
             })
-            .collect()
+            .collect();
+        let folded = merge_processes(&mut processes);
+        self.reader.metrics.processes_merged.inc_by(folded as u64);
+        processes
     }
 
     /// The SM utilization of each process the driver sampled since the previous read, by

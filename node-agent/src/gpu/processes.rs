@@ -10,7 +10,9 @@ use std::fmt;
 
 use prometheus_client::metrics::MetricType;
 
-use super::{Gpu, GpuHolder, GpuHolders, GpuProcess, GpuProcessPods, GpuSnapshot};
+use super::{
+    dcgm::pod_labels, firsts, keep_firsts, Gpu, GpuHolder, GpuHolders, GpuProcess, GpuProcessPods, GpuSnapshot,
+};
 use crate::{
     series::{Family, FamilyEncoder, Labels, Scope},
     state::{InstanceLabels, PodRef},
@@ -48,7 +50,9 @@ fn as_held<'a>(pod: &'a PodRef, held: &'a [GpuHolder]) -> &'a PodRef {
     held.iter().map(|h| &*h.pod).find(same).unwrap_or(pod)
 }
 
-/// The processes `scope` sees; a stale snapshot or a lost GPU has none to give.
+/// The processes `scope` sees, never two with the same labels (the collection merges
+/// NVML's listings of a process, [`super::merge_processes`]; any left are counted in the
+/// snapshot's `duplicate_series`); a stale snapshot or a lost GPU has none to give.
 fn seen<'a>(
     snapshot: &'a GpuSnapshot,
     pods: &'a GpuProcessPods,
@@ -68,7 +72,8 @@ fn seen<'a>(
             }
         }
     }
-    seen
+    let firsts = firsts(&seen, |s| (&s.labels, s.pod.map(pod_labels)));
+    keep_firsts(seen, firsts, &snapshot.duplicate_series)
 }
 
 /// The per-process families of every GPU process `scope` sees.
@@ -221,6 +226,17 @@ mod tests {
         let lines = render(&s, &pods, Scope::Exposition(&routing.unwrap()));
         assert_eq!(lines.len(), 1, "{lines:#?}");
         assert!(lines[0].contains("pid=10"), "{lines:#?}");
+    }
+
+    #[test]
+    fn a_process_listed_twice_is_one_series_and_counted() {
+        // Never from the collection (it merges NVML's listings): the last guard of the page.
+        let s = snapshot(vec![gpu(0, vec![process(10, Some(1), Some(3)), process(10, Some(2), Some(3))])]);
+        let routing = Routing::default();
+        let lines = render(&s, &GpuProcessPods::new(), Scope::Exposition(&routing));
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        assert!(lines[0].ends_with(" 1048576"), "the first kept: {lines:?}");
+        assert_eq!(s.duplicate_series.get(), 1);
     }
 
     #[test]

@@ -95,10 +95,26 @@ pub fn holding_with_efa(
     pod
 }
 
+/// What `List` answers: the same pods at every call (encoded once, so that a large answer
+/// costs the server a copy a call), or pods made for each call (given the call's number,
+/// from 0: a kubelet whose answer changes at every poll).
+#[derive(Clone)]
+enum Listing {
+    Fixed(bytes::Bytes),
+    PerCall(Arc<dyn Fn(u64) -> Vec<PodResources> + Send + Sync>),
+}
+
+fn encoded(pods: Vec<PodResources>) -> bytes::Bytes {
+    use prost::Message;
+    ListPodResourcesResponse { pod_resources: pods }.encode_to_vec().into()
+}
+
+type SharedListing = Arc<Mutex<Listing>>;
+
 /// A test pod-resources server. Stops (and removes its socket) on drop.
 pub struct PodResourcesServer {
     pub socket: PathBuf,
-    pods: Arc<Mutex<Vec<PodResources>>>,
+    pods: SharedListing,
     allocatable: Allocatable,
     pub calls: Arc<AtomicU64>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -109,7 +125,7 @@ impl PodResourcesServer {
     /// Listens on `socket` (created; an old file there is removed).
     pub fn start(socket: &Path) -> PodResourcesServer {
         let _ = std::fs::remove_file(socket);
-        let pods: Arc<Mutex<Vec<PodResources>>> = Arc::default();
+        let pods: SharedListing = Arc::new(Mutex::new(Listing::Fixed(encoded(Vec::new()))));
         let allocatable = Allocatable::default();
         let calls = Arc::new(AtomicU64::new(0));
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -152,7 +168,13 @@ impl PodResourcesServer {
 
     /// What `List` answers from now on.
     pub fn set(&self, pods: Vec<PodResources>) {
-        *self.pods.lock().expect("lock") = pods;
+        *self.pods.lock().expect("lock") = Listing::Fixed(encoded(pods));
+    }
+
+    /// What `List` answers from now on: `answer(n)` at the `n`th call (counted from the
+    /// server's start, as [`PodResourcesServer::calls`]).
+    pub fn set_per_call(&self, answer: impl Fn(u64) -> Vec<PodResources> + Send + Sync + 'static) {
+        *self.pods.lock().expect("lock") = Listing::PerCall(Arc::new(answer));
     }
 
     /// Stops listening and removes the socket: the kubelet is gone.
@@ -178,7 +200,7 @@ type Allocatable = Arc<Mutex<Option<Vec<ContainerDevices>>>>;
 /// `GetAllocatableResources` with the devices it set.
 #[derive(Clone)]
 struct PodResourcesLister {
-    pods: Arc<Mutex<Vec<PodResources>>>,
+    pods: SharedListing,
     allocatable: Allocatable,
     calls: Arc<AtomicU64>,
 }
@@ -188,13 +210,48 @@ impl NamedService for PodResourcesLister {
 }
 
 impl tonic::server::UnaryService<ListPodResourcesRequest> for PodResourcesLister {
-    type Response = ListPodResourcesResponse;
-    type Future = std::future::Ready<Result<tonic::Response<ListPodResourcesResponse>, tonic::Status>>;
+    /// The encoded `ListPodResourcesResponse`.
+    type Response = bytes::Bytes;
+    type Future = std::future::Ready<Result<tonic::Response<bytes::Bytes>, tonic::Status>>;
 
     fn call(&mut self, _: tonic::Request<ListPodResourcesRequest>) -> Self::Future {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        let pods = self.pods.lock().expect("lock").clone();
-        std::future::ready(Ok(tonic::Response::new(ListPodResourcesResponse { pod_resources: pods })))
+        let call = self.calls.fetch_add(1, Ordering::Relaxed);
+        let listing = self.pods.lock().expect("lock").clone();
+        let answer = match listing {
+            Listing::Fixed(answer) => answer,
+            Listing::PerCall(answer) => encoded(answer(call)),
+        };
+        std::future::ready(Ok(tonic::Response::new(answer)))
+    }
+}
+
+/// `List`'s codec: the request decoded by prost, the answer already encoded.
+struct EncodedCodec;
+
+impl tonic::codec::Codec for EncodedCodec {
+    type Encode = bytes::Bytes;
+    type Decode = ListPodResourcesRequest;
+    type Encoder = EncodedEncoder;
+    type Decoder = tonic_prost::ProstDecoder<ListPodResourcesRequest>;
+
+    fn encoder(&mut self) -> EncodedEncoder {
+        EncodedEncoder
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::default()
+    }
+}
+
+struct EncodedEncoder;
+
+impl tonic::codec::Encoder for EncodedEncoder {
+    type Item = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: bytes::Bytes, buf: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        bytes::BufMut::put(buf, item);
+        Ok(())
     }
 }
 
@@ -224,10 +281,7 @@ impl tower::Service<http::Request<Body>> for PodResourcesLister {
         let lister = self.clone();
         Box::pin(async move {
             match request.uri().path() {
-                LIST_PATH => {
-                    let codec = ProstCodec::<ListPodResourcesResponse, ListPodResourcesRequest>::default();
-                    Ok(tonic::server::Grpc::new(codec).unary(lister, request).await)
-                }
+                LIST_PATH => Ok(tonic::server::Grpc::new(EncodedCodec).unary(lister, request).await),
                 ALLOCATABLE_PATH => {
                     let codec = ProstCodec::<AllocatableResourcesResponse, AllocatableResourcesRequest>::default();
                     Ok(tonic::server::Grpc::new(codec).unary(lister, request).await)
@@ -443,10 +497,8 @@ pub async fn create_slice(
     driver: &str,
     devices: Vec<serde_json::Value>,
 ) -> (kube::Api<kube::api::DynamicObject>, kube::api::DynamicObject) {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
-    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
-    let slices: kube::Api<DynamicObject> =
-        kube::Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, "resourceslices"));
+    use kube::api::{DynamicObject, PostParams};
+    let slices = resource_slices(client);
     let slice: DynamicObject = serde_json::from_value(serde_json::json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
         "metadata": {"name": format!("{node}-{driver}")},
@@ -458,4 +510,12 @@ pub async fn create_slice(
     let created =
         slices.create(&PostParams::default(), &slice).await.expect("the API server serves resource.k8s.io/v1");
     (slices, created)
+}
+
+/// The API of `resource.k8s.io/v1` ResourceSlices (dynamic objects: the `k8s-openapi`
+/// feature the workspace builds has no such type).
+pub fn resource_slices(client: &kube::Client) -> kube::Api<kube::api::DynamicObject> {
+    use kube::api::{ApiResource, GroupVersionKind};
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
+    kube::Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, "resourceslices"))
 }

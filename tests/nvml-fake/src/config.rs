@@ -129,6 +129,9 @@ struct ProcessEntry {
     pid: u32,
     used_memory_mib: u64,
     gpu_instance_id: Option<u32>,
+    /// The compute instance of the GPU instance (default 0). NVML lists a process once per
+    /// compute instance it runs in: the same PID twice in one GPU instance.
+    compute_instance_id: Option<u32>,
     /// Percent of the last sample the process's kernels ran (none: no utilization sample).
     sm_util: Option<u32>,
     #[serde(default)]
@@ -352,6 +355,9 @@ fn add_process(gpus: &mut [Gpu], entry: &ProcessEntry) -> Result<(), String> {
             return Err(format!("gpu_instance_id {id} is not a MIG instance of GPU {}", entry.gpu));
         }
     }
+    if entry.compute_instance_id.is_some() && entry.gpu_instance_id.is_none() {
+        return Err("compute_instance_id without a gpu_instance_id".to_owned());
+    }
     let utilization = match entry.sm_util {
         Some(sm) => Some((percent("sm_util", sm)?, percent("mem_util", entry.mem_util)?)),
         None => None,
@@ -360,6 +366,7 @@ fn add_process(gpus: &mut [Gpu], entry: &ProcessEntry) -> Result<(), String> {
         pid: entry.pid,
         used_memory_mib,
         gpu_instance_id: entry.gpu_instance_id,
+        compute_instance_id: entry.compute_instance_id.unwrap_or(0),
         utilization,
     });
     Ok(())
@@ -437,6 +444,7 @@ mod tests {
             ("instance_type: p5.48xlarge\ngpus: [{index: 0, mig: {enabled: true, instances: [{profile: big, gpu_instance_id: 1}]}}]", "profile"),
             ("instance_type: g5.xlarge\nprocesses: [{gpu: 1, pid: 1, used_memory_mib: 1}]", "processes[0].gpu 1"),
             ("instance_type: g5.xlarge\nprocesses: [{gpu: 0, pid: 1, used_memory_mib: 1, gpu_instance_id: 3}]", "gpu_instance_id 3"),
+            ("instance_type: g5.xlarge\nprocesses: [{gpu: 0, pid: 1, used_memory_mib: 1, compute_instance_id: 1}]", "processes[0].compute_instance_id"),
             ("instance_type: g5.xlarge\ncolour: red", "unknown field"),
             ("instance_type: [", "not a fake NVML configuration"),
         ];

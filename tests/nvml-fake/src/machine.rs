@@ -91,6 +91,8 @@ pub struct Process {
     pub used_memory_mib: u64,
     /// The MIG GPU instance the process runs in, if any.
     pub gpu_instance_id: Option<u32>,
+    /// The compute instance of that GPU instance it runs in (0 unless the file says).
+    pub compute_instance_id: u32,
     /// (SM, memory) percent in NVML's per-process samples; `None`: no sample.
     pub utilization: Option<(u32, u32)>,
 }

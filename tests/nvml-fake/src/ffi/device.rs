@@ -267,7 +267,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
                 pid: p.pid,
                 used_gpu_memory: p.used_memory_mib * MIB,
                 gpu_instance_id: p.gpu_instance_id.unwrap_or(NO_INSTANCE),
-                compute_instance_id: if p.gpu_instance_id.is_some() { 0 } else { NO_INSTANCE },
+                compute_instance_id: if p.gpu_instance_id.is_some() { p.compute_instance_id } else { NO_INSTANCE },
             };
         }
         Ok(())
