@@ -47,6 +47,7 @@ use tracing::{debug, warn};
 
 use self::{
     allocation::{IdleClock, IdlePolicy},
+    bad_items::BadItemLog,
     cgroup::Placement,
     ecs::SharedEcs,
     podresources::{DeviceOwnership, SharedDevices},
@@ -276,6 +277,8 @@ pub struct Attribution {
     metrics: AttributionMetrics,
     idle_policy: IdlePolicy,
     cache: Mutex<Cache>,
+    /// Cgroup files of an unknown layout: a few of their lines, rate-limited.
+    unknown_layouts: BadItemLog,
 }
 
 #[derive(Default)]
@@ -473,6 +476,7 @@ impl Attribution {
             metrics,
             idle_policy: IdlePolicy::default(),
             cache: Mutex::default(),
+            unknown_layouts: BadItemLog::default(),
         }
     }
 
@@ -589,7 +593,7 @@ impl Attribution {
 
     fn read_process(&self, pid: u32) -> PidEntry {
         PidEntry {
-            placement: read_placement(&self.proc_root, pid, &self.metrics),
+            placement: read_placement(&self.proc_root, pid, &self.metrics, &self.unknown_layouts),
             read_at: Instant::now(),
             resolved: Err(Unattributed::ProcUnreadable),
             ecs: None,
@@ -600,9 +604,11 @@ impl Attribution {
     }
 }
 
-/// Reads and parses `<proc root>/<pid>/cgroup` (a few hundred bytes of procfs); `None`:
-/// not readable.
-fn read_placement(proc_root: &Path, pid: u32, metrics: &AttributionMetrics) -> Option<Placement> {
+/// Where `pid` runs, from `<proc root>/<pid>/cgroup` (a few hundred bytes of procfs);
+/// `None` when it cannot be read. A file of a layout not known is counted and a few of its
+/// lines logged (`log`): anyone may place a process in a cgroup of any name, so the lines
+/// are outside input.
+fn read_placement(proc_root: &Path, pid: u32, metrics: &AttributionMetrics, log: &BadItemLog) -> Option<Placement> {
     let path = proc_root.join(pid.to_string()).join("cgroup");
     let mut text = String::new();
     let read = std::fs::File::open(&path).and_then(|f| f.take(MAX_CGROUP_FILE).read_to_string(&mut text));
@@ -611,7 +617,8 @@ fn read_placement(proc_root: &Path, pid: u32, metrics: &AttributionMetrics) -> O
             let placement = cgroup::parse(&text);
             if placement == Placement::Unknown {
                 metrics.unknown_layouts.inc();
-                warn!(pid, path = %path.display(), content = %text.trim(), "unknown cgroup layout; no pod labels");
+                let message = format!("unknown cgroup layout of pid {pid}, no pod labels; lines of its cgroup file");
+                log.warn(&message, text.lines().count(), text.lines());
             }
             Some(placement)
         }

@@ -464,11 +464,19 @@ pub struct GpuProcessAttribution {
     metrics: AttributionMetrics,
     /// By PID: where it sits (`None`: not readable) and when that was read.
     placements: HashMap<u32, (Option<Placement>, Instant)>,
+    /// Cgroup files of an unknown layout.
+    unknown_layouts: BadItemLog,
 }
 
 impl GpuProcessAttribution {
     pub fn new(proc_root: PathBuf, pods: SharedPods, metrics: AttributionMetrics) -> Self {
-        GpuProcessAttribution { proc_root, pods, metrics, placements: HashMap::new() }
+        GpuProcessAttribution {
+            proc_root,
+            pods,
+            metrics,
+            placements: HashMap::new(),
+            unknown_layouts: BadItemLog::default(),
+        }
     }
 
     /// The pod of each process of `snapshot` that runs in one (bounded by the processes
@@ -479,7 +487,7 @@ impl GpuProcessAttribution {
         for pid in &pids {
             let stale = self.placements.get(pid).is_none_or(|(p, at)| p.is_none() && at.elapsed() >= UNREADABLE_RETRY);
             if stale {
-                let placement = read_placement(&self.proc_root, *pid, &self.metrics);
+                let placement = read_placement(&self.proc_root, *pid, &self.metrics, &self.unknown_layouts);
                 self.placements.insert(*pid, (placement, Instant::now()));
             }
         }
