@@ -134,6 +134,38 @@ fn an_xid_79_record_sets_the_gpu_condition_and_an_event_and_nvml_xids_count_as_f
     assert_eq!(rt.block_on(condition("NeuronHealth")), None);
 }
 
+/// Issue 41, item 2: a user's Xid record (facility user, refused alone) followed by a
+/// kernel continuation record (flag `c`, facility 0, even an empty one) is not joined to
+/// it: refused for its facility, its GPU healthy. A kernel Xid after them is taken.
+#[test]
+fn a_users_xid_record_followed_by_a_kernel_continuation_is_refused() {
+    let dir = TempDir::new("gpu-health-join");
+    let (config, kmsg) = gpu_node(&dir.0, 13);
+    let agent = start(&config, &kmsg, &[], &[]);
+    agent.wait_for("GPU 0 healthy", WAIT, |m| (state(m, "0", "healthy")? == 1.0).then_some(()));
+    // Each followed by a kernel fragment: an empty emergency one, an error one with text.
+    append_kmsg_record(&kmsg, 12, 10, XID_79);
+    append_continuation(&kmsg, 0, 11, "");
+    append_kmsg_record(&kmsg, 12, 12, &XID_79.replace("53:00", "75:00"));
+    append_continuation(&kmsg, 3, 13, " GPU has fallen off the bus.");
+    // Seen after them: GPU 1's Xid 48 as the driver writes it.
+    append_kmsg_record(&kmsg, 3, 14, "NVRM: Xid (PCI:0000:64:00): 48, pid=1, name=a, DBE");
+    let m = agent.wait_for("GPU 1 unhealthy", WAIT, |m| (state(m, "1", "unhealthy")? == 1.0).then(|| m.clone()));
+    assert_eq!(state(&m, "0", "healthy"), Some(1.0), "the user's record made GPU 0 unhealthy");
+    assert_eq!(state(&m, "2", "healthy"), Some(1.0), "the user's record made GPU 2 unhealthy");
+    assert_eq!(m.value("neuron_agent_health_kmsg_refused_total", &[("reason", "facility")]), Some(2.0));
+    assert_eq!(m.value("gpu_xid_errors_total", &[("gpu", "0"), ("xid", "79")]), None);
+}
+
+/// Appends a continuation record (flag `c`) `<prefix>,<seq>,<now>,c;<text>`.
+fn append_continuation(kmsg: &Path, prefix: u32, seq: u64, text: &str) {
+    use std::io::Write;
+    let uptime = std::fs::read_to_string("/proc/uptime").expect("/proc/uptime");
+    let secs: f64 = uptime.split_whitespace().next().and_then(|s| s.parse().ok()).expect("uptime");
+    let mut file = std::fs::OpenOptions::new().append(true).open(kmsg).expect("kmsg");
+    file.write_all(format!("{prefix},{seq},{},c;{text}\n", (secs * 1e6) as u64).as_bytes()).expect("append");
+}
+
 /// Every event of every stream of `group` (empty while the group does not exist).
 fn stored_events(addr: std::net::SocketAddr, group: &str) -> Vec<(String, serde_json::Value)> {
     let client = logs_client(addr, "us-west-2");

@@ -234,13 +234,17 @@ fn from_the_kernel(origin: Option<Origin>) -> Result<Origin, Refusal> {
 }
 
 /// The text from the token on, when the token starts the record: at the start of the
-/// text, or after (each at most once, in this order) a printk time stamp
-/// (`[ 5140.900000] `), an ISO-8601 time stamp (`2025-06-01T12:00:00.000Z `, also with a
-/// space before the time), the driver's `neuron:<function>: `. Anywhere else the token is
-/// text the kernel quotes (a path, an interface name), which anyone may choose.
+/// text, or after (each at most once) a printk time stamp (`[ 5140.900000] `), then the
+/// runtime's ISO-8601 time stamp (`2025-06-01T12:00:00.000Z `, also with a space before
+/// the time) and the driver's `neuron:<function>: ` in either order: the runtime hands
+/// the driver a stamped line, and the driver's `pr_fmt` may put its prefix before it.
+/// Anywhere else the token is text the kernel quotes (a path, an interface name), which
+/// anyone may choose.
 fn at_boundary(text: &str) -> Option<&str> {
-    let rest = skip_driver_prefix(skip_iso_time(skip_printk_time(text)));
-    rest.starts_with(TOKEN).then_some(rest)
+    let text = skip_printk_time(text);
+    let stamp_first = skip_driver_prefix(skip_iso_time(text));
+    let prefix_first = skip_iso_time(skip_driver_prefix(text));
+    [stamp_first, prefix_first].into_iter().find(|rest| rest.starts_with(TOKEN))
 }
 
 fn skip_printk_time(text: &str) -> &str {
@@ -369,13 +373,30 @@ pub struct Follower {
     pub look_back: LookBack,
 }
 
-/// The state carried between lines: the previous record's text, for continuations.
+/// The state carried between lines: the previous record, for a continuation of it.
 #[derive(Default)]
 struct Parser {
-    previous: String,
-    previous_seq: Option<u64>,
+    previous: Option<Previous>,
     /// The previous record gave an event or a refusal.
     previous_outcome: bool,
+}
+
+/// The record read last, whose text a continuation record may carry on.
+struct Previous {
+    /// Its text, with the continuations joined so far.
+    text: String,
+    origin: Origin,
+    seq: u64,
+}
+
+impl Previous {
+    /// Whether `record` carries this record's text on: flagged `c`, read right after it
+    /// (the next sequence number) and written by the same origin (facility and level).
+    /// Anything else is judged alone: a user's record never becomes the kernel's by a
+    /// kernel fragment after it, nor the other way round.
+    fn continued_by(&self, record: &Record<'_>) -> bool {
+        record.continues && record.origin == self.origin && self.seq.checked_add(1) == Some(record.seq)
+    }
 }
 
 /// Cuts `s` to at most `max` bytes, at a character boundary.
@@ -390,49 +411,58 @@ fn cut(s: &mut String, max: usize) {
 }
 
 impl Parser {
-    /// One record (or plain line) → the batch. `history`: read at start-up, judged by the look-back.
+    /// One record (or plain line) → the batch. `history`: in the log when it was opened,
+    /// judged by the look-back.
     fn take(&mut self, raw: &str, history: Option<&LookBack>, batch: &mut Batch) {
         batch.records += 1;
-        let (seq, origin, text, continues) = match parse_record(raw) {
-            Some(r) => {
-                batch.last_seq = Some(r.seq);
-                if history.is_some_and(|h| !h.keeps(&r)) {
-                    self.previous.clear();
-                    self.previous_outcome = false;
-                    return;
-                }
-                (Some(r.seq), Some(r.origin), r.text, r.continues)
-            }
+        let Some(record) = parse_record(raw) else {
+            // A plain line continues nothing, and nothing continues it.
+            self.forget();
             // A plain line cannot be placed in time: history is skipped.
-            None if history.is_some() => return,
-            None => (None, None, raw.split('\n').next().unwrap_or_default(), false),
-        };
-        if continues && !self.previous.is_empty() {
-            // The text continues the previous record's: read them as one line. What the
-            // previous record gave, still in this batch, is replaced by the whole line's;
-            // what was handed on already stays as it was (counted once).
-            self.previous.push_str(text);
-            cut(&mut self.previous, MAX_KMSG_RECORD_BYTES);
-            let outcome = parse_event(&self.previous, origin);
-            if self.retract_previous(batch) {
-                self.push(seq, outcome, batch);
+            if history.is_none() {
+                self.push(None, parse_event(raw.split('\n').next().unwrap_or_default(), None), batch);
             }
-        } else {
-            self.previous.clear();
-            self.previous.push_str(text);
-            self.previous_outcome = false;
-            self.push(seq, parse_event(text, origin), batch);
+            return;
+        };
+        batch.last_seq = Some(record.seq);
+        if history.is_some_and(|h| !h.keeps(&record)) {
+            self.forget();
+            return;
         }
-        self.previous_seq = seq;
+        let seq = Some(record.seq);
+        match self.previous.as_mut().filter(|p| p.continued_by(&record)) {
+            Some(previous) => {
+                // The text continues the previous record's: read them as one line. What the
+                // previous record gave, still in this batch, is replaced by the whole line's;
+                // what was handed on already stays as it was (counted once).
+                previous.text.push_str(record.text);
+                cut(&mut previous.text, MAX_KMSG_RECORD_BYTES);
+                previous.seq = record.seq;
+                let outcome = parse_event(&previous.text, Some(record.origin));
+                if self.retract_previous(batch, record.seq - 1) {
+                    self.push(seq, outcome, batch);
+                }
+            }
+            None => {
+                self.previous = Some(Previous { text: record.text.to_owned(), origin: record.origin, seq: record.seq });
+                self.previous_outcome = false;
+                self.push(seq, parse_event(record.text, Some(record.origin)), batch);
+            }
+        }
     }
 
-    /// Takes the previous record's outcome back out of the batch; `false` when it was
-    /// handed on already.
-    fn retract_previous(&mut self, batch: &mut Batch) -> bool {
+    fn forget(&mut self) {
+        self.previous = None;
+        self.previous_outcome = false;
+    }
+
+    /// Takes the outcome of the previous record (`previous_seq`) back out of the batch;
+    /// `false` when it was handed on already.
+    fn retract_previous(&mut self, batch: &mut Batch, previous_seq: u64) -> bool {
         if !self.previous_outcome {
             return true;
         }
-        let previous = |s: &Option<u64>| *s == self.previous_seq;
+        let previous = |s: &Option<u64>| *s == Some(previous_seq);
         if batch.events.last().is_some_and(|(s, _)| previous(s)) {
             if let Some((_, Event::HwError(e))) = batch.events.pop() {
                 batch.refused = batch.refused.saturating_sub(e.refused as u64);
@@ -733,6 +763,9 @@ mod tests {
             "2025-06-01 12:00:00.123456 NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1",
             "neuron:ncdev_printk: NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1",
             "[    5.000001] 2025-06-01T12:00:00Z neuron:ncdev_printk: NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1",
+            // The driver's prefix before the runtime's stamp (issue 41, item 2).
+            "neuron:ncdev_printk: 2025-06-01T12:00:00.123456Z NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1",
+            "[    5.000001] neuron:ncdev_printk: 2025-06-01 12:00:00.123 NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1",
         ] {
             let e = hw(text);
             assert_eq!((e.name.as_str(), e.device, e.core), ("DMA_ERROR", 3, Some(1)), "{text}");
@@ -745,6 +778,8 @@ mod tests {
             "br0: port 1(NEURON_HW_ERR=A) entered blocking state",
             "[ 1.0] [ 2.0] NEURON_HW_ERR=DMA_ERROR nd-id=0",
             "neuron:f: neuron:g: NEURON_HW_ERR=DMA_ERROR nd-id=0",
+            "2025-06-01T12:00:00Z neuron:f: 2025-06-01T12:00:00Z NEURON_HW_ERR=DMA_ERROR nd-id=0",
+            "neuron:f: 2025-06-01T12:00:00Z neuron:g: NEURON_HW_ERR=DMA_ERROR nd-id=0",
         ] {
             assert_eq!(parse_event(text, Some(Origin::KERNEL_ERROR)), Err(Refusal::Position), "{text}");
         }
@@ -835,6 +870,46 @@ mod tests {
         let mut too_long = 0;
         lines.push(b"3,1,10,-;a\n SUBSYSTEM=neuron\n3,2,11,-;b\n", |l| seen.push(l.to_owned()), &mut too_long);
         assert_eq!(seen, ["3,1,10,-;a", "3,2,11,-;b"]);
+    }
+
+    /// Issue 41, item 2: a continuation (flag `c`) carries on only the record read right
+    /// before it (the previous sequence number) from the same origin (facility and level).
+    #[test]
+    fn a_continuation_joins_only_the_record_of_its_origin_right_before_it() {
+        let xid = "NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=a, GPU has fallen off the bus.";
+        let hbm = "NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR";
+        // A user's record, refused alone, then a kernel fragment (even an empty one).
+        for (user, fragment) in [
+            (format!("11,17,5000,-;{xid}"), "0,18,5001,c;"),
+            (format!("11,17,5000,-;{xid}"), "3,18,5001,c;"),
+            (format!("11,17,5000,-;{xid}"), "4,18,5001,c; and more"),
+            (format!("11,17,5000,-;{hbm}"), "3,18,5001,c; nd-id=0 nc-id=0"),
+            (format!("14,17,5000,-;{hbm}"), "3,18,5001,c; nd-id=0"),
+        ] {
+            let b = batch_of(&[user.as_str(), fragment], None);
+            assert!(b.events.is_empty(), "{user} + {fragment}: {:?}", b.events);
+            assert_eq!(b.refusals, [(Some(17), Refusal::Facility)], "{user} + {fragment}");
+        }
+        // The kernel's own record, continued by another level, after a gap in the numbers,
+        // or after a plain line: each part is judged alone (the first has no nd-id).
+        for lines in [
+            ["3,17,5000,-;NEURON_HW_ERR=DMA_ERROR", "4,18,5001,c; nd-id=0"],
+            ["3,17,5000,-;NEURON_HW_ERR=DMA_ERROR", "3,19,5001,c; nd-id=0"],
+            ["NEURON_HW_ERR=DMA_ERROR", "3,18,5001,c; nd-id=0"],
+        ] {
+            let b = batch_of(&lines, None);
+            assert!(b.events.is_empty(), "{lines:?}: {:?}", b.events);
+            assert_eq!(b.refusals.len(), 1, "{lines:?}: {:?}", b.refusals);
+        }
+        // A record the look-back skipped is not carried on by the fragment after it.
+        let look = LookBack { window: Duration::from_secs(1), uptime: Some(Duration::from_secs(100)), after_seq: None };
+        let b = batch_of(&["3,17,5000,-;NEURON_HW_ERR=DMA_ERROR", "3,18,99500000,c; nd-id=0"], Some(&look));
+        assert!(b.events.is_empty() && b.refusals.is_empty(), "{b:?}");
+        // Three parts of the kernel's record, in order, are one line.
+        let b =
+            batch_of(&["3,17,5000,-;NEURON_HW_ERR=DMA_ERROR", "3,18,5001,c; nd-id=1", "3,19,5002,c; nc-id=0"], None);
+        let [(Some(19), Event::HwError(e))] = b.events.as_slice() else { panic!("{b:?}") };
+        assert_eq!((e.device, e.core, b.refusals.len()), (1, Some(0), 0));
     }
 
     #[test]
