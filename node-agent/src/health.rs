@@ -128,6 +128,8 @@ pub fn start(
         }
     }
     model.gpus.expected = options.gpus.is_some();
+    model.events_dropped = metrics.events_dropped.clone();
+    let saves = model.subscribe_saves();
     let health = Arc::new(Mutex::new(model));
     let stop = Arc::new(Stop::new());
     let writer = Arc::new(StateWriter {
@@ -138,7 +140,7 @@ pub fn start(
         log_limit: Mutex::new(RateLimit::new(5, Duration::from_secs(300))),
         failing: AtomicBool::new(false),
     });
-    tasks.spawn("health state writer", writer.clone().follow(health.clone(), shutdown.clone()));
+    tasks.spawn("health state writer", writer.clone().follow(health.clone(), saves, shutdown.clone()));
     {
         let (stop, shutdown) = (stop.clone(), shutdown.clone());
         tokio::spawn(async move {
@@ -290,17 +292,20 @@ impl StateWriter {
         }
     }
 
-    /// Writes the state every [`STATE_RETRY`] while the last write failed, until
-    /// `shutdown`.
-    async fn follow(self: Arc<Self>, health: SharedHealth, shutdown: CancellationToken) {
+    /// Writes the state when the model asks (an Event written: a restart must not write
+    /// it again), and every [`STATE_RETRY`] while the last write failed, until `shutdown`.
+    async fn follow(
+        self: Arc<Self>,
+        health: SharedHealth,
+        mut saves: watch::Receiver<()>,
+        shutdown: CancellationToken,
+    ) {
         loop {
+            let retry = self.failing.load(Ordering::Relaxed);
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(STATE_RETRY) => {}
-            }
-            // Until a write fails, nothing to retry: the readers write after each fold.
-            if !self.failing.load(Ordering::Relaxed) {
-                continue;
+                changed = saves.changed() => if changed.is_err() { return shutdown.cancelled().await },
+                _ = tokio::time::sleep(STATE_RETRY), if retry => {}
             }
             let (writer, health) = (self.clone(), health.clone());
             let saved = tokio::task::spawn_blocking(move || {
