@@ -229,6 +229,13 @@ pub const MAX_HEALTH_STATE_BYTES: usize = 1024 * 1024;
 /// 16 cores, and the kernel's error names leave it far from full.
 pub const MAX_HEALTH_REASONS_PER_DEVICE: usize = 256;
 
+/// Node Events of hardware faults waiting for the API server (an outage, an agent
+/// restart during one), per kind of device (Neuron, GPU): every device of the largest
+/// instances (16 Neuron devices, 8 GPUs) with four faults each fits; beyond, the latest
+/// faults get no Event (counted), and the Node condition still names them all. What a
+/// whole fleet writes when the API server returns is bounded by it.
+pub const MAX_PENDING_HEALTH_EVENTS: usize = 64;
+
 // --- Tag filters (`tagFilter`), as the operator and the agent compile them ------------
 // A filter is compiled once per node for each distinct filter string (see
 // `crate::tag_filter`). Its cost is what the compiled filter holds: its program and one

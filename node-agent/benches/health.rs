@@ -6,7 +6,12 @@
 //!   default `--health-interval` of 10 s): the report path shares nothing with it;
 //! - `sysfs/read_node` and `sysfs/read_and_apply`: one read of the tree (the reader's
 //!   cost per interval or notification);
-//! - `render/without_health` vs `render/with_health`: one `/metrics` scrape.
+//! - `render/without_health` vs `render/with_health`: one `/metrics` scrape;
+//! - the Node Events' bookkeeping on that tree's 81 faults (every core 1 of the 16
+//!   devices failing each of its 5 counters, and one kernel record): the Events a return
+//!   of the API server writes under the cap (`MAX_PENDING_HEALTH_EVENTS`), the persisted
+//!   state's bytes without and with the list of faults whose Event is written, and one
+//!   pass of the node reporter's look for Events to write.
 //!
 //! Before criterion, a plain timing loop prints each pair as a ratio (with / without).
 //!
@@ -24,7 +29,12 @@ use std::{
 use api::report::Report;
 use criterion::{criterion_group, criterion_main, Criterion};
 use neuron_node_agent::{
-    health::{kmsg::kernel_event, metrics::HealthCollector, model::HealthModel, sysfs::read_node},
+    health::{
+        kmsg::kernel_event,
+        metrics::HealthCollector,
+        model::{HealthModel, Persisted},
+        sysfs::read_node,
+    },
     sinks::prometheus::{Exposition, Format},
     state::NodeState,
 };
@@ -197,6 +207,25 @@ fn print_ratios(
     println!(
         "/metrics render: {render_plain:?} without health, {render_health:?} with: ratio {:.3}",
         ratio(render_health, render_plain)
+    );
+    print_event_figures(root);
+}
+
+fn print_event_figures(root: &Path) {
+    let mut model = model_of(root);
+    let faults = model.persisted().devices.iter().map(|d| d.reasons.len()).sum::<usize>();
+    let (reloads, pending) = model.unannounced();
+    let (written, dropped) = (pending.len(), model.events_dropped.get());
+    let without_list = serde_json::to_vec(&Persisted { announced: None, ..model.persisted() }).expect("json").len();
+    for (key, _) in pending {
+        model.announce(key, reloads);
+    }
+    let with_list = serde_json::to_vec(&model.persisted()).expect("json").len();
+    let pass = time(300, || drop(model.unannounced()));
+    println!(
+        "Node Events of {faults} faults after an outage: {written} written, {dropped} dropped (the cap); persisted \
+         state {without_list} bytes without the list of written Events, {with_list} with it; one look for Events to \
+         write: {pass:?}"
     );
 }
 

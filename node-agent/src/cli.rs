@@ -437,6 +437,7 @@ impl MonitorArgs {
             silence_timeout: self.silence_timeout,
             refused_files: metrics.state_files_refused.clone(),
             k8s_info,
+            in_memory: Default::default(),
         }
     }
 

@@ -40,7 +40,10 @@ use std::{
     io::Write,
     os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
     time::{Duration, Instant, SystemTime},
 };
 
@@ -61,7 +64,7 @@ use self::{
 use crate::{
     ratelimit::{Decision, RateLimit},
     state::NodeState,
-    state_dir::check_state_dir,
+    state_dir::{self, open_state_dir, StateFile},
     timed_read::{self, TimedReads},
 };
 
@@ -125,6 +128,8 @@ pub fn start(
         }
     }
     model.gpus.expected = options.gpus.is_some();
+    model.events_dropped = metrics.events_dropped.clone();
+    let saves = model.subscribe_saves();
     let health = Arc::new(Mutex::new(model));
     let stop = Arc::new(Stop::new());
     let writer = Arc::new(StateWriter {
@@ -133,7 +138,9 @@ pub fn start(
         enabled: boot_id.is_some(),
         metrics: metrics.clone(),
         log_limit: Mutex::new(RateLimit::new(5, Duration::from_secs(300))),
+        failing: AtomicBool::new(false),
     });
+    tasks.spawn("health state writer", writer.clone().follow(health.clone(), saves, shutdown.clone()));
     {
         let (stop, shutdown) = (stop.clone(), shutdown.clone());
         tokio::spawn(async move {
@@ -237,7 +244,12 @@ fn load_state(dir: &Path, metrics: &HealthMetrics) -> Option<Persisted> {
     }
 }
 
-/// Writes the model's state when it changed: a temporary file, then a rename.
+/// Time between attempts to write the health state while it cannot be written (a full
+/// or read-only state directory).
+const STATE_RETRY: Duration = Duration::from_secs(10);
+
+/// Writes the model's state when it changed: a temporary file, then a rename. A write
+/// that fails leaves the model to be written at the next attempt.
 struct StateWriter {
     /// For the state directory's checks (async, shared with the configuration writer).
     runtime: tokio::runtime::Handle,
@@ -245,9 +257,12 @@ struct StateWriter {
     enabled: bool,
     metrics: HealthMetrics,
     log_limit: Mutex<RateLimit>,
+    /// The last write failed: retried every [`STATE_RETRY`].
+    failing: AtomicBool,
 }
 
 impl StateWriter {
+    /// Writes the state if it changed since the last write. On a blocking thread.
     fn save(&self, model: &mut HealthModel) {
         if !std::mem::take(&mut model.dirty) || !self.enabled {
             return;
@@ -256,14 +271,47 @@ impl StateWriter {
             Ok(body) => body,
             Err(_) => return,
         };
-        // The directory is checked before each write, as for the configuration files.
-        let checked = self.runtime.block_on(check_state_dir(&self.dir)).map_err(std::io::Error::other);
-        if let Err(e) = checked.and_then(|()| write_atomically(&self.dir, STATE_FILE, &body)) {
-            self.metrics.state_write_errors.inc();
-            let mut limit = self.log_limit.lock().unwrap_or_else(|p| p.into_inner());
-            if let Decision::Allow { suppressed_before } = limit.check() {
-                warn!(error = %e, suppressed_before, "cannot persist the devices' health");
+        // The directory is checked (made if missing) before each write, as for the
+        // configuration files.
+        let checked = self.runtime.block_on(open_state_dir(&self.dir)).map_err(std::io::Error::other);
+        match checked.and_then(|()| write_atomically(&self.dir, STATE_FILE, &body)) {
+            Ok(()) => {
+                self.failing.store(false, Ordering::Relaxed);
+                state_dir::status().written(StateFile::Health);
             }
+            Err(e) => {
+                model.dirty = true;
+                self.failing.store(true, Ordering::Relaxed);
+                state_dir::status().failed(StateFile::Health, &self.dir, &e);
+                self.metrics.state_write_errors.inc();
+                let mut limit = self.log_limit.lock().unwrap_or_else(|p| p.into_inner());
+                if let Decision::Allow { suppressed_before } = limit.check() {
+                    warn!(error = %e, suppressed_before, "cannot persist the devices' health; retrying");
+                }
+            }
+        }
+    }
+
+    /// Writes the state when the model asks (an Event written: a restart must not write
+    /// it again), and every [`STATE_RETRY`] while the last write failed, until `shutdown`.
+    async fn follow(
+        self: Arc<Self>,
+        health: SharedHealth,
+        mut saves: watch::Receiver<()>,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let retry = self.failing.load(Ordering::Relaxed);
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                changed = saves.changed() => if changed.is_err() { return shutdown.cancelled().await },
+                _ = tokio::time::sleep(STATE_RETRY), if retry => {}
+            }
+            let (writer, health) = (self.clone(), health.clone());
+            let saved = tokio::task::spawn_blocking(move || {
+                writer.save(&mut health.lock().unwrap_or_else(|p| p.into_inner()));
+            });
+            let _ = saved.await;
         }
     }
 }
@@ -523,6 +571,7 @@ mod tests {
             enabled: true,
             metrics: HealthMetrics::default(),
             log_limit: Mutex::new(RateLimit::new(5, Duration::from_secs(300))),
+            failing: AtomicBool::new(false),
         }
     }
 
@@ -547,6 +596,7 @@ mod tests {
         through_link.save(&mut model);
         assert_eq!(through_link.metrics.state_write_errors.get(), 1);
         assert_eq!(fs::read_dir(&real).unwrap().count(), 0);
+        assert!(model.dirty && through_link.failing.load(Ordering::Relaxed), "written again at the next attempt");
 
         let direct = writer(real.clone(), &runtime);
         let mut model = faulty_model();

@@ -120,15 +120,18 @@ async fn healthz(State(state): State<Arc<HttpState>>) -> Response {
 }
 
 async fn ready(State(state): State<Arc<HttpState>>) -> Response {
-    if let Some(task) = state.health.failed_task() {
-        (StatusCode::SERVICE_UNAVAILABLE, format!("critical task {task} ended\n")).into_response()
+    let (status, body) = if let Some(task) = state.health.failed_task() {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("critical task {task} ended\n"))
     } else if state.pipeline.is_ready() || state.gpu_only.as_ref().is_some_and(GpuSource::collected) {
-        (StatusCode::OK, "ok\n").into_response()
+        (StatusCode::OK, "ok\n".to_owned())
     } else if state.gpu_only.is_some() {
-        (StatusCode::SERVICE_UNAVAILABLE, "waiting for the first GPU collection\n").into_response()
+        (StatusCode::SERVICE_UNAVAILABLE, "waiting for the first GPU collection\n".to_owned())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "waiting for the first neuron-monitor report\n").into_response()
-    }
+        (StatusCode::SERVICE_UNAVAILABLE, "waiting for the first neuron-monitor report\n".to_owned())
+    };
+    // A state directory that cannot be written: still ready (monitoring works), said here.
+    let degraded = crate::state_dir::status().degraded();
+    (status, body + &degraded.map(|d| d + "\n").unwrap_or_default()).into_response()
 }
 
 #[cfg(test)]

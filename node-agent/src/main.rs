@@ -16,7 +16,7 @@ use api::monitor_config::MonitorConfig;
 use cli::{Args, ConfigSource};
 use neuron_node_agent::{
     attribution::{self, podresources::SharedDevices},
-    config::{open_state_dir, standalone, Activator, Reloader},
+    config::{standalone, Activator, Reloader},
     efa::{self, EfaCollector, EfaMetrics, EfaReader, EfaSource, SharedEfa},
     gpu::{self, GpuCollector, GpuMetrics, GpuSnapshot, GpuSource},
     health::{
@@ -42,6 +42,7 @@ use neuron_node_agent::{
         prometheus::Exposition,
     },
     state::NodeState,
+    state_dir,
     telemetry::AgentMetrics,
 };
 use prometheus_client::registry::Registry;
@@ -151,6 +152,7 @@ impl Readers {
 async fn run(args: Args) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let metrics = AgentMetrics::register(&mut registry);
+    state_dir::status().register(&mut registry);
     let mut agent = Agent {
         args,
         started: SystemTime::now(),
@@ -240,7 +242,8 @@ impl Agent {
                    neuron_k8s_info");
         }
         let state_dir = args.monitor.state_dir();
-        open_state_dir(&state_dir).await?;
+        // A full or read-only directory leaves the agent running, degraded.
+        state_dir::open_state_dir_at_start(&state_dir).await?;
         let launcher = args.monitor.launcher(state_dir.clone(), &self.metrics, k8s_info);
         let builtin = MonitorConfig::all_groups(args.monitor.period);
         let (activator, launch_specs) =

@@ -16,6 +16,7 @@ use kube::{
 };
 use neuron_e2e::{localstack::LocalStack, random_u32, wait_for, ControlPlane};
 use support::{
+    api_outage::ApiRelay,
     cloudwatch::{logs_client, start_agent_without_file},
     driver::append_kmsg_record,
     sim, Agent, Metrics, TempDir,
@@ -132,6 +133,134 @@ fn an_xid_79_record_sets_the_gpu_condition_and_an_event_and_nvml_xids_count_as_f
     }
     // A GPU-only node: no Neuron condition.
     assert_eq!(rt.block_on(condition("NeuronHealth")), None);
+}
+
+/// Issue 41, item 2: a user's Xid record (facility user, refused alone) followed by a
+/// kernel continuation record (flag `c`, facility 0, even an empty one) is not joined to
+/// it: refused for its facility, its GPU healthy. A kernel Xid after them is taken.
+#[test]
+fn a_users_xid_record_followed_by_a_kernel_continuation_is_refused() {
+    let dir = TempDir::new("gpu-health-join");
+    let (config, kmsg) = gpu_node(&dir.0, 13);
+    let agent = start(&config, &kmsg, &[], &[]);
+    agent.wait_for("GPU 0 healthy", WAIT, |m| (state(m, "0", "healthy")? == 1.0).then_some(()));
+    // Each followed by a kernel fragment: an empty emergency one, an error one with text.
+    append_kmsg_record(&kmsg, 12, 10, XID_79);
+    append_continuation(&kmsg, 0, 11, "");
+    append_kmsg_record(&kmsg, 12, 12, &XID_79.replace("53:00", "75:00"));
+    append_continuation(&kmsg, 3, 13, " GPU has fallen off the bus.");
+    // Seen after them: GPU 1's Xid 48 as the driver writes it.
+    append_kmsg_record(&kmsg, 3, 14, "NVRM: Xid (PCI:0000:64:00): 48, pid=1, name=a, DBE");
+    let m = agent.wait_for("GPU 1 unhealthy", WAIT, |m| (state(m, "1", "unhealthy")? == 1.0).then(|| m.clone()));
+    assert_eq!(state(&m, "0", "healthy"), Some(1.0), "the user's record made GPU 0 unhealthy");
+    assert_eq!(state(&m, "2", "healthy"), Some(1.0), "the user's record made GPU 2 unhealthy");
+    assert_eq!(m.value("neuron_agent_health_kmsg_refused_total", &[("reason", "facility")]), Some(2.0));
+    assert_eq!(m.value("gpu_xid_errors_total", &[("gpu", "0"), ("xid", "79")]), None);
+}
+
+/// Appends a continuation record (flag `c`) `<prefix>,<seq>,<now>,c;<text>`.
+fn append_continuation(kmsg: &Path, prefix: u32, seq: u64, text: &str) {
+    use std::io::Write;
+    let uptime = std::fs::read_to_string("/proc/uptime").expect("/proc/uptime");
+    let secs: f64 = uptime.split_whitespace().next().and_then(|s| s.parse().ok()).expect("uptime");
+    let mut file = std::fs::OpenOptions::new().append(true).open(kmsg).expect("kmsg");
+    file.write_all(format!("{prefix},{seq},{},c;{text}\n", (secs * 1e6) as u64).as_bytes()).expect("append");
+}
+
+/// The Node Events of `node` with `reason`.
+async fn events_of(events: &Api<Event>, node: &str, reason: &str) -> Option<Vec<Event>> {
+    let list = events.list(&ListParams::default()).await.ok()?;
+    let of_node = |e: &Event| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node);
+    Some(list.items.into_iter().filter(|e| of_node(e) && e.reason.as_deref() == Some(reason)).collect())
+}
+
+/// Issue 41, item 4: an Xid 79 while the API server is down, and the agent restarted
+/// during the outage: once the API server is back, the Node condition says `XID_79` and
+/// one Event names the GPU. An Event written before a restart is not written again after
+/// it (a new fault's Event, written after the earlier one would be, shows the agent got
+/// that far).
+#[test]
+fn a_faults_event_survives_an_agent_restart_during_an_api_server_outage() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let cp = ControlPlane::shared();
+    let client = rt.block_on(cp.client());
+    let node = format!("gpu-outage-{:08x}", random_u32());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let object: Node = serde_json::from_value(serde_json::json!({ "metadata": { "name": node } })).expect("node");
+    rt.block_on(nodes.create(&PostParams::default(), &object)).expect("create the Node");
+    let condition = || {
+        let (nodes, node) = (nodes.clone(), node.clone());
+        async move {
+            let n = nodes.get_status(&node).await.ok()?;
+            let c = n.status?.conditions?.into_iter().find(|c| c.type_ == "GpuHealth")?;
+            Some((c.status, c.reason.unwrap_or_default()))
+        }
+    };
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+
+    let dir = TempDir::new("gpu-outage");
+    let (config, kmsg) = gpu_node(&dir.0, 13);
+    let relay = ApiRelay::start(cp, &dir.0);
+    let env = [("KUBECONFIG", relay.kubeconfig.as_os_str())];
+    // Each agent on the state directory its predecessor left (an emptyDir outlives a
+    // container restart).
+    let start_on = |state: Option<&[u8]>| {
+        let library = fake_nvml();
+        let args = ["--nvml-library", &library, "--kmsg-path", kmsg.to_str().expect("utf-8"), "--period", "500ms"];
+        let mut args = args.to_vec();
+        args.extend(["--node-name", node.as_str()]);
+        let mut env = env.to_vec();
+        env.push(("FAKE_NVML_CONFIG", config.as_os_str()));
+        Agent::start_configured(sim(), &[], &args, |command, state_dir| {
+            command.envs(env.iter().copied());
+            if let Some(state) = state {
+                std::fs::write(state_dir.join("neuron-health.json"), state).expect("persisted state");
+            }
+        })
+    };
+    let state_file = |agent: &Agent| agent.state_dir.0.join("neuron-health.json");
+
+    let first = start_on(None);
+    let healthy = rt.block_on(wait_for(WAIT, || async { condition().await.filter(|(s, _)| s == "False") }));
+    assert_eq!(healthy, Some(("False".to_owned(), "GpuHasNoError".to_owned())));
+    relay.cut();
+    append_kmsg_record(&kmsg, 3, 20, XID_79);
+    first.wait_for("GPU 0 unhealthy", WAIT, |m| (state(m, "0", "unhealthy")? == 1.0).then_some(()));
+    first.wait_until("the fault persisted", WAIT, |a| {
+        std::fs::read_to_string(state_file(a)).is_ok_and(|t| t.contains("XID_79"))
+    });
+    let saved = std::fs::read(state_file(&first)).expect("the persisted state");
+    drop(first);
+
+    // Restarted during the outage; then the API server is back.
+    let second = start_on(Some(&saved));
+    second.wait_for("GPU 0 unhealthy, restored", WAIT, |m| (state(m, "0", "unhealthy")? == 1.0).then_some(()));
+    relay.restore();
+    let faulty = rt.block_on(wait_for(WAIT, || async { condition().await.filter(|(_, r)| r == "XID_79") }));
+    assert_eq!(faulty, Some(("True".to_owned(), "XID_79".to_owned())));
+    let written = rt.block_on(wait_for(WAIT, || async {
+        events_of(&events, &node, "GpuHasError_XID_79").await.filter(|e| !e.is_empty())
+    }));
+    let written = written.expect("the Event of the Xid 79, after the outage");
+    assert_eq!(written.len(), 1, "{written:?}");
+    assert!(written[0].note.as_deref().is_some_and(|n| n.contains("NVIDIA GPU 0")), "{written:?}");
+    second.wait_until("the Event persisted as written", WAIT, |a| {
+        std::fs::read_to_string(state_file(a)).is_ok_and(|t| t.contains("\"announced\":[\"XID_79\"]"))
+    });
+    let saved = std::fs::read(state_file(&second)).expect("the persisted state");
+    drop(second);
+
+    // Restarted after the Event: a new fault gets its Event, the written one no second.
+    let third = start_on(Some(&saved));
+    third.wait_for("GPU 0 unhealthy, restored", WAIT, |m| (state(m, "0", "unhealthy")? == 1.0).then_some(()));
+    append_kmsg_record(&kmsg, 3, 21, "NVRM: Xid (PCI:0000:64:00): 48, pid=1, name=a, DBE");
+    let later = rt.block_on(wait_for(WAIT, || async {
+        events_of(&events, &node, "GpuHasError_XID_48").await.filter(|e| !e.is_empty())
+    }));
+    assert!(later.is_some(), "the new fault's Event");
+    let again = rt.block_on(events_of(&events, &node, "GpuHasError_XID_79")).expect("list the Events");
+    assert_eq!(again.len(), 1, "written once: {again:?}");
+    drop(third);
 }
 
 /// Every event of every stream of `group` (empty while the group does not exist).

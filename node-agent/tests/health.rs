@@ -289,6 +289,46 @@ fn forged_kernel_records_are_refused_and_a_real_fault_keeps_its_name() {
     assert_eq!(m.value("neuron_agent_health_refused_total", &[("what", "error_name")]), Some(other));
 }
 
+/// Issue 41, item 2: a user's record (facility user, refused alone) followed by a kernel
+/// continuation record (flag `c`, facility 0, even an empty one) is not joined to it:
+/// refused for its facility, its device healthy. The runtime's time stamp and the
+/// driver's prefix, in either order, start a real fault's record.
+#[test]
+fn a_users_record_is_not_joined_to_a_kernel_continuation_and_either_stamp_order_is_a_fault() {
+    let driver = FakeDriver::start("trn1.32xlarge");
+    let agent = start_agent(&driver, "trn1.32xlarge", None);
+    agent.wait_for("16 healthy devices", WAIT, |m| {
+        (0..16).all(|d| state_of(m, &d.to_string()).as_deref() == Some("healthy")).then_some(())
+    });
+    wait_kmsg_live(&agent);
+    let t = now_usec();
+    let hbm = "NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR";
+    for line in [
+        format!("11,3001,{t},-;{hbm}"),
+        format!("3,3002,{t},c; nd-id=1 nc-id=0 action=TERMINATE_INSTANCE"),
+        format!("11,3003,{t},-;{hbm} nd-id=2 nc-id=0"),
+        format!("0,3004,{t},c;"),
+        format!(
+            "3,3005,{t},-;neuron:ncdev_printk: 2025-06-01T12:00:00.123456Z NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=0"
+        ),
+        format!(
+            "3,3006,{t},-;2025-06-01T12:00:00.123456Z neuron:ncdev_printk: NEURON_HW_ERR=DMA_ERROR nd-id=4 nc-id=0"
+        ),
+    ] {
+        driver.record(&line);
+    }
+    let errors = |m: &Metrics, device: &str| m.sum("neuron_hardware_errors_total", &[("neuron_device_index", device)]);
+    let m = agent
+        .wait_for("both stamped faults", WAIT, |m| (errors(m, "3") == 1.0 && errors(m, "4") == 1.0).then(|| m.clone()));
+    for device in ["1", "2"] {
+        assert_eq!(state_of(&m, device).as_deref(), Some("healthy"), "device {device}");
+        assert_eq!(errors(&m, device), 0.0, "device {device}");
+    }
+    assert_eq!(state_of(&m, "3").as_deref(), Some("unhealthy"));
+    assert_eq!(m.value("neuron_agent_health_kmsg_refused_total", &[("reason", "facility")]), Some(2.0));
+    assert_eq!(m.value("neuron_agent_health_kmsg_refused_total", &[("reason", "position")]), Some(0.0));
+}
+
 /// Issue 24 (smaller): a zero-padded twin of a device directory (`neuron00` beside
 /// `neuron0`) is not a second device 0: refused and counted, and device 0 keeps its own
 /// health and one set of series.

@@ -20,6 +20,7 @@ use neuron_e2e::{random_u32, wait_for, ControlPlane};
 use neuron_node_agent::attribution::podresources::NEURONDEVICE;
 use neuron_node_agent::health::taint::TAINT_KEY;
 use support::{
+    api_outage::ApiRelay,
     driver::{wait_for_core_counter, wait_kmsg_live, FakeDriver},
     kubelet::{holding, PodResourcesServer},
     node_config::write_node_config,
@@ -311,6 +312,99 @@ fn a_fault_recurring_after_a_driver_reload_gets_a_new_event() {
     driver.inject(&["nc-ue:0:1"]);
     assert!(rt.block_on(status_is("True")).is_some());
     assert_eq!(rt.block_on(occurrences(4)), Some(4), "the recurrence is announced");
+    rt.block_on(nodes.delete(&node, &DeleteParams::default())).expect("delete the Node");
+}
+
+/// Occurrences of the Events of `node` with `reason`: Events, or their series' counts.
+async fn occurrences(events: &Api<Event>, node: &str, reason: &str) -> Option<i32> {
+    let list = events.list(&ListParams::default()).await.ok()?;
+    let n = list
+        .items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node))
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+        .sum();
+    Some(n)
+}
+
+/// Issue 41, item 4, for Neuron devices: a fault while the API server is down, and the
+/// agent restarted during the outage: once the API server is back, the Node condition
+/// names the fault and its Events are written. An Event written before a restart is not
+/// written again after it (a new fault's Event, written after the earlier ones would be,
+/// shows the agent got that far).
+#[test]
+fn a_neuron_faults_events_survive_an_agent_restart_during_an_api_server_outage() {
+    let rt = runtime();
+    let cp = ControlPlane::shared();
+    let client = rt.block_on(cp.client());
+    let (nodes, node) = rt.block_on(new_node(&client));
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let driver = FakeDriver::start("trn1.32xlarge");
+    let dir = TempDir::new("outage");
+    let relay = ApiRelay::start(cp, &dir.0);
+    let mut args = driver.agent_args();
+    args.extend(["--node-name", &node].map(str::to_owned));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // Each agent on the state directory its predecessor left.
+    let start_on = |state: Option<&[u8]>| {
+        Agent::start_configured(sim(), &["--instance-type=trn1.32xlarge"], &args, |command, state_dir| {
+            command.env("KUBECONFIG", &relay.kubeconfig);
+            if let Some(state) = state {
+                std::fs::write(state_dir.join("neuron-health.json"), state).expect("persisted state");
+            }
+        })
+    };
+    let state_of = |agent: &Agent| -> serde_json::Value {
+        let text = std::fs::read(agent.state_dir.0.join("neuron-health.json")).unwrap_or_default();
+        serde_json::from_slice(&text).unwrap_or_default()
+    };
+    let reasons_of_device_2 = |state: &serde_json::Value| {
+        let devices = state["devices"].as_array().cloned().unwrap_or_default();
+        let device = devices.into_iter().find(|d| d["index"] == 2).unwrap_or_default();
+        device["reasons"].as_array().map_or(0, Vec::len)
+    };
+    let nc = "NeuronHasError_NC_UNCORRECTABLE_ERROR";
+
+    let first = start_on(None);
+    let healthy =
+        rt.block_on(wait_for(WAIT, || async { condition(&nodes, &node).await.filter(|(s, _)| s == "False") }));
+    assert!(healthy.is_some());
+    wait_kmsg_live(&first);
+    relay.cut();
+    // Two faults: the kernel record's and the core counter's, both persisted.
+    driver.inject(&["nc-ue:2:1"]);
+    wait_for_core_counter(&first, "2", "1", "hw_nc_ue_error");
+    first.wait_until("both faults persisted", WAIT, |a| reasons_of_device_2(&state_of(a)) == 2);
+    let saved = serde_json::to_vec(&state_of(&first)).expect("the persisted state");
+    drop(first);
+
+    // Restarted during the outage; then the API server is back.
+    let second = start_on(Some(&saved));
+    second.wait_for("device 2 unhealthy, restored", WAIT, |m| {
+        let unhealthy = m.value("neuron_device_health_state", &[("neuron_device_index", "2"), ("state", "unhealthy")]);
+        (unhealthy? == 1.0).then_some(())
+    });
+    relay.restore();
+    let faulty = rt.block_on(wait_for(WAIT, || async { condition(&nodes, &node).await.filter(|(s, _)| s == "True") }));
+    assert_eq!(faulty, Some(("True".to_owned(), nc.to_owned())));
+    let written = rt.block_on(wait_for(WAIT, || async { occurrences(&events, &node, nc).await.filter(|n| *n >= 2) }));
+    assert_eq!(written, Some(2), "both faults' Events, after the outage");
+    second.wait_until("the Events persisted as written", WAIT, |a| {
+        state_of(a)["announced"].as_array().is_some_and(|a| a.len() == 2)
+    });
+    let saved = serde_json::to_vec(&state_of(&second)).expect("the persisted state");
+    drop(second);
+
+    // Restarted after the Events: a new fault gets its Event, the written ones no second.
+    let third = start_on(Some(&saved));
+    wait_kmsg_live(&third);
+    driver.inject(&["hbm-ue:5"]);
+    let hbm = "NeuronHasError_HBM_UNCORRECTABLE_ERROR";
+    let later = rt.block_on(wait_for(WAIT, || async { occurrences(&events, &node, hbm).await.filter(|n| *n >= 1) }));
+    assert!(later.is_some(), "the new fault's Event");
+    assert_eq!(rt.block_on(occurrences(&events, &node, nc)), Some(2), "written once");
+    drop(third);
     rt.block_on(nodes.delete(&node, &DeleteParams::default())).expect("delete the Node");
 }
 

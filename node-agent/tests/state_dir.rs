@@ -1,10 +1,12 @@
 //! The real agent binary and its state directory: a directory that is a symbolic link
 //! or belongs to another user is refused at start, and files planted in it are never
-//! followed, overwritten or deleted.
+//! followed, overwritten or deleted; one that cannot be written leaves the agent running,
+//! degraded.
 
 mod support;
 
 use std::{
+    ffi::OsStr,
     os::unix::fs::{chown, symlink},
     path::Path,
     process::{Command, Stdio},
@@ -12,7 +14,7 @@ use std::{
 };
 
 use api::{duration::Period, monitor_config::MonitorConfig, node_config::content_hash};
-use support::{free_port, sim, Agent, TempDir, AGENT};
+use support::{driver::append_kmsg_record, free_port, sim, Agent, Metrics, TempDir, AGENT};
 
 /// A user the tests are not: files chowned to it belong to "another user".
 const OTHER_UID: u32 = 65534;
@@ -107,4 +109,95 @@ fn files_planted_in_the_state_directory_are_never_followed_or_deleted() {
     assert!(state.join("neuron-monitor-eeeeeeeeeeeeeeee.json").exists(), "another user's file is left alone");
     // The two links and the other user's file.
     assert_eq!(m.sum("neuron_agent_state_files_refused_total", &[]), 3.0);
+}
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Starts the agent on `state_dir` (which the support's start makes itself) with `args`
+/// and `env`; returns once it serves.
+fn start_on(state_dir: &Path, monitor_args: &[&str], args: &[&str], env: &[(&str, &OsStr)]) -> Agent {
+    let addr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let scratch = TempDir::new("agent");
+    let mut command = Command::new(AGENT);
+    command
+        .args(["--monitor-command", sim(), "--listen", &format!("{addr}"), "--state-dir"])
+        .arg(state_dir)
+        .args(args)
+        .args(monitor_args.iter().map(|a| format!("--monitor-arg={a}")))
+        .env("NEURON_AGENT_LOG", "info")
+        .env("NEURON_AGENT_KMSG_PATH", scratch.0.join("no-kmsg"))
+        .env("NEURON_AGENT_SYSFS_ROOT", scratch.0.join("no-sysfs"))
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    let agent = Agent { child: command.spawn().expect("start the agent"), addr, state_dir: scratch };
+    agent.wait_until("the HTTP endpoint answers", Duration::from_secs(20), |a| a.get("/healthz").is_some());
+    agent
+}
+
+fn degraded(m: &Metrics, file: &str) -> Option<f64> {
+    m.value("neuron_agent_state_dir_degraded", &[("file", file)])
+}
+
+/// A state directory that cannot be made: its parent is a regular file. (A full or
+/// read-only file system fails the same writes.)
+fn unwritable_state_dir(dir: &TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
+    let parent = dir.0.join("parent");
+    std::fs::write(&parent, "a file where the state directory's parent should be").expect("write");
+    (parent.clone(), parent.join("state"))
+}
+
+/// Issue 41, item 9: a state directory that cannot be written at start does not stop a
+/// GPU-only node's agent (a crash loop took its GPU metrics and health with it). It
+/// monitors on, says it is degraded (a metric, `/readyz`'s body, still ready), and once
+/// the directory can be made, writes the health state at its next attempt.
+#[test]
+fn an_unwritable_state_directory_leaves_a_gpu_node_monitored_and_degraded() {
+    let dir = TempDir::new("state-unwritable-gpu");
+    let (parent, state) = unwritable_state_dir(&dir);
+    let config = dir.write("nvml.yaml", "instance_type: p5.48xlarge\n");
+    let kmsg = dir.write("kmsg", "");
+    let library = neuron_e2e::workspace_bin("libnvidia_ml_fake.so").display().to_string();
+    let args = ["--nvml-library", &library, "--kmsg-path", kmsg.to_str().expect("utf-8"), "--period", "500ms"];
+    let agent = start_on(&state, &[], &args, &[("FAKE_NVML_CONFIG", config.as_os_str())]);
+    let healthy = |m: &Metrics| m.value("gpu_health_state", &[("gpu", "0"), ("state", "healthy")]);
+    let m = agent.wait_for("GPU 0 healthy", WAIT, |m| (healthy(m)? == 1.0).then(|| m.clone()));
+    assert_eq!(degraded(&m, "monitor_config"), Some(1.0));
+    assert!(!m.find("DCGM_FI_DEV_GPU_UTIL", &[]).is_empty(), "the GPU metrics");
+    let (status, body) = agent.get("/readyz").expect("GET /readyz");
+    assert_eq!(status, 200, "monitoring works: ready ({body})");
+    assert!(
+        body.starts_with("ok\n") && body.contains("degraded: cannot write the neuron-monitor configuration"),
+        "{body}"
+    );
+
+    // A fault: the health state cannot be written either, and says so.
+    append_kmsg_record(&kmsg, 3, 1, "NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=a, GPU has fallen off the bus.");
+    agent.wait_for("the health state's write failed", WAIT, |m| (degraded(m, "health")? == 1.0).then_some(()));
+    assert_eq!(agent.metrics().value("gpu_health_state", &[("gpu", "0"), ("state", "unhealthy")]), Some(1.0));
+
+    // The directory can be made now: the health state is written at the next attempt.
+    std::fs::remove_file(&parent).expect("remove the file");
+    std::fs::create_dir(&parent).expect("make the parent");
+    agent.wait_until("the health state written", WAIT, |_| {
+        std::fs::read_to_string(state.join("neuron-health.json")).is_ok_and(|t| t.contains("XID_79"))
+    });
+    agent.wait_for("not degraded for the health state", WAIT, |m| (degraded(m, "health")? == 0.0).then_some(()));
+}
+
+/// Issue 41, item 9, on a Neuron node: neuron-monitor runs on its configuration held in
+/// memory, and its reports are exported.
+#[test]
+fn an_unwritable_state_directory_leaves_neuron_monitor_running_from_memory() {
+    let dir = TempDir::new("state-unwritable");
+    let (_parent, state) = unwritable_state_dir(&dir);
+    let agent = start_on(&state, &["--instance-type=trn1.2xlarge"], &["--period", "500ms"], &[]);
+    let m = agent.wait_for("reports", WAIT, |m| (m.sum("neuron_agent_reports_total", &[]) >= 2.0).then(|| m.clone()));
+    assert_eq!(degraded(&m, "monitor_config"), Some(1.0));
+    assert!(!m.find("neuroncore_utilization_ratio", &[]).is_empty(), "neuron-monitor's metrics");
+    let (status, body) = agent.get("/readyz").expect("GET /readyz");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("degraded: "), "{body}");
+    assert!(!state.exists());
 }

@@ -308,6 +308,7 @@ mod tests {
             silence_timeout: None,
             refused_files: metrics.state_files_refused.clone(),
             k8s_info: false,
+            in_memory: Default::default(),
         };
         let health = HealthDefaults { condition_type: "NeuronHealth".into(), kmsg_look_back: Duration::from_secs(300) };
         let builtin = MonitorConfig::all_groups(Period::from_secs(7));

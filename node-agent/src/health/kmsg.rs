@@ -234,13 +234,17 @@ fn from_the_kernel(origin: Option<Origin>) -> Result<Origin, Refusal> {
 }
 
 /// The text from the token on, when the token starts the record: at the start of the
-/// text, or after (each at most once, in this order) a printk time stamp
-/// (`[ 5140.900000] `), an ISO-8601 time stamp (`2025-06-01T12:00:00.000Z `, also with a
-/// space before the time), the driver's `neuron:<function>: `. Anywhere else the token is
-/// text the kernel quotes (a path, an interface name), which anyone may choose.
+/// text, or after (each at most once) a printk time stamp (`[ 5140.900000] `), then the
+/// runtime's ISO-8601 time stamp (`2025-06-01T12:00:00.000Z `, also with a space before
+/// the time) and the driver's `neuron:<function>: ` in either order: the runtime hands
+/// the driver a stamped line, and the driver's `pr_fmt` may put its prefix before it.
+/// Anywhere else the token is text the kernel quotes (a path, an interface name), which
+/// anyone may choose.
 fn at_boundary(text: &str) -> Option<&str> {
-    let rest = skip_driver_prefix(skip_iso_time(skip_printk_time(text)));
-    rest.starts_with(TOKEN).then_some(rest)
+    let text = skip_printk_time(text);
+    let stamp_first = skip_driver_prefix(skip_iso_time(text));
+    let prefix_first = skip_iso_time(skip_driver_prefix(text));
+    [stamp_first, prefix_first].into_iter().find(|rest| rest.starts_with(TOKEN))
 }
 
 fn skip_printk_time(text: &str) -> &str {
@@ -369,13 +373,30 @@ pub struct Follower {
     pub look_back: LookBack,
 }
 
-/// The state carried between lines: the previous record's text, for continuations.
+/// The state carried between lines: the previous record, for a continuation of it.
 #[derive(Default)]
 struct Parser {
-    previous: String,
-    previous_seq: Option<u64>,
+    previous: Option<Previous>,
     /// The previous record gave an event or a refusal.
     previous_outcome: bool,
+}
+
+/// The record read last, whose text a continuation record may carry on.
+struct Previous {
+    /// Its text, with the continuations joined so far.
+    text: String,
+    origin: Origin,
+    seq: u64,
+}
+
+impl Previous {
+    /// Whether `record` carries this record's text on: flagged `c`, read right after it
+    /// (the next sequence number) and written by the same origin (facility and level).
+    /// Anything else is judged alone: a user's record never becomes the kernel's by a
+    /// kernel fragment after it, nor the other way round.
+    fn continued_by(&self, record: &Record<'_>) -> bool {
+        record.continues && record.origin == self.origin && self.seq.checked_add(1) == Some(record.seq)
+    }
 }
 
 /// Cuts `s` to at most `max` bytes, at a character boundary.
@@ -390,49 +411,58 @@ fn cut(s: &mut String, max: usize) {
 }
 
 impl Parser {
-    /// One record (or plain line) → the batch. `history`: read at start-up, judged by the look-back.
+    /// One record (or plain line) → the batch. `history`: in the log when it was opened,
+    /// judged by the look-back.
     fn take(&mut self, raw: &str, history: Option<&LookBack>, batch: &mut Batch) {
         batch.records += 1;
-        let (seq, origin, text, continues) = match parse_record(raw) {
-            Some(r) => {
-                batch.last_seq = Some(r.seq);
-                if history.is_some_and(|h| !h.keeps(&r)) {
-                    self.previous.clear();
-                    self.previous_outcome = false;
-                    return;
-                }
-                (Some(r.seq), Some(r.origin), r.text, r.continues)
-            }
+        let Some(record) = parse_record(raw) else {
+            // A plain line continues nothing, and nothing continues it.
+            self.forget();
             // A plain line cannot be placed in time: history is skipped.
-            None if history.is_some() => return,
-            None => (None, None, raw.split('\n').next().unwrap_or_default(), false),
-        };
-        if continues && !self.previous.is_empty() {
-            // The text continues the previous record's: read them as one line. What the
-            // previous record gave, still in this batch, is replaced by the whole line's;
-            // what was handed on already stays as it was (counted once).
-            self.previous.push_str(text);
-            cut(&mut self.previous, MAX_KMSG_RECORD_BYTES);
-            let outcome = parse_event(&self.previous, origin);
-            if self.retract_previous(batch) {
-                self.push(seq, outcome, batch);
+            if history.is_none() {
+                self.push(None, parse_event(raw.split('\n').next().unwrap_or_default(), None), batch);
             }
-        } else {
-            self.previous.clear();
-            self.previous.push_str(text);
-            self.previous_outcome = false;
-            self.push(seq, parse_event(text, origin), batch);
+            return;
+        };
+        batch.last_seq = Some(record.seq);
+        if history.is_some_and(|h| !h.keeps(&record)) {
+            self.forget();
+            return;
         }
-        self.previous_seq = seq;
+        let seq = Some(record.seq);
+        match self.previous.as_mut().filter(|p| p.continued_by(&record)) {
+            Some(previous) => {
+                // The text continues the previous record's: read them as one line. What the
+                // previous record gave, still in this batch, is replaced by the whole line's;
+                // what was handed on already stays as it was (counted once).
+                previous.text.push_str(record.text);
+                cut(&mut previous.text, MAX_KMSG_RECORD_BYTES);
+                previous.seq = record.seq;
+                let outcome = parse_event(&previous.text, Some(record.origin));
+                if self.retract_previous(batch, record.seq - 1) {
+                    self.push(seq, outcome, batch);
+                }
+            }
+            None => {
+                self.previous = Some(Previous { text: record.text.to_owned(), origin: record.origin, seq: record.seq });
+                self.previous_outcome = false;
+                self.push(seq, parse_event(record.text, Some(record.origin)), batch);
+            }
+        }
     }
 
-    /// Takes the previous record's outcome back out of the batch; `false` when it was
-    /// handed on already.
-    fn retract_previous(&mut self, batch: &mut Batch) -> bool {
+    fn forget(&mut self) {
+        self.previous = None;
+        self.previous_outcome = false;
+    }
+
+    /// Takes the outcome of the previous record (`previous_seq`) back out of the batch;
+    /// `false` when it was handed on already.
+    fn retract_previous(&mut self, batch: &mut Batch, previous_seq: u64) -> bool {
         if !self.previous_outcome {
             return true;
         }
-        let previous = |s: &Option<u64>| *s == self.previous_seq;
+        let previous = |s: &Option<u64>| *s == Some(previous_seq);
         if batch.events.last().is_some_and(|(s, _)| previous(s)) {
             if let Some((_, Event::HwError(e))) = batch.events.pop() {
                 batch.refused = batch.refused.saturating_sub(e.refused as u64);
@@ -474,7 +504,7 @@ impl Follower {
         if meta.file_type().is_char_device() && is_kmsg(meta.rdev()) {
             self.follow_device(file, stop, &mut sink)
         } else if meta.is_file() {
-            self.follow_file(file, stop, &mut sink)
+            self.follow_file(file, meta.len(), stop, &mut sink)
         } else {
             Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -484,7 +514,13 @@ impl Follower {
     }
 
     /// `/dev/kmsg`: one record per `read()`, from the start of the kernel's buffer; the
-    /// records older than the look-back are skipped.
+    /// records older than the look-back are skipped. The history ends at the first
+    /// `EAGAIN`, which may come after records written since the open: read as history,
+    /// such a record is judged as a live one would be. Every `/dev/kmsg` record has a
+    /// header (no line is skipped for lacking one), and the look-back skips only records
+    /// stamped before its window (one written after the open is stamped after the uptime
+    /// read before it) or numbered at or below the previous agent's last (the kernel
+    /// numbers on, so one written after the open is above it).
     fn follow_device(&self, mut file: fs::File, stop: &Stop, sink: &mut impl FnMut(Batch)) -> io::Result<()> {
         let mut buf = vec![0u8; MAX_KMSG_RECORD_BYTES + 1];
         let mut parser = Parser::default();
@@ -524,49 +560,60 @@ impl Follower {
         Ok(())
     }
 
-    /// A regular file: the last [`FILE_HISTORY_BYTES`] judged by the look-back, then
-    /// every line appended, checked every [`FILE_TICK`].
-    fn follow_file(&self, mut file: fs::File, stop: &Stop, sink: &mut impl FnMut(Batch)) -> io::Result<()> {
-        let len = file.metadata()?.len();
+    /// A regular file: what it held when opened (its last [`FILE_HISTORY_BYTES`]) is
+    /// history, judged by the look-back; every line appended after the open is live,
+    /// however soon it is read (the offset of its end tells, not when the reader got to
+    /// it). Checked every [`FILE_TICK`].
+    /// `len`: the file's length when it was opened.
+    fn follow_file(&self, mut file: fs::File, len: u64, stop: &Stop, sink: &mut impl FnMut(Batch)) -> io::Result<()> {
         let start = len.saturating_sub(FILE_HISTORY_BYTES);
         file.seek(SeekFrom::Start(start))?;
-        let mut lines = LineBuffer { skip_first: start > 0, ..LineBuffer::default() };
+        let mut lines = LineBuffer::at(start);
         let mut parser = Parser::default();
-        let mut offset = start;
-        let mut history = Some(&self.look_back);
+        // The end of the history: bytes up to here were in the file at the open.
+        let mut history_end = Some(len);
         let mut chunk = vec![0u8; 64 * 1024];
         while !stop.is_set() {
             let mut batch = Batch::default();
+            let judge =
+                |end: u64, history_end: Option<u64>| history_end.is_some_and(|h| end <= h).then_some(&self.look_back);
             loop {
                 let n = file.read(&mut chunk)?;
-                offset += n as u64;
                 if n == 0 {
                     // The file was truncated, or another file is at the path now (rotated):
-                    // the one at the path, from its start.
-                    if self.replaced(&file, offset) {
+                    // the one at the path, from its start, all of it written after the open.
+                    if self.replaced(&file, lines.offset) {
                         file = fs::File::open(&self.path)?;
-                        offset = 0;
-                        lines = LineBuffer::default();
+                        lines = LineBuffer::at(0);
+                        history_end = history_end.map(|_| 0);
                         continue;
                     }
-                    if let Some(line) = lines.stale_partial(FILE_TICK) {
-                        parser.take(&line, history, &mut batch);
+                    if let Some((line, end)) = lines.stale_partial(FILE_TICK) {
+                        parser.take(&line, judge(end, history_end), &mut batch);
                     }
                     break;
                 }
                 let mut too_long = 0;
-                lines.push(&chunk[..n], |line| parser.take(line, history, &mut batch), &mut too_long);
+                lines.push(
+                    &chunk[..n],
+                    |line, end| parser.take(line, judge(end, history_end), &mut batch),
+                    &mut too_long,
+                );
                 batch.too_long += too_long;
                 if batch.records >= MAX_KMSG_RECORDS_PER_BATCH as u64 {
                     break;
                 }
             }
-            let caught_up = batch.records < MAX_KMSG_RECORDS_PER_BATCH as u64;
-            batch.caught_up = caught_up && history.take().is_some();
+            // The history ends with the batch that judged its last line.
+            batch.caught_up = history_end.is_some_and(|h| lines.judged >= h);
+            if batch.caught_up {
+                history_end = None;
+            }
+            let full = batch.records >= MAX_KMSG_RECORDS_PER_BATCH as u64;
             if !batch.is_empty() {
                 sink(batch);
             }
-            if caught_up {
+            if !full {
                 stop.sleep(FILE_TICK);
             }
         }
@@ -596,6 +643,7 @@ fn is_kmsg(rdev: u64) -> bool {
 /// [`MAX_KMSG_RECORD_BYTES`] is dropped (counted) up to its newline; a last line
 /// without a newline is taken once it has not grown for a tick. Continuation lines
 /// (starting with a space) belong to the record before them and are dropped here.
+/// Each line is handed on with the file offset of its end.
 #[derive(Default)]
 struct LineBuffer {
     partial: Vec<u8>,
@@ -604,13 +652,24 @@ struct LineBuffer {
     /// The first line is cut (reading started mid-file).
     skip_first: bool,
     partial_since: Option<Instant>,
+    /// The file offset of the next byte pushed.
+    offset: u64,
+    /// The file offset up to which every line was handed on or dropped.
+    judged: u64,
 }
 
 impl LineBuffer {
-    fn push(&mut self, mut data: &[u8], mut line: impl FnMut(&str), too_long: &mut u64) {
+    /// Reading from `offset` of the file; mid-file, the first (cut) line is skipped.
+    fn at(offset: u64) -> LineBuffer {
+        LineBuffer { skip_first: offset > 0, offset, judged: offset, ..LineBuffer::default() }
+    }
+
+    fn push(&mut self, mut data: &[u8], mut line: impl FnMut(&str, u64), too_long: &mut u64) {
         while let Some(nl) = memchr::memchr(b'\n', data) {
             let piece = &data[..nl];
             data = &data[nl + 1..];
+            self.offset += nl as u64 + 1;
+            self.judged = self.offset;
             if std::mem::take(&mut self.skip_first) || std::mem::take(&mut self.discarding) {
                 self.partial.clear();
                 continue;
@@ -625,16 +684,20 @@ impl LineBuffer {
             self.partial.clear();
             self.partial_since = None;
             if !text.starts_with(' ') && !text.is_empty() {
-                line(&text);
+                line(&text, self.offset);
             }
         }
+        self.offset += data.len() as u64;
         if self.discarding {
+            // Dropped whatever follows, up to its newline.
+            self.judged = self.offset;
             return;
         }
         if self.partial.len() + data.len() > MAX_KMSG_RECORD_BYTES {
             *too_long += 1;
             self.partial.clear();
             self.discarding = true;
+            self.judged = self.offset;
             return;
         }
         if !data.is_empty() {
@@ -643,15 +706,16 @@ impl LineBuffer {
         }
     }
 
-    /// The last line without its newline, once it has waited `tick`.
-    fn stale_partial(&mut self, tick: Duration) -> Option<String> {
+    /// The last line without its newline, with its end offset, once it has waited `tick`.
+    fn stale_partial(&mut self, tick: Duration) -> Option<(String, u64)> {
         let since = self.partial_since?;
         if since.elapsed() < tick || self.skip_first || self.discarding {
             return None;
         }
         self.partial_since = None;
+        self.judged = self.offset;
         let text = String::from_utf8_lossy(&std::mem::take(&mut self.partial)).into_owned();
-        (!text.starts_with(' ') && !text.is_empty()).then_some(text)
+        (!text.starts_with(' ') && !text.is_empty()).then_some((text, self.offset))
     }
 }
 
@@ -733,6 +797,9 @@ mod tests {
             "2025-06-01 12:00:00.123456 NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1",
             "neuron:ncdev_printk: NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1",
             "[    5.000001] 2025-06-01T12:00:00Z neuron:ncdev_printk: NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1",
+            // The driver's prefix before the runtime's stamp (issue 41, item 2).
+            "neuron:ncdev_printk: 2025-06-01T12:00:00.123456Z NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1",
+            "[    5.000001] neuron:ncdev_printk: 2025-06-01 12:00:00.123 NEURON_HW_ERR=DMA_ERROR nd-id=3 nc-id=1",
         ] {
             let e = hw(text);
             assert_eq!((e.name.as_str(), e.device, e.core), ("DMA_ERROR", 3, Some(1)), "{text}");
@@ -745,6 +812,8 @@ mod tests {
             "br0: port 1(NEURON_HW_ERR=A) entered blocking state",
             "[ 1.0] [ 2.0] NEURON_HW_ERR=DMA_ERROR nd-id=0",
             "neuron:f: neuron:g: NEURON_HW_ERR=DMA_ERROR nd-id=0",
+            "2025-06-01T12:00:00Z neuron:f: 2025-06-01T12:00:00Z NEURON_HW_ERR=DMA_ERROR nd-id=0",
+            "neuron:f: 2025-06-01T12:00:00Z neuron:g: NEURON_HW_ERR=DMA_ERROR nd-id=0",
         ] {
             assert_eq!(parse_event(text, Some(Origin::KERNEL_ERROR)), Err(Refusal::Position), "{text}");
         }
@@ -833,8 +902,52 @@ mod tests {
         let mut lines = LineBuffer::default();
         let mut seen = Vec::new();
         let mut too_long = 0;
-        lines.push(b"3,1,10,-;a\n SUBSYSTEM=neuron\n3,2,11,-;b\n", |l| seen.push(l.to_owned()), &mut too_long);
-        assert_eq!(seen, ["3,1,10,-;a", "3,2,11,-;b"]);
+        lines.push(
+            b"3,1,10,-;a\n SUBSYSTEM=neuron\n3,2,11,-;b\n",
+            |l, end| seen.push((l.to_owned(), end)),
+            &mut too_long,
+        );
+        assert_eq!(seen, [("3,1,10,-;a".to_owned(), 11), ("3,2,11,-;b".to_owned(), 40)], "each with its end's offset");
+    }
+
+    /// Issue 41, item 2: a continuation (flag `c`) carries on only the record read right
+    /// before it (the previous sequence number) from the same origin (facility and level).
+    #[test]
+    fn a_continuation_joins_only_the_record_of_its_origin_right_before_it() {
+        let xid = "NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=a, GPU has fallen off the bus.";
+        let hbm = "NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR";
+        // A user's record, refused alone, then a kernel fragment (even an empty one).
+        for (user, fragment) in [
+            (format!("11,17,5000,-;{xid}"), "0,18,5001,c;"),
+            (format!("11,17,5000,-;{xid}"), "3,18,5001,c;"),
+            (format!("11,17,5000,-;{xid}"), "4,18,5001,c; and more"),
+            (format!("11,17,5000,-;{hbm}"), "3,18,5001,c; nd-id=0 nc-id=0"),
+            (format!("14,17,5000,-;{hbm}"), "3,18,5001,c; nd-id=0"),
+        ] {
+            let b = batch_of(&[user.as_str(), fragment], None);
+            assert!(b.events.is_empty(), "{user} + {fragment}: {:?}", b.events);
+            assert_eq!(b.refusals, [(Some(17), Refusal::Facility)], "{user} + {fragment}");
+        }
+        // The kernel's own record, continued by another level, after a gap in the numbers,
+        // or after a plain line: each part is judged alone (the first has no nd-id).
+        for lines in [
+            ["3,17,5000,-;NEURON_HW_ERR=DMA_ERROR", "4,18,5001,c; nd-id=0"],
+            ["3,17,5000,-;NEURON_HW_ERR=DMA_ERROR", "3,19,5001,c; nd-id=0"],
+            ["NEURON_HW_ERR=DMA_ERROR", "3,18,5001,c; nd-id=0"],
+        ] {
+            let b = batch_of(&lines, None);
+            assert!(b.events.is_empty(), "{lines:?}: {:?}", b.events);
+            assert_eq!(b.refusals.len(), 1, "{lines:?}: {:?}", b.refusals);
+        }
+        // A record the look-back skipped is not carried on by the fragment after it.
+        let look = LookBack { window: Duration::from_secs(1), uptime: Some(Duration::from_secs(100)), after_seq: None };
+        let b = batch_of(&["3,17,5000,-;NEURON_HW_ERR=DMA_ERROR", "3,18,99500000,c; nd-id=0"], Some(&look));
+        assert!(b.events.is_empty() && b.refusals.is_empty(), "{b:?}");
+        // Three parts of the kernel's record, in order, are one line.
+        let b =
+            batch_of(&["3,17,5000,-;NEURON_HW_ERR=DMA_ERROR", "3,18,5001,c; nd-id=1", "3,19,5002,c; nc-id=0"], None);
+        let [(Some(19), Event::HwError(e))] = b.events.as_slice() else { panic!("{b:?}") };
+        assert_eq!((e.device, e.core, b.refusals.len()), (1, Some(0), 0));
     }
 
     #[test]
@@ -863,12 +976,64 @@ mod tests {
         let mut seen = Vec::new();
         let mut too_long = 0;
         let long = vec![b'x'; MAX_KMSG_RECORD_BYTES + 10];
-        lines.push(&long, |l| seen.push(l.to_owned()), &mut too_long);
-        lines.push(b"still the long line\nnext\ntail", |l| seen.push(l.to_owned()), &mut too_long);
+        lines.push(&long, |l, _| seen.push(l.to_owned()), &mut too_long);
+        assert_eq!(lines.judged, lines.offset, "dropped, whatever follows");
+        lines.push(b"still the long line\nnext\ntail", |l, _| seen.push(l.to_owned()), &mut too_long);
         assert_eq!(seen, ["next"]);
         assert_eq!(too_long, 1);
         assert_eq!(lines.stale_partial(Duration::from_secs(3600)), None, "may still grow");
-        assert_eq!(lines.stale_partial(Duration::ZERO).as_deref(), Some("tail"));
+        assert_eq!(lines.judged, lines.offset - 4, "the tail is not judged yet");
+        let end = lines.offset;
+        assert_eq!(lines.stale_partial(Duration::ZERO), Some(("tail".to_owned(), end)));
+        assert_eq!(lines.judged, end);
+    }
+
+    /// Issue 42: what is appended after the open is live, even when the reader gets to it
+    /// in the batch that ends the history: a line without a header is refused (as
+    /// history it is skipped), a record stamped at boot is judged (as history it is
+    /// older than the look-back). The batch says the history ended.
+    #[test]
+    fn lines_written_after_the_open_are_live_however_soon_they_are_read() {
+        use std::io::Write;
+        let path = std::env::temp_dir().join(format!("kmsg-open-{}-{}", std::process::id(), fastrand::u64(..)));
+        fs::write(&path, "3,1,0,-;NEURON_HW_ERR=DMA_ERROR nd-id=0\nNEURON_HW_ERR=DMA_ERROR nd-id=0\n").unwrap();
+        let file = fs::File::open(&path).unwrap();
+        let len = file.metadata().unwrap().len();
+        let mut log = fs::OpenOptions::new().append(true).open(&path).unwrap();
+        log.write_all(b"3,2,0,-;NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=1\nNEURON_HW_ERR=DMA_ERROR nd-id=2\n")
+            .unwrap();
+        let look_back =
+            LookBack { window: Duration::from_secs(60), uptime: Some(Duration::from_secs(3600)), after_seq: None };
+        let follower = Follower { path: path.clone(), look_back };
+        let stop = Stop::new();
+        let mut batches = Vec::new();
+        follower
+            .follow_file(file, len, &stop, &mut |b| {
+                batches.push(b);
+                stop.set();
+            })
+            .unwrap();
+        let _ = fs::remove_file(&path);
+        let [batch] = batches.as_slice() else { panic!("{batches:?}") };
+        assert!(batch.caught_up);
+        assert_eq!(batch.records, 4);
+        let [(Some(2), Event::HwError(e))] = batch.events.as_slice() else { panic!("{batch:?}") };
+        assert_eq!(e.device, 1);
+        assert_eq!(batch.refusals, [(None, Refusal::NoHeader)]);
+    }
+
+    /// The history ends only once its last line is judged: a last line without its
+    /// newline at the open waits for it (or for a tick), and the batch that takes it says so.
+    #[test]
+    fn the_history_ends_with_the_batch_that_judges_its_last_line() {
+        let mut lines = LineBuffer::at(0);
+        let mut seen = Vec::new();
+        lines.push(b"3,1,0,-;a\n3,2,0,-;b", |l, end| seen.push((l.to_owned(), end)), &mut 0);
+        let history_end = 19;
+        assert_eq!((lines.offset, lines.judged), (history_end, 10), "b is not judged yet");
+        lines.push(b"\n", |l, end| seen.push((l.to_owned(), end)), &mut 0);
+        assert_eq!(seen, [("3,1,0,-;a".to_owned(), 10), ("3,2,0,-;b".to_owned(), 20)]);
+        assert!(lines.judged >= history_end);
     }
 
     #[test]

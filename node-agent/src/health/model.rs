@@ -26,11 +26,14 @@ use api::{
     limits::{MAX_HEALTH_ERROR_NAMES, MAX_HEALTH_REASONS_PER_DEVICE, MAX_NEURON_DEVICES, MAX_THRESHOLD_COUNT},
     node_config::DEFAULT_TAINT_ERRORS,
 };
+use prometheus_client::metrics::counter::Counter;
 use serde::{Deserialize, Serialize};
 
+pub mod announced;
 pub mod gpus;
 pub mod thresholds;
 
+pub use self::announced::{Announced, FaultKey, GpuFaultKey};
 pub use self::gpus::{GpuHealth, GpuHealthModel, PersistedGpu};
 use self::thresholds::{FaultGate, Pending, Seen, Thresholds, MAX_PENDING_FAULTS};
 use super::{
@@ -204,9 +207,10 @@ pub struct HealthModel {
     pub read_once: bool,
     /// Changed since the last [`HealthModel::persisted`].
     pub dirty: bool,
-    /// The faults restored from the previous agent of this boot (it announced them):
-    /// (device, error, component, counter).
-    pub restored: Vec<(Option<u32>, String, String, String)>,
+    /// The faults whose Event is on the Node (persisted: a restart writes the others).
+    pub announced: Announced<FaultKey>,
+    /// Events given up for [`api::limits::MAX_PENDING_HEALTH_EVENTS`].
+    pub events_dropped: Counter,
     /// Driver reloads seen (each clears every fault): a fault after one is new again.
     pub reloads: u64,
     /// The NVIDIA GPUs: the second kind of device.
@@ -218,6 +222,9 @@ pub struct HealthModel {
     /// follow it (the Node's condition, Events and taint, the DeviceTaintRules) wait on it
     /// instead of comparing on a timer.
     changed: tokio::sync::watch::Sender<()>,
+    /// Sent when a change outside the readers' folds (an Event written) is to be
+    /// persisted: the state writer waits on it.
+    save_wanted: tokio::sync::watch::Sender<()>,
 }
 
 /// What changed in one update, for the outputs that announce faults.
@@ -279,12 +286,68 @@ impl HealthModel {
             driver_version: None,
             read_once: false,
             dirty: false,
-            restored: Vec::new(),
+            announced: Announced::default(),
+            events_dropped: Counter::default(),
             reloads: 0,
             gpus: GpuHealthModel::default(),
             gate: FaultGate::default(),
             heartbeat_timeout,
             changed: tokio::sync::watch::Sender::new(()),
+            save_wanted: tokio::sync::watch::Sender::new(()),
+        }
+    }
+
+    /// A receiver told when the model wants to be persisted outside the readers' folds.
+    pub fn subscribe_saves(&self) -> tokio::sync::watch::Receiver<()> {
+        self.save_wanted.subscribe()
+    }
+
+    fn want_save(&mut self) {
+        self.dirty = true;
+        self.save_wanted.send_replace(());
+    }
+
+    /// Every Neuron fault, keyed as announced.
+    fn fault_keys(&self) -> impl Iterator<Item = (FaultKey, &Reason)> {
+        let key = |d: Option<u32>, r: &Reason| (d, r.error.clone(), r.component.clone(), r.counter.clone());
+        let devices = self.devices.iter().flat_map(|(i, d)| d.reasons.values().map(move |r| (Some(*i), r)));
+        devices.chain(self.node_reasons.values().map(|r| (None, r))).map(move |(d, r)| (key(d, r), r))
+    }
+
+    /// The Neuron faults whose Event is not written yet (bounded: see [`announced`]), and
+    /// the driver reloads seen, to give [`HealthModel::announce`].
+    pub fn unannounced(&mut self) -> (u64, Vec<(FaultKey, Reason)>) {
+        let faults: Vec<(FaultKey, Reason)> = self.fault_keys().map(|(k, r)| (k, r.clone())).collect();
+        let (pending, dropped) =
+            self.announced.pending(faults.iter().map(|(k, r)| (k.clone(), r)), &self.events_dropped);
+        if dropped > 0 {
+            self.want_save();
+        }
+        (self.reloads, pending)
+    }
+
+    /// The Event of the fault `key` is written (while the model had seen `reloads` driver
+    /// reloads: after another one, the fault is news again).
+    pub fn announce(&mut self, key: FaultKey, reloads: u64) {
+        if reloads == self.reloads && self.announced.insert(key) {
+            self.want_save();
+        }
+    }
+
+    /// The GPU faults whose Event is not written yet (bounded), and the GPU driver
+    /// reloads seen, to give [`HealthModel::announce_gpu`].
+    pub fn unannounced_gpus(&mut self) -> (u64, Vec<(GpuFaultKey, Reason)>) {
+        let (pending, dropped) = self.gpus.unannounced(&self.events_dropped);
+        if dropped > 0 {
+            self.want_save();
+        }
+        (self.gpus.reloads, pending)
+    }
+
+    /// The Event of the GPU fault `key` is written (as [`HealthModel::announce`]).
+    pub fn announce_gpu(&mut self, key: GpuFaultKey, reloads: u64) {
+        if reloads == self.gpus.reloads && self.gpus.announced.insert(key) {
+            self.want_save();
         }
     }
 
@@ -410,6 +473,7 @@ impl HealthModel {
         }
         changes.reasons_cleared |= !self.node_reasons.is_empty();
         self.node_reasons.clear();
+        self.announced.clear();
         // The counters start again from zero, and what occurred before is repaired.
         self.gate.pending.clear();
         self.dirty = true;
@@ -600,6 +664,7 @@ impl HealthModel {
             node_reasons: self.node_reasons.values().cloned().collect(),
             kernel_errors: self.kernel_errors.iter().map(|((d, n), c)| (*d, n.clone(), *c)).collect(),
             gpus: self.gpus.persisted(),
+            announced: Some(self.announced.of(self.fault_keys().map(|(k, _)| k))),
             pending: self
                 .gate
                 .pending
@@ -633,11 +698,15 @@ impl HealthModel {
         for r in saved.node_reasons.into_iter().take(MAX_HEALTH_REASONS_PER_DEVICE) {
             self.node_reasons.insert(key(&r), r);
         }
-        let devices = self.devices.iter().flat_map(|(i, d)| d.reasons.keys().map(move |k| (Some(*i), k)));
-        self.restored = devices
-            .chain(self.node_reasons.keys().map(|k| (None, k)))
-            .map(|(d, (e, c, n))| (d, e.clone(), c.clone(), n.clone()))
-            .collect();
+        // The faults whose Event the previous agent wrote; a file of an agent before this
+        // list was kept: all of them (it wrote them, or gave up with its restart).
+        let written: Option<std::collections::BTreeSet<FaultKey>> = saved.announced.map(|a| a.into_iter().collect());
+        let faults: Vec<FaultKey> = self.fault_keys().map(|(k, _)| k).collect();
+        for k in faults {
+            if written.as_ref().is_none_or(|w| w.contains(&k)) {
+                self.announced.insert(k);
+            }
+        }
         for p in saved.pending.into_iter().filter(|p| p.device < MAX_NEURON_DEVICES).take(MAX_PENDING_FAULTS) {
             let mut pending = p.pending;
             pending.times.truncate(MAX_THRESHOLD_COUNT as usize);
@@ -724,6 +793,10 @@ pub struct Persisted {
     /// The GPUs' faults and Xid counts (absent in files of agents without GPUs).
     #[serde(default)]
     pub gpus: Vec<PersistedGpu>,
+    /// The faults whose Event is on the Node (absent in files of agents before this
+    /// list: every fault then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announced: Option<Vec<FaultKey>>,
     /// The faults below their threshold (absent without any).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending: Vec<PersistedPending>,

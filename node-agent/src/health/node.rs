@@ -10,7 +10,7 @@
 //! strategic-merge `patch` of `nodes/status` when the condition changes, `create` (and `patch` for
 //! repeats) of `events.k8s.io` Events. The chart's RBAC grants exactly these.
 
-use std::{collections::BTreeSet, time::Duration};
+use std::time::Duration;
 
 use k8s_openapi::{
     api::core::v1::{Node, NodeCondition, ObjectReference},
@@ -44,9 +44,6 @@ pub const CONDITION_TYPE: &str = api::node_config::DEFAULT_CONDITION_TYPE;
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
 /// Bytes of a condition message or an Event note.
 const MAX_MESSAGE_BYTES: usize = 1000;
-
-/// A fault as announced once: (device, error, component, counter).
-type FaultKey = (Option<u32>, String, String, String);
 
 pub struct NodeReporter {
     pub client: Client,
@@ -136,14 +133,9 @@ impl NodeReporter {
             self.client.clone(),
             Reporter { controller: "neuron-node-agent".to_owned(), instance: Some(self.node.clone()) },
         );
-        // The faults restored from the previous agent of this boot were announced by it.
-        let (mut announced, mut reloads): (BTreeSet<FaultKey>, u64) = {
-            let model = self.health.lock().unwrap_or_else(|p| p.into_inner());
-            (model.restored.iter().cloned().collect(), model.reloads)
-        };
         // The condition as written, with its type.
         let mut shown: Option<(String, (&'static str, String, String))> = None;
-        let mut gpus_shown = gpus::Shown::new(&self.health);
+        let mut gpus_shown = gpus::Shown::default();
         let mut model_changed = self.health.lock().unwrap_or_else(|p| p.into_inner()).subscribe();
         loop {
             let mut failed = false;
@@ -168,20 +160,14 @@ impl NodeReporter {
                     }
                 }
             }
-            let (reloads_now, faults) = self.faults();
-            if reloads_now != reloads {
-                // A driver reload cleared every fault: one that comes back is news again.
-                announced.clear();
-                reloads = reloads_now;
-            }
+            // The faults whose Event is not written yet (the model keeps which are, over
+            // restarts too).
+            let (reloads, faults) = self.health.lock().unwrap_or_else(|p| p.into_inner()).unannounced();
             for (key, reason) in faults {
-                if announced.contains(&key) {
-                    continue;
-                }
                 let event = self.event(key.0, &reason);
                 match recorder.publish(&event, &reference).await {
                     Ok(()) => {
-                        announced.insert(key);
+                        self.health.lock().unwrap_or_else(|p| p.into_inner()).announce(key, reloads);
                     }
                     Err(e) => {
                         warn!(error = %e, "cannot publish a Neuron fault Event; retrying");
@@ -199,20 +185,6 @@ impl NodeReporter {
                 _ = tokio::time::sleep(RETRY_AFTER_ERROR), if failed => {}
             }
         }
-    }
-
-    /// The driver reloads the model has seen, and every fault of the model, keyed.
-    fn faults(&self) -> (u64, Vec<(FaultKey, Reason)>) {
-        let model = self.health.lock().unwrap_or_else(|p| p.into_inner());
-        let key = |d: Option<u32>, r: &Reason| (d, r.error.clone(), r.component.clone(), r.counter.clone());
-        let faults = model
-            .devices
-            .iter()
-            .flat_map(|(i, d)| d.reasons.values().map(move |r| (Some(*i), r)))
-            .chain(model.node_reasons.values().map(|r| (None, r)))
-            .map(|(d, r)| (key(d, r), r.clone()))
-            .collect();
-        (model.reloads, faults)
     }
 
     /// The Event of a new fault: device, core, serial number, action, the pods holding

@@ -33,6 +33,8 @@ pub struct HealthMetrics {
     pub refused: Family<WhatLabel, Counter>,
     pub state_write_errors: Counter,
     pub up: Family<SourceLabel, Gauge>,
+    /// Node Events of faults given up for the cap on those waiting.
+    pub events_dropped: Counter,
 }
 
 impl HealthMetrics {
@@ -87,6 +89,12 @@ impl HealthMetrics {
             "state_write_errors",
             "Failed writes of the persisted device health (the state directory)",
             m.state_write_errors.clone(),
+        );
+        r.register(
+            "events_dropped",
+            "Node Events of hardware faults given up: more were waiting for the API server than the cap \
+             (api::limits::MAX_PENDING_HEALTH_EVENTS per kind of device); the Node condition still names the faults",
+            m.events_dropped.clone(),
         );
         r.register(
             "source_up",

@@ -5,6 +5,7 @@
 #![allow(dead_code)] // each test binary uses a different part
 #![allow(clippy::mod_module_files)] // cargo would build a tests/support.rs as a test of its own
 
+pub mod api_outage;
 pub mod blackhole;
 pub mod cloudwatch;
 pub mod driver;

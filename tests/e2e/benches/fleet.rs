@@ -87,6 +87,7 @@ async fn simulated_agent(
         silence_timeout: None,
         refused_files: metrics.state_files_refused.clone(),
         k8s_info: false,
+        in_memory: Default::default(),
     };
     let builtin = api::monitor_config::MonitorConfig::all_groups(api::duration::Period::from_secs(5));
     let defaults = HealthDefaults { condition_type: "NeuronHealth".into(), kmsg_look_back: Duration::from_secs(300) };

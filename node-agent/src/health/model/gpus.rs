@@ -15,11 +15,12 @@
 //!   is stuck (the snapshot is stale), while the configuration has the collector off and
 //!   while it is missing from the collection.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use prometheus_client::metrics::counter::Counter;
 use serde::{Deserialize, Serialize};
 
-use super::{Changes, Reason, Source, State, StateChange};
+use super::{Announced, Changes, GpuFaultKey, Reason, Source, State, StateChange};
 use crate::{
     gpu::{
         xid::{self, XidKind, XidRecord},
@@ -109,8 +110,8 @@ pub struct GpuHealthModel {
     pub nvswitch_xids: BTreeMap<String, u64>,
     /// Driver reloads seen (each clears every fault).
     pub reloads: u64,
-    /// The faults restored from the previous agent of this boot: (GPU, reason name).
-    pub restored: Vec<(u32, String)>,
+    /// The faults whose Event is on the Node (persisted: a restart writes the others).
+    pub announced: Announced<GpuFaultKey>,
     pub(super) dirty: bool,
 }
 
@@ -199,6 +200,7 @@ impl GpuHealthModel {
 
     fn clear(&mut self, changes: &mut Changes) {
         self.reloads += 1;
+        self.announced.clear();
         for gpu in self.gpus.values_mut() {
             changes.gpu_reasons_cleared |= !gpu.reasons.is_empty();
             gpu.reasons.clear();
@@ -218,6 +220,7 @@ impl GpuHealthModel {
                 if entry.identity.uuid != g.identity.uuid && !entry.identity.uuid.is_empty() {
                     // Another GPU at this index than the restored one: its faults are not this one's.
                     entry.reasons.clear();
+                    self.announced.retain(|(i, _)| *i != index);
                 }
                 entry.identity = g.identity.clone();
             }
@@ -297,6 +300,12 @@ impl GpuHealthModel {
         changes.gpu_state_changes.append(&mut found);
     }
 
+    /// The faults whose Event is not written yet (bounded), and the count given up.
+    pub(super) fn unannounced(&mut self, dropped: &Counter) -> (Vec<(GpuFaultKey, Reason)>, u64) {
+        let faults = self.gpus.iter().flat_map(|(i, g)| g.reasons.values().map(move |r| ((*i, r.error.clone()), r)));
+        self.announced.pending(faults, dropped)
+    }
+
     pub fn persisted(&self) -> Vec<PersistedGpu> {
         self.gpus
             .iter()
@@ -308,6 +317,9 @@ impl GpuHealthModel {
                 reasons: g.reasons.values().cloned().collect(),
                 last_xid: g.last_xid,
                 xids: g.xids.iter().map(|(c, n)| (c.clone(), *n)).collect(),
+                announced: Some(
+                    self.announced.of(g.reasons.keys().map(|e| (*i, e.clone()))).into_iter().map(|(_, e)| e).collect(),
+                ),
             })
             .collect()
     }
@@ -319,8 +331,12 @@ impl GpuHealthModel {
             gpu.identity.index = p.index;
             gpu.identity.uuid = xid_bounded(&p.uuid);
             gpu.identity.pci_bus_id = xid_bounded(&p.pci_bus_id);
+            // A file of an agent before the list was kept: every fault was announced.
+            let written = p.announced.map(|a| a.into_iter().take(MAX_REASONS_PER_GPU).collect::<BTreeSet<String>>());
             for r in p.reasons.into_iter().take(MAX_REASONS_PER_GPU) {
-                self.restored.push((p.index, r.error.clone()));
+                if written.as_ref().is_none_or(|w| w.contains(&r.error)) {
+                    self.announced.insert((p.index, r.error.clone()));
+                }
                 gpu.reasons.insert(r.error.clone(), r);
             }
             gpu.last_xid = p.last_xid;
@@ -362,6 +378,10 @@ pub struct PersistedGpu {
     pub last_xid: Option<u32>,
     #[serde(default)]
     pub xids: Vec<(String, u64)>,
+    /// The reasons whose Event is on the Node (absent in files of agents before this
+    /// list: every reason then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announced: Option<Vec<String>>,
 }
 
 #[cfg(test)]

@@ -207,7 +207,8 @@ fn persisted_state_survives_a_restart_of_the_same_boot_only() {
     let mut restarted = model();
     assert!(restarted.restore(back.clone()));
     assert_eq!(restarted.kmsg_seq, Some(42));
-    assert_eq!(restarted.restored, [(Some(0), "SRAM_UNCORRECTABLE_ERROR".to_owned(), String::new(), String::new())]);
+    let sram = (Some(0), "SRAM_UNCORRECTABLE_ERROR".to_owned(), String::new(), String::new());
+    assert_eq!(restarted.unannounced().1.into_iter().map(|(k, _)| k).collect::<Vec<_>>(), [sram], "no Event yet");
     restarted.apply_reading(node(vec![ready(0)]), 20, Instant::now());
     assert_eq!(restarted.devices[&0].state(), State::Unhealthy);
     assert_eq!(restarted.kernel_errors[&(Some(0), "SRAM_UNCORRECTABLE_ERROR".to_owned())], 1);
@@ -410,4 +411,45 @@ fn pending_occurrences_survive_a_restart_and_a_driver_reload_forgets_them() {
     assert_eq!(m.devices[&0].state(), State::Healthy, "one occurrence since the reload");
     // A file without pending faults has no key for them (older agents read it).
     assert!(!serde_json::to_string(&model().persisted()).unwrap().contains("pending"));
+}
+
+/// Issue 41, item 4: which faults have their Event is persisted with them: an Event not
+/// written before a restart is written after it, one written is not written again.
+#[test]
+fn events_not_written_before_a_restart_are_written_after_it_and_only_those() {
+    let mut m = model();
+    m.apply_reading(node(vec![ready(0), ready(1)]), 10, Instant::now());
+    m.apply_events(
+        vec![event("NEURON_HW_ERR=SRAM_UNCORRECTABLE_ERROR nd-id=0"), event("NEURON_HW_ERR=DMA_ERROR nd-id=1")],
+        Some(42),
+        11,
+    );
+    let (reloads, pending) = m.unannounced();
+    let keys: Vec<FaultKey> = pending.into_iter().map(|(k, _)| k).collect();
+    assert_eq!(keys.len(), 2);
+    let saves = m.subscribe_saves();
+    m.dirty = false;
+    m.announce(keys[0].clone(), reloads);
+    assert!(m.dirty && saves.has_changed().unwrap(), "an Event written is persisted at once");
+    let saved: Persisted = serde_json::from_str(&serde_json::to_string(&m.persisted()).unwrap()).unwrap();
+
+    let mut restarted = model();
+    assert!(restarted.restore(saved.clone()));
+    let (_, pending) = restarted.unannounced();
+    assert_eq!(pending.into_iter().map(|(k, _)| k).collect::<Vec<_>>(), [keys[1].clone()]);
+    // A file of an agent before the list: every fault restored was announced by it.
+    let mut old = model();
+    assert!(old.restore(Persisted { announced: None, ..saved }));
+    assert!(old.unannounced().1.is_empty());
+
+    // A driver reload clears the faults: one that comes back is news again, and an
+    // Event written for it before the reload does not count.
+    m.apply_reading(node(vec![ready(0), ready(1)]), 12, Instant::now());
+    let (before, _) = m.unannounced();
+    m.apply_reading(NodeReading::default(), 13, Instant::now());
+    m.apply_reading(node(vec![ready(0), ready(1)]), 14, Instant::now());
+    assert!(m.reloads > before);
+    m.announce(keys[1].clone(), before);
+    m.apply_events(vec![event("NEURON_HW_ERR=DMA_ERROR nd-id=1")], Some(43), 15);
+    assert_eq!(m.unannounced().1.into_iter().map(|(k, _)| k).collect::<Vec<_>>(), [keys[1].clone()]);
 }

@@ -3,8 +3,6 @@
 //! recommended action and the pods holding the GPU. A node that never had a GPU gets
 //! neither.
 
-use std::collections::BTreeSet;
-
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::{
     api::Api,
@@ -15,10 +13,7 @@ use tracing::{info, warn};
 use super::{push_bounded, truncate_note, NodeReporter};
 use crate::{
     gpu::xid,
-    health::{
-        model::{GpuHealthModel, Reason, State},
-        SharedHealth,
-    },
+    health::model::{GpuHealthModel, Reason, State},
 };
 
 /// The GPUs' condition type.
@@ -26,19 +21,10 @@ pub const GPU_CONDITION_TYPE: &str = "GpuHealth";
 
 type Condition = (&'static str, String, String);
 
-/// What this agent wrote of the GPUs.
+/// What this agent wrote of the GPUs (which faults have their Event, the model keeps).
+#[derive(Default)]
 pub(super) struct Shown {
     condition: Option<Condition>,
-    /// (GPU, reason) announced by an Event (or by the previous agent of this boot).
-    announced: BTreeSet<(u32, String)>,
-    reloads: u64,
-}
-
-impl Shown {
-    pub fn new(health: &SharedHealth) -> Shown {
-        let model = health.lock().unwrap_or_else(|p| p.into_inner());
-        Shown { condition: None, announced: model.gpus.restored.iter().cloned().collect(), reloads: model.gpus.reloads }
-    }
 }
 
 /// The condition the GPUs call for: status, reason, message; `None` on a node that never
@@ -91,11 +77,9 @@ impl NodeReporter {
         shown: &mut Shown,
     ) -> bool {
         let mut written = true;
-        let (wanted, reloads, faults) = {
-            let model = self.health.lock().unwrap_or_else(|p| p.into_inner());
-            let faults: Vec<(u32, Reason)> =
-                model.gpus.gpus.iter().flat_map(|(i, g)| g.reasons.values().map(move |r| (*i, r.clone()))).collect();
-            (gpu_condition(&model.gpus), model.gpus.reloads, faults)
+        let (wanted, (reloads, faults)) = {
+            let mut model = self.health.lock().unwrap_or_else(|p| p.into_inner());
+            (gpu_condition(&model.gpus), model.unannounced_gpus())
         };
         if let Some(wanted) = wanted.filter(|w| shown.condition.as_ref() != Some(w)) {
             match self.patch_condition(nodes, GPU_CONDITION_TYPE, &wanted, None).await {
@@ -109,18 +93,10 @@ impl NodeReporter {
                 }
             }
         }
-        if reloads != shown.reloads {
-            shown.announced.clear();
-            shown.reloads = reloads;
-        }
-        for (index, reason) in faults {
-            let key = (index, reason.error.clone());
-            if shown.announced.contains(&key) {
-                continue;
-            }
-            match recorder.publish(&self.gpu_event(index, &reason), reference).await {
+        for (key, reason) in faults {
+            match recorder.publish(&self.gpu_event(key.0, &reason), reference).await {
                 Ok(()) => {
-                    shown.announced.insert(key);
+                    self.health.lock().unwrap_or_else(|p| p.into_inner()).announce_gpu(key, reloads);
                 }
                 Err(e) => {
                     warn!(error = %e, "cannot publish a GPU fault Event; retrying");

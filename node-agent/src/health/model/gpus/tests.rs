@@ -155,7 +155,10 @@ fn faults_are_persisted_per_boot_and_restored_only_for_the_same_boot() {
     let mut same_boot = HealthModel::new("boot".to_owned(), Duration::from_secs(60));
     assert!(same_boot.restore(saved.clone()));
     assert_eq!(same_boot.gpus.state_of(0), State::Unhealthy, "before the first collection too");
-    assert_eq!(same_boot.gpus.restored, [(0, "XID_48".to_owned())]);
+    assert_eq!(
+        same_boot.unannounced_gpus().1.into_iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        [(0, "XID_48".to_owned())]
+    );
     same_boot.apply_gpu_snapshot(&snapshot(1, vec![gpu(0), gpu(1)]), 8);
     assert_eq!((same_boot.gpus.state_of(0), same_boot.gpus.state_of(1)), (State::Unhealthy, State::Healthy));
 
@@ -169,4 +172,31 @@ fn a_state_file_of_an_agent_without_gpus_still_loads() {
     let old = r#"{"boot_id":"b","kmsg_seq":3,"devices":[],"node_reasons":[],"kernel_errors":[]}"#;
     let saved: crate::health::model::Persisted = serde_json::from_str(old).unwrap();
     assert!(saved.gpus.is_empty());
+}
+
+/// Issue 41, item 4: a GPU fault's Event not written before a restart is written after
+/// it; one written is not written again.
+#[test]
+fn gpu_events_not_written_before_a_restart_are_written_after_it_and_only_those() {
+    let mut model = model_with(2);
+    model.apply_events(vec![xid_event("3,40,1000,-;NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=a, off")], Some(40), 7);
+    model.apply_events(vec![xid_event("3,41,1000,-;NVRM: Xid (PCI:0000:54:00): 48, pid=1, name=a, DBE")], Some(41), 8);
+    let (reloads, pending) = model.unannounced_gpus();
+    let keys: Vec<GpuFaultKey> = pending.into_iter().map(|(k, _)| k).collect();
+    assert_eq!(keys, [(0, "XID_79".to_owned()), (1, "XID_48".to_owned())], "earliest first");
+    model.announce_gpu(keys[1].clone(), reloads);
+    let text = serde_json::to_string(&model.persisted()).unwrap();
+    let saved: crate::health::model::Persisted = serde_json::from_str(&text).unwrap();
+    let mut restarted = HealthModel::new("boot".to_owned(), Duration::from_secs(60));
+    assert!(restarted.restore(saved.clone()));
+    let pending: Vec<GpuFaultKey> = restarted.unannounced_gpus().1.into_iter().map(|(k, _)| k).collect();
+    assert_eq!(pending, [keys[0].clone()]);
+    // A file without the lists: every fault was announced.
+    let mut gpus = saved.gpus.clone();
+    for g in &mut gpus {
+        g.announced = None;
+    }
+    let mut old = HealthModel::new("boot".to_owned(), Duration::from_secs(60));
+    assert!(old.restore(crate::health::model::Persisted { gpus, ..saved }));
+    assert!(old.unannounced_gpus().1.is_empty());
 }
