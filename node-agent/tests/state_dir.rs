@@ -175,7 +175,8 @@ fn an_unwritable_state_directory_leaves_a_gpu_node_monitored_and_degraded() {
     // A fault: the health state cannot be written either, and says so.
     append_kmsg_record(&kmsg, 3, 1, "NVRM: Xid (PCI:0000:53:00): 79, pid=1, name=a, GPU has fallen off the bus.");
     agent.wait_for("the health state's write failed", WAIT, |m| (degraded(m, "health")? == 1.0).then_some(()));
-    assert_eq!(agent.metrics().value("gpu_health_state", &[("gpu", "0"), ("state", "unhealthy")]), Some(1.0));
+    let unhealthy = |m: &Metrics| m.value("gpu_health_state", &[("gpu", "0"), ("state", "unhealthy")]);
+    agent.wait_for("GPU 0 unhealthy", WAIT, |m| (unhealthy(m)? == 1.0).then_some(()));
 
     // The directory can be made now: the health state is written at the next attempt.
     std::fs::remove_file(&parent).expect("remove the file");
