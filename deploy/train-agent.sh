@@ -28,7 +28,7 @@ fail() { # fail WHY: the agent's log and WHY, then exit.
 
 # train INTERVAL FIXTURE: one run of the agent for $seconds.
 train() {
-    local port= scrapes=0 reports format
+    local port= scrapes=0 reports started format
     # The log emptied, not removed: the port is read from it, maybe before the agent's shell
     # has opened it, and must not be the previous run's.
     rm -rf "$work/tree" "$work/state"
@@ -46,6 +46,15 @@ train() {
         sleep 0.1
     done
     if [[ -z $port ]]; then fail "the agent logged no listening port within 10 s ($2)"; fi
+    # The pace starts at the first report (the simulator writes the driver tree first,
+    # which a loaded machine takes seconds for), or at the first restart of a monitor that
+    # reports nothing.
+    for ((i = 0; i < 600; i++)); do
+        started=$(curl -sf "http://127.0.0.1:$port/metrics" |
+            awk '$1 == "neuron_agent_reports_total" || $1 ~ /^neuron_agent_monitor_restarts_total/ { n += $2 } END { print n + 0 }' || true)
+        if [[ ${started:-0} != 0 ]]; then break; fi
+        sleep 0.1
+    done
     for ((i = 0; i < seconds; i++)); do
         sleep 1
         for format in text/plain application/openmetrics-text; do

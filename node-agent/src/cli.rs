@@ -97,8 +97,8 @@ pub struct MonitorArgs {
     #[arg(long, env = "NEURON_AGENT_MAX_LINE_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_line_bytes: usize,
 
-    /// Restart neuron-monitor when no report arrives for this long. Default: three
-    /// periods of its fastest group, at least 2s.
+    /// Restart neuron-monitor when no report arrives for this long (the first report of
+    /// a run gets 10s more). Default: three periods of its fastest group, at least 2s.
     #[arg(long, env = "NEURON_AGENT_SILENCE_TIMEOUT", value_parser = parse_duration)]
     pub silence_timeout: Option<Duration>,
 

@@ -33,6 +33,9 @@ use crate::{
 use group::Group;
 use lines::{Frame, LineReader};
 
+/// Time the first report of a run gets beyond the silence limit.
+pub const FIRST_REPORT_GRACE: Duration = Duration::from_secs(10);
+
 /// Restarts for a new configuration: a burst of 3, then one every 10 s. A restart costs
 /// every config on the node about one report; at this pace a config changed without end
 /// costs them at most one report in ten seconds, and a few edits in a row still apply at once.
@@ -189,7 +192,9 @@ impl Supervisor {
     ) -> (RunEnd, u64) {
         let mut lines = LineReader::new(stdout, self.config.max_line_bytes);
         let mut reports = 0u64;
-        let mut deadline = Instant::now() + spec.silence_limit;
+        // neuron-monitor lists the devices and starts its collectors before its first
+        // report: a loaded node must not have it killed for that.
+        let mut deadline = Instant::now() + spec.silence_limit + FIRST_REPORT_GRACE;
         // Pinned across the loop: a change seen while its restart waits for the pace
         // must not be forgotten when a report arrives meanwhile.
         let restart = spec_changes.restart_due();
