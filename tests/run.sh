@@ -45,10 +45,10 @@ phase tools-wait tools_done
 # shellcheck source=tools/env.sh
 . tests/tools/env.sh
 
-# Every test binary's output is kept, to time each from its own summary line.
+# Every test target, two at a time, longest first (tests/run-tests.sh); each one's output
+# is kept, to time it from its own summary line.
 status=0
-phase test bash -c 'set -o pipefail; cargo test --workspace --locked --all-targets --no-fail-fast 2>&1 | tee "$1"' _ "$log" ||
-  status=$?
+phase test tests/run-tests.sh "$log" || status=$?
 
 echo
 echo "tests/run.sh: time per phase"
